@@ -1,0 +1,101 @@
+"""The Python API behind the CLI: convert, inspect and load models."""
+from __future__ import annotations
+
+import json
+import time
+from collections import Counter
+from pathlib import Path
+
+import numpy as np
+
+from .errors import MnnToolError
+from .format import reader, writer
+from .format.flatbuf import decode
+from .frontends import load as load_source
+from .ir.graph import Graph
+from .ir.shape_inference import flops, infer_shapes
+from .passes import run_pipeline
+
+
+def parse_input_shapes(specs) -> dict[str, tuple[int, ...]]:
+    """'name:1x3x224x224' (several allowed) -> {name: (1, 3, 224, 224)}."""
+    out = {}
+    for spec in specs or []:
+        name, sep, dims = spec.rpartition(":")
+        try:
+            shape = tuple(int(d) for d in dims.lower().split("x"))
+            if not sep or not name or any(d <= 0 for d in shape):
+                raise ValueError
+        except ValueError:
+            raise MnnToolError(f"--input-shape '{spec}': expected NAME:D1xD2x... with positive sizes") from None
+        out[name] = shape
+    return out
+
+
+def load_graph(path, framework: str | None = None, input_shapes: dict | None = None) -> Graph:
+    """Any supported model file -> IR (a .mnn file is read, anything else goes through its frontend)."""
+    path = Path(path)
+    if (framework or "").lower() == "mnn" or (framework is None and path.suffix.lower() == ".mnn"):
+        g = reader.load(path)
+        for name, shape in (input_shapes or {}).items():
+            if name not in g.inputs:
+                raise MnnToolError(f"{path}: --input-shape names '{name}', but the inputs are {', '.join(g.inputs)}")
+            g.tensors[name].shape = tuple(shape)
+        return g
+    return load_source(path, framework, input_shapes)
+
+
+def convert(src, dst, framework: str | None = None, input_shapes: dict | None = None, optimize: int = 1,
+            biz_code: str = "mnntool") -> dict:
+    t0 = time.perf_counter()
+    dst = Path(dst)
+    if not dst.parent.exists():
+        raise MnnToolError(f"{dst}: directory {dst.parent} does not exist")
+    g = load_graph(src, framework, input_shapes)
+    changed = run_pipeline(g, optimize)
+    size = writer.save(g, dst, biz_code)
+    return {"source": str(src), "output": str(dst), "ops": len(g.nodes), "params": g.param_count(),
+            "size_bytes": size, "passes_changed": changed, "optimize": optimize,
+            "seconds": round(time.perf_counter() - t0, 3)}
+
+
+def _shape_str(shape) -> list | None:
+    return None if shape is None else [d if isinstance(d, int) else str(d) for d in shape]
+
+
+def info(path, framework: str | None = None, input_shapes: dict | None = None) -> dict:
+    path = Path(path)
+    g = load_graph(path, framework, input_shapes)
+    vals = infer_shapes(g)
+    return {
+        "file": str(path), "format": "mnn" if path.suffix.lower() == ".mnn" else (framework or path.suffix[1:]),
+        "size_bytes": path.stat().st_size,
+        "inputs": [{"name": n, "shape": _shape_str(g.tensors[n].shape), "dtype": g.tensors[n].dtype} for n in g.inputs],
+        "outputs": [{"name": n, "shape": _shape_str(g.info(n).shape), "dtype": g.info(n).dtype} for n in g.outputs],
+        "ops": len(g.nodes), "op_counts": dict(Counter(n.op for n in g.nodes).most_common()),
+        "const_tensors": len(g.constants), "params": g.param_count(), "flops": flops(g, vals),
+    }
+
+
+def _jsonable(obj):
+    if isinstance(obj, dict):
+        return {k: _jsonable(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_jsonable(v) for v in obj]
+    if isinstance(obj, np.ndarray):
+        return obj.tolist()
+    if isinstance(obj, np.generic):
+        return obj.item()
+    return obj
+
+
+def dump_json(path, out, framework: str | None = None, input_shapes: dict | None = None) -> None:
+    """The whole model as JSON, like MNN's --JsonFile (the Net table, field names as in the schema)."""
+    path = Path(path)
+    if path.suffix.lower() == ".mnn" and framework is None:
+        net = decode(path.read_bytes(), "Net")
+    else:
+        g = load_graph(path, framework, input_shapes)
+        run_pipeline(g, 1)
+        net = writer.graph_to_net(g)
+    writer.atomic_write(out, json.dumps(_jsonable(net), indent=1).encode())

@@ -1,0 +1,250 @@
+"""A schema-driven FlatBuffers codec for MNN tables: dicts in, bytes out, and back.
+
+The schema (slots, types, defaults) comes from schema_tables.py. Decoding checks every offset
+against the buffer so that a corrupt or hostile file raises FormatError instead of crashing,
+looping or allocating without bound.
+"""
+from __future__ import annotations
+
+import struct
+
+import flatbuffers
+import numpy as np
+
+from .schema_tables import ENUMS, TABLES, UNIONS
+
+SCALAR_FMT = {"bool": "<B", "byte": "<b", "ubyte": "<B", "int8": "<b", "uint8": "<B", "short": "<h",
+              "ushort": "<H", "int": "<i", "int32": "<i", "uint": "<I", "uint32": "<I", "long": "<q",
+              "int64": "<q", "float": "<f", "double": "<d"}
+NP_DTYPE = {"bool": "u1", "byte": "i1", "ubyte": "u1", "int8": "i1", "uint8": "u1", "short": "<i2",
+            "ushort": "<u2", "int": "<i4", "int32": "<i4", "uint": "<u4", "uint32": "<u4", "long": "<i8",
+            "int64": "<i8", "float": "<f4", "double": "<f8"}
+PREPEND_SLOT = {"<B": "PrependUint8Slot", "<b": "PrependInt8Slot", "<h": "PrependInt16Slot",
+                "<H": "PrependUint16Slot", "<i": "PrependInt32Slot", "<I": "PrependUint32Slot",
+                "<q": "PrependInt64Slot", "<f": "PrependFloat32Slot", "<d": "PrependFloat64Slot"}
+MAX_DEPTH = 32
+
+
+class FormatError(ValueError):
+    """The bytes are not a well-formed MNN flatbuffer."""
+
+
+def _enum_value(enum: str, value) -> int:
+    if isinstance(value, str):
+        try:
+            return ENUMS[enum][1][value]
+        except KeyError:
+            raise ValueError(f"{value!r} is not a value of enum {enum}") from None
+    return int(value)
+
+
+def _enum_name(enum: str, value: int):
+    for name, v in ENUMS[enum][1].items():
+        if v == value:
+            return name
+    return value
+
+
+def _kind(ftype: str) -> tuple[str, str]:
+    """Classify a schema type as ('scalar'|'enum'|'string'|'table'|'union'|'utag', base)."""
+    if ftype.startswith("ubyte (tag of"):
+        return "utag", ftype.split()[-1].rstrip(")")
+    if ftype in SCALAR_FMT:
+        return "scalar", ftype
+    if ftype in ENUMS:
+        return "enum", ftype
+    if ftype == "string":
+        return "string", ftype
+    if ftype in UNIONS:
+        return "union", ftype
+    if ftype in TABLES:
+        return "table", ftype
+    raise KeyError(f"unknown schema type {ftype}")
+
+
+def _default(ftype: str, default: str):
+    kind, base = _kind(ftype)
+    if kind == "enum":
+        return _enum_value(base, default) if default else 0
+    if kind in ("scalar", "utag"):
+        if default in ("", None):
+            return 0
+        if default in ("true", "false"):
+            return int(default == "true")
+        return float(default) if base in ("float", "double") else int(default)
+    return None
+
+
+def default_fields(table: str) -> dict:
+    """The scalar/enum fields of a table with their schema defaults (enums by name)."""
+    out = {}
+    for _, name, ftype, default in TABLES[table]:
+        kind, base = _kind(ftype) if not ftype.startswith("[") else ("vector", ftype)
+        if kind == "scalar":
+            v = _default(ftype, default)
+            out[name] = bool(v) if base == "bool" else v
+        elif kind == "enum":
+            out[name] = _enum_name(base, _default(ftype, default))
+    return out
+
+
+# ----------------------------------------------------------------------------------------- writing
+
+def encode(table: str, obj: dict) -> bytes:
+    builder = flatbuffers.Builder(1024)
+    root = _build_table(builder, table, obj)
+    builder.Finish(root)
+    return bytes(builder.Output())
+
+
+def _build_vector(builder, elem: str, values):
+    if elem in SCALAR_FMT or elem in ENUMS:
+        if elem in ENUMS:
+            base = ENUMS[elem][0]
+            values = [_enum_value(elem, v) for v in values]
+        else:
+            base = elem
+        arr = np.ascontiguousarray(np.asarray(values).astype(NP_DTYPE[base], copy=False))
+        return builder.CreateNumpyVector(arr.reshape(-1))
+    if elem == "string":
+        offs = [builder.CreateString(str(s)) for s in values]
+    else:
+        offs = [_build_table(builder, elem, v) for v in values]
+    builder.StartVector(4, len(offs), 4)
+    for off in reversed(offs):
+        builder.PrependUOffsetTRelative(off)
+    return builder.EndVector()
+
+
+def _build_table(builder, table: str, obj: dict) -> int:
+    fields = TABLES[table]
+    offsets = {}
+    for slot, name, ftype, _ in fields:
+        value = obj.get(name)
+        if value is None:
+            continue
+        if ftype.startswith("["):
+            offsets[slot] = _build_vector(builder, ftype[1:-1], value)
+        elif ftype == "string":
+            offsets[slot] = builder.CreateString(str(value))
+        elif ftype in TABLES:
+            offsets[slot] = _build_table(builder, ftype, value)
+        elif ftype in UNIONS:
+            member = obj.get(name + "_type")
+            if member and member != "NONE":
+                offsets[slot] = _build_table(builder, member, value)
+    builder.StartObject(max((f[0] for f in fields), default=-1) + 1)
+    for slot, name, ftype, default in fields:
+        if slot in offsets:
+            builder.PrependUOffsetTRelativeSlot(slot, offsets[slot], 0)
+            continue
+        value = obj.get(name)
+        if value is None or ftype.startswith("["):
+            continue
+        kind, base = _kind(ftype)
+        if kind == "utag":
+            if value == "NONE":
+                continue
+            tag = UNIONS[base][value] if isinstance(value, str) else int(value)
+            builder.PrependUint8Slot(slot, tag, 0)
+        elif kind == "enum":
+            fmt = SCALAR_FMT[ENUMS[base][0]]
+            getattr(builder, PREPEND_SLOT[fmt])(slot, _enum_value(base, value), _default(ftype, default))
+        elif kind == "scalar":
+            fmt = SCALAR_FMT[base]
+            v = float(value) if base in ("float", "double") else int(value)
+            getattr(builder, PREPEND_SLOT[fmt])(slot, v, _default(ftype, default))
+    return builder.EndObject()
+
+
+# ----------------------------------------------------------------------------------------- reading
+
+class _Reader:
+    def __init__(self, buf: bytes):
+        self.buf = memoryview(buf)
+        self.n = len(buf)
+
+    def _check(self, pos: int, size: int):
+        if pos < 0 or size < 0 or pos + size > self.n:
+            raise FormatError(f"offset {pos}+{size} is outside the {self.n}-byte buffer")
+
+    def u(self, fmt: str, pos: int):
+        size = struct.calcsize(fmt)
+        self._check(pos, size)
+        return struct.unpack_from(fmt, self.buf, pos)[0]
+
+    def deref(self, pos: int) -> int:
+        return pos + self.u("<I", pos)
+
+    def table(self, table: str, pos: int, depth: int = 0) -> dict:
+        if depth > MAX_DEPTH:
+            raise FormatError("tables nested too deeply")
+        vt = pos - self.u("<i", pos)
+        vt_size = self.u("<H", vt)
+        if vt_size < 4 or vt_size % 2:
+            raise FormatError(f"bad vtable size {vt_size} at {vt}")
+        self._check(vt, vt_size)
+        out = default_fields(table)
+        for slot, name, ftype, _ in TABLES[table]:
+            entry = 4 + 2 * slot
+            if entry + 2 > vt_size:
+                continue
+            off = self.u("<H", vt + entry)
+            if not off:
+                continue
+            fpos = pos + off
+            if ftype.startswith("["):
+                out[name] = self.vector(ftype[1:-1], self.deref(fpos), depth)
+                continue
+            kind, base = _kind(ftype)
+            if kind == "scalar":
+                v = self.u(SCALAR_FMT[base], fpos)
+                out[name] = bool(v) if base == "bool" else v
+            elif kind == "enum":
+                out[name] = _enum_name(base, self.u(SCALAR_FMT[ENUMS[base][0]], fpos))
+            elif kind == "utag":
+                tag = self.u("<B", fpos)
+                out[name] = next((k for k, v in UNIONS[base].items() if v == tag), "NONE") if tag else "NONE"
+            elif kind == "string":
+                out[name] = self.string(self.deref(fpos))
+            elif kind == "table":
+                out[name] = self.table(base, self.deref(fpos), depth + 1)
+            elif kind == "union":
+                member = out.get(name + "_type", "NONE")
+                if member != "NONE":
+                    out[name] = self.table(member, self.deref(fpos), depth + 1)
+        return out
+
+    def string(self, pos: int) -> str:
+        length = self.u("<I", pos)
+        self._check(pos + 4, length)
+        try:
+            return bytes(self.buf[pos + 4:pos + 4 + length]).decode("utf-8")
+        except UnicodeDecodeError:
+            raise FormatError(f"string at {pos} is not UTF-8") from None
+
+    def vector(self, elem: str, pos: int, depth: int):
+        length = self.u("<I", pos)
+        start = pos + 4
+        if elem in SCALAR_FMT or elem in ENUMS:
+            base = ENUMS[elem][0] if elem in ENUMS else elem
+            dt = np.dtype(NP_DTYPE[base])
+            self._check(start, length * dt.itemsize)
+            arr = np.frombuffer(self.buf, dtype=dt, count=length, offset=start).copy()
+            if elem in ENUMS:
+                return [_enum_name(elem, int(v)) for v in arr]
+            return arr.astype(bool) if base == "bool" else arr
+        self._check(start, length * 4)
+        if elem == "string":
+            return [self.string(self.deref(start + 4 * i)) for i in range(length)]
+        return [self.table(elem, self.deref(start + 4 * i), depth + 1) for i in range(length)]
+
+
+def decode(buf: bytes, table: str) -> dict:
+    if len(buf) < 8:
+        raise FormatError(f"{len(buf)} bytes is too short for a flatbuffer")
+    reader = _Reader(buf)
+    try:
+        return reader.table(table, reader.deref(0))
+    except (struct.error, RecursionError, OverflowError) as e:
+        raise FormatError(str(e)) from None

@@ -1,0 +1,93 @@
+"""bytes -> MNN `Net` table -> IR, with every failure reported as one MnnToolError."""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import numpy as np
+
+from ..errors import MnnToolError
+from ..ir.graph import Graph, Node, TensorInfo
+from .dtypes import from_mnn
+from .flatbuf import FormatError, decode
+
+BLOB_FIELDS = ("float32s", "int32s", "int64s", "int8s", "uint8s")
+
+
+def blob_value(b: dict) -> np.ndarray:
+    dims = [int(d) for d in b.get("dims", [])]
+    for field in BLOB_FIELDS:
+        if field in b:
+            arr = np.asarray(b[field])
+            if field == "int64s":
+                arr = arr.astype(np.int32)
+            break
+    else:
+        arr = np.zeros(0, np.float32)
+    if arr.size != int(np.prod(dims)) if dims else arr.size != 1:
+        if arr.size == 0 and dims and int(np.prod(dims)) == 0:
+            return arr.reshape(dims)
+        raise FormatError(f"constant has {arr.size} values for dims {dims}")
+    return arr.reshape(dims) if dims else arr.reshape(())
+
+
+def net_to_graph(net: dict) -> Graph:
+    names = list(net.get("tensorName") or [])
+    g = Graph(source=net.get("sourceType", "CAFFE"))
+
+    def name(i: int) -> str:
+        i = int(i)
+        if not 0 <= i < len(names):
+            raise FormatError(f"tensor index {i} is outside the {len(names)} named tensors")
+        return names[i]
+
+    produced: set[str] = set()
+    for k, op in enumerate(net.get("oplists") or []):
+        kind = op.get("type")
+        outs = [name(i) for i in op.get("outputIndexes", [])]
+        ins = [name(i) for i in op.get("inputIndexes", [])]
+        param = op.get("main") or {}
+        if kind == "Input":
+            dims = param.get("dims")
+            shape = tuple(int(d) if d >= 0 else f"d{j}" for j, d in enumerate(dims)) if dims is not None else None
+            g.inputs.append(outs[0])
+            g.tensors[outs[0]] = TensorInfo(outs[0], from_mnn(param.get("dtype", "DT_FLOAT")), shape)
+        elif kind == "Const" and op.get("main_type") == "Blob":
+            value = blob_value(param)
+            g.constants[outs[0]] = value
+            g.tensors[outs[0]] = TensorInfo(outs[0], str(value.dtype), tuple(value.shape))
+        else:
+            fmt = op.get("defaultDimentionFormat")
+            g.nodes.append(Node(kind, ins, outs, op.get("name") or f"op{k}", param,
+                                op.get("main_type") if op.get("main_type") != "NONE" else None,
+                                fmt if fmt != "NHWC" else None))
+        produced.update(outs)
+    g.outputs = list(net.get("outputName") or [])
+    if not g.outputs:
+        used = {i for n in g.nodes for i in n.inputs}
+        g.outputs = [o for n in g.nodes for o in n.outputs if o not in used]
+    for o in g.outputs:
+        if o not in produced:
+            raise FormatError(f"output '{o}' is produced by no op")
+    return g
+
+
+def load(path: str | os.PathLike) -> Graph:
+    path = Path(path)
+    try:
+        data = path.read_bytes()
+    except FileNotFoundError:
+        raise MnnToolError(f"{path}: no such file") from None
+    except IsADirectoryError:
+        raise MnnToolError(f"{path}: is a directory, expected a .mnn file") from None
+    if not data:
+        raise MnnToolError(f"{path}: file is empty")
+    try:
+        net = decode(data, "Net")
+        if not net.get("oplists"):
+            raise FormatError("no ops")
+        g = net_to_graph(net)
+    except (FormatError, KeyError, ValueError, TypeError) as e:
+        raise MnnToolError(f"{path}: not a valid MNN model ({e})") from None
+    g.name = path.stem
+    return g

@@ -1,0 +1,90 @@
+"""IR -> MNN `Net` table -> bytes, written atomically."""
+from __future__ import annotations
+
+import os
+import tempfile
+from pathlib import Path
+
+import numpy as np
+
+from ..ir import ops
+from ..ir.graph import Graph
+from .dtypes import to_mnn
+from .flatbuf import encode
+
+BLOB_FIELD = {"DT_FLOAT": ("float32s", np.float32), "DT_INT32": ("int32s", np.int32),
+              "DT_INT8": ("int8s", np.int8), "DT_UINT8": ("uint8s", np.uint8), "DT_HALF": ("uint8s", np.uint8)}
+
+
+def blob(value: np.ndarray) -> dict:
+    arr = np.asarray(value)
+    dtype = to_mnn(arr.dtype)
+    if dtype == "DT_HALF":
+        dtype = "DT_FLOAT"
+    field, np_type = BLOB_FIELD[dtype]
+    out = {"dataFormat": "NCHW", "dataType": dtype, field: arr.astype(np_type).reshape(-1)}
+    if arr.ndim:
+        out["dims"] = np.array(arr.shape, dtype=np.int32)
+    return out
+
+
+def graph_to_net(g: Graph, biz_code: str = "mnntool") -> dict:
+    names: list[str] = []
+    index: dict[str, int] = {}
+
+    def idx(name: str) -> int:
+        if name not in index:
+            index[name] = len(names)
+            names.append(name)
+        return index[name]
+
+    oplists = []
+    for name in g.inputs:
+        t = g.tensors[name]
+        dims = [d if isinstance(d, int) else -1 for d in (t.shape or ())]
+        oplists.append({"type": "Input", "name": name, "outputIndexes": [idx(name)], "main_type": "Input",
+                        "main": {"dims": dims, "dtype": to_mnn(t.dtype), "dformat": "NCHW"}})
+    for node in g.nodes:
+        for i in node.inputs:
+            if i in g.constants and i not in index:
+                oplists.append({"type": "Const", "name": i, "outputIndexes": [idx(i)], "main_type": "Blob",
+                                "main": blob(g.constants[i])})
+        param_type = node.param_type or (ops.get(node.op).param if node.op in ops.REGISTRY else None)
+        op = {"type": node.op, "name": node.name or node.outputs[0],
+              "inputIndexes": [idx(i) for i in node.inputs], "outputIndexes": [idx(o) for o in node.outputs]}
+        if param_type:
+            op["main_type"] = param_type
+            op["main"] = node.param
+        if node.fmt:
+            op["defaultDimentionFormat"] = node.fmt
+        oplists.append(op)
+    for o in g.outputs:
+        if o in g.constants and o not in index:
+            oplists.append({"type": "Const", "name": o, "outputIndexes": [idx(o)], "main_type": "Blob",
+                            "main": blob(g.constants[o])})
+    return {"bizCode": biz_code, "oplists": oplists, "outputName": list(g.outputs), "sourceType": g.source,
+            "tensorName": names, "tensorNumber": len(names), "extraInfo": {"version": "mnntool"}}
+
+
+def to_bytes(g: Graph, biz_code: str = "mnntool") -> bytes:
+    return encode("Net", graph_to_net(g, biz_code))
+
+
+def atomic_write(path: str | os.PathLike, data: bytes) -> None:
+    """Write to a temporary file beside the target, then rename: no half-written outputs."""
+    path = Path(path)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent or ".")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+
+
+def save(g: Graph, path: str | os.PathLike, biz_code: str = "mnntool") -> int:
+    data = to_bytes(g, biz_code)
+    atomic_write(path, data)
+    return len(data)

@@ -1,0 +1,25 @@
+"""Frontends: source framework files -> IR graphs. The frontend is chosen by the file."""
+from __future__ import annotations
+
+from pathlib import Path
+
+from ..errors import MnnToolError
+
+FRAMEWORKS = {".onnx": "onnx"}
+
+
+def detect(path: str | Path, framework: str | None = None) -> str:
+    if framework:
+        return framework.lower()
+    suffix = Path(path).suffix.lower()
+    if suffix not in FRAMEWORKS:
+        raise MnnToolError(f"{path}: cannot tell the framework from '{suffix}'; use --framework")
+    return FRAMEWORKS[suffix]
+
+
+def load(path: str | Path, framework: str | None = None, input_shapes: dict | None = None):
+    fw = detect(path, framework)
+    if fw == "onnx":
+        from .onnx import load_onnx
+        return load_onnx(path, input_shapes or {})
+    raise MnnToolError(f"{path}: framework '{fw}' is not supported yet (supported: onnx)")

@@ -1,0 +1,120 @@
+"""ONNX (opsets 11-19+) -> IR."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import onnx
+from onnx import numpy_helper, shape_inference
+
+from ...errors import MnnToolError
+from ...ir.graph import Graph, TensorInfo
+from . import math, rnn, tensor  # noqa: F401  (registration)
+from .context import Ctx, attrs_of, to_int32
+from .nn import CONVERTERS
+from .tensor import ONNX_DTYPES
+
+
+def supported_ops() -> list[str]:
+    return sorted(CONVERTERS)
+
+
+def _read(path: Path) -> onnx.ModelProto:
+    if not path.exists():
+        raise MnnToolError(f"{path}: no such file")
+    if path.stat().st_size == 0:
+        raise MnnToolError(f"{path}: file is empty")
+    try:
+        model = onnx.load(str(path))
+    except Exception as e:  # protobuf raises several types for malformed bytes
+        raise MnnToolError(f"{path}: not a valid ONNX model ({type(e).__name__}: {str(e)[:120]})") from None
+    if not model.graph.node:
+        raise MnnToolError(f"{path}: not a valid ONNX model (no graph nodes)")
+    return model
+
+
+def _fix_input_shapes(path, model, input_shapes: dict) -> None:
+    init = {i.name for i in model.graph.initializer}
+    real = [i for i in model.graph.input if i.name not in init]
+    names = {i.name for i in real}
+    for name in input_shapes:
+        if name not in names:
+            raise MnnToolError(f"{path}: --input-shape names '{name}', but the model's inputs are "
+                               f"{', '.join(sorted(names))}")
+    for inp in real:
+        if inp.name not in input_shapes:
+            continue
+        want = input_shapes[inp.name]
+        dims = inp.type.tensor_type.shape.dim
+        if len(dims) != len(want):
+            raise MnnToolError(f"{path}: --input-shape {inp.name}: rank {len(want)} does not match the "
+                               f"model's rank {len(dims)}")
+        for d, w in zip(dims, want):
+            if d.HasField("dim_value") and d.dim_value != w:
+                raise MnnToolError(f"{path}: --input-shape {inp.name}: {list(want)} conflicts with the model's "
+                                   f"fixed shape {[x.dim_value or x.dim_param for x in dims]}")
+            d.ClearField("dim_param")
+            d.dim_value = int(w)
+
+
+def _shapes(model) -> dict:
+    try:
+        inferred = shape_inference.infer_shapes(model, strict_mode=False)
+    except Exception:
+        inferred = model
+    out = {}
+    for vi in list(inferred.graph.value_info) + list(inferred.graph.input) + list(inferred.graph.output):
+        tt = vi.type.tensor_type
+        if tt.HasField("shape"):
+            out[vi.name] = tuple(d.dim_value if d.HasField("dim_value") else (d.dim_param or None)
+                                 for d in tt.shape.dim)
+    return out
+
+
+def load_onnx(path, input_shapes: dict) -> Graph:
+    path = Path(path)
+    model = _read(path)
+    _fix_input_shapes(path, model, input_shapes)
+    unsupported = {}
+    for n in model.graph.node:
+        if n.domain not in ("", "ai.onnx") or n.op_type not in CONVERTERS:
+            unsupported.setdefault(n.op_type if n.domain in ("", "ai.onnx") else f"{n.domain}.{n.op_type}",
+                                   []).append(n.name or "?")
+    if unsupported:
+        listed = "; ".join(f"{op} ({', '.join(names[:3])}{', ...' if len(names) > 3 else ''})"
+                           for op, names in sorted(unsupported.items()))
+        raise MnnToolError(f"{path}: unsupported ONNX ops: {listed}")
+    g = Graph(source="ONNX", name=path.stem)
+    ctx = Ctx(g, str(path), _shapes(model))
+    for init in model.graph.initializer:
+        value = numpy_helper.to_array(init)
+        value = value.astype(np.float32) if value.dtype == np.float64 else to_int32(value)
+        g.constants[init.name] = value
+        g.tensors[init.name] = TensorInfo(init.name, str(value.dtype), tuple(value.shape))
+    for inp in model.graph.input:
+        if inp.name in g.constants:
+            continue
+        tt = inp.type.tensor_type
+        shape = tuple(d.dim_value if d.HasField("dim_value") else (d.dim_param or f"{inp.name}_d{k}")
+                      for k, d in enumerate(tt.shape.dim))
+        dtype = ONNX_DTYPES.get(tt.elem_type, "float32")
+        g.inputs.append(inp.name)
+        g.tensors[inp.name] = TensorInfo(inp.name, "int32" if dtype in ("int64", "bool") else dtype, shape)
+    for k, n in enumerate(model.graph.node):
+        if not n.name:
+            n.name = f"{n.op_type}_{k}"
+        try:
+            CONVERTERS[n.op_type](ctx, n, attrs_of(n))
+        except MnnToolError:
+            raise
+        except (KeyError, IndexError, ValueError, TypeError) as e:
+            raise MnnToolError(f"{path}: {n.op_type} '{n.name}': cannot convert ({type(e).__name__}: {e})") from None
+    g.outputs = [o.name for o in model.graph.output]
+    used = {i for n in g.nodes for i in n.inputs} | set(g.outputs)
+    for name in [c for c in g.constants if c not in used]:
+        del g.constants[name]
+    try:
+        g.toposort()
+    except ValueError as e:
+        raise MnnToolError(f"{path}: {e}") from None
+    return g

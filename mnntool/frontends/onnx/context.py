@@ -1,0 +1,62 @@
+"""What every ONNX op converter gets: the graph being built and helpers to read constants and emit ops."""
+from __future__ import annotations
+
+import numpy as np
+from onnx import helper
+
+from ...errors import MnnToolError
+from ...ir.graph import Graph, Node
+
+
+class Ctx:
+    def __init__(self, graph: Graph, path: str, shapes: dict):
+        self.g = graph
+        self.path = path
+        self.shapes = shapes   # ONNX shape inference: tensor name -> tuple (may hold None dims)
+
+    def const(self, name: str):
+        """The value of a constant input, or None when it is computed at run time."""
+        if not name:
+            return None
+        return self.g.constants.get(name)
+
+    def need_const(self, node, k: int, what: str) -> np.ndarray:
+        v = self.const(node.input[k]) if k < len(node.input) else None
+        if v is None:
+            raise MnnToolError(f"{self.path}: {node.op_type} '{node.name}': {what} must be a constant")
+        return v
+
+    def shape(self, name: str):
+        return self.shapes.get(name)
+
+    def rank(self, name: str) -> int | None:
+        s = self.shape(name)
+        if s is None and name in self.g.constants:
+            return self.g.constants[name].ndim
+        return None if s is None else len(s)
+
+    def emit(self, op: str, inputs, outputs, param: dict | None = None, name: str = "", fmt=None) -> list[str]:
+        outputs = [o for o in outputs]
+        self.g.nodes.append(Node(op, list(inputs), outputs, name or outputs[0], dict(param or {}), fmt=fmt))
+        return outputs
+
+    def tmp(self, base: str) -> str:
+        name = self.g.fresh_name(base)
+        self.g.info(name)
+        return name
+
+    def int_const(self, base: str, values) -> str:
+        return self.g.add_const(base, np.asarray(values, dtype=np.int32))
+
+    def float_const(self, base: str, values) -> str:
+        return self.g.add_const(base, np.asarray(values, dtype=np.float32))
+
+
+def attrs_of(node) -> dict:
+    return {a.name: helper.get_attribute_value(a) for a in node.attribute}
+
+
+def to_int32(arr: np.ndarray) -> np.ndarray:
+    if arr.dtype == np.int64:
+        return np.clip(arr, -2**31, 2**31 - 1).astype(np.int32)
+    return arr

@@ -1,0 +1,198 @@
+"""ONNX LSTM and GRU -> IR, unrolled over the (static) sequence length into MatMul/BinaryOp/UnaryOp steps.
+
+Every op of the unrolled form is a primitive that MNN's runtime and ours both run; the input
+projection for all time steps is one MatMul, so the per-step work is the recurrent matmul only.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from ...errors import MnnToolError
+from .math import binary, unary
+from .nn import converts
+
+
+def _dims(ctx, node):
+    shape = ctx.shape(node.input[0])
+    if shape is None or not all(isinstance(d, int) for d in shape):
+        raise MnnToolError(f"{ctx.path}: {node.op_type} '{node.name}': needs a static input shape "
+                           f"(use --input-shape)")
+    if len(node.input) > 4 and node.input[4]:
+        raise MnnToolError(f"{ctx.path}: {node.op_type} '{node.name}': sequence_lens is not supported")
+    if node.op_type == "LSTM" and len(node.input) > 7 and node.input[7]:
+        raise MnnToolError(f"{ctx.path}: LSTM '{node.name}': peepholes are not supported")
+    return shape
+
+
+def _direction(a):
+    d = a.get("direction", b"forward")
+    return d.decode() if isinstance(d, bytes) else d
+
+
+def _slice0(ctx, x, t, out, name):
+    ins = [x] + [ctx.int_const(f"{name}_{k}", [v]) for k, v in (("s", t), ("e", t + 1), ("a", 0))]
+    ctx.emit("StridedSlice", ins, [out], {"fromType": 1}, name)
+
+
+def _initial(ctx, node, k, d, batch, hidden, label):
+    if len(node.input) > k and node.input[k]:
+        v = ctx.const(node.input[k])
+        if v is not None:
+            return ctx.float_const(f"{node.name}_{label}{d}", v[d:d + 1])
+        out = ctx.tmp(f"{node.name}_{label}{d}")
+        _slice0(ctx, node.input[k], d, out, out)
+        return out
+    return ctx.float_const(f"{node.name}_{label}0_{d}", np.zeros((1, batch, hidden), np.float32))
+
+
+def _input_projection(ctx, node, d, w, b_in, prefix):
+    """X @ W^T + bias for all steps at once: [seq, batch, G*H]."""
+    xw = ctx.tmp(prefix + "_xw")
+    ctx.emit("MatMul", [node.input[0], ctx.float_const(prefix + "_W", w[d].T.copy())], [xw],
+             {"T": "DT_FLOAT", "transposeA": False, "transposeB": False}, prefix + "_xw")
+    xb = ctx.tmp(prefix + "_xb")
+    binary(ctx, xw, ctx.float_const(prefix + "_b", b_in), xb, "ADD", prefix + "_xb")
+    return xb
+
+
+def _split(ctx, x, n, hidden, prefix):
+    outs = [ctx.tmp(f"{prefix}_g{i}") for i in range(n)]
+    ctx.emit("Slice", [x], outs, {"axis": 2, "slicePoints": [hidden * i for i in range(1, n)],
+                                  "sourceType": "CAFFE"}, prefix + "_split")
+    return outs
+
+
+def _finish(ctx, node, per_dir_steps, per_dir_last, extra_last=None):
+    """Y [seq, dirs, batch, H], Y_h [dirs, batch, H] (and Y_c)."""
+    ys = []
+    for d, steps in enumerate(per_dir_steps):
+        y = ctx.tmp(f"{node.name}_y{d}")
+        ctx.emit("Concat", steps, [y], {"axis": 0}, f"{node.name}_y{d}") if len(steps) > 1 else \
+            ctx.emit("Identity", steps, [y], {}, f"{node.name}_y{d}")
+        yu = ctx.tmp(f"{node.name}_yu{d}")
+        ctx.emit("Unsqueeze", [y], [yu], {"squeezeDims": [1]}, f"{node.name}_yu{d}")
+        ys.append(yu)
+
+    def join(parts, out, axis, label):
+        if len(parts) == 1:
+            ctx.emit("Identity", parts, [out], {}, f"{node.name}_{label}")
+        else:
+            ctx.emit("Concat", parts, [out], {"axis": axis}, f"{node.name}_{label}")
+    outputs = list(node.output) + [""] * 3
+    if outputs[0]:
+        join(ys, outputs[0], 1, "Y")
+    if outputs[1]:
+        join(per_dir_last, outputs[1], 0, "Y_h")
+    if extra_last is not None and outputs[2]:
+        join(extra_last, outputs[2], 0, "Y_c")
+
+
+@converts("LSTM")
+def lstm(ctx, node, a):
+    seq, batch, _ = _dims(ctx, node)
+    hidden = int(a["hidden_size"])
+    w, r = ctx.need_const(node, 1, "W"), ctx.need_const(node, 2, "R")
+    dirs = w.shape[0]
+    b = ctx.const(node.input[3]) if len(node.input) > 3 and node.input[3] else np.zeros((dirs, 8 * hidden), np.float32)
+    if b is None:
+        raise MnnToolError(f"{ctx.path}: LSTM '{node.name}': B must be a constant")
+    if a.get("activations") not in (None, [b"Sigmoid", b"Tanh", b"Tanh"] * dirs) or a.get("clip") or \
+            a.get("input_forget") or a.get("layout", 0):
+        raise MnnToolError(f"{ctx.path}: LSTM '{node.name}': custom activations/clip/layout are not supported")
+    direction = _direction(a)
+    all_steps, all_h, all_c = [], [], []
+    for d in range(dirs):
+        p = f"{node.name}_d{d}"
+        xb = _input_projection(ctx, node, d, w, b[d, :4 * hidden] + b[d, 4 * hidden:], p)
+        rt = ctx.float_const(p + "_R", r[d].T.copy())
+        h = _initial(ctx, node, 5, d, batch, hidden, "h")
+        c = _initial(ctx, node, 6, d, batch, hidden, "c")
+        reverse = direction == "reverse" or (direction == "bidirectional" and d == 1)
+        order = range(seq - 1, -1, -1) if reverse else range(seq)
+        outs = {}
+        for t in order:
+            q = f"{p}_t{t}"
+            xt, hr, gates = ctx.tmp(q + "_x"), ctx.tmp(q + "_hr"), ctx.tmp(q + "_gates")
+            _slice0(ctx, xb, t, xt, q + "_x")
+            ctx.emit("MatMul", [h, rt], [hr], {"T": "DT_FLOAT", "transposeA": False, "transposeB": False}, q + "_hr")
+            binary(ctx, xt, hr, gates, "ADD", q + "_gates")
+            gi, go, gf, gc = _split(ctx, gates, 4, hidden, q)
+            i, o, f, cc = (ctx.tmp(q + s) for s in ("_i", "_o", "_f", "_cc"))
+            unary(ctx, gi, i, "SIGMOID", q + "_i")
+            unary(ctx, go, o, "SIGMOID", q + "_o")
+            unary(ctx, gf, f, "SIGMOID", q + "_f")
+            unary(ctx, gc, cc, "TANH", q + "_cc")
+            fc, ic, c_new, tc, h_new = (ctx.tmp(q + s) for s in ("_fc", "_ic", "_c", "_tc", "_h"))
+            binary(ctx, f, c, fc, "MUL", q + "_fc")
+            binary(ctx, i, cc, ic, "MUL", q + "_ic")
+            binary(ctx, fc, ic, c_new, "ADD", q + "_c")
+            unary(ctx, c_new, tc, "TANH", q + "_tc")
+            binary(ctx, o, tc, h_new, "MUL", q + "_h")
+            h, c = h_new, c_new
+            outs[t] = h
+        all_steps.append([outs[t] for t in range(seq)])
+        all_h.append(h)
+        all_c.append(c)
+    _finish(ctx, node, all_steps, all_h, all_c)
+
+
+@converts("GRU")
+def gru(ctx, node, a):
+    seq, batch, _ = _dims(ctx, node)
+    hidden = int(a["hidden_size"])
+    w, r = ctx.need_const(node, 1, "W"), ctx.need_const(node, 2, "R")
+    dirs = w.shape[0]
+    b = ctx.const(node.input[3]) if len(node.input) > 3 and node.input[3] else np.zeros((dirs, 6 * hidden), np.float32)
+    if a.get("activations") not in (None, [b"Sigmoid", b"Tanh"] * dirs) or a.get("clip") or a.get("layout", 0):
+        raise MnnToolError(f"{ctx.path}: GRU '{node.name}': custom activations/clip/layout are not supported")
+    lbr = bool(a.get("linear_before_reset", 0))
+    direction = _direction(a)
+    all_steps, all_h = [], []
+    for d in range(dirs):
+        p = f"{node.name}_d{d}"
+        wb, rb = b[d, :3 * hidden], b[d, 3 * hidden:]
+        in_bias = wb + np.concatenate([rb[:2 * hidden], np.zeros(hidden, rb.dtype)])
+        xb = _input_projection(ctx, node, d, w, in_bias, p)
+        r_zr = ctx.float_const(p + "_Rzr", r[d, :2 * hidden].T.copy())
+        r_h = ctx.float_const(p + "_Rh", r[d, 2 * hidden:].T.copy())
+        rb_h = ctx.float_const(p + "_Rbh", rb[2 * hidden:].copy())
+        h = _initial(ctx, node, 5, d, batch, hidden, "h")
+        reverse = direction == "reverse" or (direction == "bidirectional" and d == 1)
+        order = range(seq - 1, -1, -1) if reverse else range(seq)
+        outs = {}
+        mm = {"T": "DT_FLOAT", "transposeA": False, "transposeB": False}
+        for t in order:
+            q = f"{p}_t{t}"
+            xt = ctx.tmp(q + "_x")
+            _slice0(ctx, xb, t, xt, q + "_x")
+            xz, xr, xn = _split(ctx, xt, 3, hidden, q + "_xs")
+            hzr, zs, rs = ctx.tmp(q + "_hzr"), ctx.tmp(q + "_zs"), ctx.tmp(q + "_rs")
+            ctx.emit("MatMul", [h, r_zr], [hzr], mm, q + "_hzr")
+            hz, hr = _split(ctx, hzr, 2, hidden, q + "_hs")
+            binary(ctx, xz, hz, zs, "ADD", q + "_zs")
+            binary(ctx, xr, hr, rs, "ADD", q + "_rs")
+            z, rg = ctx.tmp(q + "_z"), ctx.tmp(q + "_r")
+            unary(ctx, zs, z, "SIGMOID", q + "_z")
+            unary(ctx, rs, rg, "SIGMOID", q + "_r")
+            hn, hnb, rhn, ns, n = (ctx.tmp(q + s) for s in ("_hn", "_hnb", "_rhn", "_ns", "_n"))
+            if lbr:
+                ctx.emit("MatMul", [h, r_h], [hn], mm, q + "_hn")
+                binary(ctx, hn, rb_h, hnb, "ADD", q + "_hnb")
+                binary(ctx, rg, hnb, rhn, "MUL", q + "_rhn")
+            else:
+                rh = ctx.tmp(q + "_rh")
+                binary(ctx, rg, h, rh, "MUL", q + "_rh")
+                ctx.emit("MatMul", [rh, r_h], [hn], mm, q + "_hn")
+                binary(ctx, hn, rb_h, rhn, "ADD", q + "_rhn")
+            binary(ctx, xn, rhn, ns, "ADD", q + "_ns")
+            unary(ctx, ns, n, "TANH", q + "_n")
+            hmn, zh = ctx.tmp(q + "_hmn"), ctx.tmp(q + "_zh")
+            binary(ctx, h, n, hmn, "SUB", q + "_hmn")
+            binary(ctx, z, hmn, zh, "MUL", q + "_zh")
+            h_new = ctx.tmp(q + "_h")
+            binary(ctx, n, zh, h_new, "ADD", q + "_h")
+            h = h_new
+            outs[t] = h
+        all_steps.append([outs[t] for t in range(seq)])
+        all_h.append(h)
+    _finish(ctx, node, all_steps, all_h)

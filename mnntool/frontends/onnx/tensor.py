@@ -1,0 +1,233 @@
+"""ONNX shape, slicing, joining and constant ops -> IR."""
+from __future__ import annotations
+
+import numpy as np
+from onnx import numpy_helper
+
+from ...errors import MnnToolError
+from ...format.dtypes import to_mnn
+from .context import to_int32
+from .nn import converts
+
+ONNX_DTYPES = {1: "float32", 2: "uint8", 3: "int8", 5: "int16", 6: "int32", 7: "int64", 9: "bool", 10: "float16",
+               11: "float64"}
+
+
+def _axis(ctx, node, a, default=0):
+    axis = int(a.get("axis", default))
+    if axis < 0:
+        rank = ctx.rank(node.input[0])
+        if rank is None:
+            raise MnnToolError(f"{ctx.path}: {node.op_type} '{node.name}': negative axis needs a known input rank")
+        axis += rank
+    return axis
+
+
+@converts("Concat")
+def concat(ctx, node, a):
+    ctx.emit("Concat", [i for i in node.input if i], [node.output[0]], {"axis": _axis(ctx, node, a)}, node.name)
+
+
+@converts("Split")
+def split(ctx, node, a):
+    axis = _axis(ctx, node, a)
+    sizes = a.get("split")
+    if sizes is None and len(node.input) > 1 and node.input[1]:
+        sizes = ctx.need_const(node, 1, "split").reshape(-1).tolist()
+    if sizes is None:
+        shape = ctx.shape(node.input[0])
+        dim = shape[axis] if shape else None
+        if not isinstance(dim, int):
+            raise MnnToolError(f"{ctx.path}: Split '{node.name}': needs split sizes or a known dimension")
+        n = len(node.output)
+        sizes = [-(-dim // n)] * (n - 1)
+        sizes.append(dim - sum(sizes))
+    points = np.cumsum([int(s) for s in sizes])[:-1].tolist()
+    ctx.emit("Slice", [node.input[0]], list(node.output), {"axis": axis, "slicePoints": points,
+                                                           "sourceType": "CAFFE"}, node.name)
+
+
+@converts("Slice")
+def slice_(ctx, node, a):
+    if "starts" in a:   # opset < 10
+        starts, ends = a["starts"], a["ends"]
+        axes = a.get("axes", list(range(len(starts))))
+        steps = [1] * len(starts)
+    else:
+        starts = ctx.need_const(node, 1, "starts").reshape(-1)
+        ends = ctx.need_const(node, 2, "ends").reshape(-1)
+        axes = ctx.const(node.input[3]).reshape(-1) if len(node.input) > 3 and node.input[3] else range(len(starts))
+        steps = ctx.const(node.input[4]).reshape(-1) if len(node.input) > 4 and node.input[4] else [1] * len(starts)
+    ins = [node.input[0]] + [ctx.int_const(f"{node.name}_{k}", to_int32(np.asarray(v, np.int64)))
+                             for k, v in (("starts", starts), ("ends", ends), ("axes", list(axes)),
+                                          ("steps", list(steps)))]
+    ctx.emit("StridedSlice", ins, [node.output[0]], {"fromType": 1, "T": "DT_FLOAT"}, node.name)
+
+
+@converts("Gather")
+def gather(ctx, node, a):
+    axis = _axis(ctx, node, a)
+    idx = ctx.const(node.input[1])
+    indices = node.input[1]
+    if idx is not None and (idx < 0).any():
+        dim = (ctx.shape(node.input[0]) or [None] * (axis + 1))[axis]
+        if not isinstance(dim, int):
+            raise MnnToolError(f"{ctx.path}: Gather '{node.name}': negative indices need a known dimension")
+        indices = ctx.int_const(node.name + "_indices", np.where(idx < 0, idx + dim, idx))
+    ctx.emit("GatherV2", [node.input[0], indices, ctx.int_const(node.name + "_axis", [axis])], [node.output[0]],
+             {}, node.name)
+
+
+@converts("Reshape")
+def reshape(ctx, node, a):
+    shape = ctx.const(node.input[1])
+    ins = [node.input[0], node.input[1]]
+    if shape is not None:
+        shape = shape.reshape(-1).astype(np.int64)
+        src = ctx.shape(node.input[0])
+        if (shape == 0).any() and not a.get("allowzero", 0):
+            if src is None or any(not isinstance(src[i], int) for i in np.flatnonzero(shape == 0)):
+                raise MnnToolError(f"{ctx.path}: Reshape '{node.name}': 0 in the shape needs known input dims")
+            shape = np.array([src[i] if d == 0 else d for i, d in enumerate(shape)], np.int64)
+        ins[1] = ctx.int_const(node.name + "_shape", to_int32(shape))
+    ctx.emit("Reshape", ins, [node.output[0]], {"dimType": "NCHW"}, node.name)
+
+
+@converts("Flatten")
+def flatten(ctx, node, a):
+    shape = ctx.shape(node.input[0])
+    axis = int(a.get("axis", 1))
+    if shape is None:
+        raise MnnToolError(f"{ctx.path}: Flatten '{node.name}': input rank unknown")
+    axis %= max(len(shape), 1) if axis < 0 else len(shape) + 1
+    head = shape[:axis]
+    if all(isinstance(d, int) for d in head):
+        dims = [int(np.prod(head, dtype=np.int64)), -1]
+        ctx.emit("Reshape", [node.input[0], ctx.int_const(node.name + "_shape", dims)], [node.output[0]],
+                 {"dimType": "NCHW"}, node.name)
+    else:
+        ctx.emit("Flatten", [node.input[0]], [node.output[0]], {"axis": axis, "endAxis": 0}, node.name)
+
+
+@converts("Transpose")
+def transpose(ctx, node, a):
+    perm = a.get("perm")
+    if perm is None:
+        rank = ctx.rank(node.input[0])
+        perm = list(range(rank))[::-1]
+    ctx.emit("Permute", [node.input[0]], [node.output[0]], {"dims": [int(p) for p in perm]}, node.name)
+
+
+def _axes_of(ctx, node, a):
+    axes = a.get("axes")
+    if axes is None and len(node.input) > 1 and node.input[1]:
+        axes = ctx.need_const(node, 1, "axes").reshape(-1).tolist()
+    return [int(x) for x in axes] if axes is not None else None
+
+
+@converts("Squeeze")
+def squeeze(ctx, node, a):
+    axes = _axes_of(ctx, node, a)
+    ctx.emit("Squeeze", [node.input[0]], [node.output[0]], {"squeezeDims": axes or []}, node.name)
+
+
+@converts("Unsqueeze")
+def unsqueeze(ctx, node, a):
+    ctx.emit("Unsqueeze", [node.input[0]], [node.output[0]], {"squeezeDims": _axes_of(ctx, node, a)}, node.name)
+
+
+@converts("Shape")
+def shape(ctx, node, a):
+    start, end = a.get("start"), a.get("end")
+    if start is None and end is None:
+        ctx.emit("Shape", [node.input[0]], [node.output[0]], {}, node.name, fmt="NCHW")
+        return
+    full = ctx.tmp(node.output[0] + "_full")
+    ctx.emit("Shape", [node.input[0]], [full], {}, node.name + "_full", fmt="NCHW")
+    rank = ctx.rank(node.input[0])
+    ins = [full] + [ctx.int_const(f"{node.name}_{k}", [v]) for k, v in
+                    (("starts", start or 0), ("ends", end if end is not None else (rank or 2**31 - 1)), ("axes", 0))]
+    ctx.emit("StridedSlice", ins, [node.output[0]], {"fromType": 1}, node.name)
+
+
+@converts("Expand")
+def expand(ctx, node, a):
+    shp = ctx.const(node.input[1])
+    target = ctx.int_const(node.name + "_shape", to_int32(shp.reshape(-1))) if shp is not None else node.input[1]
+    ctx.emit("BroadcastTo", [node.input[0], target], [node.output[0]], {}, node.name)
+
+
+@converts("Cast")
+def cast(ctx, node, a):
+    dst = ONNX_DTYPES.get(int(a["to"]))
+    if dst is None:
+        raise MnnToolError(f"{ctx.path}: Cast '{node.name}': target type {a['to']} is not supported")
+    ctx.g.info(node.output[0]).dtype = "int32" if dst in ("int64", "bool") else dst
+    ctx.emit("Cast", [node.input[0]], [node.output[0]], {"dstT": to_mnn(dst)}, node.name)
+
+
+@converts("Pad")
+def pad(ctx, node, a):
+    mode = a.get("mode", b"constant")
+    mode = mode.decode() if isinstance(mode, bytes) else mode
+    pads = a.get("pads")
+    if pads is None:
+        pads = ctx.need_const(node, 1, "pads").reshape(-1).tolist()
+    value = a.get("value", 0.0)
+    if len(node.input) > 2 and node.input[2]:
+        value = float(ctx.need_const(node, 2, "constant_value"))
+    if len(node.input) > 3 and node.input[3]:
+        raise MnnToolError(f"{ctx.path}: Pad '{node.name}': the axes input is not supported")
+    if mode == "constant" and value != 0.0:
+        raise MnnToolError(f"{ctx.path}: Pad '{node.name}': constant_value {value} (only 0) is not supported")
+    rank = len(pads) // 2
+    interleaved = [int(p) for i in range(rank) for p in (pads[i], pads[i + rank])]
+    ctx.emit("Padding", [node.input[0], ctx.int_const(node.name + "_pads", interleaved)], [node.output[0]],
+             {"mode": {"constant": "CONSTANT", "reflect": "REFLECT", "edge": "EDGE"}[mode]}, node.name)
+
+
+@converts("Dropout")
+def dropout(ctx, node, a):
+    ctx.emit("Identity", [node.input[0]], [node.output[0]], {}, node.name)  # MNN has no inference Dropout
+
+
+@converts("Identity")
+def identity(ctx, node, a):
+    value = ctx.const(node.input[0])
+    if value is not None and node.output[0] not in ctx.g.outputs:   # exporters alias shared weights
+        ctx.g.constants[node.output[0]] = value
+        return
+    ctx.emit("Identity", [node.input[0]], [node.output[0]], {}, node.name)
+
+
+def _attr_value(a):
+    if "value" in a:
+        return numpy_helper.to_array(a["value"])
+    for key, dtype in (("value_float", np.float32), ("value_floats", np.float32), ("value_int", np.int64),
+                       ("value_ints", np.int64)):
+        if key in a:
+            return np.asarray(a[key], dtype=dtype)
+    raise KeyError("Constant without a supported value attribute")
+
+
+@converts("Constant")
+def constant(ctx, node, a):
+    value = _attr_value(a)
+    value = to_int32(value) if value.dtype != np.bool_ else value.astype(np.int32)
+    if value.dtype == np.float64:
+        value = value.astype(np.float32)
+    ctx.g.constants[node.output[0]] = value
+    ctx.g.info(node.output[0]).shape = tuple(value.shape)
+    ctx.g.info(node.output[0]).dtype = str(value.dtype)
+
+
+@converts("ConstantOfShape")
+def constant_of_shape(ctx, node, a):
+    value = numpy_helper.to_array(a["value"]).reshape(-1) if "value" in a else np.zeros(1, np.float32)
+    value = to_int32(value)
+    shp = ctx.const(node.input[0])
+    if shp is not None:
+        ctx.g.constants[node.output[0]] = np.full([int(s) for s in shp.reshape(-1)], value[0], value.dtype)
+        return
+    ctx.emit("Fill", [node.input[0], ctx.g.add_const(node.name + "_value", value.reshape(()))], [node.output[0]],
+             {}, node.name, fmt="NCHW")

@@ -1,0 +1,97 @@
+"""The graph IR: ops named by MNN op type, parameters as MNN parameter tables, constants as arrays."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+Dim = int | str  # a symbolic dimension is a name
+Shape = tuple[Dim, ...]
+
+
+@dataclass
+class Node:
+    op: str                    # an MNN OpType name, e.g. "Convolution"
+    inputs: list[str]
+    outputs: list[str]
+    name: str = ""
+    param: dict = field(default_factory=dict)  # fields of the op's MNN parameter table
+    param_type: str | None = None              # the OpParameter member; None takes the op's default
+    fmt: str | None = None                     # defaultDimentionFormat when it matters to MNN
+
+
+@dataclass
+class TensorInfo:
+    name: str
+    dtype: str = "float32"
+    shape: Shape | None = None
+    layout: str = "NCHW"       # NC4HW4 for tensors that convolutions and pools exchange
+
+
+@dataclass
+class Graph:
+    nodes: list[Node] = field(default_factory=list)
+    inputs: list[str] = field(default_factory=list)
+    outputs: list[str] = field(default_factory=list)
+    tensors: dict[str, TensorInfo] = field(default_factory=dict)
+    constants: dict[str, np.ndarray] = field(default_factory=dict)
+    source: str = "ONNX"       # NetSource name
+    name: str = "model"
+
+    def info(self, name: str) -> TensorInfo:
+        if name not in self.tensors:
+            self.tensors[name] = TensorInfo(name)
+        return self.tensors[name]
+
+    def producers(self) -> dict[str, Node]:
+        return {o: n for n in self.nodes for o in n.outputs}
+
+    def consumers(self) -> dict[str, list[Node]]:
+        out: dict[str, list[Node]] = {}
+        for n in self.nodes:
+            for i in n.inputs:
+                out.setdefault(i, []).append(n)
+        return out
+
+    def fresh_name(self, base: str) -> str:
+        taken = set(self.tensors) | set(self.constants) | {o for n in self.nodes for o in n.outputs}
+        if base not in taken:
+            return base
+        i = 1
+        while f"{base}_{i}" in taken:
+            i += 1
+        return f"{base}_{i}"
+
+    def add_const(self, base: str, value) -> str:
+        name = self.fresh_name(base)
+        arr = np.asarray(value)
+        self.constants[name] = arr
+        self.tensors[name] = TensorInfo(name, str(arr.dtype), tuple(arr.shape))
+        return name
+
+    def param_count(self) -> int:
+        total = sum(int(v.size) for v in self.constants.values() if v.dtype.kind == "f")
+        for n in self.nodes:
+            for key in ("weight", "bias", "slope", "gamma", "beta", "scaleData", "biasData"):
+                v = n.param.get(key)
+                if isinstance(v, np.ndarray):
+                    total += int(v.size)
+        return total
+
+    def toposort(self) -> None:
+        """Order nodes so every input is produced before it is used (stable for sorted graphs)."""
+        ready = set(self.inputs) | set(self.constants)
+        pending, ordered = list(self.nodes), []
+        while pending:
+            rest = []
+            for n in pending:
+                if all(i in ready or i == "" for i in n.inputs):
+                    ordered.append(n)
+                    ready.update(n.outputs)
+                else:
+                    rest.append(n)
+            if len(rest) == len(pending):
+                missing = sorted({i for n in rest for i in n.inputs if i not in ready})
+                raise ValueError(f"graph has a cycle or undefined tensors: {missing[:5]}")
+            pending = rest
+        self.nodes = ordered

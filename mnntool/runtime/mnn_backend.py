@@ -1,0 +1,39 @@
+"""Run a .mnn file in the real MNN runtime (the `mnn` package), for comparisons and the oracle tests."""
+from __future__ import annotations
+
+import numpy as np
+
+from ..errors import MnnToolError
+
+
+def _mnn():
+    try:
+        import MNN  # noqa: N811
+    except ImportError:
+        raise MnnToolError("the MNN runtime is not installed: pip install 'mnntool[test]' (or mnn>=3.6)") from None
+    return MNN
+
+
+class MnnSession:
+    def __init__(self, path: str, inputs: list[str], outputs: list[str]):
+        MNN = _mnn()
+        self.MNN = MNN
+        self.inputs, self.outputs = list(inputs), list(outputs)
+        self.module = MNN.nn.load_module_from_file(str(path), self.inputs, self.outputs)
+
+    def run(self, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        expr = self.MNN.expr
+        vs = []
+        for name in self.inputs:
+            v = np.ascontiguousarray(feeds[name])
+            if v.dtype.kind in "iub":
+                vs.append(expr.const(v.astype(np.int32), list(v.shape), expr.NCHW, expr.int))
+            else:
+                vs.append(expr.const(v.astype(np.float32), list(v.shape), expr.NCHW, expr.float))
+        outs = self.module.forward(vs)
+        result = {}
+        for name, o in zip(self.outputs, outs):
+            if o.data_format == expr.NC4HW4:
+                o = expr.convert(o, expr.NCHW)
+            result[name] = np.array(o.read()).copy()
+        return result
