@@ -18,7 +18,7 @@ demo: $(STAMP)
 	mkdir -p demo
 	$(BIN)/mnntool convert build/fixtures/mobilenetv2.onnx demo/mobilenetv2.mnn
 	$(BIN)/mnntool info demo/mobilenetv2.mnn
-	$(BIN)/python -m mnntool.oracle build/fixtures/mobilenetv2.onnx demo/mobilenetv2.mnn
+	$(BIN)/mnntool verify build/fixtures/mobilenetv2.onnx demo/mobilenetv2.mnn
 
 test: $(STAMP)
 	$(BIN)/python -m pytest tests

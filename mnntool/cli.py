@@ -77,6 +77,30 @@ def info(path: str = typer.Argument(..., help="A .mnn or .onnx model."),
     console.print(ops)
 
 
+@app.command()
+def verify(source: str = typer.Argument(..., help="The source model (.onnx)."),
+           model: str = typer.Argument(..., help="The converted .mnn file."),
+           input_shape: Optional[List[str]] = INPUT_SHAPE,
+           min_cosine: float = typer.Option(0.999, "--min-cosine", help="Pass threshold per output."),
+           max_abs: Optional[float] = typer.Option(None, "--max-abs", help="Optional max abs error per output."),
+           as_json: bool = JSON):
+    """Check a .mnn file against its source: final outputs in the real MNN runtime (exit 1 on failure)."""
+    from .verify import verify_outputs
+    r = verify_outputs(source, model, api.parse_input_shapes(input_shape), min_cosine=min_cosine, max_abs=max_abs)
+    if as_json:
+        print(json.dumps(r))
+    else:
+        t = Table(title=f"{model} vs {source} (MNN runtime)")
+        for col in ("output", "cosine", "max_abs", "rel_l2", "snr_db", "result"):
+            t.add_column(col)
+        for o in r["outputs"]:
+            t.add_row(o["name"], f"{o['cosine']:.6f}", f"{o['max_abs']:.3g}", f"{o['rel_l2']:.3g}",
+                      f"{o['snr_db']:.1f}", "[green]pass[/]" if o["pass"] else "[red]FAIL[/]")
+        console.print(t)
+    if not r["pass"]:
+        raise typer.Exit(1)
+
+
 def main():
     try:
         app(standalone_mode=False)

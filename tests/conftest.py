@@ -1,0 +1,59 @@
+"""Shared test helpers: fixture models built on demand into build/fixtures, MNN and onnxruntime oracles."""
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+CACHE = ROOT / "build" / "fixtures"
+
+
+@pytest.fixture(scope="session")
+def fixture_model():
+    pytest.importorskip("torch")
+    from fixtures.models import build
+
+    def get(name: str) -> Path:
+        return build(name, CACHE)
+    return get
+
+
+def ort_run(path, feeds):
+    import onnxruntime as ort
+    sess = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    return dict(zip([o.name for o in sess.get_outputs()], sess.run(None, feeds)))
+
+
+def mnn_run(path, inputs, outputs, feeds):
+    from mnntool.runtime.mnn_backend import MnnSession
+    return MnnSession(str(path), inputs, outputs).run(feeds)
+
+
+def assert_close(ref, got, min_cos=0.9999, rel_abs=1e-3):
+    """cosine >= min_cos and max abs diff <= rel_abs * max(|ref|) (the output's scale)."""
+    from mnntool.compare import metrics
+    ref = np.asarray(ref, np.float64)
+    got = np.asarray(got, np.float64).reshape(ref.shape)
+    m = metrics(ref, got)
+    scale = max(float(np.abs(ref).max()), 1e-6)
+    assert m["cosine"] >= min_cos, m
+    assert m["max_abs"] <= rel_abs * scale, m
+    return m
+
+
+def mnn_convert(onnx_path, mnn_path):
+    """Convert with MNN's own converter (its _tools module, never the console scripts)."""
+    import _tools
+    fd = os.dup(1)
+    os.dup2(2, 1)
+    try:
+        _tools.mnnconvert(["mnnconvert", "-f", "ONNX", "--modelFile", str(onnx_path), "--MNNModel", str(mnn_path),
+                           "--bizCode", "test"])
+    finally:
+        os.dup2(fd, 1)
+        os.close(fd)
