@@ -1,8 +1,10 @@
 """Shape inference over the whole graph, op by op, from the registry's definitions."""
 from __future__ import annotations
 
+import numpy as np
+
 from .graph import Graph
-from .ops import REGISTRY, Val
+from .ops import REGISTRY, Val, values
 
 
 def infer_shapes(g: Graph) -> dict[str, Val]:
@@ -22,6 +24,14 @@ def infer_shapes(g: Graph) -> dict[str, Val]:
                 outs = opdef.infer(node, ins)
             except (ValueError, KeyError, IndexError, TypeError, ZeroDivisionError):
                 outs = [Val(None)] * len(node.outputs)
+        if outs and outs[0].value is None and ins and all(v.value is not None and np.size(v.value) <= 64 for v in ins):
+            try:
+                out = values.value(node, [np.asarray(v.value) for v in ins])
+            except (ValueError, IndexError, TypeError):
+                out = None
+            if out is not None:
+                out = np.asarray(out)
+                outs = [Val(tuple(out.shape), str(out.dtype), out)] + list(outs[1:])
         for name, v in zip(node.outputs, outs):
             vals[name] = v
             t = g.info(name)

@@ -148,3 +148,11 @@ def _interp(node, ins):
         return [Val((n, c, int(v[-2]), int(v[-1])), ins[0].dtype)]
     hs, ws = p.get("heightScale") or 1.0, p.get("widthScale") or 1.0
     return [Val((n, c, int(h * hs), int(w * ws)), ins[0].dtype)]
+
+
+@register("Pooling3D", "Pool3D", flops=lambda node, ins, outs: numel(ins[0].shape))
+def _pool3d(node, ins):
+    """MNN's converter writes ONNX GlobalAveragePool as a global Pooling3D."""
+    if not node.param.get("isGlobal"):
+        raise ValueError("only global Pooling3D is inferred")
+    return [Val(tuple(ins[0].shape[:2]) + (1,) * (len(ins[0].shape) - 2), ins[0].dtype)]

@@ -113,6 +113,8 @@ def _permute(node, ins):
 def _squeeze(node, ins):
     shape = ins[0].shape
     dims = node.param.get("squeezeDims")
+    if (dims is None or len(dims) == 0) and len(ins) > 1:
+        dims = _known(ins[1], "axes", node)
     if dims is None or len(dims) == 0:
         axes = {i for i, d in enumerate(shape) if d == 1}
     else:
@@ -123,7 +125,8 @@ def _squeeze(node, ins):
 @register("Unsqueeze", "SqueezeParam")
 def _unsqueeze(node, ins):
     shape = list(ins[0].shape)
-    dims = [int(d) for d in node.param["squeezeDims"]]
+    dims = node.param.get("squeezeDims")
+    dims = [int(d) for d in (dims if dims is not None and len(dims) else _known(ins[1], "axes", node))]
     rank = len(shape) + len(dims)
     for d in sorted(x % rank for x in dims):
         shape.insert(d, 1)
@@ -157,4 +160,13 @@ def _padding(node, ins):
     pads = _known(ins[1], "pads", node)
     shape = tuple(d + pads[2 * i] + pads[2 * i + 1] if isinstance(d, int) else d
                   for i, d in enumerate(ins[0].shape))
+    return [Val(shape, ins[0].dtype)]
+
+
+@register("SliceTf", "SliceTf")
+def _slice_tf(node, ins):
+    """TensorFlow slice: inputs data, begin, size (-1 = to the end)."""
+    begin, size = _known(ins[1], "begin", node), _known(ins[2], "size", node)
+    shape = tuple(s if s >= 0 else (d - b if isinstance(d, int) else d)
+                  for d, b, s in zip(ins[0].shape, begin, size)) + tuple(ins[0].shape[len(begin):])
     return [Val(shape, ins[0].dtype)]
