@@ -103,7 +103,8 @@ def verify(source: str = typer.Argument(..., help="The source model (.onnx)."),
 
 def main():
     try:
-        app(standalone_mode=False)
+        rc = app(standalone_mode=False)
+        sys.exit(rc if isinstance(rc, int) else 0)
     except MnnToolError as e:
         err.print(f"[red]error:[/] {e}", highlight=False, soft_wrap=True)
         sys.exit(e.code)

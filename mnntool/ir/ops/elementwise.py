@@ -33,10 +33,11 @@ def _flops_out(node, ins, outs):
 
 
 for _name, _param in [("ReLU", "Relu"), ("ReLU6", "Relu6"), ("PReLU", "PRelu"), ("Sigmoid", None),
-                      ("TanH", None), ("UnaryOp", "UnaryOp"), ("Scale", "Scale"), ("Dropout", None),
-                      ("Identity", None), ("ConvertTensor", "TensorConvertInfo"), ("ELU", "ELU"),
+                      ("TanH", None), ("UnaryOp", "UnaryOp"), ("Scale", "Scale"), ("ELU", "ELU"),
                       ("Softmax", "Axis"), ("LayerNorm", "LayerNorm")]:
     register(_name, _param, flops=_flops_out)(_same)
+for _name, _param in [("Dropout", None), ("Identity", None), ("ConvertTensor", "TensorConvertInfo")]:
+    register(_name, _param)(_same)   # data movement: no arithmetic
 
 
 @register("BinaryOp", "BinaryOp", flops=_flops_out)

@@ -1,0 +1,120 @@
+"""The CLI on good and bad input: one clear line, a non-zero exit, no output file left behind."""
+import json
+import subprocess
+import sys
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto as TP, helper as h, numpy_helper as nh
+
+
+def run(*args):
+    p = subprocess.run([sys.executable, "-m", "mnntool", *map(str, args)], capture_output=True, text=True)
+    return p.returncode, p.stdout, p.stderr
+
+
+@pytest.fixture
+def small_onnx(tmp_path):
+    w = nh.from_array(np.random.RandomState(0).randn(4, 3, 3, 3).astype(np.float32), "w")
+    g = h.make_graph([h.make_node("Conv", ["x", "w"], ["c"], pads=[1, 1, 1, 1]), h.make_node("Relu", ["c"], ["y"])],
+                     "g", [h.make_tensor_value_info("x", TP.FLOAT, ["N", 3, 8, 8])],
+                     [h.make_tensor_value_info("y", TP.FLOAT, None)], initializer=[w])
+    path = tmp_path / "small.onnx"
+    onnx.save(h.make_model(g, opset_imports=[h.make_opsetid("", 17)]), path)
+    return path
+
+
+def assert_one_line_error(code, out, err, *needles):
+    assert code == 2, (code, out, err)
+    lines = [line for line in err.strip().splitlines() if "device supports" not in line]
+    assert len(lines) == 1 and lines[0].startswith("error:"), err
+    assert "Traceback" not in err
+    for n in needles:
+        assert n in lines[0], (n, lines[0])
+
+
+def test_convert_and_info_json(tmp_path, small_onnx):
+    out = tmp_path / "m.mnn"
+    code, stdout, _ = run("convert", small_onnx, out, "--input-shape", "x:2x3x8x8", "--json")
+    assert code == 0
+    report = json.loads(stdout)
+    assert report["ops"] >= 2 and report["size_bytes"] == out.stat().st_size
+    code, stdout, _ = run("info", out, "--json")
+    info = json.loads(stdout)
+    assert info["inputs"][0]["shape"] == [2, 3, 8, 8]
+    assert info["outputs"][0]["shape"] == [2, 4, 8, 8]
+    assert info["op_counts"]["Convolution"] == 1 and info["params"] == 108 + 4  # weights + zero bias
+    assert info["flops"] == 2 * 2 * 4 * 8 * 8 * 27 + 2 * 4 * 8 * 8   # conv MACs x2 + one per ReLU output
+    dump = tmp_path / "m.json"
+    code, _, _ = run("info", out, "--dump-json", dump)
+    assert code == 0 and json.loads(dump.read_text())["oplists"][0]["type"] == "Input"
+
+
+def test_missing_file(tmp_path):
+    assert_one_line_error(*run("convert", tmp_path / "nope.onnx", tmp_path / "o.mnn"), "nope.onnx", "no such file")
+    assert not (tmp_path / "o.mnn").exists()
+
+
+@pytest.mark.parametrize("suffix", [".onnx", ".mnn"])
+def test_empty_file(tmp_path, suffix):
+    src = tmp_path / f"empty{suffix}"
+    src.write_bytes(b"")
+    cmd = ("info", src) if suffix == ".mnn" else ("convert", src, tmp_path / "o.mnn")
+    assert_one_line_error(*run(*cmd), "empty")
+    assert not (tmp_path / "o.mnn").exists()
+
+
+def test_truncated_onnx(tmp_path, small_onnx):
+    data = small_onnx.read_bytes()
+    bad = tmp_path / "cut.onnx"
+    bad.write_bytes(data[: len(data) // 2])
+    assert_one_line_error(*run("convert", bad, tmp_path / "o.mnn"), "cut.onnx")
+    assert not (tmp_path / "o.mnn").exists()
+
+
+def test_truncated_mnn(tmp_path, small_onnx):
+    good = tmp_path / "m.mnn"
+    assert run("convert", small_onnx, good)[0] == 0
+    data = good.read_bytes()
+    for cut in (9, len(data) // 3, len(data) - 7):
+        bad = tmp_path / "cut.mnn"
+        bad.write_bytes(data[:cut])
+        assert_one_line_error(*run("info", bad), "cut.mnn", "not a valid MNN model")
+
+
+def test_text_file(tmp_path):
+    txt = tmp_path / "notes.mnn"
+    txt.write_text("this is not a model\n" * 20)
+    assert_one_line_error(*run("info", txt), "notes.mnn")
+    txt2 = tmp_path / "notes.onnx"
+    txt2.write_text("this is not a model\n" * 20)
+    assert_one_line_error(*run("convert", txt2, tmp_path / "o.mnn"), "notes.onnx")
+
+
+def test_unsupported_ops_listed_all_at_once(tmp_path):
+    g = h.make_graph([h.make_node("Relu", ["x"], ["a"]), h.make_node("Einsum", ["a", "a"], ["b"], name="ein1",
+                                                                      equation="ij,ij->ij"),
+                      h.make_node("Det", ["b"], ["c"], name="det1"), h.make_node("Einsum", ["c", "c"], ["y"],
+                                                                                 name="ein2", equation="ij,ij->ij")],
+                     "g", [h.make_tensor_value_info("x", TP.FLOAT, [2, 2])], [h.make_tensor_value_info("y", TP.FLOAT, None)])
+    src = tmp_path / "u.onnx"
+    onnx.save(h.make_model(g, opset_imports=[h.make_opsetid("", 17)]), src)
+    assert_one_line_error(*run("convert", src, tmp_path / "o.mnn"), "Einsum (ein1, ein2)", "Det (det1)")
+    assert not (tmp_path / "o.mnn").exists()
+
+
+@pytest.mark.parametrize("spec,needle", [("y:1x3x8x8", "'y'"), ("x:1x3x8", "rank"), ("x:1x4x8x8", "conflicts"),
+                                         ("x:axb", "expected NAME")])
+def test_wrong_input_shape(tmp_path, small_onnx, spec, needle):
+    assert_one_line_error(*run("convert", small_onnx, tmp_path / "o.mnn", "--input-shape", spec), needle)
+    assert not (tmp_path / "o.mnn").exists()
+
+
+def test_verify_exit_codes(tmp_path, small_onnx):
+    out = tmp_path / "m.mnn"
+    assert run("convert", small_onnx, out, "--input-shape", "x:1x3x8x8")[0] == 0
+    code, stdout, _ = run("verify", small_onnx, out, "--input-shape", "x:1x3x8x8", "--json")
+    assert code == 0 and json.loads(stdout)["outputs"][0]["cosine"] > 0.9999
+    code, _, _ = run("verify", small_onnx, out, "--input-shape", "x:1x3x8x8", "--min-cosine", "1.01")
+    assert code == 1
