@@ -3,13 +3,14 @@ from __future__ import annotations
 
 from ..ir.graph import Graph
 from ..ir.shape_inference import infer_shapes
+from .fuse_conv import FoldScaleIntoConvPass, FuseReluIntoConvPass
 from .layout import LayoutPass
 from .remove_identity import RemoveIdentityPass
 
 PIPELINES = {
     0: [LayoutPass],
-    1: [RemoveIdentityPass, LayoutPass],
-    2: [RemoveIdentityPass, LayoutPass],
+    1: [RemoveIdentityPass, FoldScaleIntoConvPass, FuseReluIntoConvPass, LayoutPass],
+    2: [RemoveIdentityPass, FoldScaleIntoConvPass, FuseReluIntoConvPass, LayoutPass],
 }
 
 
