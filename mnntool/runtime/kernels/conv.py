@@ -1,0 +1,180 @@
+"""Convolutions: 1x1 and im2col convolutions on BLAS sgemm, depthwise and col2im loops in Numba."""
+from __future__ import annotations
+
+import numpy as np
+from numba import njit, prange
+
+from . import kernel, writes
+
+RELU, RELU6 = 1, 2
+
+
+@njit(parallel=True, cache=True, fastmath=True)
+def im2col(xp, kh, kw, sh, sw, dh, dw, oh, ow, cols):
+    for c in prange(xp.shape[0]):
+        for i in range(kh):
+            for j in range(kw):
+                row = (c * kh + i) * kw + j
+                for y in range(oh):
+                    iy = y * sh + i * dh
+                    base = y * ow
+                    for x in range(ow):
+                        cols[row, base + x] = xp[c, iy, x * sw + j * dw]
+
+
+@njit(parallel=True, cache=True, fastmath=True)
+def depthwise(xp, w, b, sh, sw, dh, dw, out, act):
+    kh, kw = w.shape[1], w.shape[2]
+    oh, ow = out.shape[1], out.shape[2]
+    for c in prange(out.shape[0]):
+        for y in range(oh):
+            for x in range(ow):
+                out[c, y, x] = b[c]
+        for i in range(kh):
+            for j in range(kw):
+                wv = w[c, i, j]
+                for y in range(oh):
+                    iy = y * sh + i * dh
+                    for x in range(ow):
+                        out[c, y, x] += wv * xp[c, iy, x * sw + j * dw]
+        if act == 1:
+            for y in range(oh):
+                for x in range(ow):
+                    out[c, y, x] = max(out[c, y, x], 0.0)
+        elif act == 2:
+            for y in range(oh):
+                for x in range(ow):
+                    out[c, y, x] = min(max(out[c, y, x], 0.0), 6.0)
+
+
+@njit(parallel=True, cache=True, fastmath=True)
+def col2im(cols, kh, kw, sh, sw, dh, dw, h, w, canvas):
+    """Scatter-add columns (C*kh*kw, h*w) of a transposed convolution onto canvas (C, H', W')."""
+    for c in prange(canvas.shape[0]):
+        for i in range(kh):
+            for j in range(kw):
+                row = (c * kh + i) * kw + j
+                for y in range(h):
+                    oy = y * sh + i * dh
+                    for x in range(w):
+                        canvas[c, oy, x * sw + j * dw] += cols[row, y * w + x]
+
+
+def _geometry(c: dict, in_hw, out_hw):
+    kh, kw = c.get("kernelY", 1), c.get("kernelX", 1)
+    sh, sw = c.get("strideY", 1), c.get("strideX", 1)
+    dh, dw = c.get("dilateY", 1), c.get("dilateX", 1)
+    pads = c.get("pads")
+    if c.get("padMode") == "SAME":
+        ph = max((out_hw[0] - 1) * sh + dh * (kh - 1) + 1 - in_hw[0], 0)
+        pw = max((out_hw[1] - 1) * sw + dw * (kw - 1) + 1 - in_hw[1], 0)
+        t, l, b, r = ph // 2, pw // 2, ph - ph // 2, pw - pw // 2
+    elif c.get("padMode") == "VALID":
+        t = l = b = r = 0
+    elif pads is not None and len(pads) == 4:
+        t, l, b, r = (int(p) for p in pads)
+    else:
+        t = b = c.get("padY", 0)
+        l = r = c.get("padX", 0)
+    return kh, kw, sh, sw, dh, dw, t, l, b, r
+
+
+def activation(c: dict) -> int:
+    return RELU6 if c.get("relu6") else RELU if c.get("relu") else 0
+
+
+def apply_act(y: np.ndarray, act: int) -> None:
+    if act == RELU:
+        np.maximum(y, 0, out=y)
+    elif act == RELU6:
+        np.clip(y, 0, 6, out=y)
+
+
+@kernel("Convolution", "ConvolutionDepthwise")
+def convolution(node, ins, outs):
+    c = node.param["common"]
+    n, cin, h, w = ins[0].shape
+    _, cout, oh, ow = outs[0].shape
+    kh, kw, sh, sw, dh, dw, t, l, b, r = _geometry(c, (h, w), (oh, ow))
+    group = c.get("group", 1) or 1
+    act = activation(c)
+    weight = np.ascontiguousarray(np.asarray(node.param["weight"], np.float32).reshape(cout, -1))
+    bias = np.asarray(node.param.get("bias", np.zeros(cout)), np.float32).reshape(-1)
+    if bias.size != cout:
+        bias = np.zeros(cout, np.float32)
+    padded = np.zeros((cin, h + t + b, w + l + r), np.float32) if (t or l or b or r) else None
+
+    def pad(x):
+        if padded is None:
+            return x
+        padded[:, t:t + h, l:l + w] = x
+        return padded
+
+    if group == cin == cout and group > 1:
+        wd = np.ascontiguousarray(weight.reshape(cout, kh, kw))
+
+        def run_dw(inputs, outputs):
+            x, y = inputs[0], outputs[0]
+            for i in range(n):
+                depthwise(pad(x[i]), wd, bias, sh, sw, dh, dw, y[i], act)
+        return writes(run_dw)
+
+    bias_col = bias.reshape(cout, 1)
+    pointwise = kh == kw == 1 and sh == sw == 1 and padded is None and group == 1
+    cg, og = cin // group, cout // group
+    cols = None if pointwise else np.empty((cg * kh * kw * group, oh * ow), np.float32)
+    wg = [np.ascontiguousarray(weight[k * og:(k + 1) * og]) for k in range(group)]
+
+    def run(inputs, outputs):
+        x, y = inputs[0], outputs[0]
+        for i in range(n):
+            yi = y[i].reshape(cout, oh * ow)
+            if pointwise:
+                np.matmul(weight, x[i].reshape(cin, h * w), out=yi)
+            else:
+                im2col(pad(x[i]), kh, kw, sh, sw, dh, dw, oh, ow, cols)
+                if group == 1:
+                    np.matmul(weight, cols, out=yi)
+                else:
+                    rows = cg * kh * kw
+                    for k in range(group):
+                        np.matmul(wg[k], cols[k * rows:(k + 1) * rows], out=yi[k * og:(k + 1) * og])
+            yi += bias_col
+            apply_act(yi, act)
+    return writes(run)
+
+
+@kernel("Deconvolution", "DeconvolutionDepthwise")
+def deconvolution(node, ins, outs):
+    c = node.param["common"]
+    n, cin, h, w = ins[0].shape
+    _, cout, oh, ow = outs[0].shape
+    kh, kw, sh, sw, dh, dw, t, l, b, r = _geometry(c, (h, w), (oh, ow))
+    if c.get("padMode") == "SAME":
+        total_h = (h - 1) * sh + dh * (kh - 1) + 1 - oh
+        total_w = (w - 1) * sw + dw * (kw - 1) + 1 - ow
+        t, l = max(total_h, 0) // 2, max(total_w, 0) // 2
+    group = c.get("group", 1) or 1
+    act = activation(c)
+    cg, og = cin // group, cout // group
+    weight = np.asarray(node.param["weight"], np.float32).reshape(cin, og * kh * kw)
+    wt = [np.ascontiguousarray(weight[k * cg:(k + 1) * cg].T) for k in range(group)]   # (og*kh*kw, cg)
+    bias = np.asarray(node.param.get("bias", np.zeros(cout)), np.float32).reshape(cout, 1, 1)
+    ch = max((h - 1) * sh + dh * (kh - 1) + 1, t + oh)
+    cw = max((w - 1) * sw + dw * (kw - 1) + 1, l + ow)
+    canvas = np.zeros((cout, ch, cw), np.float32)
+    cols = np.empty((cout * kh * kw, h * w), np.float32)
+
+    def run(inputs, outputs):
+        x, y = inputs[0], outputs[0]
+        rows = og * kh * kw
+        for i in range(n):
+            xi = x[i].reshape(cin, h * w)
+            for k in range(group):
+                np.matmul(wt[k], xi[k * cg:(k + 1) * cg], out=cols[k * rows:(k + 1) * rows])
+            canvas[:] = 0
+            col2im(cols, kh, kw, sh, sw, dh, dw, h, w, canvas)
+            y[i] = canvas[:, t:t + oh, l:l + ow]
+            y[i] += bias
+            apply_act(y[i], act)
+    return writes(run)

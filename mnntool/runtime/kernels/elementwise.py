@@ -1,0 +1,169 @@
+"""Elementwise kernels: activations, unary and binary math, select, cast."""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+from numba import vectorize
+
+from . import kernel, returns, writes
+
+
+@vectorize(["float32(float32)"], cache=True)
+def _erf(x):
+    return math.erf(x)
+
+
+@vectorize(["float32(float32)"], cache=True)
+def _sigmoid(x):
+    return 1.0 / (1.0 + math.exp(-x)) if x >= 0 else math.exp(x) / (1.0 + math.exp(x))
+
+
+@vectorize(["float32(float32)"], cache=True)
+def _gelu_erf(x):
+    return 0.5 * x * (1.0 + math.erf(x * 0.7071067811865476))
+
+
+@vectorize(["float32(float32)"], cache=True)
+def _gelu_tanh(x):
+    return 0.5 * x * (1.0 + math.tanh(0.7978845608028654 * (x + 0.044715 * x * x * x)))
+
+
+@vectorize(["float32(float32)"], cache=True)
+def _hardswish(x):
+    return x * min(max(x + 3.0, 0.0), 6.0) / 6.0
+
+
+@vectorize(["float32(float32)"], cache=True)
+def _silu(x):
+    return x / (1.0 + math.exp(-x))
+
+
+def _rsqrt(x, out):
+    np.sqrt(x, out=out)
+    np.reciprocal(out, out=out)
+
+
+UNARY = {
+    "ABS": np.abs, "NEG": np.negative, "FLOOR": np.floor, "CEIL": np.ceil, "SQUARE": np.square, "SQRT": np.sqrt,
+    "RSQRT": _rsqrt, "EXP": np.exp, "LOG": np.log, "SIN": np.sin, "COS": np.cos, "TAN": np.tan,
+    "ASIN": np.arcsin, "ACOS": np.arccos, "ATAN": np.arctan, "RECIPROCAL": np.reciprocal, "LOG1P": np.log1p,
+    "SINH": np.sinh, "COSH": np.cosh, "ASINH": np.arcsinh, "ACOSH": np.arccosh, "ATANH": np.arctanh,
+    "SIGN": np.sign, "ROUND": np.rint, "EXPM1": np.expm1, "TANH": np.tanh, "SIGMOID": _sigmoid, "ERF": _erf,
+    "HARDSWISH": _hardswish, "GELU": _gelu_tanh, "GELU_STANDARD": _gelu_erf, "SILU": _silu,
+}
+
+
+def _floor_div(a, b, out):
+    if np.issubdtype(out.dtype, np.integer):
+        np.floor_divide(a, b, out=out)
+    else:
+        np.floor_divide(a, b, out=out)
+
+
+def _div(a, b, out):
+    if np.issubdtype(out.dtype, np.integer):
+        np.floor_divide(a, b, out=out)
+    else:
+        np.true_divide(a, b, out=out)
+
+
+def _sqdiff(a, b, out):
+    np.subtract(a, b, out=out)
+    np.square(out, out=out)
+
+
+BINARY = {
+    "ADD": np.add, "SUB": np.subtract, "MUL": np.multiply, "REALDIV": _div, "DIV": _div, "POW": np.power,
+    "MAXIMUM": np.maximum, "MINIMUM": np.minimum, "MAX_TEMP": np.maximum, "MIN_TEMP": np.minimum,
+    "EQUAL": np.equal, "NOTEQUAL": np.not_equal, "GREATER": np.greater, "GREATER_EQUAL": np.greater_equal,
+    "LESS": np.less, "LESS_EQUAL": np.less_equal, "FLOORDIV": _floor_div, "FLOORMOD": np.mod, "MOD": np.fmod,
+    "SquaredDifference": _sqdiff, "ATAN2": np.arctan2, "LOGICALOR": np.logical_or, "LOGICALXOR": np.logical_xor,
+    "BITWISE_AND": np.bitwise_and, "BITWISE_OR": np.bitwise_or, "BITWISE_XOR": np.bitwise_xor,
+}
+
+
+def _unsupported(node, what):
+    from ...errors import MnnToolError
+    return MnnToolError(f"{node.op} '{node.name}': {what} is not supported by the runtime")
+
+
+@kernel("ReLU")
+def relu(node, ins, outs):
+    slope = float(node.param.get("slope", 0.0))
+    if slope == 0.0:
+        return writes(lambda i, o: np.maximum(i[0], 0, out=o[0]))
+
+    def leaky(i, o):
+        np.multiply(i[0], slope, out=o[0])
+        np.maximum(i[0], o[0], out=o[0]) if slope < 1 else np.minimum(i[0], o[0], out=o[0])
+    return writes(leaky)
+
+
+@kernel("ReLU6")
+def relu6(node, ins, outs):
+    lo, hi = float(node.param.get("minValue", 0.0)), float(node.param.get("maxValue", 6.0))
+    return writes(lambda i, o: np.clip(i[0], lo, hi, out=o[0]))
+
+
+@kernel("Sigmoid")
+def sigmoid(node, ins, outs):
+    return writes(lambda i, o: _sigmoid(i[0], out=o[0]))
+
+
+@kernel("TanH")
+def tanh(node, ins, outs):
+    return writes(lambda i, o: np.tanh(i[0], out=o[0]))
+
+
+@kernel("PReLU")
+def prelu(node, ins, outs):
+    slope = np.asarray(node.param["slope"], np.float32).reshape(-1)
+    rank = len(ins[0].shape)
+    s = slope.reshape((1, -1) + (1,) * (rank - 2)) if slope.size > 1 else slope.reshape(())
+
+    def run(i, o):
+        np.multiply(i[0], s, out=o[0])
+        np.copyto(o[0], i[0], where=i[0] > 0)
+    return writes(run)
+
+
+@kernel("UnaryOp")
+def unary(node, ins, outs):
+    op = node.param.get("opType")
+    if op not in UNARY:
+        raise _unsupported(node, f"UnaryOp {op}")
+    fn = UNARY[op]
+    if ins[0].dtype != "float32" and op not in ("ABS", "NEG", "SQUARE", "SIGN"):
+        return returns(lambda i: [fn(i[0].astype(np.float32)).astype(i[0].dtype)])
+    return writes(lambda i, o: fn(i[0], out=o[0]))
+
+
+@kernel("BinaryOp")
+def binary(node, ins, outs):
+    op = node.param.get("opType")
+    if op not in BINARY:
+        raise _unsupported(node, f"BinaryOp {op}")
+    fn = BINARY[op]
+    dtype = np.dtype(outs[0].dtype)
+    fused_relu = int(node.param.get("activationType", 0)) == 1   # MNN's converter fuses ReLU this way
+
+    def run(i, o):
+        a, b = i
+        if a.dtype != b.dtype and dtype != np.bool_:
+            a, b = a.astype(dtype, copy=False), b.astype(dtype, copy=False)
+        fn(a, b, out=o[0])
+        if fused_relu:
+            np.maximum(o[0], 0, out=o[0])
+    return writes(run)
+
+
+@kernel("Select")
+def select(node, ins, outs):
+    return writes(lambda i, o: np.copyto(o[0], np.where(i[0].astype(bool), i[1], i[2])))
+
+
+@kernel("Cast")
+def cast(node, ins, outs):
+    dtype = np.dtype(outs[0].dtype)
+    return returns(lambda i: [i[0].astype(dtype)])

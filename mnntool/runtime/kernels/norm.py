@@ -1,0 +1,82 @@
+"""Normalizations and softmax: Scale (folded BatchNorm), LayerNorm, Softmax, Reduction."""
+from __future__ import annotations
+
+import numpy as np
+
+from . import kernel, returns, writes
+
+
+@kernel("Scale")
+def scale(node, ins, outs):
+    rank = len(ins[0].shape)
+    s = np.asarray(node.param["scaleData"], np.float32).reshape((1, -1) + (1,) * (rank - 2))
+    b = node.param.get("biasData")
+    b = np.asarray(b, np.float32).reshape(s.shape) if b is not None and len(b) else None
+
+    def run(i, o):
+        np.multiply(i[0], s, out=o[0])
+        if b is not None:
+            o[0] += b
+    return writes(run)
+
+
+@kernel("LayerNorm")
+def layer_norm(node, ins, outs):
+    rank = len(ins[0].shape)
+    axes = tuple(sorted(int(a) % rank for a in node.param.get("axis", [-1])))
+    eps = float(node.param.get("epsilon", 1e-5))
+    gamma, beta = node.param.get("gamma"), node.param.get("beta")
+    tail = tuple(ins[0].shape[a] for a in axes)
+    g = np.asarray(gamma, np.float32).reshape(tail) if gamma is not None and len(gamma) else None
+    bt = np.asarray(beta, np.float32).reshape(tail) if beta is not None and len(beta) else None
+    rms = bool(node.param.get("useRMSNorm"))
+
+    def run(i, o):
+        x = i[0]
+        if rms:
+            var = np.mean(np.square(x), axis=axes, keepdims=True)
+            np.multiply(x, 1.0 / np.sqrt(var + eps), out=o[0])
+        else:
+            mean = np.mean(x, axis=axes, keepdims=True)
+            np.subtract(x, mean, out=o[0])
+            var = np.mean(np.square(o[0]), axis=axes, keepdims=True)
+            o[0] *= 1.0 / np.sqrt(var + eps)
+        if g is not None:
+            o[0] *= g
+        if bt is not None:
+            o[0] += bt
+    return writes(run)
+
+
+@kernel("Softmax")
+def softmax(node, ins, outs):
+    axis = int(node.param.get("axis", -1))
+
+    def run(i, o):
+        np.subtract(i[0], np.max(i[0], axis=axis, keepdims=True), out=o[0])
+        np.exp(o[0], out=o[0])
+        o[0] /= np.sum(o[0], axis=axis, keepdims=True)
+    return writes(run)
+
+
+REDUCE = {"SUM": np.sum, "MEAN": np.mean, "MAXIMUM": np.max, "MINIMUM": np.min, "PROD": np.prod,
+          "ANY": np.any, "ALL": np.all}
+
+
+@kernel("Reduction")
+def reduction(node, ins, outs):
+    p = node.param
+    op = p.get("operation", "SUM")
+    keep = bool(p.get("keepDims", False))
+    rank = len(ins[0].shape)
+    dims = p.get("dim")
+    if (dims is None or len(dims) == 0) and len(ins) > 1:
+        dims = np.asarray(ins[1].value).reshape(-1)
+    axes = tuple(sorted(int(d) % rank for d in dims)) if dims is not None and len(dims) else tuple(range(rank))
+    dtype = np.dtype(outs[0].dtype)
+    if op == "ASUM":
+        return returns(lambda i: [np.sum(np.abs(i[0]), axis=axes, keepdims=keep).astype(dtype)])
+    if op == "SUMSQ":
+        return returns(lambda i: [np.sum(np.square(i[0]), axis=axes, keepdims=keep).astype(dtype)])
+    fn = REDUCE[op]
+    return returns(lambda i: [np.asarray(fn(i[0], axis=axes, keepdims=keep)).astype(dtype, copy=False)])

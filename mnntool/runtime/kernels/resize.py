@@ -1,0 +1,65 @@
+"""Interp (resize): nearest, bilinear, with MNN's coordinate-transformation modes."""
+from __future__ import annotations
+
+import numpy as np
+from numba import njit, prange
+
+from . import kernel, writes
+
+
+def _src_coords(out_size, in_size, scale, ctm, align, half):
+    """Source coordinate of every output index (float), following ONNX/MNN transformation modes."""
+    d = np.arange(out_size, dtype=np.float64)
+    if ctm == "AlignCorners" or (ctm == "NotSet" and align):
+        return d * (in_size - 1) / max(out_size - 1, 1)
+    if ctm == "HalfPixels" or (ctm == "NotSet" and half):
+        return (d + 0.5) / scale - 0.5
+    if ctm == "PytorchHalfPixels":
+        return (d + 0.5) / scale - 0.5 if out_size > 1 else np.zeros_like(d)
+    if ctm == "TensorflowHalfPixels":
+        return (d + 0.5) / scale
+    return d / scale
+
+
+@njit(parallel=True, cache=True, fastmath=True)
+def _bilinear(x, y0, y1, wy, x0, x1, wx, out):
+    n, c = x.shape[0], x.shape[1]
+    for nc in prange(n * c):
+        b, ch = nc // c, nc % c
+        for i in range(out.shape[2]):
+            for j in range(out.shape[3]):
+                top = x[b, ch, y0[i], x0[j]] * (1 - wx[j]) + x[b, ch, y0[i], x1[j]] * wx[j]
+                bot = x[b, ch, y1[i], x0[j]] * (1 - wx[j]) + x[b, ch, y1[i], x1[j]] * wx[j]
+                out[b, ch, i, j] = top * (1 - wy[i]) + bot * wy[i]
+
+
+@kernel("Interp")
+def interp(node, ins, outs):
+    p = node.param
+    _, _, h, w = ins[0].shape
+    oh, ow = outs[0].shape[2:]
+    rtype = p.get("resizeType", 1)
+    ctm, align, half = p.get("ctm", "NotSet"), bool(p.get("alignCorners")), bool(p.get("halfPixelCenters"))
+    sy, sx = oh / h, ow / w
+    if p.get("heightScale"):
+        sy, sx = float(p["heightScale"]), float(p["widthScale"])
+    if len(ins) > 1 and ins[1].value is not None and ins[1].dtype.startswith("float"):
+        v = np.asarray(ins[1].value).reshape(-1)
+        sy, sx = float(v[-2]), float(v[-1])
+    fy = _src_coords(oh, h, sy, ctm, align, half)
+    fx = _src_coords(ow, w, sx, ctm, align, half)
+    if rtype in (1, 4):   # 1: floor (asymmetric), 4: round half down as ONNX round_prefer_floor
+        iy = np.floor(fy) if rtype == 1 else np.ceil(fy - 0.5)
+        ix = np.floor(fx) if rtype == 1 else np.ceil(fx - 0.5)
+        iy = np.clip(iy, 0, h - 1).astype(np.int64)
+        ix = np.clip(ix, 0, w - 1).astype(np.int64)
+        return writes(lambda i, o: np.copyto(o[0], i[0][:, :, iy][:, :, :, ix]))
+    if rtype != 2:
+        from ...errors import MnnToolError
+        raise MnnToolError(f"Interp '{node.name}': resizeType {rtype} (cubic) is not supported by the runtime")
+    fy, fx = np.clip(fy, 0, h - 1), np.clip(fx, 0, w - 1)
+    y0 = np.floor(fy).astype(np.int64)
+    x0 = np.floor(fx).astype(np.int64)
+    y1, x1 = np.minimum(y0 + 1, h - 1), np.minimum(x0 + 1, w - 1)
+    wy, wx = (fy - y0).astype(np.float32), (fx - x0).astype(np.float32)
+    return writes(lambda i, o: _bilinear(i[0], y0, y1, wy, x0, x1, wx, o[0]))

@@ -1,0 +1,212 @@
+"""prepare (shapes, kernels, memory plan, weight packing) once; execute many times without planning.
+
+The memory plan gives every tensor that a kernel writes a view into a shared pool of flat buffers,
+reused once the tensor (and every view of it) is dead, so steady-state runs allocate only where a
+kernel returns a fresh array (small shape tensors, gathers).
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from ..errors import MnnToolError
+from ..ir.graph import Graph
+from ..ir.ops import Val
+from ..ir.shape_inference import infer_shapes
+from .kernels import KERNELS, Kernel
+
+
+@dataclass
+class Step:
+    name: str
+    op: str
+    kernel: Kernel
+    ins: list[int]
+    outs: list[int]
+    out_views: list = field(default_factory=list)
+
+
+@dataclass
+class Plan:
+    steps: list[Step]
+    slots: list
+    input_slots: dict[str, int]
+    input_dtypes: dict[str, np.dtype]
+    output_slots: dict[str, int]
+    names: list[str]
+    pool_bytes: int
+    shapes: dict
+
+
+def set_threads(n: int | None):
+    """Numba's and BLAS's thread counts; returns the threadpoolctl limiter to keep alive."""
+    if not n:
+        return None
+    import numba
+    from threadpoolctl import threadpool_limits
+    numba.set_num_threads(max(1, min(int(n), numba.config.NUMBA_NUM_THREADS)))
+    return threadpool_limits(limits=int(n), user_api="blas")
+
+
+class Session:
+    def __init__(self, graph: Graph, threads: int | None = None):
+        self.graph = graph
+        self._limiter = set_threads(threads)
+        self.threads = threads
+        self.plan: Plan | None = None
+        self._plan_key = None
+
+    @property
+    def input_names(self) -> list[str]:
+        return list(self.graph.inputs)
+
+    @property
+    def output_names(self) -> list[str]:
+        return list(self.graph.outputs)
+
+    # ------------------------------------------------------------------------------------- prepare
+    def prepare(self, shapes: dict[str, tuple] | None = None, keep_all: bool = False) -> Plan:
+        g = self.graph
+        for name, shape in (shapes or {}).items():
+            if name not in g.inputs:
+                raise MnnToolError(f"input '{name}' is not an input of the model ({', '.join(g.inputs)})")
+            declared = g.tensors[name].shape
+            if declared is not None and len(declared) != len(shape):
+                raise MnnToolError(f"input '{name}': rank {len(shape)} does not match the model's {list(declared)}")
+            if declared is not None and any(isinstance(d, int) and d > 0 and d != s for d, s in zip(declared, shape)):
+                raise MnnToolError(f"input '{name}': shape {list(shape)} does not match the model's {list(declared)}")
+            g.tensors[name].shape = tuple(int(s) for s in shape)
+        for name in g.inputs:
+            shape = g.tensors[name].shape
+            if shape is None or not all(isinstance(d, int) and d > 0 for d in shape):
+                raise MnnToolError(f"input '{name}' has an unknown shape {shape}; give it with --input-shape")
+        vals = infer_shapes(g)
+        names: list[str] = []
+        index: dict[str, int] = {}
+
+        def slot(name: str) -> int:
+            if name not in index:
+                index[name] = len(names)
+                names.append(name)
+            return index[name]
+        for name in list(g.inputs) + list(g.constants):
+            slot(name)
+        steps: list[Step] = []
+        for node in g.nodes:
+            factory = KERNELS.get(node.op)
+            if factory is None:
+                raise MnnToolError(f"op {node.op} ('{node.name}') is not supported by the runtime")
+            ins = [vals.get(i, Val(None)) for i in node.inputs]
+            outs = [vals.get(o, Val(None)) for o in node.outputs]
+            try:
+                k = factory(node, ins, outs)
+            except MnnToolError:
+                raise
+            except Exception as e:
+                raise MnnToolError(f"{node.op} '{node.name}': cannot prepare ({type(e).__name__}: {e})") from None
+            if k.writes_out and any(v.shape is None or not all(isinstance(d, int) for d in v.shape) for v in outs):
+                raise MnnToolError(f"{node.op} '{node.name}': output shape unknown at prepare time")
+            steps.append(Step(node.name, node.op, k, [slot(i) if i else -1 for i in node.inputs],
+                              [slot(o) for o in node.outputs]))
+        slots: list = [None] * len(names)
+        for name, value in g.constants.items():
+            slots[index[name]] = value
+        pool_bytes = self._plan_memory(steps, names, vals, [index[o] for o in g.outputs], keep_all)
+        self.plan = Plan(steps, slots, {n: index[n] for n in g.inputs},
+                         {n: np.dtype(g.tensors[n].dtype) for n in g.inputs}, {n: index[n] for n in g.outputs},
+                         names, pool_bytes, {n: vals[n].shape for n in names if n in vals})
+        return self.plan
+
+    @staticmethod
+    def _plan_memory(steps, names, vals, output_slots, keep_all) -> int:
+        n_steps = len(steps)
+        last = {}
+        for k, s in enumerate(steps):
+            for i in s.ins:
+                last[i] = k
+        for o in output_slots:
+            last[o] = n_steps
+        roots: dict[int, set] = {}
+        buf_end: dict[int, int] = {}
+        buf_size: list[int] = []
+        free: list[int] = []
+        views = []      # (step, out position, buffer id, shape, dtype)
+        for k, s in enumerate(steps):
+            for pos, o in enumerate(s.outs):
+                end = n_steps if keep_all else last.get(o, k)
+                if s.kernel.writes_out:
+                    v = vals[names[o]]
+                    dtype = np.dtype(v.dtype)
+                    nbytes = max(int(np.prod(v.shape, dtype=np.int64)) * dtype.itemsize, 1)
+                    fits = [b for b in free if buf_size[b] >= nbytes]
+                    if fits:
+                        b = min(fits, key=lambda x: buf_size[x])
+                        free.remove(b)
+                    else:
+                        b = len(buf_size)
+                        buf_size.append(nbytes)
+                    buf_end[b] = end
+                    roots[o] = {b}
+                    views.append((k, pos, b, tuple(v.shape), dtype))
+                else:
+                    roots[o] = set().union(*(roots.get(i, set()) for i in s.ins if i >= 0)) if s.ins else set()
+                    for b in roots[o]:
+                        buf_end[b] = max(buf_end[b], end)
+            for b, end in list(buf_end.items()):
+                if end <= k and b not in free:
+                    free.append(b)
+                    del buf_end[b]
+        buffers = [np.empty(size, np.uint8) for size in buf_size]
+        for s in steps:
+            s.out_views = [None] * len(s.outs)
+        for k, pos, b, shape, dtype in views:
+            count = int(np.prod(shape, dtype=np.int64))
+            steps[k].out_views[pos] = buffers[b][:count * dtype.itemsize].view(dtype).reshape(shape)
+        return int(sum(buf_size))
+
+    # ------------------------------------------------------------------------------------- execute
+    def _feed(self, plan: Plan, feeds: dict[str, np.ndarray]) -> None:
+        for name, k in plan.input_slots.items():
+            if name not in feeds:
+                raise MnnToolError(f"missing input '{name}' (inputs: {', '.join(plan.input_slots)})")
+            x = np.asarray(feeds[name])
+            if tuple(x.shape) != tuple(plan.shapes[name]):
+                raise MnnToolError(f"input '{name}' has shape {list(x.shape)}, prepared for {list(plan.shapes[name])}")
+            plan.slots[k] = np.ascontiguousarray(x, dtype=plan.input_dtypes[name])
+
+    def _ensure(self, feeds, keep_all=False) -> Plan:
+        key = (tuple((n, tuple(np.shape(feeds[n]))) for n in self.graph.inputs if n in feeds), keep_all)
+        if self.plan is None or self._plan_key != key:
+            self.prepare({n: tuple(np.shape(v)) for n, v in feeds.items()}, keep_all=keep_all)
+            self._plan_key = key
+        return self.plan
+
+    def run(self, feeds: dict[str, np.ndarray], keep_all: bool = False, profile: list | None = None) -> dict:
+        """Outputs by name (copies); every tensor when keep_all; per-step seconds appended to `profile`."""
+        plan = self._ensure(feeds, keep_all)
+        self._feed(plan, feeds)
+        slots = plan.slots
+        timer = time.perf_counter
+        for s in plan.steps:
+            args = [slots[i] if i >= 0 else None for i in s.ins]
+            t0 = timer() if profile is not None else 0.0
+            if s.kernel.writes_out:
+                s.kernel.fn(args, s.out_views)
+                for o, v in zip(s.outs, s.out_views):
+                    slots[o] = v
+            else:
+                for o, v in zip(s.outs, s.kernel.fn(args)):
+                    slots[o] = v
+            if profile is not None:
+                profile.append(timer() - t0)
+        if keep_all:
+            return {n: np.array(slots[i]) for n, i in zip(plan.names, range(len(plan.names))) if slots[i] is not None}
+        return {n: np.array(slots[i]) for n, i in plan.output_slots.items()}
+
+
+def load(path, threads: int | None = None) -> Session:
+    """A runtime session for any model file mnntool reads (.mnn directly, sources through their frontend)."""
+    from ..api import load_graph
+    return Session(load_graph(path), threads)

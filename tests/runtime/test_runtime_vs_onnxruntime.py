@@ -1,0 +1,71 @@
+"""mnntool's runtime against onnxruntime: every per-op case and every fixture.
+
+Tolerance (issue 3): cosine >= 0.99999 per output, and max abs <= 1e-3 x the output's scale.
+"""
+import numpy as np
+import pytest
+
+import mnntool
+from mnntool import api
+from tests.conftest import assert_close, mnn_convert, ort_run
+from tests.frontends.test_onnx_ops import CASES, make_model
+
+FIXTURE_FEEDS = {
+    "mobilenetv2": lambda r: {"input": r.standard_normal((1, 3, 224, 224)).astype(np.float32)},
+    "resnet18": lambda r: {"input": r.standard_normal((1, 3, 224, 224)).astype(np.float32)},
+    "bert": lambda r: {"ids": r.integers(0, 1000, (1, 128)).astype(np.int64)},
+    "lstm": lambda r: {"input": r.standard_normal((16, 1, 32)).astype(np.float32)},
+}
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_op_case(tmp_path, name):
+    src, dst = tmp_path / f"{name}.onnx", tmp_path / f"{name}.mnn"
+    feeds = make_model(src, name)
+    ref = ort_run(src, feeds)
+    api.convert(src, dst)
+    sess = mnntool.load(dst)
+    got = sess.run(feeds)
+    for out in sess.output_names:
+        assert_close(ref[out], got[out], min_cos=0.99999)
+
+
+@pytest.mark.parametrize("name", sorted(FIXTURE_FEEDS))
+def test_fixture(tmp_path, fixture_model, name):
+    src = fixture_model(name)
+    dst = tmp_path / f"{name}.mnn"
+    api.convert(src, dst)
+    feeds = FIXTURE_FEEDS[name](np.random.default_rng(5))
+    ref = ort_run(src, feeds)["output"]
+    sess = mnntool.load(dst, threads=1)
+    first = sess.run(feeds)["output"]
+    assert_close(ref, first, min_cos=0.99999)
+    second = sess.run(feeds)["output"]          # the memory plan must not leak state between runs
+    np.testing.assert_array_equal(first, second)
+
+
+@pytest.mark.parametrize("name", ["mobilenetv2", "resnet18"])
+def test_mnn_made_file_runs(tmp_path, fixture_model, name):
+    src = fixture_model(name)
+    theirs = tmp_path / "theirs.mnn"
+    mnn_convert(src, theirs)
+    feeds = FIXTURE_FEEDS[name](np.random.default_rng(6))
+    assert_close(ort_run(src, feeds)["output"], mnntool.load(theirs).run(feeds)["output"], min_cos=0.99999)
+
+
+def test_keep_all_exposes_intermediates(tmp_path, fixture_model):
+    dst = tmp_path / "r.mnn"
+    api.convert(fixture_model("resnet18"), dst)
+    sess = mnntool.load(dst)
+    feeds = FIXTURE_FEEDS["resnet18"](np.random.default_rng(1))
+    every = sess.run(feeds, keep_all=True)
+    assert len(every) > 40
+    np.testing.assert_allclose(every["output"], sess.run(feeds)["output"], rtol=1e-5, atol=1e-6)
+
+
+def test_wrong_feed_shape_is_a_clear_error(tmp_path, fixture_model):
+    from mnntool.errors import MnnToolError
+    dst = tmp_path / "m.mnn"
+    api.convert(fixture_model("mobilenetv2"), dst)
+    with pytest.raises(MnnToolError, match="input 'input'"):
+        mnntool.load(dst).run({"input": np.zeros((1, 3, 32), np.float32)})
