@@ -20,6 +20,8 @@ err = Console(stderr=True)
 FRAMEWORK = typer.Option(None, "--framework", "-f", help="Force the source framework (onnx, mnn).")
 INPUT_SHAPE = typer.Option(None, "--input-shape", help="Fix an input's shape: NAME:1x3x224x224 (repeatable).")
 JSON = typer.Option(False, "--json", help="Print one JSON object for machines.")
+THREADS = typer.Option(1, "--threads", "-t", min=1, help="Threads for kernels and BLAS.")
+INPUTS = typer.Option(None, "--input", "-i", help="Input data: NAME=file.npy or a .npz of all inputs (repeatable).")
 
 
 def _human(n: float, unit: str = "") -> str:
@@ -99,6 +101,96 @@ def verify(source: str = typer.Argument(..., help="The source model (.onnx)."),
         console.print(t)
     if not r["pass"]:
         raise typer.Exit(1)
+
+
+@app.command()
+def run(model: str = typer.Argument(..., help="A .mnn (or .onnx) model."),
+        inputs: Optional[List[str]] = INPUTS, input_shape: Optional[List[str]] = INPUT_SHAPE,
+        output_dir: Optional[str] = typer.Option(None, "--output-dir", "-o", help="Write each output as NAME.npy."),
+        threads: int = THREADS, as_json: bool = JSON):
+    """Run a model in mnntool's runtime; write outputs as .npy or print a summary."""
+    import numpy as np
+
+    from .inputs import load_feeds, random_feeds
+    from .runtime.session import Session
+    shapes = api.parse_input_shapes(input_shape)
+    g = api.load_graph(model, input_shapes=shapes)
+    feeds = load_feeds(inputs, g)
+    missing = [n for n in g.inputs if n not in feeds]
+    if missing and inputs:
+        raise MnnToolError(f"{model}: no data for input(s) {', '.join(missing)}")
+    if not inputs:
+        feeds = random_feeds(g, shapes)
+    outs = Session(g, threads).run(feeds)
+    rows = []
+    for name, arr in outs.items():
+        if output_dir:
+            from pathlib import Path
+            from .format.writer import atomic_write
+            import io
+            buf = io.BytesIO()
+            np.save(buf, arr)
+            Path(output_dir).mkdir(parents=True, exist_ok=True)
+            atomic_write(Path(output_dir) / f"{name.replace('/', '_')}.npy", buf.getvalue())
+        f = arr.astype(np.float64)
+        rows.append({"name": name, "shape": list(arr.shape), "dtype": str(arr.dtype), "min": float(f.min()),
+                     "max": float(f.max()), "mean": float(f.mean())})
+    if as_json:
+        print(json.dumps({"model": model, "outputs": rows}))
+        return
+    t = Table(title=f"{model} outputs")
+    for col in ("output", "shape", "dtype", "min", "max", "mean"):
+        t.add_column(col)
+    for r in rows:
+        t.add_row(r["name"], "x".join(map(str, r["shape"])), r["dtype"], f"{r['min']:.4g}", f"{r['max']:.4g}",
+                  f"{r['mean']:.4g}")
+    console.print(t)
+
+
+@app.command()
+def bench(model: str = typer.Argument(..., help="A .mnn model (or the .onnx source for onnxruntime)."),
+          threads: int = THREADS,
+          warmup: int = typer.Option(5, "--warmup", "-w", min=0, help="Untimed runs first."),
+          runs: int = typer.Option(50, "--runs", "-r", min=1, help="Timed runs."),
+          input_shape: Optional[List[str]] = INPUT_SHAPE,
+          backend: str = typer.Option("numba", "--backend", "-b", help="numba (mnntool), onnxruntime or mnn."),
+          profile: bool = typer.Option(False, "--profile", help="Time every op (numba backend)."),
+          top: int = typer.Option(10, "--top", help="Rows of the profile tables."),
+          as_json: bool = JSON):
+    """Time a model: latency statistics, cold start, load time, GFLOP/s, memory, per-op profile."""
+    from rich.progress import BarColumn, Progress, TimeRemainingColumn
+
+    from .bench import bench as run_bench
+    shapes = api.parse_input_shapes(input_shape)
+    if as_json:
+        r = run_bench(model, backend, threads, warmup, runs, shapes, profile)
+        print(json.dumps(r))
+        return
+    with Progress("[progress.description]{task.description}", BarColumn(), "{task.completed}/{task.total}",
+                  TimeRemainingColumn(), console=err, transient=True) as prog:
+        task = prog.add_task(f"{backend} x{threads}", total=warmup + runs)
+        r = run_bench(model, backend, threads, warmup, runs, shapes, profile,
+                      progress=lambda n: prog.advance(task, n))
+    t = Table(title=f"{model} on {backend}, {threads} thread(s), {runs} runs")
+    for col in ("median", "mean", "min", "p90", "p99", "first run", "load+prepare", "GFLOP/s", "peak RSS"):
+        t.add_column(col, justify="right")
+    t.add_row(*(f"{r[k]:.2f} ms" for k in ("median_ms", "mean_ms", "min_ms", "p90_ms", "p99_ms", "first_run_ms",
+                                             "load_prepare_ms")), f"{r['gflop_per_s']:.1f}", f"{r['peak_rss_mb']:.0f} MB")
+    console.print(t)
+    if "profile" in r:
+        for key, title in (("op_types", "time per op type"), ("ops", "slowest ops")):
+            pt = Table(title=title)
+            pt.add_column("op" if key == "op_types" else "name")
+            if key == "ops":
+                pt.add_column("op")
+            else:
+                pt.add_column("count", justify="right")
+            pt.add_column("ms", justify="right")
+            pt.add_column("%", justify="right")
+            for row in r["profile"][key][:top]:
+                first = [row["op"], str(row["count"])] if key == "op_types" else [row["name"], row["op"]]
+                pt.add_row(*first, f"{row['ms']:.3f}", f"{row['percent']:.1f}")
+            console.print(pt)
 
 
 def main():

@@ -118,3 +118,38 @@ def test_verify_exit_codes(tmp_path, small_onnx):
     assert code == 0 and json.loads(stdout)["outputs"][0]["cosine"] > 0.9999
     code, _, _ = run("verify", small_onnx, out, "--input-shape", "x:1x3x8x8", "--min-cosine", "1.01")
     assert code == 1
+
+
+def test_run_writes_outputs_and_bench_reports_json(tmp_path, small_onnx):
+    out = tmp_path / "m.mnn"
+    assert run("convert", small_onnx, out, "--input-shape", "x:1x3x8x8")[0] == 0
+    x = np.random.RandomState(0).randn(1, 3, 8, 8).astype(np.float32)
+    np.save(tmp_path / "x.npy", x)
+    code, stdout, err = run("run", out, "--input", f"x={tmp_path / 'x.npy'}", "-o", tmp_path / "outs", "--json")
+    assert code == 0, err
+    y = np.load(tmp_path / "outs" / "y.npy")
+    from tests.conftest import ort_run
+    np.testing.assert_allclose(y, ort_run(small_onnx, {"x": x})["y"], rtol=1e-4, atol=1e-5)
+    for backend, model in (("numba", out), ("mnn", out), ("onnxruntime", small_onnx)):
+        code, stdout, err = run("bench", model, "--backend", backend, "--runs", "3", "--warmup", "1", "--json",
+                                "--input-shape", "x:1x3x8x8")
+        assert code == 0, err
+        r = json.loads(stdout)
+        for key in ("median_ms", "p90_ms", "mean_ms", "min_ms", "runs", "threads", "backend", "first_run_ms"):
+            assert key in r
+        assert r["backend"] == backend and r["runs"] == 3 and r["min_ms"] <= r["median_ms"] <= r["p99_ms"] + 1e-9
+    code, stdout, _ = run("bench", out, "--profile", "--runs", "2", "--json")
+    prof = json.loads(stdout)["profile"]
+    assert {row["op"] for row in prof["op_types"]} >= {"Convolution"}
+    assert abs(sum(row["percent"] for row in prof["ops"]) - 100) < 1e-6
+
+
+def test_bench_and_run_bad_input(tmp_path, small_onnx):
+    out = tmp_path / "m.mnn"
+    assert run("convert", small_onnx, out, "--input-shape", "x:1x3x8x8")[0] == 0
+    assert_one_line_error(*run("bench", out, "--backend", "onnxruntime"), "needs the source .onnx")
+    assert_one_line_error(*run("bench", out, "--backend", "tpu"), "unknown backend")
+    np.save(tmp_path / "bad.npy", np.full((1, 3, 8, 8), np.nan, np.float32))
+    assert_one_line_error(*run("run", out, "--input", f"x={tmp_path / 'bad.npy'}"), "NaN")
+    np.save(tmp_path / "small.npy", np.zeros((1, 3, 4, 4), np.float32))
+    assert_one_line_error(*run("run", out, "--input", f"x={tmp_path / 'small.npy'}"), "input 'x'")

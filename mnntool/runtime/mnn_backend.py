@@ -24,13 +24,17 @@ def _mnn():
 
 
 class MnnSession:
-    def __init__(self, path: str, inputs: list[str], outputs: list[str]):
+    def __init__(self, path: str, inputs: list[str], outputs: list[str], threads: int | None = None):
         MNN = _mnn()
         self.MNN = MNN
         self.inputs, self.outputs = list(inputs), list(outputs)
-        self.module = MNN.nn.load_module_from_file(str(path), self.inputs, self.outputs)
+        kwargs = {"thread_num": int(threads)} if threads else {}
+        try:
+            self.module = MNN.nn.load_module_from_file(str(path), self.inputs, self.outputs, **kwargs)
+        except TypeError:
+            self.module = MNN.nn.load_module_from_file(str(path), self.inputs, self.outputs)
 
-    def run(self, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    def run(self, feeds: dict[str, np.ndarray], profile=None) -> dict[str, np.ndarray]:
         expr = self.MNN.expr
         vs = []
         for name in self.inputs:

@@ -14,37 +14,48 @@ def im2col(xp, kh, kw, sh, sw, dh, dw, oh, ow, cols):
     for c in prange(xp.shape[0]):
         for i in range(kh):
             for j in range(kw):
-                row = (c * kh + i) * kw + j
+                dst = cols[(c * kh + i) * kw + j]
                 for y in range(oh):
-                    iy = y * sh + i * dh
+                    src = xp[c, y * sh + i * dh]
                     base = y * ow
-                    for x in range(ow):
-                        cols[row, base + x] = xp[c, iy, x * sw + j * dw]
+                    if sw == 1 and dw == 1:
+                        dst[base:base + ow] = src[j:j + ow]
+                    else:
+                        for x in range(ow):
+                            dst[base + x] = src[x * sw + j * dw]
 
 
 @njit(parallel=True, cache=True, fastmath=True)
 def depthwise(xp, w, b, sh, sw, dh, dw, out, act):
+    """Row by row: each output row accumulates kh*kw shifted input rows (contiguous when stride is 1)."""
     kh, kw = w.shape[1], w.shape[2]
     oh, ow = out.shape[1], out.shape[2]
     for c in prange(out.shape[0]):
         for y in range(oh):
+            row = out[c, y]
             for x in range(ow):
-                out[c, y, x] = b[c]
-        for i in range(kh):
-            for j in range(kw):
-                wv = w[c, i, j]
-                for y in range(oh):
-                    iy = y * sh + i * dh
-                    for x in range(ow):
-                        out[c, y, x] += wv * xp[c, iy, x * sw + j * dw]
-        if act == 1:
-            for y in range(oh):
+                row[x] = b[c]
+            for i in range(kh):
+                src = xp[c, y * sh + i * dh]
+                for j in range(kw):
+                    wv = w[c, i, j]
+                    off = j * dw
+                    # indices built only from loop variables let Numba drop its negative-index check and vectorize
+                    if sw == 1 and dw == 1:
+                        for x in range(ow):
+                            row[x] += wv * src[x + j]
+                    elif sw == 2 and dw == 1:
+                        for x in range(ow):
+                            row[x] += wv * src[2 * x + j]
+                    else:
+                        for x in range(ow):
+                            row[x] += wv * src[x * sw + off]
+            if act == 1:
                 for x in range(ow):
-                    out[c, y, x] = max(out[c, y, x], 0.0)
-        elif act == 2:
-            for y in range(oh):
+                    row[x] = max(row[x], 0.0)
+            elif act == 2:
                 for x in range(ow):
-                    out[c, y, x] = min(max(out[c, y, x], 0.0), 6.0)
+                    row[x] = min(max(row[x], 0.0), 6.0)
 
 
 @njit(parallel=True, cache=True, fastmath=True)

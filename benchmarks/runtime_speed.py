@@ -1,0 +1,53 @@
+"""mnntool's runtime vs onnxruntime and MNN, same models, same machine, same run.
+
+    python benchmarks/runtime_speed.py [--threads 1 2] [--runs 30] [--models resnet18 mobilenetv2 bert lstm]
+
+Prints one row per model and thread count with medians and the ratios mnntool/ORT and mnntool/MNN
+(below 1.0 means mnntool is faster); --json writes them for tracking.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import tempfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from fixtures.models import build  # noqa: E402
+from mnntool.api import convert  # noqa: E402
+from mnntool.bench import bench  # noqa: E402
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--threads", type=int, nargs="+", default=[1, 2])
+    ap.add_argument("--runs", type=int, default=30)
+    ap.add_argument("--models", nargs="+", default=["resnet18", "mobilenetv2", "bert", "lstm"])
+    ap.add_argument("--json", type=str, default=None)
+    args = ap.parse_args()
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for name in args.models:
+            src = build(name, ROOT / "build" / "fixtures")
+            dst = Path(tmp) / f"{name}.mnn"
+            convert(src, dst)
+            for t in args.threads:
+                ours = bench(dst, "numba", t, 5, args.runs)
+                ort = bench(src, "onnxruntime", t, 5, args.runs)
+                mnn = bench(dst, "mnn", t, 5, args.runs)
+                row = {"model": name, "threads": t, "mnntool_ms": ours["median_ms"], "ort_ms": ort["median_ms"],
+                       "mnn_ms": mnn["median_ms"], "vs_ort": ours["median_ms"] / ort["median_ms"],
+                       "vs_mnn": ours["median_ms"] / mnn["median_ms"], "mnntool_first_run_ms": ours["first_run_ms"]}
+                rows.append(row)
+                print(f"{name:12s} t={t}  mnntool {row['mnntool_ms']:8.2f} ms  ort {row['ort_ms']:8.2f} ms  "
+                      f"mnn {row['mnn_ms']:8.2f} ms  x ort {row['vs_ort']:.2f}  x mnn {row['vs_mnn']:.2f}  "
+                      f"first run {row['mnntool_first_run_ms']:.0f} ms", flush=True)
+    if args.json:
+        Path(args.json).write_text(json.dumps(rows, indent=1))
+
+
+if __name__ == "__main__":
+    main()
