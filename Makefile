@@ -18,7 +18,8 @@ demo: $(STAMP)
 	mkdir -p demo
 	$(BIN)/mnntool convert build/fixtures/mobilenetv2.onnx demo/mobilenetv2.mnn
 	$(BIN)/mnntool info demo/mobilenetv2.mnn
-	$(BIN)/mnntool verify build/fixtures/mobilenetv2.onnx demo/mobilenetv2.mnn
+	$(BIN)/mnntool verify build/fixtures/mobilenetv2.onnx demo/mobilenetv2.mnn --report demo/verify.html
+	$(BIN)/mnntool bench demo/mobilenetv2.mnn --runs 20 --profile --top 5
 
 test: $(STAMP)
 	$(BIN)/python -m pytest tests

@@ -81,24 +81,47 @@ def info(path: str = typer.Argument(..., help="A .mnn or .onnx model."),
 
 @app.command()
 def verify(source: str = typer.Argument(..., help="The source model (.onnx)."),
-           model: str = typer.Argument(..., help="The converted .mnn file."),
+           model: str = typer.Argument(..., help="The .mnn file to check."),
+           inputs: Optional[List[str]] = INPUTS,
+           calib: Optional[str] = typer.Option(None, "--calib", help="A folder of .npy/.npz samples."),
+           samples: int = typer.Option(4, "--samples", min=1, help="How many samples of --calib to use."),
            input_shape: Optional[List[str]] = INPUT_SHAPE,
-           min_cosine: float = typer.Option(0.999, "--min-cosine", help="Pass threshold per output."),
-           max_abs: Optional[float] = typer.Option(None, "--max-abs", help="Optional max abs error per output."),
-           as_json: bool = JSON):
-    """Check a .mnn file against its source: final outputs in the real MNN runtime (exit 1 on failure)."""
-    from .verify import verify_outputs
-    r = verify_outputs(source, model, api.parse_input_shapes(input_shape), min_cosine=min_cosine, max_abs=max_abs)
+           min_cosine: float = typer.Option(0.999, "--min-cosine", help="Pass threshold per tensor."),
+           max_abs: Optional[float] = typer.Option(None, "--max-abs", help="Optional max abs error per tensor."),
+           backend: str = typer.Option("numba", "--backend", "-b", help="numba (mnntool's runtime) or mnn."),
+           report: Optional[str] = typer.Option(None, "--report", help="Write an HTML report."),
+           top: int = typer.Option(10, "--top", help="Worst layers to show."),
+           threads: int = THREADS, as_json: bool = JSON):
+    """Per-layer comparison with the source framework; exit 1 when the outputs miss the thresholds."""
+    from .format import reader as mnn_reader
+    from .format.writer import atomic_write
+    from .inputs import dir_feeds, load_feeds
+    from .verify import html_report, verify as run_verify
+    shapes = api.parse_input_shapes(input_shape)
+    g = mnn_reader.load(model)
+    feeds = dir_feeds(calib, g, samples) if calib else (load_feeds(inputs, g) if inputs else None)
+    r = run_verify(source, model, feeds, shapes, backend, min_cosine, max_abs, threads)
+    if report:
+        atomic_write(report, html_report(r).encode())
     if as_json:
         print(json.dumps(r))
     else:
-        t = Table(title=f"{model} vs {source} (MNN runtime)")
-        for col in ("output", "cosine", "max_abs", "rel_l2", "snr_db", "result"):
+        t = Table(title=f"{model} vs {source}: {len(r['layers'])} layers matched, {len(r['unmatched'])} without "
+                        f"counterpart ({r['backend']})")
+        for col in ("tensor", "op", "cosine", "max_abs", "rel_l2", "snr_db", ""):
             t.add_column(col)
-        for o in r["outputs"]:
-            t.add_row(o["name"], f"{o['cosine']:.6f}", f"{o['max_abs']:.3g}", f"{o['rel_l2']:.3g}",
-                      f"{o['snr_db']:.1f}", "[green]pass[/]" if o["pass"] else "[red]FAIL[/]")
+        worst = sorted(r["layers"], key=lambda m: m["cosine"])[:top]
+        order = {m["name"]: k for k, m in enumerate(r["layers"])}
+        for m in sorted(worst, key=lambda m: order[m["name"]]):
+            mark = "[red]first failing[/]" if m["name"] == r["first_failing"] else ("[red]fail[/]" if not m["pass"] else "")
+            t.add_row(m["name"], m["op"], f"{m['cosine']:.6f}", f"{m['max_abs']:.3g}", f"{m['rel_l2']:.3g}",
+                      f"{m['snr_db']:.1f}", mark)
         console.print(t)
+        for o in r["outputs"]:
+            verdict = "[green]pass[/]" if o["pass"] else "[red]FAIL[/]"
+            console.print(f"output {o['name']}: cosine {o['cosine']:.6f}, max abs {o['max_abs']:.3g} {verdict}")
+        if r["first_failing"]:
+            console.print(f"[red]first layer below the threshold:[/] {r['first_failing']}")
     if not r["pass"]:
         raise typer.Exit(1)
 

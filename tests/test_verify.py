@@ -1,0 +1,83 @@
+"""verify: per-layer metrics, the first failing layer, exit codes, reports, both backends."""
+import json
+
+import numpy as np
+import pytest
+
+from mnntool import api
+from mnntool.format import reader, writer
+from mnntool.verify import verify
+from tests.test_cli import assert_one_line_error, run
+
+
+@pytest.fixture(scope="module")
+def resnet(fixture_model, tmp_path_factory):
+    src = fixture_model("resnet18")
+    dst = tmp_path_factory.mktemp("verify") / "r.mnn"
+    api.convert(src, dst)
+    return src, dst
+
+
+def test_correct_conversion_passes_every_layer(resnet):
+    src, dst = resnet
+    r = verify(src, dst)
+    assert r["pass"] and r["first_failing"] is None
+    assert len(r["layers"]) >= 30
+    assert min(m["cosine"] for m in r["layers"]) >= 0.9999
+    # fused-away tensors (conv outputs before BatchNorm/ReLU) are listed, not silently dropped
+    assert r["unmatched"] and all("name" in u for u in r["unmatched"])
+
+
+def test_corrupted_weight_is_caught_at_its_layer(resnet, tmp_path):
+    src, dst = resnet
+    g = reader.load(dst)
+    convs = [n for n in g.nodes if n.op == "Convolution"]
+    victim = convs[7]
+    w = np.asarray(victim.param["weight"]).copy()
+    w[: w.size // 2] *= -1.0
+    victim.param["weight"] = w
+    bad = tmp_path / "bad.mnn"
+    writer.save(g, bad)
+    r = verify(src, bad)
+    assert not r["pass"]
+    assert r["first_failing"] == victim.outputs[0]
+    names = [m["name"] for m in r["layers"]]
+    before = names[: names.index(victim.outputs[0])]
+    assert all(m["pass"] for m in r["layers"] if m["name"] in before)
+    code, out, _ = run("verify", src, bad, "--json")
+    assert code == 1 and json.loads(out)["first_failing"] == victim.outputs[0]
+
+
+def test_mnn_backend_compares_layers_too(resnet):
+    src, dst = resnet
+    r = verify(src, dst, backend="mnn")
+    assert r["backend"] == "mnn" and r["pass"] and len(r["layers"]) >= 30
+
+
+def test_threshold_above_achievable_exits_1_and_report_is_written(resnet, tmp_path):
+    src, dst = resnet
+    report = tmp_path / "r.html"
+    code, _, _ = run("verify", src, dst, "--min-cosine", "1.01", "--report", report)
+    assert code == 1
+    text = report.read_text()
+    assert "FAIL" in text and "<svg" in text and "first failing" in text
+
+
+def test_calib_folder_samples(resnet, tmp_path):
+    src, dst = resnet
+    for k in range(3):
+        np.save(tmp_path / f"s{k}.npy", np.random.default_rng(k).standard_normal((1, 3, 224, 224)).astype(np.float32))
+    code, out, err = run("verify", src, dst, "--calib", tmp_path, "--samples", "2", "--json")
+    assert code == 0, err
+    assert json.loads(out)["samples"] == 2
+
+
+def test_bad_inputs_exit_2(resnet, tmp_path):
+    src, dst = resnet
+    assert_one_line_error(*run("verify", tmp_path / "missing.onnx", dst), "no such file")
+    assert_one_line_error(*run("verify", dst, dst), "ONNX source")
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    assert_one_line_error(*run("verify", src, dst, "--calib", empty), "no .npy/.npz samples")
+    np.save(tmp_path / "wrong.npy", np.zeros((1, 3, 10, 10), np.float32))
+    assert_one_line_error(*run("verify", src, dst, "--input", f"input={tmp_path / 'wrong.npy'}"), "input 'input'")
