@@ -130,6 +130,16 @@ def convolution(node, ins, outs):
                 depthwise(pad(x[i]), wd, bias, sh, sw, dh, dw, y[i], act)
         return writes(run_dw)
 
+    if (kh == kw == 3 and sh == sw == 1 and dh == dw == 1 and group == 1 and cin >= 8 and cout >= 8
+            and (-(-oh // 4)) * (-(-ow // 4)) >= 36):   # few tiles: transformed weights dominate, im2col wins
+        from .winograd import Winograd
+        wino = Winograd(weight, bias, cin, h, w, oh, ow, t, l, act)
+
+        def run_wino(inputs, outputs):
+            for i in range(n):
+                wino(inputs[0][i], outputs[0][i])
+        return writes(run_wino)
+
     bias_col = bias.reshape(cout, 1)
     pointwise = kh == kw == 1 and sh == sw == 1 and padded is None and group == 1
     cg, og = cin // group, cout // group

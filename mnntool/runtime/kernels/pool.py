@@ -1,4 +1,4 @@
-"""Max and average pooling (Numba), global pooling (numpy)."""
+"""Max and average pooling (Numba, row-wise over a pre-padded canvas), global pooling (numpy)."""
 from __future__ import annotations
 
 import numpy as np
@@ -8,36 +8,53 @@ from . import kernel, writes
 
 
 @njit(parallel=True, cache=True, fastmath=True)
-def pool2d(x, kh, kw, sh, sw, pt, pl, is_max, include_pad, pb, pr, out):
-    n, c, h, w = x.shape
+def pool_rows(xp, kh, kw, sh, sw, is_max, inv_count, out):
+    """Pooling over a pre-padded input (-inf for max, 0 for average), one output row at a time so that
+    the inner loop reads a contiguous (stride 1) or evenly strided input row."""
+    n, c = out.shape[0], out.shape[1]
     oh, ow = out.shape[2], out.shape[3]
     for nc in prange(n * c):
         b, ch = nc // c, nc % c
         for y in range(oh):
-            y0 = y * sh - pt
-            y1 = min(y0 + kh, h + pb)
-            span_h = y1 - y0
-            ys, ye = max(y0, 0), min(y1, h)
-            for xx in range(ow):
-                x0 = xx * sw - pl
-                x1 = min(x0 + kw, w + pr)
-                span_w = x1 - x0
-                xs, xe = max(x0, 0), min(x1, w)
-                if is_max:
-                    m = -np.inf
-                    for i in range(ys, ye):
-                        for j in range(xs, xe):
-                            v = x[b, ch, i, j]
-                            if v > m:
-                                m = v
-                    out[b, ch, y, xx] = m
-                else:
-                    s = 0.0
-                    for i in range(ys, ye):
-                        for j in range(xs, xe):
-                            s += x[b, ch, i, j]
-                    cnt = span_h * span_w if include_pad else (ye - ys) * (xe - xs)
-                    out[b, ch, y, xx] = s / max(cnt, 1)
+            row = out[b, ch, y]
+            for x in range(ow):
+                row[x] = -np.inf if is_max else 0.0
+            for i in range(kh):
+                src = xp[b, ch, y * sh + i]
+                for j in range(kw):
+                    if sw == 1:
+                        if is_max:
+                            for x in range(ow):
+                                row[x] = max(row[x], src[x + j])
+                        else:
+                            for x in range(ow):
+                                row[x] += src[x + j]
+                    elif sw == 2:
+                        if is_max:
+                            for x in range(ow):
+                                row[x] = max(row[x], src[2 * x + j])
+                        else:
+                            for x in range(ow):
+                                row[x] += src[2 * x + j]
+                    else:
+                        for x in range(ow):
+                            v = src[x * sw + j]
+                            row[x] = max(row[x], v) if is_max else row[x] + v
+            if not is_max:
+                for x in range(ow):
+                    row[x] *= inv_count[y, x]
+
+
+def pool_pads(p: dict, h, w, oh, ow, kh, kw, sh, sw):
+    pads = p.get("pads")
+    if p.get("padType") == "SAME":
+        ph, pw = max((oh - 1) * sh + kh - h, 0), max((ow - 1) * sw + kw - w, 0)
+        return ph // 2, pw // 2, ph - ph // 2, pw - pw // 2
+    if p.get("padType") == "VALID":
+        return 0, 0, 0, 0
+    if pads is not None and len(pads) == 4:
+        return tuple(int(v) for v in pads)
+    return p.get("padY", 0), p.get("padX", 0), p.get("padY", 0), p.get("padX", 0)
 
 
 @kernel("Pooling")
@@ -51,20 +68,26 @@ def pooling(node, ins, outs):
     n, c, h, w = ins[0].shape
     oh, ow = outs[0].shape[2:]
     kh, kw, sh, sw = p["kernelY"], p["kernelX"], p["strideY"], p["strideX"]
-    pads = p.get("pads")
-    if p.get("padType") == "SAME":
-        ph, pw = max((oh - 1) * sh + kh - h, 0), max((ow - 1) * sw + kw - w, 0)
-        pt, pl, pb, pr = ph // 2, pw // 2, ph - ph // 2, pw - pw // 2
-    elif p.get("padType") == "VALID":
-        pt = pl = pb = pr = 0
-    elif pads is not None and len(pads) == 4:
-        pt, pl, pb, pr = (int(v) for v in pads)
-    else:
-        pt = pb = p.get("padY", 0)
-        pl = pr = p.get("padX", 0)
+    pt, pl, pb, pr = pool_pads(p, h, w, oh, ow, kh, kw, sh, sw)
     count = p.get("countType", "DEFAULT")
     include = count == "INCLUDE_PADDING" or (count == "DEFAULT" and p.get("padType", "CAFFE") == "CAFFE")
-    return writes(lambda i, o: pool2d(i[0], kh, kw, sh, sw, pt, pl, is_max, include, pb, pr, o[0]))
+    # the canvas covers every window, including ceil-mode windows that run past the padding
+    ch, cw = max((oh - 1) * sh + kh, pt + h), max((ow - 1) * sw + kw, pl + w)
+    canvas = np.full((n, c, ch, cw), -np.inf if is_max else 0.0, np.float32)
+    inv = np.ones((oh, ow), np.float32)
+    if not is_max:
+        ys, xs = np.arange(oh) * sh - pt, np.arange(ow) * sw - pl
+        if include:   # Caffe / count_include_pad: the window clipped to the padded extent
+            hy, wx = np.minimum(ys + kh, h + pb) - ys, np.minimum(xs + kw, w + pr) - xs
+        else:
+            hy = np.minimum(ys + kh, h) - np.maximum(ys, 0)
+            wx = np.minimum(xs + kw, w) - np.maximum(xs, 0)
+        inv = (1.0 / np.maximum(np.outer(hy, wx), 1)).astype(np.float32)
+
+    def run(i, o):
+        canvas[:, :, pt:pt + h, pl:pl + w] = i[0]
+        pool_rows(canvas, kh, kw, sh, sw, is_max, inv, o[0])
+    return writes(run)
 
 
 @kernel("Pooling3D")
