@@ -46,16 +46,16 @@ def load_graph(path, framework: str | None = None, input_shapes: dict | None = N
 
 
 def convert(src, dst, framework: str | None = None, input_shapes: dict | None = None, optimize: int = 1,
-            biz_code: str = "mnntool") -> dict:
+            biz_code: str = "mnntool", passes: list[str] | None = None) -> dict:
     t0 = time.perf_counter()
     dst = Path(dst)
     if not dst.parent.exists():
         raise MnnToolError(f"{dst}: directory {dst.parent} does not exist")
     g = load_graph(src, framework, input_shapes)
-    changed = run_pipeline(g, optimize)
+    report = run_pipeline(g, optimize, passes)
     size = writer.save(g, dst, biz_code)
     return {"source": str(src), "output": str(dst), "ops": len(g.nodes), "params": g.param_count(),
-            "size_bytes": size, "passes_changed": changed, "optimize": optimize,
+            "size_bytes": size, "passes_changed": list(report), "passes": report, "optimize": optimize,
             "seconds": round(time.perf_counter() - t0, 3)}
 
 

@@ -34,18 +34,40 @@ def _human(n: float, unit: str = "") -> str:
 
 @app.command()
 def convert(src: str = typer.Argument(..., help="Source model (.onnx)."),
-            dst: str = typer.Argument(..., help="Output .mnn file."),
+            dst: Optional[str] = typer.Argument(None, help="Output .mnn file."),
             framework: Optional[str] = FRAMEWORK, input_shape: Optional[List[str]] = INPUT_SHAPE,
-            optimize: int = typer.Option(1, "--optimize", "-O", min=0, max=2, help="Optimization level 0-2."),
+            optimize: int = typer.Option(1, "--optimize", "-O", min=0, max=2,
+                                         help="0: as imported (+layout), 1: default passes, 2: to a fixed point."),
+            passes: Optional[str] = typer.Option(None, "--passes",
+                                                 help="Comma-separated passes to run instead, or 'list'."),
             biz_code: str = typer.Option("mnntool", "--biz-code", help="Free string stored in the file."),
             as_json: bool = JSON):
     """Convert a model into MNN's .mnn format."""
-    r = api.convert(src, dst, framework, api.parse_input_shapes(input_shape), optimize, biz_code)
+    from .passes import DOCS, PIPELINES
+    if passes == "list" or src == "passes":
+        if as_json:
+            print(json.dumps({"passes": DOCS, "levels": PIPELINES}))
+            return
+        t = Table(title="passes (default order: -O1)")
+        t.add_column("pass")
+        t.add_column("what it does")
+        for name in PIPELINES[1]:
+            t.add_row(name, DOCS[name])
+        console.print(t)
+        return
+    if dst is None:
+        raise MnnToolError("convert needs SRC and DST")
+    chosen = [p.strip() for p in passes.split(",") if p.strip()] if passes else None
+    r = api.convert(src, dst, framework, api.parse_input_shapes(input_shape), optimize, biz_code, chosen)
     if as_json:
         print(json.dumps(r))
     else:
         console.print(f"[green]converted[/] {src} -> {dst}: {r['ops']} ops, {_human(r['params'])} params, "
                       f"{_human(r['size_bytes'], 'B')} in {r['seconds']:.2f}s")
+        for name, ch in r["passes"].items():
+            removed = ", ".join(f"-{n} {op}" for op, n in ch["removed"].items())
+            added = ", ".join(f"+{n} {op}" for op, n in ch["added"].items())
+            console.print(f"  {name}: {ch['ops_before']} -> {ch['ops_after']} ops  {removed} {added}".rstrip())
 
 
 @app.command()

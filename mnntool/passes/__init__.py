@@ -1,26 +1,62 @@
-"""Graph passes. Each pass is a callable object with a `name` whose call returns whether it changed the graph."""
+"""Graph passes: each is a small class with a `name` whose call returns whether it changed the graph.
+
+PIPELINES lists them per --optimize level; level 2 repeats the optimizing passes to a fixed point.
+"""
 from __future__ import annotations
 
+from collections import Counter
+
+from ..errors import MnnToolError
 from ..ir.graph import Graph
 from ..ir.shape_inference import infer_shapes
-from .fuse_conv import FoldScaleIntoConvPass, FuseReluIntoConvPass
+from .constant_fold import ConstantFoldPass
+from .dead_code import DeadCodePass
+from .fuse_conv import FoldAffineIntoConvPass, FuseReluIntoConvPass
+from .fuse_patterns import FuseGeluPass, FuseLayerNormPass
 from .layout import LayoutPass
-from .remove_identity import RemoveIdentityPass
+from .matmul_to_conv import MatMulToConvPass
+from .remove_noops import RemoveNoopsPass
 
-PIPELINES = {
-    0: [LayoutPass],
-    1: [RemoveIdentityPass, FoldScaleIntoConvPass, FuseReluIntoConvPass, LayoutPass],
-    2: [RemoveIdentityPass, FoldScaleIntoConvPass, FuseReluIntoConvPass, LayoutPass],
-}
+ALL = {p.name: p for p in (RemoveNoopsPass, ConstantFoldPass, FuseGeluPass, FuseLayerNormPass,
+                           FoldAffineIntoConvPass, FuseReluIntoConvPass, MatMulToConvPass, DeadCodePass, LayoutPass)}
+DOCS = {name: (cls.__doc__ or "").strip().splitlines()[0] if cls.__doc__ else "" for name, cls in ALL.items()}
+OPTIMIZING = ["remove_noops", "constant_fold", "fuse_gelu", "fuse_layer_norm", "fold_affine_into_conv",
+              "fuse_relu_into_conv", "matmul_to_conv", "dead_code"]
+PIPELINES = {0: ["layout"], 1: OPTIMIZING + ["layout"], 2: OPTIMIZING + ["layout"]}
 
 
-def run_pipeline(g: Graph, level: int = 1) -> list[str]:
-    """Run the passes of an optimization level; returns the names of those that changed the graph."""
-    changed = []
+def resolve(level: int = 1, passes: list[str] | None = None) -> list[str]:
+    if passes is None:
+        return list(PIPELINES[level])
+    unknown = [p for p in passes if p not in ALL]
+    if unknown:
+        raise MnnToolError(f"unknown pass(es) {', '.join(unknown)}; available: {', '.join(ALL)}")
+    names = [p for p in passes if p != "layout"]
+    return names + ["layout"]     # MNN needs the layout pass last, always
+
+
+def run_pipeline(g: Graph, level: int = 1, passes: list[str] | None = None) -> dict:
+    """Run the passes; returns {pass name: {"ops_before", "ops_after", "removed": {...}, "added": {...}}}
+    for every pass that changed the graph."""
+    names = resolve(level, passes)
+    report: dict = {}
     infer_shapes(g)
-    for cls in PIPELINES[level]:
-        p = cls()
-        if p(g):
-            changed.append(p.name)
-            infer_shapes(g)
-    return changed
+    rounds = 4 if level >= 2 else 1
+    for r in range(rounds):
+        changed_any = False
+        for name in names:
+            if name == "layout" and r < rounds - 1:
+                continue
+            before = Counter(n.op for n in g.nodes)
+            if ALL[name]()(g):
+                changed_any = True
+                after = Counter(n.op for n in g.nodes)
+                entry = report.setdefault(name, {"ops_before": sum(before.values()), "removed": Counter(),
+                                                 "added": Counter()})
+                entry["ops_after"] = sum(after.values())
+                entry["removed"].update(before - after)
+                entry["added"].update(after - before)
+                infer_shapes(g)
+        if not changed_any:
+            break
+    return {k: {**v, "removed": dict(v["removed"]), "added": dict(v["added"])} for k, v in report.items()}

@@ -1,19 +1,13 @@
-"""Fold a following Scale (BatchNorm) into a convolution's weights, and a following ReLU/ReLU6 into its flags."""
+"""Fold what follows a convolution into it: Scale (BatchNorm), Mul/Add by per-channel constants, and
+ReLU/ReLU6 into its activation flags."""
 from __future__ import annotations
 
 import numpy as np
 
 from ..ir.graph import Graph, Node
+from .util import per_channel, sole_user
 
 CONVS = {"Convolution", "ConvolutionDepthwise"}
-
-
-def _sole_consumer(g: Graph, node: Node) -> Node | None:
-    out = node.outputs[0]
-    if out in g.outputs:
-        return None
-    users = [n for n in g.nodes if out in n.inputs]
-    return users[0] if len(users) == 1 else None
 
 
 def _bypass(g: Graph, conv: Node, follower: Node) -> None:
@@ -22,27 +16,55 @@ def _bypass(g: Graph, conv: Node, follower: Node) -> None:
     g.nodes.remove(follower)
 
 
-class FoldScaleIntoConvPass:
-    name = "fold_scale_into_conv"
+def _affine_of(g: Graph, node: Node, cout: int):
+    """(scale, shift) per output channel when node is Scale or Mul/Add/Sub/Div by a constant, else None."""
+    if node.op == "Scale":
+        s = np.asarray(node.param["scaleData"], np.float64).reshape(-1)
+        b = node.param.get("biasData")
+        b = np.zeros(cout) if b is None or len(b) == 0 else np.asarray(b, np.float64).reshape(-1)
+        return (s, b) if s.size == cout and b.size == cout else None
+    if node.op != "BinaryOp" or len(node.inputs) != 2:
+        return None
+    op = node.param.get("opType")
+    const = g.constants.get(node.inputs[1])
+    if const is None or const.dtype.kind != "f":
+        return None
+    v = per_channel(const, cout)
+    if v is None:
+        return None
+    if op == "MUL":
+        return v, np.zeros(cout)
+    if op == "ADD":
+        return np.ones(cout), v
+    if op == "SUB":
+        return np.ones(cout), -v
+    if op == "REALDIV" and np.all(v != 0):
+        return 1.0 / v, np.zeros(cout)
+    return None
+
+
+class FoldAffineIntoConvPass:
+    name = "fold_affine_into_conv"
 
     def __call__(self, g: Graph) -> bool:
         changed = False
         for conv in [n for n in g.nodes if n.op in CONVS]:
-            nxt = _sole_consumer(g, conv)
-            if nxt is None or nxt.op != "Scale" or conv.param["common"].get("relu") or \
-                    conv.param["common"].get("relu6"):
-                continue
-            cout = conv.param["common"]["outputCount"]
-            scale = np.asarray(nxt.param["scaleData"], np.float64).reshape(-1)
-            shift = np.asarray(nxt.param.get("biasData", np.zeros(cout)), np.float64).reshape(-1)
-            if scale.size != cout:
-                continue
-            w = np.asarray(conv.param["weight"], np.float64).reshape(cout, -1) * scale[:, None]
-            b = np.asarray(conv.param["bias"], np.float64) * scale + shift
-            conv.param["weight"] = w.astype(np.float32).reshape(-1)
-            conv.param["bias"] = b.astype(np.float32)
-            _bypass(g, conv, nxt)
-            changed = True
+            while True:
+                c = conv.param["common"]
+                nxt = sole_user(g, conv)
+                if nxt is None or c.get("relu") or c.get("relu6") or nxt.inputs[0] != conv.outputs[0]:
+                    break
+                cout = c["outputCount"]
+                affine = _affine_of(g, nxt, cout)
+                if affine is None:
+                    break
+                scale, shift = affine
+                w = np.asarray(conv.param["weight"], np.float64).reshape(cout, -1) * scale[:, None]
+                b = np.asarray(conv.param["bias"], np.float64) * scale + shift
+                conv.param["weight"] = w.astype(np.float32).reshape(-1)
+                conv.param["bias"] = b.astype(np.float32)
+                _bypass(g, conv, nxt)
+                changed = True
         return changed
 
 
@@ -51,9 +73,9 @@ class FuseReluIntoConvPass:
 
     def __call__(self, g: Graph) -> bool:
         changed = False
-        for conv in [n for n in g.nodes if n.op in CONVS]:
+        for conv in [n for n in g.nodes if n.op in CONVS | {"Deconvolution", "DeconvolutionDepthwise"}]:
             common = conv.param["common"]
-            nxt = _sole_consumer(g, conv)
+            nxt = sole_user(g, conv)
             if nxt is None or common.get("relu") or common.get("relu6"):
                 continue
             if nxt.op == "ReLU" and float(nxt.param.get("slope", 0.0)) == 0.0:

@@ -37,7 +37,7 @@ def test_conv_bn_act_fused_and_correct(tmp_path, act, left):
     src, dst, raw = tmp_path / "m.onnx", tmp_path / "m.mnn", tmp_path / "m0.mnn"
     _model(src, act)
     report = api.convert(src, dst)
-    assert "fold_scale_into_conv" in report["passes_changed"]
+    assert "fold_affine_into_conv" in report["passes_changed"]
     ops = set(api.info(dst)["op_counts"]) - {"ConvertTensor"}
     assert ops == left
     api.convert(src, raw, optimize=0)

@@ -140,6 +140,16 @@ def convolution(node, ins, outs):
                 wino(inputs[0][i], outputs[0][i])
         return writes(run_wino)
 
+    if kh == kw == 1 and h == w == oh == ow == 1 and group == 1:
+        wt = np.ascontiguousarray(weight.T)          # rows of a matmul written as a 1x1 convolution
+
+        def run_rows(inputs, outputs):
+            y = outputs[0].reshape(n, cout)
+            np.matmul(inputs[0].reshape(n, cin), wt, out=y)
+            y += bias
+            apply_act(y, act)
+        return writes(run_rows)
+
     bias_col = bias.reshape(cout, 1)
     pointwise = kh == kw == 1 and sh == sw == 1 and padded is None and group == 1
     cg, og = cin // group, cout // group

@@ -1,0 +1,131 @@
+"""Fuse the GELU and LayerNorm patterns that exporters unroll back into single ops."""
+from __future__ import annotations
+
+import numpy as np
+
+from ..ir.graph import Graph, Node
+from .util import sole_user
+
+
+def _const_scalar(g: Graph, name: str):
+    v = g.constants.get(name)
+    return float(v.reshape(-1)[0]) if v is not None and v.size == 1 else None
+
+
+def _binary(n: Node | None, op: str) -> bool:
+    return n is not None and n.op == "BinaryOp" and n.param.get("opType") == op
+
+
+def _other(n: Node, name: str) -> str | None:
+    """The input of a two-input node that is not `name`."""
+    if n.inputs.count(name) != 1:
+        return None
+    return n.inputs[1] if n.inputs[0] == name else n.inputs[0]
+
+
+class FuseGeluPass:
+    """x * 0.5 * (1 + erf(x / sqrt(2)))  ->  UnaryOp GELU_STANDARD."""
+    name = "fuse_gelu"
+
+    def __call__(self, g: Graph) -> bool:
+        changed = False
+        producers = g.producers()
+        for erf in [n for n in g.nodes if n.op == "UnaryOp" and n.param.get("opType") == "ERF"]:
+            scaled = producers.get(erf.inputs[0])
+            if scaled is None or scaled not in g.nodes:
+                continue
+            k = _const_scalar(g, scaled.inputs[1]) if len(scaled.inputs) == 2 else None
+            if k is None or not ((_binary(scaled, "REALDIV") and abs(k - np.sqrt(2)) < 1e-3) or
+                                 (_binary(scaled, "MUL") and abs(k - 1 / np.sqrt(2)) < 1e-3)):
+                continue
+            x = scaled.inputs[0]
+            add = sole_user(g, erf)
+            if not _binary(add, "ADD") or _const_scalar(g, _other(add, erf.outputs[0]) or "") != 1.0:
+                continue
+            mul = sole_user(g, add)
+            if not _binary(mul, "MUL"):
+                continue
+            partner = _other(mul, add.outputs[0])
+            chain = [scaled, erf, add, mul]
+            if partner == x:
+                half = sole_user(g, mul)
+                if not _binary(half, "MUL") or _const_scalar(g, _other(half, mul.outputs[0]) or "") != 0.5:
+                    continue
+                chain.append(half)
+            else:
+                pre = producers.get(partner)
+                if not _binary(pre, "MUL") or _other(pre, x) is None or _const_scalar(g, _other(pre, x)) != 0.5:
+                    continue
+                if len([n for n in g.nodes if pre.outputs[0] in n.inputs]) != 1:
+                    continue
+                chain.append(pre)
+            if len([n for n in g.nodes if scaled.outputs[0] in n.inputs]) != 1:
+                continue
+            last = chain[-1] if partner == x else mul
+            out = last.outputs[0]
+            index = g.nodes.index(last)
+            g.nodes.insert(index, Node("UnaryOp", [x], [out], last.name, {"opType": "GELU_STANDARD", "T": "DT_FLOAT"}))
+            for n in chain:
+                g.nodes.remove(n)
+            producers = g.producers()
+            changed = True
+        return changed
+
+
+class FuseLayerNormPass:
+    """(x - mean(x)) / sqrt(mean((x - mean)^2) + eps) * gamma + beta over the last axis -> LayerNorm."""
+    name = "fuse_layer_norm"
+
+    def __call__(self, g: Graph) -> bool:
+        changed = False
+        producers = g.producers()
+        for sub in [n for n in g.nodes if _binary(n, "SUB")]:
+            if sub not in g.nodes:
+                continue
+            x, m = sub.inputs
+            mean = producers.get(m)
+            if mean is None or mean.op != "Reduction" or mean.param.get("operation") != "MEAN" or \
+                    mean.inputs[0] != x or not mean.param.get("keepDims"):
+                continue
+            axes = [int(a) for a in (mean.param.get("dim") if mean.param.get("dim") is not None else [])]
+            users = [n for n in g.nodes if sub.outputs[0] in n.inputs]
+            pow_ = next((n for n in users if (_binary(n, "POW") and _const_scalar(g, n.inputs[1]) == 2.0) or
+                         (_binary(n, "MUL") and n.inputs[0] == n.inputs[1])), None)
+            div = next((n for n in users if _binary(n, "REALDIV") and n.inputs[0] == sub.outputs[0]), None)
+            if pow_ is None or div is None or len(users) != 2:
+                continue
+            var = sole_user(g, pow_)
+            if var is None or var.op != "Reduction" or var.param.get("operation") != "MEAN" or \
+                    [int(a) for a in var.param.get("dim", [])] != axes:
+                continue
+            add = sole_user(g, var)
+            eps = _const_scalar(g, _other(add, var.outputs[0]) or "") if _binary(add, "ADD") else None
+            sqrt = sole_user(g, add) if eps is not None else None
+            if sqrt is None or sqrt.op != "UnaryOp" or sqrt.param.get("opType") != "SQRT" or \
+                    div.inputs[1] != sqrt.outputs[0]:
+                continue
+            chain = [mean, sub, pow_, var, add, sqrt, div]
+            if any(len([n for n in g.nodes if o in n.inputs]) != (2 if o == sub.outputs[0] else 1)
+                   for c in chain[:-1] for o in c.outputs) or mean.outputs[0] in g.outputs:
+                continue
+            tail, gamma, beta = div, None, None
+            mul = sole_user(g, div)
+            if _binary(mul, "MUL") and _other(mul, div.outputs[0]) in g.constants:
+                gamma = g.constants[_other(mul, div.outputs[0])].reshape(-1)
+                chain.append(mul)
+                tail = mul
+                bias = sole_user(g, mul)
+                if _binary(bias, "ADD") and _other(bias, mul.outputs[0]) in g.constants:
+                    beta = g.constants[_other(bias, mul.outputs[0])].reshape(-1)
+                    chain.append(bias)
+                    tail = bias
+            param = {"axis": axes, "epsilon": eps, "group": 1, "useRMSNorm": False}
+            if gamma is not None:
+                param["gamma"] = gamma.astype(np.float32)
+                param["beta"] = (beta if beta is not None else np.zeros_like(gamma)).astype(np.float32)
+            g.nodes.insert(g.nodes.index(tail), Node("LayerNorm", [x], [tail.outputs[0]], tail.name, param))
+            for n in chain:
+                g.nodes.remove(n)
+            producers = g.producers()
+            changed = True
+        return changed
