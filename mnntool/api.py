@@ -52,6 +52,8 @@ def convert(src, dst, framework: str | None = None, input_shapes: dict | None = 
     if not dst.parent.exists():
         raise MnnToolError(f"{dst}: directory {dst.parent} does not exist")
     g = load_graph(src, framework, input_shapes)
+    if passes is not None:      # MNN needs the layout pass, last, whatever else was chosen
+        passes = [p for p in passes if p != "layout"] + ["layout"]
     report = run_pipeline(g, optimize, passes)
     size = writer.save(g, dst, biz_code)
     return {"source": str(src), "output": str(dst), "ops": len(g.nodes), "params": g.param_count(),

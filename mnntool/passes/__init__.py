@@ -11,17 +11,24 @@ from ..ir.graph import Graph
 from ..ir.shape_inference import infer_shapes
 from .constant_fold import ConstantFoldPass
 from .dead_code import DeadCodePass
-from .fuse_conv import FoldAffineIntoConvPass, FuseReluIntoConvPass
+from .fuse_conv import FoldAffineIntoConvPass, FuseReluIntoBinaryPass, FuseReluIntoConvPass
 from .fuse_patterns import FuseGeluPass, FuseLayerNormPass
 from .layout import LayoutPass
 from .matmul_to_conv import MatMulToConvPass
 from .remove_noops import RemoveNoopsPass
 
 ALL = {p.name: p for p in (RemoveNoopsPass, ConstantFoldPass, FuseGeluPass, FuseLayerNormPass,
-                           FoldAffineIntoConvPass, FuseReluIntoConvPass, MatMulToConvPass, DeadCodePass, LayoutPass)}
-DOCS = {name: (cls.__doc__ or "").strip().splitlines()[0] if cls.__doc__ else "" for name, cls in ALL.items()}
+                           FoldAffineIntoConvPass, FuseReluIntoConvPass, FuseReluIntoBinaryPass, MatMulToConvPass, DeadCodePass,
+                           LayoutPass)}
+def _doc(cls) -> str:
+    import sys
+    text = cls.__doc__ or sys.modules[cls.__module__].__doc__ or ""
+    return " ".join(text.strip().split("\n\n")[0].split())
+
+
+DOCS = {name: _doc(cls) for name, cls in ALL.items()}
 OPTIMIZING = ["remove_noops", "constant_fold", "fuse_gelu", "fuse_layer_norm", "fold_affine_into_conv",
-              "fuse_relu_into_conv", "matmul_to_conv", "dead_code"]
+              "fuse_relu_into_conv", "fuse_relu_into_binary", "matmul_to_conv", "dead_code"]
 PIPELINES = {0: ["layout"], 1: OPTIMIZING + ["layout"], 2: OPTIMIZING + ["layout"]}
 
 
@@ -31,8 +38,7 @@ def resolve(level: int = 1, passes: list[str] | None = None) -> list[str]:
     unknown = [p for p in passes if p not in ALL]
     if unknown:
         raise MnnToolError(f"unknown pass(es) {', '.join(unknown)}; available: {', '.join(ALL)}")
-    names = [p for p in passes if p != "layout"]
-    return names + ["layout"]     # MNN needs the layout pass last, always
+    return list(passes)
 
 
 def run_pipeline(g: Graph, level: int = 1, passes: list[str] | None = None) -> dict:

@@ -88,3 +88,20 @@ class FuseReluIntoConvPass:
             _bypass(g, conv, nxt)
             changed = True
         return changed
+
+
+class FuseReluIntoBinaryPass:
+    """BinaryOp followed by ReLU -> the BinaryOp's activationType 1, as MNN's converter writes residual adds."""
+    name = "fuse_relu_into_binary"
+
+    def __call__(self, g: Graph) -> bool:
+        changed = False
+        for op in [n for n in g.nodes if n.op == "BinaryOp" and n.param.get("opType") in ("ADD", "SUB", "MUL")]:
+            nxt = sole_user(g, op)
+            if nxt is None or nxt.op != "ReLU" or float(nxt.param.get("slope", 0.0)) != 0.0 or \
+                    int(op.param.get("activationType", 0)) or g.info(op.outputs[0]).dtype != "float32":
+                continue
+            op.param["activationType"] = 1
+            _bypass(g, op, nxt)
+            changed = True
+        return changed
