@@ -62,6 +62,16 @@ def net_to_graph(net: dict) -> Graph:
                                 op.get("main_type") if op.get("main_type") != "NONE" else None,
                                 fmt if fmt != "NHWC" else None))
         produced.update(outs)
+    for d in net.get("extraTensorDescribe") or []:
+        blob = d.get("blob")
+        k = int(d.get("index", -1))
+        if blob is None or blob.get("dims") is None or not 0 <= k < len(names) or names[k] in g.constants:
+            continue
+        t = g.info(names[k])
+        if t.shape is None:
+            t.shape = tuple(int(x) for x in blob["dims"])
+        if blob.get("dataFormat") == "NC4HW4":
+            t.layout = "NC4HW4"
     g.outputs = list(net.get("outputName") or [])
     if not g.outputs:
         used = {i for n in g.nodes for i in n.inputs}

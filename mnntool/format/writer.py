@@ -62,8 +62,18 @@ def graph_to_net(g: Graph, biz_code: str = "mnntool") -> dict:
         if o in g.constants and o not in index:
             oplists.append({"type": "Const", "name": o, "outputIndexes": [idx(o)], "main_type": "Blob",
                             "main": blob(g.constants[o])})
-    return {"bizCode": biz_code, "oplists": oplists, "outputName": list(g.outputs), "sourceType": g.source,
-            "tensorName": names, "tensorNumber": len(names), "extraInfo": {"version": "mnntool"}}
+    net = {"bizCode": biz_code, "oplists": oplists, "outputName": list(g.outputs), "sourceType": g.source,
+           "tensorName": names, "tensorNumber": len(names), "extraInfo": {"version": "mnntool"}}
+    describes = []
+    for name, k in index.items():     # inferred shapes, where MNN keeps per-tensor facts
+        t = g.tensors.get(name)
+        if t is None or t.shape is None or not all(isinstance(d, int) for d in t.shape) or name in g.constants:
+            continue
+        describes.append({"index": k, "blob": {"dims": list(t.shape), "dataType": to_mnn(t.dtype),
+                                               "dataFormat": t.layout if t.layout in ("NCHW", "NC4HW4") else "NCHW"}})
+    if describes:
+        net["extraTensorDescribe"] = describes
+    return net
 
 
 def to_bytes(g: Graph, biz_code: str = "mnntool") -> bytes:

@@ -58,3 +58,16 @@ def test_rewriting_an_mnn_made_file_gives_the_same_outputs(tmp_path, fixture_mod
     a = mnn_run(theirs, g.inputs, g.outputs, feeds)
     b = mnn_run(ours, g.inputs, g.outputs, feeds)
     assert_close(a["output"], b["output"], min_cos=0.999999, rel_abs=1e-5)
+
+
+def test_inferred_shapes_are_stored_in_tensor_describes(tmp_path, fixture_model):
+    from mnntool.format.flatbuf import decode
+    dst = tmp_path / "m.mnn"
+    api.convert(fixture_model("mobilenetv2"), dst)
+    net = decode(dst.read_bytes(), "Net")
+    names = net["tensorName"]
+    dims = {names[d["index"]]: list(d["blob"]["dims"]) for d in net["extraTensorDescribe"]}
+    assert dims["output"] == [1, 1000]
+    assert dims["input"] == [1, 3, 224, 224]
+    layouts = {names[d["index"]]: d["blob"]["dataFormat"] for d in net["extraTensorDescribe"]}
+    assert "NC4HW4" in layouts.values()
