@@ -65,7 +65,11 @@ def net_to_graph(net: dict) -> Graph:
     for d in net.get("extraTensorDescribe") or []:
         blob = d.get("blob")
         k = int(d.get("index", -1))
-        if blob is None or blob.get("dims") is None or not 0 <= k < len(names) or names[k] in g.constants:
+        if not 0 <= k < len(names) or names[k] in g.constants:
+            continue
+        if d.get("quantInfo"):
+            g.info(names[k]).quant = dict(d["quantInfo"])
+        if blob is None or blob.get("dims") is None:
             continue
         t = g.info(names[k])
         if t.shape is None:

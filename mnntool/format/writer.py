@@ -65,12 +65,18 @@ def graph_to_net(g: Graph, biz_code: str = "mnntool") -> dict:
     net = {"bizCode": biz_code, "oplists": oplists, "outputName": list(g.outputs), "sourceType": g.source,
            "tensorName": names, "tensorNumber": len(names), "extraInfo": {"version": "mnntool"}}
     describes = []
-    for name, k in index.items():     # inferred shapes, where MNN keeps per-tensor facts
+    for name, k in index.items():     # inferred shapes and int8 scales, where MNN keeps per-tensor facts
         t = g.tensors.get(name)
-        if t is None or t.shape is None or not all(isinstance(d, int) for d in t.shape) or name in g.constants:
+        if t is None or name in g.constants:
             continue
-        describes.append({"index": k, "blob": {"dims": list(t.shape), "dataType": to_mnn(t.dtype),
-                                               "dataFormat": t.layout if t.layout in ("NCHW", "NC4HW4") else "NCHW"}})
+        d = {"index": k}
+        if t.shape is not None and all(isinstance(x, int) for x in t.shape):
+            d["blob"] = {"dims": list(t.shape), "dataType": to_mnn(t.dtype),
+                         "dataFormat": t.layout if t.layout in ("NCHW", "NC4HW4") else "NCHW"}
+        if t.quant:
+            d["quantInfo"] = dict(t.quant)
+        if len(d) > 1:
+            describes.append(d)
     if describes:
         net["extraTensorDescribe"] = describes
     return net

@@ -26,6 +26,7 @@ class TensorInfo:
     dtype: str = "float32"
     shape: Shape | None = None
     layout: str = "NCHW"       # NC4HW4 for tensors that convolutions and pools exchange
+    quant: dict | None = None  # MNN TensorQuantInfo (scale, zero, min, max, type) for int8 tensors
 
 
 @dataclass
@@ -76,6 +77,11 @@ class Graph:
                 v = n.param.get(key)
                 if isinstance(v, np.ndarray):
                     total += int(v.size)
+            qp = n.param.get("quanParameter")
+            if qp is not None and "weight" not in n.param and n.param.get("common"):
+                c = n.param["common"]
+                group = c.get("group", 1) or 1
+                total += c["outputCount"] * (c.get("inputCount", 0) // group) * c.get("kernelX", 1) * c.get("kernelY", 1)
         return total
 
     def toposort(self) -> None:

@@ -103,16 +103,52 @@ def apply_act(y: np.ndarray, act: int) -> None:
 
 @kernel("Convolution", "ConvolutionDepthwise")
 def convolution(node, ins, outs):
+    cout = node.param["common"]["outputCount"]
+    weight = np.ascontiguousarray(conv_weight(node.param, cout))
+    bias = np.asarray(node.param.get("bias", np.zeros(cout)), np.float32).reshape(-1)
+    if bias.size != cout:
+        bias = np.zeros(cout, np.float32)
+    int8 = int8_scales(node)
+    if int8 is not None:     # an int8 convolution: same arithmetic as MNN on the quantized grid
+        return _fake_quant(convolution_float(node, ins, outs, weight, bias), *int8)
+    return convolution_float(node, ins, outs, weight, bias)
+
+
+def conv_weight(param: dict, rows: int) -> np.ndarray:
+    """Float weights (rows, -1), dequantized when the file stores them quantized or as fp16."""
+    if param.get("weight") is not None and len(param["weight"]):
+        return np.asarray(param["weight"], np.float32).reshape(rows, -1)
+    if param.get("quanParameter") is not None:
+        from ...quant.weights import dequantize
+        return dequantize(param["quanParameter"], rows)
+    raise ValueError("convolution without weights")
+
+
+def int8_scales(node):
+    qp, sq = node.param.get("quanParameter"), node.param.get("symmetricQuan")
+    if qp is None or sq is None or not qp.get("scaleIn") or not qp.get("scaleOut"):
+        return None
+    return float(qp["scaleIn"]), float(qp["scaleOut"]), int(sq.get("clampMin", -127)), int(sq.get("clampMax", 127))
+
+
+def _fake_quant(k, s_in, s_out, lo, hi):
+    """Quantize the input and the output to their int8 grids around a float kernel."""
+    def quantize(x, s):
+        return np.clip(np.rint(x / s), lo, hi) * s
+
+    def run(inputs, outputs):
+        k.fn([quantize(inputs[0], s_in).astype(np.float32)] + list(inputs[1:]), outputs)
+        outputs[0][...] = quantize(outputs[0], s_out)
+    return writes(run)
+
+
+def convolution_float(node, ins, outs, weight, bias):
     c = node.param["common"]
     n, cin, h, w = ins[0].shape
     _, cout, oh, ow = outs[0].shape
     kh, kw, sh, sw, dh, dw, t, l, b, r = _geometry(c, (h, w), (oh, ow))
     group = c.get("group", 1) or 1
     act = activation(c)
-    weight = np.ascontiguousarray(np.asarray(node.param["weight"], np.float32).reshape(cout, -1))
-    bias = np.asarray(node.param.get("bias", np.zeros(cout)), np.float32).reshape(-1)
-    if bias.size != cout:
-        bias = np.zeros(cout, np.float32)
     padded = np.zeros((cin, h + t + b, w + l + r), np.float32) if (t or l or b or r) else None
 
     def pad(x):
@@ -188,7 +224,7 @@ def deconvolution(node, ins, outs):
     group = c.get("group", 1) or 1
     act = activation(c)
     cg, og = cin // group, cout // group
-    weight = np.asarray(node.param["weight"], np.float32).reshape(cin, og * kh * kw)
+    weight = conv_weight(node.param, cin).reshape(cin, og * kh * kw)
     wt = [np.ascontiguousarray(weight[k * cg:(k + 1) * cg].T) for k in range(group)]   # (og*kh*kw, cg)
     bias = np.asarray(node.param.get("bias", np.zeros(cout)), np.float32).reshape(cout, 1, 1)
     ch = max((h - 1) * sh + dh * (kh - 1) + 1, t + oh)
