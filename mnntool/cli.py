@@ -22,6 +22,42 @@ INPUT_SHAPE = typer.Option(None, "--input-shape", help="Fix an input's shape: NA
 JSON = typer.Option(False, "--json", help="Print one JSON object for machines.")
 THREADS = typer.Option(1, "--threads", "-t", min=1, help="Threads for kernels and BLAS.")
 INPUTS = typer.Option(None, "--input", "-i", help="Input data: NAME=file.npy or a .npz of all inputs (repeatable).")
+MEAN = typer.Option(None, "--mean", help="Image preprocessing: per-channel mean, e.g. 127.5,127.5,127.5.")
+NORMAL = typer.Option(None, "--normal", help="Image preprocessing: per-channel multiplier after the mean (1/std).")
+STD = typer.Option(None, "--std", help="Image preprocessing: per-channel std (instead of --normal).")
+SIZE = typer.Option(None, "--size", help="Image preprocessing: resize to WxH (default: the model input).")
+FORMAT = typer.Option("RGB", "--format", help="Image preprocessing: RGB, BGR or GRAY.")
+
+
+def _floats(text: str | None, what: str):
+    if text is None:
+        return None
+    try:
+        vals = tuple(float(v) for v in text.split(","))
+    except ValueError:
+        raise MnnToolError(f"{what} '{text}': expected comma-separated numbers") from None
+    return vals * 3 if len(vals) == 1 else vals
+
+
+def _image_prep(mean, normal, size, fmt, std=None):
+    from .quant.data import ImagePrep
+    if fmt.upper() not in ("RGB", "BGR", "GRAY"):
+        raise MnnToolError(f"--format {fmt}: expected RGB, BGR or GRAY")
+    norm = _floats(normal, "--normal")
+    if std is not None:
+        s = _floats(std, "--std")
+        if any(v == 0 for v in s):
+            raise MnnToolError("--std must not contain 0")
+        norm = tuple(1.0 / v for v in s)
+    wh = None
+    if size:
+        try:
+            w, h = (int(v) for v in size.lower().split("x"))
+            wh = (w, h)
+        except ValueError:
+            raise MnnToolError(f"--size '{size}': expected WxH") from None
+    return ImagePrep(mean=_floats(mean, "--mean") or (0.0, 0.0, 0.0), normal=norm or (1.0, 1.0, 1.0), size=wh,
+                     fmt=fmt.upper())
 
 
 def _human(n: float, unit: str = "") -> str:
@@ -113,15 +149,18 @@ def verify(source: str = typer.Argument(..., help="The source model (.onnx)."),
            backend: str = typer.Option("numba", "--backend", "-b", help="numba (mnntool's runtime) or mnn."),
            report: Optional[str] = typer.Option(None, "--report", help="Write an HTML report."),
            top: int = typer.Option(10, "--top", help="Worst layers to show."),
-           threads: int = THREADS, as_json: bool = JSON):
+           mean: Optional[str] = MEAN, normal: Optional[str] = NORMAL, size: Optional[str] = SIZE,
+           fmt: str = FORMAT, threads: int = THREADS, as_json: bool = JSON):
     """Per-layer comparison with the source framework; exit 1 when the outputs miss the thresholds."""
     from .format import reader as mnn_reader
     from .format.writer import atomic_write
-    from .inputs import dir_feeds, load_feeds
+    from .inputs import load_feeds
+    from .quant.data import calibration_samples
     from .verify import html_report, verify as run_verify
     shapes = api.parse_input_shapes(input_shape)
     g = mnn_reader.load(model)
-    feeds = dir_feeds(calib, g, samples) if calib else (load_feeds(inputs, g) if inputs else None)
+    prep = _image_prep(mean, normal, size, fmt)
+    feeds = calibration_samples(calib, g, prep, samples) if calib else (load_feeds(inputs, g) if inputs else None)
     r = run_verify(source, model, feeds, shapes, backend, min_cosine, max_abs, threads)
     if report:
         atomic_write(report, html_report(r).encode())
@@ -236,6 +275,59 @@ def bench(model: str = typer.Argument(..., help="A .mnn model (or the .onnx sour
                 first = [row["op"], str(row["count"])] if key == "op_types" else [row["name"], row["op"]]
                 pt.add_row(*first, f"{row['ms']:.3f}", f"{row['percent']:.1f}")
             console.print(pt)
+
+
+@app.command()
+def quant(src: str = typer.Argument(..., help="A float .mnn model."),
+          dst: str = typer.Argument(..., help="The quantized .mnn to write."),
+          int8: bool = typer.Option(False, "--int8", help="Full int8: weights and activations (needs --calib)."),
+          calib: Optional[str] = typer.Option(None, "--calib", help="Folder of .npy/.npz samples or images."),
+          method: str = typer.Option("mse", "--method", help="Activation calibration: mse, kl, percentile, minmax."),
+          per_channel: bool = typer.Option(True, "--per-channel/--per-tensor", help="Weight scales."),
+          batches: Optional[int] = typer.Option(None, "--batches", min=1, help="Use at most N calibration samples."),
+          weight_bits: Optional[int] = typer.Option(None, "--weight-bits", help="Weight-only: 8 or 4 bits."),
+          asymmetric: bool = typer.Option(False, "--asymmetric", help="Weight-only: (min, scale) per channel."),
+          fp16: bool = typer.Option(False, "--fp16", help="Store weights as half floats."),
+          skip: Optional[str] = typer.Option(None, "--skip", help="Comma-separated layers to keep in float."),
+          auto_skip: Optional[float] = typer.Option(None, "--auto-skip",
+                                                    help="Keep the fewest layers in float for output cosine >= X."),
+          bias_correction: bool = typer.Option(True, "--bias-correction/--no-bias-correction"),
+          config: Optional[str] = typer.Option(None, "--config", help="JSON: method, skip, per_channel, batches."),
+          mean: Optional[str] = MEAN, normal: Optional[str] = NORMAL, std: Optional[str] = STD,
+          size: Optional[str] = SIZE, fmt: str = FORMAT, as_json: bool = JSON):
+    """Quantize a .mnn model: int8 PTQ, weight-only int8/int4, or fp16 -- files the MNN runtime runs."""
+    from rich.progress import BarColumn, Progress
+
+    from .quant import quantize_file
+    prep = _image_prep(mean, normal, size, fmt, std)
+    kwargs = dict(int8=int8, calib=calib, method=method, per_channel=per_channel, batches=batches,
+                  weight_bits=weight_bits, fp16=fp16, asymmetric=asymmetric,
+                  skip=[x.strip() for x in skip.split(",") if x.strip()] if skip else (), auto_skip=auto_skip,
+                  bias_correction=bias_correction, prep=prep, config=config)
+    if as_json or not int8:
+        r = quantize_file(src, dst, **kwargs)
+    else:
+        with Progress("[progress.description]{task.description}", BarColumn(), "{task.completed}",
+                      console=err, transient=True) as prog:
+            task = prog.add_task("calibrating", total=None)
+            r = quantize_file(src, dst, progress=lambda n: prog.advance(task, n), **kwargs)
+    if as_json:
+        print(json.dumps(r))
+        return
+    console.print(f"[green]quantized[/] {src} -> {dst} ({r['mode']}): {_human(r['size_before'], 'B')} -> "
+                  f"{_human(r['size_after'], 'B')} ({r['ratio']:.2f}x smaller)")
+    for o in r["outputs"]:
+        console.print(f"  output {o['name']}: cosine vs fp32 {o['cosine']:.6f}, max abs {o['max_abs']:.3g}")
+    if r.get("auto_skipped") is not None:
+        console.print(f"  kept in float: {', '.join(r['auto_skipped']) or 'none'}")
+    if r["worst_layers"]:
+        t = Table(title="worst int8 layers (cosine vs fp32, held-out samples)")
+        t.add_column("layer")
+        t.add_column("cosine", justify="right")
+        by_name = {l["name"]: l for l in r["layers"]}
+        for name in r["worst_layers"]:
+            t.add_row(name, f"{by_name[name]['cosine']:.6f}")
+        console.print(t)
 
 
 def main():

@@ -58,6 +58,8 @@ def quantize_int8(g: Graph, samples: list[dict], method: str = "kl", per_channel
     q = copy.deepcopy(g)
     nodes = targets(q, set(skip))
     if not nodes:
+        if skip:
+            return q      # everything asked to stay float
         raise MnnToolError("the model has no float convolutions to quantize")
     scales, means = calibrate(q, samples, method, nodes, progress)
     for n in nodes:

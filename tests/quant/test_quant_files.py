@@ -1,0 +1,138 @@
+"""Quantized files: MNN's weight codec facts, weight-only/fp16/int8 files that the real MNN runtime loads
+and that match mnntool's runtime, and bad calibration input.
+
+Tolerances: MNN vs mnntool on the same quantized file cosine >= 0.9999 (weight-only, fp16) and >= 0.999
+(int8, where rounding of activations may differ); quantized vs fp32 as stated per test.
+"""
+import json
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto as TP, helper as h, numpy_helper as nh
+
+import mnntool
+from mnntool import api
+from mnntool.compare import metrics
+from mnntool.format import reader
+from mnntool.quant import quantize_file
+from mnntool.quant.weights import dequantize, quantize_weight
+from tests.conftest import mnn_convert, mnn_run
+from tests.test_cli import assert_one_line_error, run
+
+
+@pytest.fixture(scope="module")
+def resnet_mnn(fixture_model, tmp_path_factory):
+    d = tmp_path_factory.mktemp("q")
+    dst = d / "r.mnn"
+    api.convert(fixture_model("resnet18"), dst)
+    calib = d / "calib"
+    calib.mkdir()
+    for k in range(6):
+        np.save(calib / f"{k}.npy", np.random.default_rng(k).standard_normal((1, 3, 224, 224)).astype(np.float32))
+    return dst, calib
+
+
+def _mnn_weight_quant(tmp_path, extra):
+    import _tools
+    w = np.random.RandomState(0).randn(8, 4, 3, 3).astype(np.float32)
+    g = h.make_graph([h.make_node("Conv", ["x", "w"], ["y"], pads=[1, 1, 1, 1])], "g",
+                     [h.make_tensor_value_info("x", TP.FLOAT, [1, 4, 6, 6])], [h.make_empty_tensor_value_info("y")],
+                     initializer=[nh.from_array(w, "w")])
+    onnx.save(h.make_model(g, opset_imports=[h.make_opsetid("", 17)]), tmp_path / "m.onnx")
+    _tools.mnnconvert(["mnnconvert", "-f", "ONNX", "--modelFile", str(tmp_path / "m.onnx"), "--MNNModel",
+                       str(tmp_path / "m.mnn"), "--bizCode", "t"] + extra)
+    return w, reader.load(tmp_path / "m.mnn")
+
+
+@pytest.mark.parametrize("extra,bits", [(["--weightQuantBits", "8"], 8), (["--weightQuantBits", "4"], 4),
+                                        (["--weightQuantBits", "8", "--weightQuantAsymmetric"], 8)])
+def test_codec_reads_mnn_made_weights_and_writes_the_same_precision(tmp_path, extra, bits):
+    w, g = _mnn_weight_quant(tmp_path, extra)
+    qp = g.nodes[[n.op for n in g.nodes].index("Convolution")].param["quanParameter"]
+    theirs = dequantize(qp, 8)
+    asym = np.asarray(qp["alpha"]).size == 16
+    ours = dequantize(quantize_weight(w, bits, asym), 8)
+    np.testing.assert_allclose(ours, theirs, atol=1e-5)          # same grid, same rounding
+    step = np.abs(w).reshape(8, -1).max(1).max() / (2 ** (bits - 1) - 1)
+    assert np.abs(theirs - w.reshape(8, -1)).max() <= step
+
+
+@pytest.mark.parametrize("args", [{"weight_bits": 8}, {"weight_bits": 4}, {"weight_bits": 4, "asymmetric": True},
+                                  {"fp16": True}])
+def test_weight_only_files_run_in_mnn(resnet_mnn, tmp_path, args):
+    src, _ = resnet_mnn
+    dst = tmp_path / "w.mnn"
+    r = quantize_file(src, dst, **args)
+    assert r["size_after"] < r["size_before"] / (1.9 if args.get("fp16") else 3.5)
+    g = reader.load(dst)
+    x = {"input": np.random.default_rng(9).standard_normal((1, 3, 224, 224)).astype(np.float32)}
+    theirs = mnn_run(dst, g.inputs, g.outputs, x)["output"]
+    ours = mnntool.load(dst).run(x)["output"]
+    assert metrics(theirs, ours)["cosine"] >= 0.9999
+    fp32 = mnntool.load(src).run(x)["output"]
+    assert metrics(fp32, ours)["cosine"] >= (0.99 if args.get("weight_bits") == 4 else 0.9995)
+
+
+@pytest.mark.parametrize("method", ["mse", "kl", "percentile", "minmax"])
+def test_int8_file_runs_in_mnn(resnet_mnn, tmp_path, method):
+    src, calib = resnet_mnn
+    dst = tmp_path / "q.mnn"
+    r = quantize_file(src, dst, int8=True, calib=calib, method=method)
+    assert r["size_after"] < r["size_before"] / 3.5 and r["int8_layers"] >= 20
+    g = reader.load(dst)
+    assert sum(1 for n in g.nodes if "symmetricQuan" in n.param) == r["int8_layers"]
+    assert any(t.quant for t in g.tensors.values())
+    x = {"input": np.random.default_rng(11).standard_normal((1, 3, 224, 224)).astype(np.float32)}
+    theirs = mnn_run(dst, g.inputs, g.outputs, x)["output"]
+    ours = mnntool.load(dst).run(x)["output"]
+    fp32 = mnntool.load(src).run(x)["output"]
+    # KL clips hardest, which magnifies the few rounding differences between MNN's int8 kernels and ours
+    assert metrics(theirs, ours)["cosine"] >= (0.998 if method == "kl" else 0.999)
+    assert metrics(fp32, theirs)["cosine"] >= (0.99 if method == "kl" else 0.999)
+
+
+def test_skip_and_auto_skip(resnet_mnn, tmp_path):
+    src, calib = resnet_mnn
+    first = reader.load(src).nodes[1].name
+    r = quantize_file(src, tmp_path / "s.mnn", int8=True, calib=calib, skip=[first])
+    assert first not in [l["name"] for l in r["layers"] if l["int8"]]
+    r = quantize_file(src, tmp_path / "a.mnn", int8=True, calib=calib, method="kl", auto_skip=0.9999)
+    assert min(o["cosine"] for o in r["outputs"]) >= 0.9999
+    assert r["int8_layers"] > 0 or r["auto_skipped"]
+
+
+def test_bad_calibration_input(resnet_mnn, tmp_path):
+    src, _ = resnet_mnn
+    out = tmp_path / "o.mnn"
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    assert_one_line_error(*run("quant", src, out, "--int8", "--calib", empty), "no .npy/.npz samples")
+    wrong = tmp_path / "wrong"
+    wrong.mkdir()
+    np.save(wrong / "a.npy", np.zeros((1, 3, 32, 32), np.float32))
+    assert_one_line_error(*run("quant", src, out, "--int8", "--calib", wrong), "shape")
+    nan = tmp_path / "nan"
+    nan.mkdir()
+    np.save(nan / "a.npy", np.full((1, 3, 224, 224), np.nan, np.float32))
+    assert_one_line_error(*run("quant", src, out, "--int8", "--calib", nan), "NaN")
+    assert_one_line_error(*run("quant", src, out, "--int8"), "--calib")
+    assert_one_line_error(*run("quant", src, out, "--weight-bits", "3"), "8 and 4")
+    assert_one_line_error(*run("quant", src, out, "--int8", "--fp16"), "exactly one")
+    assert not out.exists()
+
+
+def test_cli_json_and_image_calibration(resnet_mnn, tmp_path):
+    from PIL import Image
+    src, _ = resnet_mnn
+    imgs = tmp_path / "imgs"
+    imgs.mkdir()
+    for k in range(4):
+        Image.fromarray(np.random.default_rng(k).integers(0, 255, (240, 260, 3), dtype=np.uint8)).save(imgs / f"{k}.png")
+    code, out, err = run("quant", src, tmp_path / "q.mnn", "--int8", "--calib", imgs, "--mean", "127.5",
+                         "--std", "64", "--format", "BGR", "--json")
+    assert code == 0, err
+    r = json.loads(out)
+    assert r["mode"] == "int8" and r["calibration_samples"] == 3 and r["held_out_samples"] == 1
+    code, out, err = run("verify", tmp_path.parent / "nope.onnx", tmp_path / "q.mnn")
+    assert code == 2
