@@ -24,6 +24,18 @@ def _dims(ctx, node):
     return shape
 
 
+def _weights(ctx, node, a, gates: int):
+    """(seq, batch, hidden, W, R, B, directions) with B zero when absent; all must be constants."""
+    seq, batch, _ = _dims(ctx, node)
+    hidden = int(a["hidden_size"])
+    w, r = ctx.need_const(node, 1, "W"), ctx.need_const(node, 2, "R")
+    dirs = w.shape[0]
+    b = np.zeros((dirs, 2 * gates * hidden), np.float32)
+    if len(node.input) > 3 and node.input[3]:
+        b = ctx.need_const(node, 3, "B")
+    return seq, batch, hidden, w, r, b, dirs
+
+
 def _direction(a):
     d = a.get("direction", b"forward")
     return d.decode() if isinstance(d, bytes) else d
@@ -89,13 +101,7 @@ def _finish(ctx, node, per_dir_steps, per_dir_last, extra_last=None):
 
 @converts("LSTM")
 def lstm(ctx, node, a):
-    seq, batch, _ = _dims(ctx, node)
-    hidden = int(a["hidden_size"])
-    w, r = ctx.need_const(node, 1, "W"), ctx.need_const(node, 2, "R")
-    dirs = w.shape[0]
-    b = ctx.const(node.input[3]) if len(node.input) > 3 and node.input[3] else np.zeros((dirs, 8 * hidden), np.float32)
-    if b is None:
-        raise MnnToolError(f"{ctx.path}: LSTM '{node.name}': B must be a constant")
+    seq, batch, hidden, w, r, b, dirs = _weights(ctx, node, a, 4)
     if a.get("activations") not in (None, [b"Sigmoid", b"Tanh", b"Tanh"] * dirs) or a.get("clip") or \
             a.get("input_forget") or a.get("layout", 0):
         raise MnnToolError(f"{ctx.path}: LSTM '{node.name}': custom activations/clip/layout are not supported")
@@ -138,11 +144,7 @@ def lstm(ctx, node, a):
 
 @converts("GRU")
 def gru(ctx, node, a):
-    seq, batch, _ = _dims(ctx, node)
-    hidden = int(a["hidden_size"])
-    w, r = ctx.need_const(node, 1, "W"), ctx.need_const(node, 2, "R")
-    dirs = w.shape[0]
-    b = ctx.const(node.input[3]) if len(node.input) > 3 and node.input[3] else np.zeros((dirs, 6 * hidden), np.float32)
+    seq, batch, hidden, w, r, b, dirs = _weights(ctx, node, a, 3)
     if a.get("activations") not in (None, [b"Sigmoid", b"Tanh"] * dirs) or a.get("clip") or a.get("layout", 0):
         raise MnnToolError(f"{ctx.path}: GRU '{node.name}': custom activations/clip/layout are not supported")
     lbr = bool(a.get("linear_before_reset", 0))

@@ -54,13 +54,6 @@ UNARY = {
 }
 
 
-def _floor_div(a, b, out):
-    if np.issubdtype(out.dtype, np.integer):
-        np.floor_divide(a, b, out=out)
-    else:
-        np.floor_divide(a, b, out=out)
-
-
 def _div(a, b, out):
     if np.issubdtype(out.dtype, np.integer):
         np.floor_divide(a, b, out=out)
@@ -77,7 +70,7 @@ BINARY = {
     "ADD": np.add, "SUB": np.subtract, "MUL": np.multiply, "REALDIV": _div, "DIV": _div, "POW": np.power,
     "MAXIMUM": np.maximum, "MINIMUM": np.minimum, "MAX_TEMP": np.maximum, "MIN_TEMP": np.minimum,
     "EQUAL": np.equal, "NOTEQUAL": np.not_equal, "GREATER": np.greater, "GREATER_EQUAL": np.greater_equal,
-    "LESS": np.less, "LESS_EQUAL": np.less_equal, "FLOORDIV": _floor_div, "FLOORMOD": np.mod, "MOD": np.fmod,
+    "LESS": np.less, "LESS_EQUAL": np.less_equal, "FLOORDIV": np.floor_divide, "FLOORMOD": np.mod, "MOD": np.fmod,
     "SquaredDifference": _sqdiff, "ATAN2": np.arctan2, "LOGICALOR": np.logical_or, "LOGICALXOR": np.logical_xor,
     "BITWISE_AND": np.bitwise_and, "BITWISE_OR": np.bitwise_or, "BITWISE_XOR": np.bitwise_xor,
 }
