@@ -22,10 +22,29 @@ SYMMETRIC = {"method": "DEFAULT", "nbits": 8, "zeroPoint": 0, "outputZeroPoint":
              "clampMax": 127, "outputDataType": "DT_INT8"}
 
 
+MOVES = {"Reshape", "ConvertTensor", "Flatten", "Squeeze", "Unsqueeze", "Identity"}
+
+
+def output_layers(g: Graph) -> set[str]:
+    """Convolutions whose result reaches a graph output through data movement only. They stay float:
+    an int8 output grid (127 levels) would flatten the small logit differences that decide the top-1."""
+    producers = g.producers()
+    found = set()
+    for out in g.outputs:
+        node = producers.get(out)
+        while node is not None and node.op in MOVES:
+            node = producers.get(node.inputs[0])
+        if node is not None and node.op in CONVS:
+            found.add(node.name)
+    return found
+
+
 def targets(g: Graph, skip: set[str]) -> list:
+    keep_float = output_layers(g)
     out = []
     for n in g.nodes:
-        if n.op in CONVS and n.name not in skip and n.outputs[0] not in skip and n.param.get("weight") is not None:
+        if n.op in CONVS and n.name not in skip and n.outputs[0] not in skip and n.name not in keep_float \
+                and n.param.get("weight") is not None:
             out.append(n)
     return out
 
