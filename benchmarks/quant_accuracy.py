@@ -108,7 +108,7 @@ def main():
             results["MNN quantizer KL"] = score(ref, [m.run({"input": x})["output"] for x in test_x])
             for label, r in results.items():
                 rows.append({"model": name, "tool": label, **r})
-                print(f"{name:12s} {label:20s} cosine {r["cosine"]:.6f}  top-1 agreement {r['top1_agreement']:.2f}",
+                print(f"{name:12s} {label:20s} cosine {r['cosine']:.6f}  top-1 agreement {r['top1_agreement']:.2f}",
                       flush=True)
     if args.json:
         Path(args.json).write_text(json.dumps(rows, indent=1))
