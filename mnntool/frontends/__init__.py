@@ -5,7 +5,7 @@ from pathlib import Path
 
 from ..errors import MnnToolError
 
-FRAMEWORKS = {".onnx": "onnx"}
+FRAMEWORKS = {".onnx": "onnx", ".pt": "torchscript", ".pth": "torchscript", ".torchscript": "torchscript"}
 
 
 def detect(path: str | Path, framework: str | None = None) -> str:
@@ -22,4 +22,7 @@ def load(path: str | Path, framework: str | None = None, input_shapes: dict | No
     if fw == "onnx":
         from .onnx import load_onnx
         return load_onnx(path, input_shapes or {})
-    raise MnnToolError(f"{path}: framework '{fw}' is not supported yet (supported: onnx)")
+    if fw in ("torchscript", "torch", "pytorch"):
+        from .torchscript import load_torchscript
+        return load_torchscript(path, input_shapes or {})
+    raise MnnToolError(f"{path}: framework '{fw}' is not supported yet (supported: onnx, torchscript)")
