@@ -49,7 +49,7 @@ def convert(src, dst, framework: str | None = None, input_shapes: dict | None = 
             biz_code: str = "mnntool", passes: list[str] | None = None) -> dict:
     t0 = time.perf_counter()
     dst = Path(dst)
-    if not dst.parent.exists():
+    if not dst.parent.is_dir():     # fail before the (slow) conversion, not only at the write
         raise MnnToolError(f"{dst}: directory {dst.parent} does not exist")
     g = load_graph(src, framework, input_shapes)
     if passes is not None:      # MNN needs the layout pass, last, whatever else was chosen

@@ -331,22 +331,13 @@ def quant(src: str = typer.Argument(..., help="A float .mnn model."),
 
 
 def main():
+    """Typer's standalone mode handles usage errors (exit 2) and typer.Exit codes; our own errors, which
+    users cause, become one line and their exit code."""
     try:
-        rc = app(standalone_mode=False)
-        sys.exit(rc if isinstance(rc, int) else 0)
+        app()
     except MnnToolError as e:
         err.print(f"[red]error:[/] {e}", highlight=False, soft_wrap=True)
         sys.exit(e.code)
-    except (typer.Exit, SystemExit) as e:
-        sys.exit(getattr(e, "exit_code", getattr(e, "code", 0)))
-    except Exception as e:  # click usage errors and the like
-        import click
-        if isinstance(e, click.exceptions.ClickException):
-            e.show()
-            sys.exit(2)
-        if isinstance(e, click.exceptions.Abort):
-            sys.exit(130)
-        raise
 
 
 if __name__ == "__main__":

@@ -153,3 +153,17 @@ def test_bench_and_run_bad_input(tmp_path, small_onnx):
     assert_one_line_error(*run("run", out, "--input", f"x={tmp_path / 'bad.npy'}"), "NaN")
     np.save(tmp_path / "small.npy", np.zeros((1, 3, 4, 4), np.float32))
     assert_one_line_error(*run("run", out, "--input", f"x={tmp_path / 'small.npy'}"), "input 'x'")
+
+
+def test_missing_output_directory_and_usage_errors(tmp_path, small_onnx):
+    good = tmp_path / "m.mnn"
+    assert run("convert", small_onnx, good, "--input-shape", "x:1x3x8x8")[0] == 0
+    missing = tmp_path / "nope"
+    assert_one_line_error(*run("convert", small_onnx, missing / "o.mnn"), "does not exist")
+    assert_one_line_error(*run("quant", good, missing / "q.mnn", "--fp16"), "does not exist")
+    assert_one_line_error(*run("info", good, "--dump-json", missing / "d.json"), "does not exist")
+    assert not missing.exists()
+    code, _, err = run("convert", small_onnx, good, "-O", "7")
+    assert code == 2 and "Traceback" not in err
+    code, _, err = run("no-such-command")
+    assert code == 2 and "Traceback" not in err

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import numpy as np
 
+from ..errors import MnnToolError
 from ..ir import ops
 from ..ir.graph import Graph
 from .dtypes import to_mnn
@@ -89,7 +90,9 @@ def to_bytes(g: Graph, biz_code: str = "mnntool") -> bytes:
 def atomic_write(path: str | os.PathLike, data: bytes) -> None:
     """Write to a temporary file beside the target, then rename: no half-written outputs."""
     path = Path(path)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent or ".")
+    if not path.parent.is_dir():
+        raise MnnToolError(f"{path}: directory {path.parent} does not exist")
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
     try:
         with os.fdopen(fd, "wb") as f:
             f.write(data)
