@@ -195,6 +195,10 @@ def run(model: str = typer.Argument(..., help="A .mnn (or .onnx) model."),
     """Run a model in mnntool's runtime; write outputs as .npy or print a summary."""
     import numpy as np
 
+    import io
+    from pathlib import Path
+
+    from .format.writer import atomic_write
     from .inputs import load_feeds, random_feeds
     from .runtime.session import Session
     shapes = api.parse_input_shapes(input_shape)
@@ -206,15 +210,13 @@ def run(model: str = typer.Argument(..., help="A .mnn (or .onnx) model."),
     if not inputs:
         feeds = random_feeds(g, shapes)
     outs = Session(g, threads).run(feeds)
+    if output_dir:
+        Path(output_dir).mkdir(parents=True, exist_ok=True)
     rows = []
     for name, arr in outs.items():
         if output_dir:
-            from pathlib import Path
-            from .format.writer import atomic_write
-            import io
             buf = io.BytesIO()
             np.save(buf, arr)
-            Path(output_dir).mkdir(parents=True, exist_ok=True)
             atomic_write(Path(output_dir) / f"{name.replace('/', '_')}.npy", buf.getvalue())
         f = arr.astype(np.float64)
         rows.append({"name": name, "shape": list(arr.shape), "dtype": str(arr.dtype), "min": float(f.min()),

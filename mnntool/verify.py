@@ -19,7 +19,6 @@ from .inputs import random_feeds
 
 def _onnx_reference(source: Path, feeds: dict, shapes: dict):
     """(every tensor by name, [(tensor, producing op type)] in graph order) from onnxruntime."""
-    import onnx
     import onnxruntime as ort
     from onnx import helper, shape_inference
 
@@ -31,7 +30,8 @@ def _onnx_reference(source: Path, feeds: dict, shapes: dict):
     except Exception:
         inferred = model
     typed = {vi.name: vi for vi in inferred.graph.value_info}
-    existing = {o.name for o in model.graph.output}
+    source_outputs = [o.name for o in model.graph.output]
+    existing = set(source_outputs)
     order = []
     for node in model.graph.node:
         for o in node.output:
@@ -54,7 +54,7 @@ def _onnx_reference(source: Path, feeds: dict, shapes: dict):
     ort_feeds = {k: (v.astype(np.int64) if "int64" in ort_inputs[k] else v.astype(np.float32) if "float" in
                      ort_inputs[k] else v) for k, v in feeds.items() if k in ort_inputs}
     names = [o.name for o in sess.get_outputs()]
-    return dict(zip(names, sess.run(None, ort_feeds))), order, [o.name for o in onnx.load(str(source)).graph.output]
+    return dict(zip(names, sess.run(None, ort_feeds))), order, source_outputs
 
 
 def _ours(model: Path, g, feeds: dict, backend: str, wanted: list[str], threads: int | None):

@@ -24,11 +24,10 @@ def blob_value(b: dict) -> np.ndarray:
             break
     else:
         arr = np.zeros(0, np.float32)
-    if arr.size != int(np.prod(dims)) if dims else arr.size != 1:
-        if arr.size == 0 and dims and int(np.prod(dims)) == 0:
-            return arr.reshape(dims)
+    expected = int(np.prod(dims)) if dims else 1
+    if arr.size != expected:
         raise FormatError(f"constant has {arr.size} values for dims {dims}")
-    return arr.reshape(dims) if dims else arr.reshape(())
+    return arr.reshape(dims)
 
 
 def net_to_graph(net: dict) -> Graph:

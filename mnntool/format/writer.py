@@ -14,14 +14,12 @@ from .dtypes import to_mnn
 from .flatbuf import encode
 
 BLOB_FIELD = {"DT_FLOAT": ("float32s", np.float32), "DT_INT32": ("int32s", np.int32),
-              "DT_INT8": ("int8s", np.int8), "DT_UINT8": ("uint8s", np.uint8), "DT_HALF": ("uint8s", np.uint8)}
+              "DT_INT8": ("int8s", np.int8), "DT_UINT8": ("uint8s", np.uint8)}
 
 
 def blob(value: np.ndarray) -> dict:
     arr = np.asarray(value)
-    dtype = to_mnn(arr.dtype)
-    if dtype == "DT_HALF":
-        dtype = "DT_FLOAT"
+    dtype = "DT_FLOAT" if arr.dtype == np.float16 else to_mnn(arr.dtype)   # constants are stored as float32
     field, np_type = BLOB_FIELD[dtype]
     out = {"dataFormat": "NCHW", "dataType": dtype, field: arr.astype(np_type).reshape(-1)}
     if arr.ndim:

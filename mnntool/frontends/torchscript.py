@@ -138,10 +138,8 @@ def _py(fn):
 for _k, _f in {"aten::len": len, "aten::gt": lambda a, b: a > b, "aten::lt": lambda a, b: a < b,
                "aten::ge": lambda a, b: a >= b, "aten::le": lambda a, b: a <= b, "aten::eq": lambda a, b: a == b,
                "aten::ne": lambda a, b: a != b, "aten::__not__": lambda a: not a, "aten::__is__": lambda a, b: a is b,
-               "aten::__isnot__": lambda a, b: a is not b, "prim::unchecked_cast": lambda a: a,
-               "aten::dim": None}.items():
-    if _f is not None:
-        ATEN[_k] = _py(_f)
+               "aten::__isnot__": lambda a, b: a is not b, "prim::unchecked_cast": lambda a: a}.items():
+    ATEN[_k] = _py(_f)
 
 
 @aten("aten::dim")

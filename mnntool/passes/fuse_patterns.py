@@ -4,7 +4,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..ir.graph import Graph, Node
-from .util import sole_user
+from .util import sole_user, users
 
 
 def _const_scalar(g: Graph, name: str):
@@ -52,16 +52,17 @@ class FuseGeluPass:
                 if not _binary(half, "MUL") or _const_scalar(g, _other(half, mul.outputs[0]) or "") != 0.5:
                     continue
                 chain.append(half)
+                last = half
             else:
                 pre = producers.get(partner)
                 if not _binary(pre, "MUL") or _other(pre, x) is None or _const_scalar(g, _other(pre, x)) != 0.5:
                     continue
-                if len([n for n in g.nodes if pre.outputs[0] in n.inputs]) != 1:
+                if len(users(g, pre.outputs[0])) != 1:
                     continue
                 chain.append(pre)
-            if len([n for n in g.nodes if scaled.outputs[0] in n.inputs]) != 1:
+                last = mul
+            if len(users(g, scaled.outputs[0])) != 1:
                 continue
-            last = chain[-1] if partner == x else mul
             out = last.outputs[0]
             index = g.nodes.index(last)
             g.nodes.insert(index, Node("UnaryOp", [x], [out], last.name, {"opType": "GELU_STANDARD", "T": "DT_FLOAT"}))
@@ -88,11 +89,11 @@ class FuseLayerNormPass:
                     mean.inputs[0] != x or not mean.param.get("keepDims"):
                 continue
             axes = [int(a) for a in (mean.param.get("dim") if mean.param.get("dim") is not None else [])]
-            users = [n for n in g.nodes if sub.outputs[0] in n.inputs]
-            pow_ = next((n for n in users if (_binary(n, "POW") and _const_scalar(g, n.inputs[1]) == 2.0) or
+            subs_users = users(g, sub.outputs[0])
+            pow_ = next((n for n in subs_users if (_binary(n, "POW") and _const_scalar(g, n.inputs[1]) == 2.0) or
                          (_binary(n, "MUL") and n.inputs[0] == n.inputs[1])), None)
-            div = next((n for n in users if _binary(n, "REALDIV") and n.inputs[0] == sub.outputs[0]), None)
-            if pow_ is None or div is None or len(users) != 2:
+            div = next((n for n in subs_users if _binary(n, "REALDIV") and n.inputs[0] == sub.outputs[0]), None)
+            if pow_ is None or div is None or len(subs_users) != 2:
                 continue
             var = sole_user(g, pow_)
             if var is None or var.op != "Reduction" or var.param.get("operation") != "MEAN" or \
@@ -105,7 +106,7 @@ class FuseLayerNormPass:
                     div.inputs[1] != sqrt.outputs[0]:
                 continue
             chain = [mean, sub, pow_, var, add, sqrt, div]
-            if any(len([n for n in g.nodes if o in n.inputs]) != (2 if o == sub.outputs[0] else 1)
+            if any(len(users(g, o)) != (2 if o == sub.outputs[0] else 1)
                    for c in chain[:-1] for o in c.outputs) or mean.outputs[0] in g.outputs:
                 continue
             tail, gamma, beta = div, None, None

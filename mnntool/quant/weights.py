@@ -55,13 +55,6 @@ def quantize_weight(w: np.ndarray, bits: int = 8, asymmetric: bool = False, rows
     """Per output channel (or one per tensor) quantization of a float weight -> the IDSTQuan table."""
     rows = rows or w.shape[0]
     x = np.asarray(w, np.float64).reshape(rows, -1)
-    if per_tensor and not asymmetric:
-        qmax = (1 << (bits - 1)) - 1
-        scale = np.full(rows, max(float(np.abs(x).max()), 1e-8 * qmax) / qmax)
-        q = np.clip(np.round(x / scale[:, None]), -qmax, qmax)
-        return {"buffer": _pack(q.astype(np.int8), rows, bits), "alpha": scale.astype(np.float32), "type": 1,
-                "useInt32": False, "quantScale": 1.0, "aMaxOrBits": bits, "has_scaleInt": False,
-                "shapeInt32": False, "aMin": 0, "readType": 0}
     if asymmetric:
         qmin, levels = -(1 << (bits - 1)), (1 << bits) - 1
         lo, hi = x.min(1), x.max(1)
@@ -71,8 +64,8 @@ def quantize_weight(w: np.ndarray, bits: int = 8, asymmetric: bool = False, rows
         extra = {"aMin": qmin, "readType": rows}
     else:
         qmax = (1 << (bits - 1)) - 1
-        scale = np.abs(x).max(1) / qmax
-        scale = np.where(scale > 0, scale, 1e-8)
+        absmax = np.full(rows, np.abs(x).max()) if per_tensor else np.abs(x).max(1)
+        scale = np.where(absmax > 0, absmax / qmax, 1e-8)
         q = np.clip(np.round(x / scale[:, None]), -qmax, qmax)
         alpha = scale
         extra = {"aMin": 0, "readType": 0}

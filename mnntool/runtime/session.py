@@ -202,7 +202,7 @@ class Session:
             if profile is not None:
                 profile.append(timer() - t0)
         if keep_all:
-            return {n: np.array(slots[i]) for n, i in zip(plan.names, range(len(plan.names))) if slots[i] is not None}
+            return {n: np.array(slots[i]) for i, n in enumerate(plan.names) if slots[i] is not None}
         return {n: np.array(slots[i]) for n, i in plan.output_slots.items()}
 
 

@@ -8,7 +8,6 @@ import onnx
 import pytest
 from onnx import TensorProto as TP, helper as h, numpy_helper as nh
 
-import mnntool
 from mnntool import api
 from mnntool.frontends.onnx import load_onnx
 from mnntool.passes import ALL, run_pipeline

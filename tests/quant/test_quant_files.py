@@ -17,7 +17,7 @@ from mnntool.compare import metrics
 from mnntool.format import reader
 from mnntool.quant import quantize_file
 from mnntool.quant.weights import dequantize, quantize_weight
-from tests.conftest import mnn_convert, mnn_run
+from tests.conftest import mnn_run
 from tests.test_cli import assert_one_line_error, run
 
 

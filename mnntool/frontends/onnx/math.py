@@ -11,8 +11,7 @@ UNARY = {"Sigmoid": "SIGMOID", "Tanh": "TANH", "Sqrt": "SQRT", "Exp": "EXP", "Lo
          "HardSwish": "HARDSWISH", "Sin": "SIN", "Cos": "COS", "Round": "ROUND", "Sign": "SIGN"}
 BINARY = {"Add": "ADD", "Sub": "SUB", "Mul": "MUL", "Div": "REALDIV", "Pow": "POW", "Equal": "EQUAL",
           "Greater": "GREATER", "Less": "LESS", "GreaterOrEqual": "GREATER_EQUAL", "LessOrEqual": "LESS_EQUAL",
-          "Max": "MAXIMUM", "Min": "MINIMUM", "Mod": "MOD", "And": "LOGICALOR"}
-BINARY.pop("And")
+          "Max": "MAXIMUM", "Min": "MINIMUM", "Mod": "MOD"}
 FLT_MAX = 3.4028234663852886e38
 
 

@@ -80,7 +80,7 @@ def _tf_slices(shape, begin, end, strides, p):
     bm, em, sm = p.get("beginMask", 0), p.get("endMask", 0), p.get("shrinkAxisMask", 0)
     if p.get("ellipsisMask", 0) or p.get("newAxisMask", 0):
         raise ValueError("ellipsis/new-axis masks")
-    sl, squeeze = [], []
+    sl = []
     for k in range(len(begin)):
         if sm >> k & 1:
             sl.append(begin[k])
