@@ -13,9 +13,8 @@ from types import SimpleNamespace
 import numpy as np
 
 from ..errors import MnnToolError
-from ..ir.graph import Graph, TensorInfo
-from ..ir.ops import REGISTRY, Val
-from .onnx.context import Ctx
+from ..ir.graph import Graph
+from .shaped import ShapedCtx, T
 
 ATEN = {}
 
@@ -28,55 +27,10 @@ def aten(*names):
     return deco
 
 
-class T(str):
-    """An IR tensor name (as opposed to a Python value)."""
-
-
-class TorchCtx(Ctx):
-    def __init__(self, graph: Graph, path: str):
-        super().__init__(graph, path, {})
-        self.vals: dict[str, Val] = {}
-
-    def emit(self, op, inputs, outputs, param=None, name="", fmt=None):
-        outs = super().emit(op, inputs, outputs, param, name, fmt)
-        node = self.g.nodes[-1]
-        ins = [self.val(i) for i in node.inputs]
-        try:
-            results = REGISTRY[op].infer(node, ins)
-        except Exception as e:
-            raise MnnToolError(f"{self.path}: {op} '{node.name}': cannot infer its shape ({e})") from None
-        for o, v in zip(node.outputs, results):
-            self.vals[o] = v
-            self.shapes[o] = v.shape
-            self.g.info(o).shape, self.g.info(o).dtype = v.shape, v.dtype
-        return [T(o) for o in outs]
-
-    def val(self, name: str) -> Val:
-        if name in self.g.constants:
-            c = self.g.constants[name]
-            return Val(tuple(c.shape), str(c.dtype), c)
-        return self.vals.get(name, Val(None))
-
-    def tensor(self, v, base="const") -> T:
-        """Make a Python value (number, list, array) usable as an op input."""
-        if isinstance(v, T):
-            return v
-        arr = np.asarray(v)
-        if arr.dtype == np.float64:
-            arr = arr.astype(np.float32)
-        if arr.dtype == np.int64 or arr.dtype == np.bool_:
-            arr = arr.astype(np.int32)
-        return T(self.g.add_const(base, arr))
-
+class TorchCtx(ShapedCtx):
     def out(self, node, k=0) -> str:
         name = node.outputsAt(k).debugName()
         return self.g.fresh_name(name.replace(".", "_"))
-
-    def shape_of(self, t: T) -> tuple:
-        shape = self.vals.get(t, Val(None)).shape if t not in self.g.constants else self.g.constants[t].shape
-        if shape is None:
-            raise MnnToolError(f"{self.path}: shape of '{t}' is unknown")
-        return tuple(shape)
 
 
 def _ivalue(node):
@@ -275,22 +229,17 @@ def adaptive_pool(ctx, node, args):
                                                             "strideX": 1, "strideY": 1, "padType": "CAFFE"})
 
 
-def _reshape_to(ctx, x, dims, out):
-    return ctx.emit("Reshape", [x, ctx.tensor(np.asarray([int(d) for d in dims], np.int32), "shape")],
-                    [out], {"dimType": "NCHW"}, out)
-
-
 @aten("aten::flatten")
 def flatten(ctx, node, args):
     shape = ctx.shape_of(args[0])
     start, end = args[1] % len(shape), args[2] % len(shape)
     dims = list(shape[:start]) + [int(np.prod(shape[start:end + 1]))] + list(shape[end + 1:])
-    return _reshape_to(ctx, args[0], dims, ctx.out(node))
+    return ctx.reshape(args[0], dims, ctx.out(node))
 
 
 @aten("aten::reshape", "aten::view")
 def reshape(ctx, node, args):
-    return _reshape_to(ctx, args[0], args[1], ctx.out(node))
+    return ctx.reshape(args[0], args[1], ctx.out(node))
 
 
 @aten("aten::permute")
@@ -483,7 +432,7 @@ def lstm(ctx, node, args):
         seq, batch = ctx.shape_of(T(x))[:2]
         perm = T(ctx.tmp(f"lstm{layer}_perm"))
         ctx.emit("Permute", [y], [perm], {"dims": [0, 2, 1, 3]})
-        x = _reshape_to(ctx, perm, [seq, batch, dirs * hidden], ctx.tmp(f"lstm{layer}_out"))[0]
+        x = ctx.reshape(perm, [seq, batch, dirs * hidden], ctx.tmp(f"lstm{layer}_out"))[0]
         hs.append(yh)
         cs.append(yc)
     out = x
@@ -559,12 +508,7 @@ def load_torchscript(path, input_shapes: dict) -> Graph:
     env: dict = {}
     for v, name in zip(inputs, names):
         dtype = "int32" if "Long" in str(v.type()) or "Int" in str(v.type()) else "float32"
-        shape = tuple(int(d) for d in input_shapes[name])
-        g.inputs.append(name)
-        g.tensors[name] = TensorInfo(name, dtype, shape)
-        ctx.vals[name] = Val(shape, dtype)
-        ctx.shapes[name] = shape
-        env[v.unique()] = T(name)
+        env[v.unique()] = ctx.add_input(name, input_shapes[name], dtype)
     ctx.env = env
     _walk(ctx, graph.nodes(), env)
     results = []
@@ -582,7 +526,5 @@ def load_torchscript(path, input_shapes: dict) -> Graph:
         for n in g.nodes:
             n.inputs = ["output" if i == g.outputs[0] else i for i in n.inputs]
         g.outputs = ["output"]
-    used = {i for n in g.nodes for i in n.inputs} | set(g.outputs)
-    for c in [c for c in g.constants if c not in used]:
-        del g.constants[c]
+    ctx.drop_unused_constants()
     return g
