@@ -5,7 +5,8 @@ from pathlib import Path
 
 from ..errors import MnnToolError
 
-FRAMEWORKS = {".onnx": "onnx", ".pt": "torchscript", ".pth": "torchscript", ".torchscript": "torchscript"}
+FRAMEWORKS = {".onnx": "onnx", ".pt": "torchscript", ".pth": "torchscript", ".torchscript": "torchscript",
+              ".prototxt": "caffe", ".caffemodel": "caffe"}
 
 
 def detect(path: str | Path, framework: str | None = None) -> str:
@@ -25,4 +26,7 @@ def load(path: str | Path, framework: str | None = None, input_shapes: dict | No
     if fw in ("torchscript", "torch", "pytorch"):
         from .torchscript import load_torchscript
         return load_torchscript(path, input_shapes or {})
-    raise MnnToolError(f"{path}: framework '{fw}' is not supported yet (supported: onnx, torchscript)")
+    if fw == "caffe":
+        from .caffe import load_caffe
+        return load_caffe(path, input_shapes or {})
+    raise MnnToolError(f"{path}: framework '{fw}' is not supported (supported: onnx, torchscript, caffe)")

@@ -109,6 +109,18 @@ def tanh(node, ins, outs):
     return writes(lambda i, o: np.tanh(i[0], out=o[0]))
 
 
+@kernel("ELU")
+def elu(node, ins, outs):
+    alpha = np.float32(node.param.get("alpha", 1.0))
+
+    def run(i, o):
+        np.minimum(i[0], 0, out=o[0])
+        np.expm1(o[0], out=o[0])
+        np.multiply(o[0], alpha, out=o[0])
+        np.copyto(o[0], i[0], where=i[0] > 0)
+    return writes(run)
+
+
 @kernel("PReLU")
 def prelu(node, ins, outs):
     slope = np.asarray(node.param["slope"], np.float32).reshape(-1)

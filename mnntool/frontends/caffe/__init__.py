@@ -1,0 +1,149 @@
+"""Caffe (.prototxt + .caffemodel) -> IR, without Caffe: the layers come from the text prototxt, the blobs
+from the binary caffemodel, both read with the project's own caffe.proto subset."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+from ...errors import MnnToolError
+from ...ir.graph import Graph
+from ..shaped import ShapedCtx, T
+from .layers import LAYERS
+from .proto import messages
+
+SKIPPED = {"Input", "Accuracy", "SoftmaxWithLoss", "EuclideanLoss", "Silence"}
+NOT_FOR_INFERENCE = {"Data", "ImageData", "HDF5Data", "MemoryData", "WindowData", "DummyData", "Python"}
+
+
+def supported_layers() -> list[str]:
+    return sorted(set(LAYERS) | {"Input"})
+
+
+def find_pair(path: Path, weights: str | Path | None = None) -> tuple[Path, Path]:
+    """The (prototxt, caffemodel) pair for either file: the other one has the same stem."""
+    if path.suffix.lower() == ".caffemodel":
+        proto, model = path.with_suffix(".prototxt"), path
+    else:
+        proto, model = path, Path(weights) if weights else path.with_suffix(".caffemodel")
+    for p, what in ((proto, "prototxt"), (model, "caffemodel")):
+        if not p.exists():
+            raise MnnToolError(f"{path}: Caffe needs the {what} next to it: {p} does not exist")
+    return proto, model
+
+
+def _blob_array(blob) -> np.ndarray:
+    data = np.asarray(blob.data, np.float32) if len(blob.data) else np.asarray(blob.double_data, np.float32)
+    dims = [int(d) for d in blob.shape.dim] if blob.HasField("shape") else \
+        [d for d in (blob.num, blob.channels, blob.height, blob.width) if d]
+    if dims and int(np.prod(dims)) == data.size:
+        return data.reshape(dims)
+    return data
+
+
+def read_net(proto: Path):
+    from google.protobuf import text_format
+    net = messages()["NetParameter"]()
+    try:
+        text_format.Parse(proto.read_text(errors="replace"), net, allow_unknown_field=True)
+    except text_format.ParseError as e:
+        raise MnnToolError(f"{proto}: not a Caffe prototxt ({str(e).splitlines()[0][:120]})") from None
+    if len(net.layers) and not len(net.layer):
+        raise MnnToolError(f"{proto}: old (V1) Caffe format; upgrade it with Caffe's upgrade_net_proto_text first")
+    return net
+
+
+def read_weights(model: Path) -> dict[str, list[np.ndarray]]:
+    weights = messages()["NetWeights"]()
+    try:
+        weights.ParseFromString(model.read_bytes())
+    except Exception as e:
+        raise MnnToolError(f"{model}: not a Caffe caffemodel ({type(e).__name__})") from None
+    layers = list(weights.layer) or list(weights.layers)
+    return {lay.name: [_blob_array(b) for b in lay.blobs] for lay in layers}
+
+
+def _active(lay) -> bool:
+    """Deploy-time (TEST phase) layers only."""
+    if any(rule.HasField("phase") and rule.phase != 1 for rule in lay.include):
+        return False
+    return not any(rule.HasField("phase") and rule.phase == 1 for rule in lay.exclude)
+
+
+def _input_specs(net) -> list[tuple[str, list[int] | None]]:
+    specs = []
+    for k, name in enumerate(net.input):
+        if k < len(net.input_shape):
+            specs.append((name, [int(d) for d in net.input_shape[k].dim]))
+        elif len(net.input_dim) >= 4 * (k + 1):
+            specs.append((name, [int(d) for d in net.input_dim[4 * k:4 * k + 4]]))
+        else:
+            specs.append((name, None))
+    for lay in net.layer:
+        if lay.type == "Input" and _active(lay):
+            shapes = list(lay.input_param.shape)
+            for k, top in enumerate(lay.top):
+                s = shapes[k] if k < len(shapes) else (shapes[0] if shapes else None)
+                specs.append((top, [int(d) for d in s.dim] if s is not None else None))
+    return specs
+
+
+def load_caffe(path, input_shapes: dict, weights=None) -> Graph:
+    proto, model = find_pair(Path(path), weights)
+    net = read_net(proto)
+    blobs = read_weights(model)
+    layers = [lay for lay in net.layer if _active(lay)]
+    bad = [f"{lay.type} ('{lay.name}')" for lay in layers
+           if lay.type not in LAYERS and lay.type not in SKIPPED]
+    if bad:
+        hint = " (a training net: convert the deploy prototxt)" if any(
+            lay.type in NOT_FOR_INFERENCE for lay in layers) else ""
+        raise MnnToolError(f"{proto}: unsupported Caffe layers{hint}: {', '.join(bad)}")
+    g = Graph(source="CAFFE", name=net.name or proto.stem)
+    ctx = ShapedCtx(g, str(proto))
+    env: dict[str, T] = {}
+    specs = _input_specs(net)
+    if not specs:
+        raise MnnToolError(f"{proto}: the net declares no input (an Input layer or input/input_shape)")
+    for name, shape in specs:
+        shape = input_shapes.get(name, shape)
+        if not shape:
+            raise MnnToolError(f"{proto}: input '{name}' has no shape; give --input-shape {name}:1x3x224x224")
+        env[name] = ctx.add_input(name, shape)
+    extra = set(input_shapes) - {n for n, _ in specs}
+    if extra:
+        raise MnnToolError(f"{proto}: --input-shape names {', '.join(sorted(extra))}, but the inputs are "
+                           f"{', '.join(n for n, _ in specs)}")
+    # a blob written several times (in-place layers) keeps its name for the last write only
+    last_writer = {}
+    for k, lay in enumerate(layers):
+        for top in lay.top:
+            last_writer[top] = k
+    for k, lay in enumerate(layers):
+        if lay.type in SKIPPED:
+            continue
+        missing = [b for b in lay.bottom if b not in env]
+        if missing:
+            raise MnnToolError(f"{proto}: layer '{lay.name}' reads blob(s) {', '.join(missing)} that no layer makes")
+        bottoms = [env[b] for b in lay.bottom]
+        tops = [top if last_writer[top] == k and top not in g.tensors else g.fresh_name(f"{lay.name}__{top}")
+                for top in lay.top]
+        try:
+            outs = LAYERS[lay.type](ctx, lay, blobs.get(lay.name, []), bottoms, tops)
+        except MnnToolError:
+            raise
+        except Exception as e:
+            raise MnnToolError(f"{proto}: {lay.type} layer '{lay.name}': cannot convert "
+                               f"({type(e).__name__}: {e})") from None
+        for top, out in zip(lay.top, outs):
+            env[top] = T(out)
+    used = {i for n in g.nodes for i in n.inputs}
+    for lay in layers:
+        for top in lay.top:
+            t = env.get(top)
+            if t is not None and t not in used and t not in g.outputs and t not in g.inputs:
+                g.outputs.append(str(t))
+    if not g.outputs:
+        raise MnnToolError(f"{proto}: the net has no output")
+    ctx.drop_unused_constants()
+    return g
