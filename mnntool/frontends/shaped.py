@@ -91,3 +91,19 @@ def conv_op(weight_shape_kind: str, group: int, cin: int, cout: int) -> str:
     """Convolution or its depthwise form (and the same for Deconvolution)."""
     depthwise = group > 1 and group == cin == cout
     return weight_shape_kind + "Depthwise" if depthwise else weight_shape_kind
+
+
+def rename_tensor(g: Graph, old: str, new: str) -> None:
+    """Give a computed tensor a public name (a graph output named like the source model's)."""
+    if old == new:
+        return
+    if new in g.tensors or new in g.constants or any(new in n.outputs for n in g.nodes):
+        raise MnnToolError(f"cannot name output '{old}' as '{new}': the name is taken")
+    for n in g.nodes:
+        n.outputs = [new if o == old else o for o in n.outputs]
+        n.inputs = [new if i == old else i for i in n.inputs]
+    info = g.tensors.pop(old, None)
+    if info is not None:
+        info.name = new
+        g.tensors[new] = info
+    g.outputs = [new if o == old else o for o in g.outputs]

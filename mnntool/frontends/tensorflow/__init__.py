@@ -1,0 +1,214 @@
+"""TensorFlow (SavedModel directories, frozen GraphDef .pb, Keras .keras/.h5) -> IR.
+
+Models are frozen first (variables become constants) with TensorFlow itself, then the GraphDef is walked
+op by op from the outputs back, so only what the outputs need is converted."""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import numpy as np
+
+from ...errors import MnnToolError
+from ...ir.graph import Graph
+from ..shaped import T, rename_tensor
+from .context import TfCtx
+from .ops import CONST_EVAL, OPS
+
+SKIP = {"NoOp", "Assert", "SaveV2", "RestoreV2", "VarHandleOp", "AssignVariableOp"}
+
+
+def supported_ops() -> list[str]:
+    return sorted(set(OPS) | set(CONST_EVAL) | {"Placeholder", "Const"})
+
+
+def _tf():
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+    try:
+        import tensorflow as tf
+    except ImportError:
+        raise MnnToolError("TensorFlow models need TensorFlow: pip install 'mnntool[tf]'") from None
+    return tf
+
+
+def _resolve_shape(path, name, declared, given):
+    if given is not None:
+        if declared is not None and len(declared) != len(given):
+            raise MnnToolError(f"{path}: --input-shape {name} has rank {len(given)}, the model's input has "
+                               f"rank {len(declared)}")
+        return [int(d) for d in given]
+    if declared is None:
+        raise MnnToolError(f"{path}: input '{name}' has an unknown shape; give --input-shape {name}:1x224x224x3")
+    dims = list(declared)
+    if dims and dims[0] is None:
+        dims[0] = 1                          # batch 1 unless told otherwise
+    if any(d is None or d < 0 for d in dims):
+        shown = "x".join("?" if d is None or d < 0 else str(d) for d in dims)
+        raise MnnToolError(f"{path}: input '{name}' has shape {shown}; give --input-shape {name}:...")
+    return dims
+
+
+def _freeze(tf, fn):
+    from tensorflow.python.framework.convert_to_constants import convert_variables_to_constants_v2
+    frozen = convert_variables_to_constants_v2(fn)
+    inputs = [t for t in frozen.inputs if t.dtype != tf.resource]
+    return frozen.graph.as_graph_def(), inputs, list(frozen.outputs)
+
+
+def _from_keras(tf, path, shapes):
+    import keras
+    try:
+        model = keras.models.load_model(str(path), compile=False)
+    except Exception as e:
+        raise MnnToolError(f"{path}: Keras cannot load it ({type(e).__name__}: {str(e)[:120]})") from None
+    names = [getattr(t, "name", f"input_{k}").split(":")[0] for k, t in enumerate(model.inputs)]
+    specs = []
+    for name, t in zip(names, model.inputs):
+        dims = _resolve_shape(path, name, list(t.shape), shapes.get(name))
+        specs.append(tf.TensorSpec(dims, t.dtype, name=name))
+    fn = tf.function(lambda *xs: model(list(xs) if len(xs) > 1 else xs[0], training=False))
+    gd, inputs, outputs = _freeze(tf, fn.get_concrete_function(*specs))
+    out_names = ["output"] if len(outputs) == 1 else [f"output_{k}" for k in range(len(outputs))]
+    return gd, [(t.op.name, n, list(s.shape)) for t, n, s in zip(inputs, names, specs)], \
+        [(t.name, n) for t, n in zip(outputs, out_names)]
+
+
+def _from_saved_model(tf, path, shapes):
+    try:
+        loaded = tf.saved_model.load(str(path))
+    except Exception as e:
+        raise MnnToolError(f"{path}: not a loadable SavedModel ({type(e).__name__}: {str(e)[:120]})") from None
+    sigs = getattr(loaded, "signatures", {})
+    key = "serving_default" if "serving_default" in sigs else next(iter(sigs), None)
+    if key is None:
+        raise MnnToolError(f"{path}: the SavedModel has no serving signature")
+    fn = sigs[key]
+    gd, inputs, outputs = _freeze(tf, fn)
+    out_keys = sorted(fn.structured_outputs) if isinstance(fn.structured_outputs, dict) else \
+        [f"output_{k}" for k in range(len(outputs))]
+    specs = []
+    for t in inputs:
+        name = t.op.name
+        public = name
+        specs.append((name, public, _resolve_shape(path, public, t.shape.as_list() if t.shape.rank is not None
+                                                   else None, shapes.get(public))))
+    return gd, specs, [(t.name, k) for t, k in zip(outputs, out_keys)]
+
+
+def _from_graphdef(tf, path, shapes):
+    gd = tf.compat.v1.GraphDef()
+    try:
+        gd.ParseFromString(Path(path).read_bytes())
+    except Exception:
+        raise MnnToolError(f"{path}: not a TensorFlow GraphDef (.pb)") from None
+    if not len(gd.node):
+        raise MnnToolError(f"{path}: the GraphDef has no nodes")
+    used = {i.lstrip("^").split(":")[0] for n in gd.node for i in n.input}
+    specs = []
+    for n in gd.node:
+        if n.op == "Placeholder":
+            shape_attr = n.attr["shape"].shape
+            declared = None if shape_attr.unknown_rank else [d.size if d.size >= 0 else None for d in shape_attr.dim]
+            specs.append((n.name, n.name, _resolve_shape(path, n.name, declared, shapes.get(n.name))))
+    outputs = [(f"{n.name}:0", n.name) for n in gd.node
+               if n.name not in used and n.op not in SKIP | {"Const", "Placeholder"}]
+    if not outputs:
+        raise MnnToolError(f"{path}: no output found")
+    return gd, specs, outputs
+
+
+def _ref(s: str) -> str:
+    return s if ":" in s else s + ":0"
+
+
+def _needed(gd, outputs):
+    """The nodes the outputs depend on, in dependency order."""
+    by_name = {n.name: n for n in gd.node}
+    order, seen = [], set()
+    for ref, _ in outputs:
+        stack = [(ref.split(":")[0], False)]
+        while stack:
+            name, done = stack.pop()
+            if done:
+                order.append(by_name[name])
+                continue
+            if name in seen or name not in by_name:
+                continue
+            seen.add(name)
+            stack.append((name, True))
+            for i in by_name[name].input:
+                if not i.startswith("^"):
+                    stack.append((i.split(":")[0], False))
+    return order
+
+
+def load_tensorflow(path, input_shapes: dict) -> Graph:
+    path = Path(path)
+    if not path.exists():
+        raise MnnToolError(f"{path}: no such file or directory")
+    tf = _tf()
+    if path.is_dir():
+        gd, specs, outputs = _from_saved_model(tf, path, input_shapes)
+    elif path.suffix.lower() in (".keras", ".h5", ".hdf5"):
+        gd, specs, outputs = _from_keras(tf, path, input_shapes)
+    else:
+        gd, specs, outputs = _from_graphdef(tf, path, input_shapes)
+    unknown = set(input_shapes) - {public for _, public, _ in specs}
+    if unknown:
+        raise MnnToolError(f"{path}: --input-shape names {', '.join(sorted(unknown))}, but the inputs are "
+                           f"{', '.join(p for _, p, _ in specs)}")
+    nodes = _needed(gd, outputs)
+    bad = {}
+    for n in nodes:
+        if n.op not in OPS and n.op not in CONST_EVAL and n.op not in ("Placeholder", "Const") and n.op not in SKIP:
+            bad.setdefault(n.op, []).append(n.name)
+    if bad:
+        listed = "; ".join(f"{op} ({', '.join(names[:3])}{', ...' if len(names) > 3 else ''})"
+                           for op, names in sorted(bad.items()))
+        raise MnnToolError(f"{path}: unsupported TensorFlow ops: {listed}")
+    g = Graph(source="TENSORFLOW", name=path.stem)
+    ctx = TfCtx(g, str(path))
+    env: dict[str, object] = {}
+    dtypes = {}
+    for n in nodes:
+        if n.op == "Placeholder":
+            dtypes[n.name] = n.attr["dtype"].type
+    for op_name, public, shape in specs:
+        dtype = "int32" if dtypes.get(op_name) in (3, 9) else "float32"   # DT_INT32, DT_INT64
+        env[f"{op_name}:0"] = ctx.add_input(public, shape, dtype)
+    from .ops import attr
+    for n in nodes:
+        if n.op == "Placeholder":
+            if f"{n.name}:0" not in env:
+                raise MnnToolError(f"{path}: placeholder '{n.name}' is not a model input")
+            continue
+        if n.op in SKIP:
+            continue
+        if n.op == "Const":
+            env[f"{n.name}:0"] = attr(n, "value")
+            continue
+        args = [env[_ref(i)] for i in n.input if not i.startswith("^")]
+        try:
+            if all(not isinstance(a, T) for a in args) and n.op in CONST_EVAL:
+                outs = CONST_EVAL[n.op](n, args)
+            elif n.op in OPS:
+                outs = OPS[n.op](ctx, n, args)
+            else:
+                raise MnnToolError(f"{path}: {n.op} '{n.name}': only supported on constants")
+        except MnnToolError:
+            raise
+        except Exception as e:
+            raise MnnToolError(f"{path}: {n.op} '{n.name}': cannot convert ({type(e).__name__}: {e})") from None
+        for k, v in enumerate(outs):
+            env[f"{n.name}:{k}"] = v
+    for ref, public in outputs:
+        v = env[_ref(ref)]
+        if not isinstance(v, T):
+            raise MnnToolError(f"{path}: output '{public}' is a constant")
+        v = ctx.as_nhwc(v)
+        if v in g.inputs:
+            raise MnnToolError(f"{path}: output '{public}' is the input itself")
+        g.outputs.append(str(v))
+        rename_tensor(g, str(v), public)
+    ctx.drop_unused_constants()
+    return g

@@ -1,0 +1,72 @@
+"""TensorFlow graphs are NHWC; MNN's convolutions are NCHW. The layout is converted once, here: every 4-D
+tensor a layout-sensitive op (conv, pool, batch norm, resize) makes stays NCHW in the IR and is marked so;
+elementwise ops keep the mark (their constants are permuted to match), axis ops remap their axes, and
+anything else gets the tensor back in NHWC through one Permute. So a Keras CNN has a Permute at its input
+and none inside."""
+from __future__ import annotations
+
+import numpy as np
+
+from ..shaped import ShapedCtx, T
+
+TO_NCHW, TO_NHWC = [0, 3, 1, 2], [0, 2, 3, 1]
+NHWC_AXIS_IN_NCHW = {0: 0, 1: 2, 2: 3, 3: 1}
+
+
+class TfCtx(ShapedCtx):
+    def __init__(self, graph, path):
+        super().__init__(graph, path)
+        self.nchw: set[str] = set()          # IR tensors holding a TF NHWC tensor in NCHW order
+        self._views: dict[tuple, T] = {}     # (tensor, "nchw"/"nhwc") -> the permuted copy
+
+    def is_nchw(self, x) -> bool:
+        return isinstance(x, T) and x in self.nchw
+
+    def rank(self, x) -> int:
+        return np.ndim(x) if not isinstance(x, T) else len(self.shape_of(x))
+
+    def tf_shape(self, x) -> tuple:
+        """The shape as TensorFlow sees it."""
+        if not isinstance(x, T):
+            return tuple(np.shape(x))
+        s = self.shape_of(x)
+        return tuple(s[p] for p in TO_NHWC) if x in self.nchw else s
+
+    def as_nchw(self, x) -> T:
+        x = self.tensor(x)
+        if x in self.nchw:
+            return x
+        key = (x, "nchw")
+        if key not in self._views:
+            out = self.emit("Permute", [x], [self.tmp(x + "_nchw")], {"dims": TO_NCHW})[0]
+            self.nchw.add(out)
+            self._views[key] = out
+            self._views[(out, "nhwc")] = x
+        return self._views[key]
+
+    def as_nhwc(self, x):
+        if not self.is_nchw(x):
+            return x
+        key = (x, "nhwc")
+        if key not in self._views:
+            out = self.emit("Permute", [x], [self.tmp(x + "_nhwc")], {"dims": TO_NHWC})[0]
+            self._views[key] = out
+            self._views[(out, "nchw")] = x
+        return self._views[key]
+
+    def mark(self, outs, nchw: bool):
+        for o in outs:
+            if nchw:
+                self.nchw.add(o)
+        return outs
+
+    def const_for_nchw(self, c: np.ndarray) -> np.ndarray:
+        """A constant broadcast against an NHWC tensor, rearranged to broadcast against its NCHW copy."""
+        c = np.asarray(c)
+        if c.ndim == 0:
+            return c
+        c = c.reshape((1,) * (4 - c.ndim) + c.shape)
+        return np.ascontiguousarray(c.transpose(TO_NCHW))
+
+    def out(self, node, k: int = 0) -> str:
+        return self.tmp(node.name if k == 0 else f"{node.name}:{k}")
