@@ -23,8 +23,8 @@ def _affine_of(g: Graph, node: Node, cout: int):
         b = node.param.get("biasData")
         b = np.zeros(cout) if b is None or len(b) == 0 else np.asarray(b, np.float64).reshape(-1)
         return (s, b) if s.size == cout and b.size == cout else None
-    if node.op != "BinaryOp" or len(node.inputs) != 2:
-        return None
+    if node.op != "BinaryOp" or len(node.inputs) != 2 or int(node.param.get("activationType", 0)):
+        return None     # an add with a fused ReLU is not affine
     op = node.param.get("opType")
     const = g.constants.get(node.inputs[1])
     if const is None or const.dtype.kind != "f":

@@ -26,20 +26,20 @@ class MatMulToConvPass:
             if a.shape[-1] != k:
                 continue
             bias = np.zeros(n_out, np.float32)
-            last = mm
+            last, relu = mm, False
             add = sole_user(g, mm)
             if add is not None and add.op == "BinaryOp" and add.param.get("opType") == "ADD" and \
                     add.inputs[0] == mm.outputs[0] and add.inputs[1] in g.constants and \
                     g.constants[add.inputs[1]].size == n_out and g.constants[add.inputs[1]].dtype.kind == "f":
                 bias = g.constants[add.inputs[1]].reshape(-1).astype(np.float32)
-                last = add
+                last, relu = add, int(add.param.get("activationType", 0)) == 1   # a ReLU fused into the add
             out = last.outputs[0]
             rows = int(np.prod(a.shape[:-1]))
             flat = g.fresh_name(f"{mm.inputs[0]}__as_nchw")
             conv_out = g.fresh_name(f"{out}__conv")
             common = {"kernelX": 1, "kernelY": 1, "strideX": 1, "strideY": 1, "dilateX": 1, "dilateY": 1,
                       "padMode": "CAFFE", "group": 1, "outputCount": int(n_out), "inputCount": int(k),
-                      "relu": False, "relu6": False}
+                      "relu": relu, "relu6": False}
             new = [
                 Node("Reshape", [mm.inputs[0], g.add_const(f"{flat}_shape", np.array([rows, k, 1, 1], np.int32))],
                      [flat], flat, {"dimType": "NCHW"}),

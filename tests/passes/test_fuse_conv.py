@@ -53,3 +53,26 @@ def test_fixture_has_no_bn_or_standalone_relu(fixture_model, tmp_path):
     api.convert(fixture_model("mobilenetv2"), dst)
     counts = api.info(dst)["op_counts"]
     assert not {"Scale", "ReLU", "ReLU6", "Identity", "Dropout"} & set(counts)
+
+
+@pytest.mark.parametrize("first", ["conv", "matmul"])
+def test_add_with_fused_relu_is_not_folded_as_affine(tmp_path, first):
+    """Regression: once fuse_relu_into_binary gave an Add its ReLU, folding that Add into the conv (or the
+    MatMul-turned-conv's bias) dropped the ReLU."""
+    f = lambda *s: R.randn(*s).astype(np.float32)  # noqa: E731
+    if first == "conv":
+        nodes = [h.make_node("Conv", ["x", "w"], ["c"]), h.make_node("Add", ["c", "b"], ["a"])]
+        inits, shape = [nh.from_array(f(4, 3, 1, 1), "w"), nh.from_array(f(1, 4, 1, 1), "b")], [1, 3, 5, 5]
+    else:
+        nodes = [h.make_node("MatMul", ["x", "w"], ["c"]), h.make_node("Add", ["c", "b"], ["a"])]
+        inits, shape = [nh.from_array(f(6, 4), "w"), nh.from_array(f(4), "b")], [2, 6]
+    nodes.append(h.make_node("Relu", ["a"], ["y"]))
+    g = h.make_graph(nodes, "g", [h.make_tensor_value_info("x", TP.FLOAT, shape)],
+                     [h.make_empty_tensor_value_info("y")], initializer=inits)
+    src, dst = tmp_path / "m.onnx", tmp_path / "m.mnn"
+    onnx.save(h.make_model(g, opset_imports=[h.make_opsetid("", 17)]), src)
+    feeds = {"x": f(*shape)}
+    ref = ort_run(src, feeds)["y"]
+    api.convert(src, dst, passes=["fuse_relu_into_binary", "fold_affine_into_conv", "matmul_to_conv"])
+    assert_close(ref, mnn_run(dst, ["x"], ["y"], feeds)["y"])
+    assert (ref == 0).any()
