@@ -94,15 +94,14 @@ def main():
                                 activation_type=QuantType.QInt8, weight_type=QuantType.QInt8, calibrate_method=cm)
                 s = ort.InferenceSession(str(out))
                 results[label] = score(ref, [s.run(None, {"input": x})[0] for x in test_x])
-            import _tools
+            from mnntool.mnn_tools import mnnconvert, mnnquant
             cfg = {"format": "RGB", "mean": [MEAN] * 3, "normal": [NORMAL] * 3, "width": 224, "height": 224,
                    "path": str(tmp / "calib") + "/", "used_image_num": args.calib,
                    "feature_quantize_method": "KL", "weight_quantize_method": "MAX_ABS"}
             (tmp / "cfg.json").write_text(json.dumps(cfg))
             theirs = tmp / f"{name}_mnn_fp32.mnn"
-            _tools.mnnconvert(["mnnconvert", "-f", "ONNX", "--modelFile", str(src), "--MNNModel", str(theirs),
-                               "--bizCode", "bench"])
-            _tools.mnnquant(["mnnquant", str(theirs), str(tmp / f"{name}_mnnq.mnn"), str(tmp / "cfg.json")])
+            mnnconvert("-f", "ONNX", "--modelFile", src, "--MNNModel", theirs, "--bizCode", "bench")
+            mnnquant(theirs, tmp / f"{name}_mnnq.mnn", tmp / "cfg.json")
             m = MnnSession(str(tmp / f"{name}_mnnq.mnn"), ["input"], ["output"])
             results["MNN quantizer KL"] = score(ref, [m.run({"input": x})["output"] for x in test_x])
             for label, r in results.items():

@@ -138,7 +138,7 @@ def info(path: str = typer.Argument(..., help="A .mnn or .onnx model."),
 
 
 @app.command()
-def verify(source: str = typer.Argument(..., help="The source model (.onnx)."),
+def verify(source: str = typer.Argument(..., help="The source model (.onnx, .pt, .prototxt, .pb, .keras or a SavedModel directory)."),
            model: str = typer.Argument(..., help="The .mnn file to check."),
            inputs: Optional[List[str]] = INPUTS,
            calib: Optional[str] = typer.Option(None, "--calib", help="A folder of .npy/.npz samples."),

@@ -1,7 +1,7 @@
 """Which layer broke it? Compare every tensor of a .mnn model with its source model, layer by layer.
 
-The source runs in its own framework (onnxruntime for ONNX) with every intermediate tensor made a
-graph output; the .mnn runs in mnntool's runtime keeping every tensor (or, with backend "mnn", in
+The source runs in its own framework (references.py: onnxruntime for ONNX and OpenCV for Caffe with
+every intermediate tensor exposed, torch and TensorFlow for their final outputs); the .mnn runs in mnntool's runtime keeping every tensor (or, with backend "mnn", in
 the real MNN runtime, asked for the same tensors by name). Tensors are matched by name: passes
 keep the name of the last tensor of what they fuse, so fused-away tensors are listed as unmatched.
 """
@@ -15,46 +15,7 @@ from .compare import metrics
 from .errors import MnnToolError
 from .format import reader
 from .inputs import random_feeds
-
-
-def _onnx_reference(source: Path, feeds: dict, shapes: dict):
-    """(every tensor by name, [(tensor, producing op type)] in graph order) from onnxruntime."""
-    import onnxruntime as ort
-    from onnx import helper, shape_inference
-
-    from .frontends.onnx import _fix_input_shapes, _read
-    model = _read(source)
-    _fix_input_shapes(source, model, shapes)
-    try:
-        inferred = shape_inference.infer_shapes(model, strict_mode=False)
-    except Exception:
-        inferred = model
-    typed = {vi.name: vi for vi in inferred.graph.value_info}
-    source_outputs = [o.name for o in model.graph.output]
-    existing = set(source_outputs)
-    order = []
-    for node in model.graph.node:
-        for o in node.output:
-            if not o:
-                continue
-            order.append((o, node.op_type))
-            if o not in existing:
-                model.graph.output.append(typed[o] if o in typed else helper.make_empty_tensor_value_info(o))
-                existing.add(o)
-    opts = ort.SessionOptions()
-    opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
-    try:
-        sess = ort.InferenceSession(model.SerializeToString(), opts, providers=["CPUExecutionProvider"])
-    except Exception as e:
-        raise MnnToolError(f"{source}: onnxruntime cannot load it ({str(e)[:160]})") from None
-    ort_inputs = {i.name: i.type for i in sess.get_inputs()}
-    missing = [n for n in ort_inputs if n not in feeds]
-    if missing:
-        raise MnnToolError(f"{source}: no data for input(s) {', '.join(missing)}")
-    ort_feeds = {k: (v.astype(np.int64) if "int64" in ort_inputs[k] else v.astype(np.float32) if "float" in
-                     ort_inputs[k] else v) for k, v in feeds.items() if k in ort_inputs}
-    names = [o.name for o in sess.get_outputs()]
-    return dict(zip(names, sess.run(None, ort_feeds))), order, source_outputs
+from .references import reference
 
 
 def _ours(model: Path, g, feeds: dict, backend: str, wanted: list[str], threads: int | None):
@@ -105,8 +66,6 @@ def _verify_one(source, model, feeds, shapes, backend, min_cosine, max_abs, thre
     source, model = Path(source), Path(model)
     if not source.exists():
         raise MnnToolError(f"{source}: no such file")
-    if source.suffix.lower() != ".onnx":
-        raise MnnToolError(f"{source}: verify takes an ONNX source (other frameworks arrive with their frontends)")
     g = reader.load(model)
     for name, shape in (shapes or {}).items():
         if name in g.tensors:
@@ -120,7 +79,7 @@ def _verify_one(source, model, feeds, shapes, backend, min_cosine, max_abs, thre
             raise MnnToolError(f"input '{name}' has shape {list(feeds[name].shape)}, the model wants "
                                f"{list(g.tensors[name].shape)}")
     shapes = {k: tuple(v.shape) for k, v in feeds.items()}
-    ref, order, src_outputs = _onnx_reference(source, feeds, shapes)
+    ref, order = reference(source, feeds, shapes)
     ours, used_backend = _ours(model, g, {k: feeds[k] for k in g.inputs}, backend,
                                [n for n, _ in order], threads)
     producer = {o: n.op for n in g.nodes for o in n.outputs}

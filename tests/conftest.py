@@ -1,7 +1,6 @@
 """Shared test helpers: fixture models built on demand into build/fixtures, MNN and onnxruntime oracles."""
 from __future__ import annotations
 
-import os
 import sys
 from pathlib import Path
 
@@ -47,13 +46,6 @@ def assert_close(ref, got, min_cos=0.9999, rel_abs=1e-3):
 
 
 def mnn_convert(onnx_path, mnn_path):
-    """Convert with MNN's own converter (its _tools module, never the console scripts)."""
-    import _tools
-    fd = os.dup(1)
-    os.dup2(2, 1)
-    try:
-        _tools.mnnconvert(["mnnconvert", "-f", "ONNX", "--modelFile", str(onnx_path), "--MNNModel", str(mnn_path),
-                           "--bizCode", "test"])
-    finally:
-        os.dup2(fd, 1)
-        os.close(fd)
+    """Convert with MNN's own converter (in a child process: see mnntool.mnn_tools)."""
+    from mnntool.mnn_tools import mnnconvert
+    mnnconvert("-f", "ONNX", "--modelFile", onnx_path, "--MNNModel", mnn_path, "--bizCode", "test")

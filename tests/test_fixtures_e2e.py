@@ -38,12 +38,12 @@ def test_mnn_made_files_read_into_the_ir(tmp_path, fixture_model, name):
     """Files from MNN's own converter read back with the op count of MNN's own JSON dump."""
     import json
 
-    import _tools
+    from mnntool.mnn_tools import mnnconvert
     src = fixture_model(name)
     theirs = tmp_path / f"{name}_mnn.mnn"
     mnn_convert(src, theirs)
     dump = tmp_path / "dump.json"
-    _tools.mnnconvert(["mnnconvert", "-f", "MNN", "--modelFile", str(theirs), "--JsonFile", str(dump)])
+    mnnconvert("-f", "MNN", "--modelFile", theirs, "--JsonFile", dump)
     ops = json.loads(dump.read_text())["oplists"]
     g = reader.load(theirs)
     n_inputs_consts = sum(op["type"] in ("Input", "Const") for op in ops)

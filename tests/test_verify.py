@@ -75,9 +75,49 @@ def test_calib_folder_samples(resnet, tmp_path):
 def test_bad_inputs_exit_2(resnet, tmp_path):
     src, dst = resnet
     assert_one_line_error(*run("verify", tmp_path / "missing.onnx", dst), "no such file")
-    assert_one_line_error(*run("verify", dst, dst), "ONNX source")
+    assert_one_line_error(*run("verify", dst, dst), "must be the original model")
     empty = tmp_path / "empty"
     empty.mkdir()
     assert_one_line_error(*run("verify", src, dst, "--calib", empty), "no .npy/.npz samples")
     np.save(tmp_path / "wrong.npy", np.zeros((1, 3, 10, 10), np.float32))
     assert_one_line_error(*run("verify", src, dst, "--input", f"input={tmp_path / 'wrong.npy'}"), "input 'input'")
+
+
+def test_caffe_source_per_layer_and_a_broken_layer_is_found(tmp_path):
+    """Caffe sources run in OpenCV with every layer exposed, so verify names the broken layer."""
+    pytest.importorskip("cv2")
+    from fixtures.caffe_models import build
+    from tests.conftest import CACHE
+    proto = build("resnet18", CACHE)
+    dst = tmp_path / "r.mnn"
+    api.convert(proto, dst)
+    r = verify(proto, dst)
+    assert r["pass"] and len(r["layers"]) >= 20 and r["outputs"][0]["name"] == "fc1000"
+    g = reader.load(dst)
+    victim = [n for n in g.nodes if n.op == "Convolution"][5]
+    w = np.asarray(victim.param["weight"]).copy()
+    w[: w.size // 2] *= -1.0
+    victim.param["weight"] = w
+    bad = tmp_path / "bad.mnn"
+    writer.save(g, bad)
+    r = verify(proto, bad)
+    assert not r["pass"] and r["first_failing"] == victim.outputs[0]
+
+
+@pytest.mark.parametrize("kind", ["torchscript", "tensorflow"])
+def test_torchscript_and_tf_sources(tmp_path, kind):
+    from tests.conftest import CACHE
+    if kind == "torchscript":
+        pytest.importorskip("torch")
+        from fixtures.models import build_torchscript
+        src, shape = build_torchscript("resnet18", CACHE), ["--input-shape", "x:1x3x224x224"]
+    else:
+        pytest.importorskip("tensorflow")
+        from fixtures.tf_models import build
+        src, shape = build("op_zoo", CACHE), []
+    dst = tmp_path / "m.mnn"
+    assert run("convert", src, dst, *shape)[0] == 0
+    code, out, err = run("verify", src, dst, "--json", *shape)
+    assert code == 0, err
+    r = json.loads(out)
+    assert r["pass"] and all(o["cosine"] >= 0.9999 for o in r["outputs"])

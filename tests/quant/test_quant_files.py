@@ -34,14 +34,14 @@ def resnet_mnn(fixture_model, tmp_path_factory):
 
 
 def _mnn_weight_quant(tmp_path, extra):
-    import _tools
+    from mnntool.mnn_tools import mnnconvert
     w = np.random.RandomState(0).randn(8, 4, 3, 3).astype(np.float32)
     g = h.make_graph([h.make_node("Conv", ["x", "w"], ["y"], pads=[1, 1, 1, 1])], "g",
                      [h.make_tensor_value_info("x", TP.FLOAT, [1, 4, 6, 6])], [h.make_empty_tensor_value_info("y")],
                      initializer=[nh.from_array(w, "w")])
     onnx.save(h.make_model(g, opset_imports=[h.make_opsetid("", 17)]), tmp_path / "m.onnx")
-    _tools.mnnconvert(["mnnconvert", "-f", "ONNX", "--modelFile", str(tmp_path / "m.onnx"), "--MNNModel",
-                       str(tmp_path / "m.mnn"), "--bizCode", "t"] + extra)
+    mnnconvert("-f", "ONNX", "--modelFile", tmp_path / "m.onnx", "--MNNModel", tmp_path / "m.mnn", "--bizCode", "t",
+               *extra)
     return w, reader.load(tmp_path / "m.mnn")
 
 
