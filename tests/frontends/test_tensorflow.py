@@ -103,3 +103,40 @@ def test_bad_tf_inputs(tmp_path, monkeypatch):
     monkeypatch.setitem(sys.modules, "tensorflow", None)
     with pytest.raises(MnnToolError, match=r"pip install 'mnntool\[tf\]'"):
         tff._tf()
+
+
+UNARY_OPS = ["Abs", "Neg", "Floor", "Ceil", "Square", "Sqrt", "Rsqrt", "Exp", "Log", "Sin", "Cos", "Reciprocal",
+             "Log1p", "Softplus", "Erf", "Relu", "Relu6", "Sigmoid", "Tanh", "Elu", "LeakyRelu"]
+BINARY_OPS = ["AddV2", "Sub", "Mul", "RealDiv", "Maximum", "Minimum", "SquaredDifference", "Pow", "BiasAdd"]
+
+
+def _single_op_pb(tmp_path, fn, shape):
+    f = tf.function(fn, input_signature=[tf.TensorSpec(shape, tf.float32, name="x")])
+    path = tmp_path / "op.pb"
+    path.write_bytes(f.get_concrete_function().graph.as_graph_def().SerializeToString())
+    return path, f
+
+
+@pytest.mark.parametrize("name", UNARY_OPS + BINARY_OPS)
+def test_each_elementwise_op_matches_tensorflow(tmp_path, name):
+    """Each op on its own, on an NHWC tensor made NCHW by a convolution first (so the layout path is used)."""
+    rng = np.random.default_rng(7)
+    w = rng.standard_normal((1, 1, 3, 4)).astype(np.float32)
+    other = (rng.random(4) + 0.5).astype(np.float32)      # per-channel constant: permuted for the NCHW tensor
+    positive = name in ("Sqrt", "Rsqrt", "Log", "Reciprocal", "Log1p", "Pow")
+
+    def fn(x):
+        y = tf.nn.conv2d(x, w, 1, "VALID")
+        y = tf.abs(y) + 0.5 if positive else y
+        op = getattr(tf.raw_ops, name)
+        if name in BINARY_OPS:
+            return op(value=y, bias=other) if name == "BiasAdd" else op(x=y, y=other)
+        return op(features=y) if name in ("Relu", "Relu6", "Elu", "LeakyRelu", "Softplus") else op(x=y)
+    path, f = _single_op_pb(tmp_path, fn, [1, 5, 6, 3])
+    x = rng.standard_normal((1, 5, 6, 3)).astype(np.float32)
+    dst = tmp_path / "op.mnn"
+    api.convert(path, dst)
+    g = api.load_graph(dst)
+    ref = f(tf.constant(x)).numpy()
+    assert_close(ref, mnntool.load(dst).run({"x": x})[g.outputs[0]])
+    assert_close(ref, mnn_run(dst, ["x"], [g.outputs[0]], {"x": x})[g.outputs[0]])

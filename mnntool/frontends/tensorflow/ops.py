@@ -152,7 +152,7 @@ def resize(ctx, node, args):
 
 UNARY = {"Rsqrt": "RSQRT", "Sqrt": "SQRT", "Square": "SQUARE", "Exp": "EXP", "Log": "LOG", "Neg": "NEG",
          "Abs": "ABS", "Erf": "ERF", "Floor": "FLOOR", "Ceil": "CEIL", "Reciprocal": "RECIPROCAL", "Sin": "SIN",
-         "Cos": "COS", "Softplus": "SOFTPLUS", "Log1p": "LOG1P"}
+         "Cos": "COS", "Softplus": "BNLL", "Log1p": "LOG1P"}
 NP_UNARY = {"Rsqrt": lambda a: 1 / np.sqrt(a), "Sqrt": np.sqrt, "Square": np.square, "Exp": np.exp, "Log": np.log,
             "Neg": np.negative, "Abs": np.abs, "Floor": np.floor, "Ceil": np.ceil, "Reciprocal": lambda a: 1 / a}
 BINARY = {"Add": "ADD", "AddV2": "ADD", "Sub": "SUB", "Mul": "MUL", "RealDiv": "REALDIV", "Div": "REALDIV",

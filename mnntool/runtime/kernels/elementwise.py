@@ -49,7 +49,7 @@ UNARY = {
     "RSQRT": _rsqrt, "EXP": np.exp, "LOG": np.log, "SIN": np.sin, "COS": np.cos, "TAN": np.tan,
     "ASIN": np.arcsin, "ACOS": np.arccos, "ATAN": np.arctan, "RECIPROCAL": np.reciprocal, "LOG1P": np.log1p,
     "SINH": np.sinh, "COSH": np.cosh, "ASINH": np.arcsinh, "ACOSH": np.arccosh, "ATANH": np.arctanh,
-    "SIGN": np.sign, "ROUND": np.rint, "EXPM1": np.expm1, "TANH": np.tanh, "SIGMOID": _sigmoid, "ERF": _erf,
+    "SIGN": np.sign, "ROUND": np.rint, "EXPM1": np.expm1, "BNLL": lambda x, out=None: np.logaddexp(0, x, out=out), "TANH": np.tanh, "SIGMOID": _sigmoid, "ERF": _erf,
     "HARDSWISH": _hardswish, "GELU": _gelu_tanh, "GELU_STANDARD": _gelu_erf, "SILU": _silu,
 }
 
