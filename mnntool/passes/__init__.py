@@ -12,12 +12,13 @@ from ..ir.shape_inference import infer_shapes
 from .constant_fold import ConstantFoldPass
 from .dead_code import DeadCodePass
 from .fuse_conv import FoldAffineIntoConvPass, FuseReluIntoBinaryPass, FuseReluIntoConvPass
+from .fuse_pad import FusePadIntoConvPass
 from .fuse_patterns import FuseGeluPass, FuseLayerNormPass
 from .layout import LayoutPass
 from .matmul_to_conv import MatMulToConvPass
 from .remove_noops import RemoveNoopsPass
 
-ALL = {p.name: p for p in (RemoveNoopsPass, ConstantFoldPass, FuseGeluPass, FuseLayerNormPass,
+ALL = {p.name: p for p in (RemoveNoopsPass, ConstantFoldPass, FuseGeluPass, FuseLayerNormPass, FusePadIntoConvPass,
                            FoldAffineIntoConvPass, FuseReluIntoConvPass, FuseReluIntoBinaryPass, MatMulToConvPass, DeadCodePass,
                            LayoutPass)}
 def _doc(cls) -> str:
@@ -27,7 +28,8 @@ def _doc(cls) -> str:
 
 
 DOCS = {name: _doc(cls) for name, cls in ALL.items()}
-OPTIMIZING = ["remove_noops", "constant_fold", "fuse_gelu", "fuse_layer_norm", "fold_affine_into_conv",
+OPTIMIZING = ["remove_noops", "constant_fold", "fuse_gelu", "fuse_layer_norm", "fuse_pad_into_conv",
+              "fold_affine_into_conv",
               "fuse_relu_into_conv", "fuse_relu_into_binary", "matmul_to_conv", "dead_code"]
 PIPELINES = {0: ["layout"], 1: OPTIMIZING + ["layout"], 2: OPTIMIZING + ["layout"]}
 

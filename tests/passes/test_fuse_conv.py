@@ -76,3 +76,23 @@ def test_add_with_fused_relu_is_not_folded_as_affine(tmp_path, first):
     api.convert(src, dst, passes=["fuse_relu_into_binary", "fold_affine_into_conv", "matmul_to_conv"])
     assert_close(ref, mnn_run(dst, ["x"], ["y"], feeds)["y"])
     assert (ref == 0).any()
+
+
+@pytest.mark.parametrize("pads,fused", [([0, 0, 1, 0, 0, 0, 2, 1], True), ([0, 1, 0, 0, 0, 0, 0, 0], False)])
+def test_zero_pad_folds_into_the_conv(tmp_path, pads, fused):
+    """Spatial zero padding (asymmetric too) becomes the conv's pads; channel padding stays a Padding op."""
+    f = lambda *s: R.randn(*s).astype(np.float32)  # noqa: E731
+    cin = 3 + pads[1] + pads[5]
+    nodes = [h.make_node("Pad", ["x", "p"], ["xp"]), h.make_node("Conv", ["xp", "w"], ["y"], strides=[2, 2])]
+    inits = [nh.from_array(np.array(pads, np.int64), "p"), nh.from_array(f(4, cin, 3, 3), "w")]
+    g = h.make_graph(nodes, "g", [h.make_tensor_value_info("x", TP.FLOAT, [1, 3, 9, 8])],
+                     [h.make_empty_tensor_value_info("y")], initializer=inits)
+    src, dst = tmp_path / "m.onnx", tmp_path / "m.mnn"
+    onnx.save(h.make_model(g, opset_imports=[h.make_opsetid("", 17)]), src)
+    report = api.convert(src, dst)
+    assert ("fuse_pad_into_conv" in report["passes_changed"]) == fused
+    assert ("Padding" in api.info(dst)["op_counts"]) != fused
+    feeds = {"x": f(1, 3, 9, 8)}
+    assert_close(ort_run(src, feeds)["y"], mnn_run(dst, ["x"], ["y"], feeds)["y"])
+    import mnntool
+    assert_close(ort_run(src, feeds)["y"], mnntool.load(dst).run(feeds)["y"])
