@@ -69,3 +69,28 @@ def test_wrong_feed_shape_is_a_clear_error(tmp_path, fixture_model):
     api.convert(fixture_model("mobilenetv2"), dst)
     with pytest.raises(MnnToolError, match="input 'input'"):
         mnntool.load(dst).run({"input": np.zeros((1, 3, 32), np.float32)})
+
+
+@pytest.mark.parametrize("hw,stride,pads", [((9, 7), 1, [1, 1, 1, 1]), ((10, 11), 2, [1, 1, 1, 1]),
+                                            ((8, 8), 2, [0, 0, 1, 1]), ((6, 13), 1, [2, 0, 0, 2]),
+                                            ((5, 5), 2, [0, 0, 0, 0]), ((3, 4), 1, [2, 2, 2, 2]),
+                                            ((12, 12), 3, [1, 1, 1, 1])])
+def test_depthwise_3x3_kernel_edges(tmp_path, hw, stride, pads):
+    """The 3x3 depthwise kernel reads padding as zeros at every border, for odd sizes and both strides
+    (stride 3 takes the general kernel)."""
+    import onnx
+    from onnx import TensorProto as TP, helper as h, numpy_helper as nh
+    r = np.random.default_rng(9)
+    c = 5
+    nodes = [h.make_node("Conv", ["x", "w", "b"], ["c"], group=c, pads=pads, strides=[stride, stride]),
+             h.make_node("Clip", ["c", "lo", "hi"], ["y"])]
+    inits = [nh.from_array(r.standard_normal((c, 1, 3, 3)).astype(np.float32), "w"),
+             nh.from_array(r.standard_normal(c).astype(np.float32), "b"),
+             nh.from_array(np.float32(0), "lo"), nh.from_array(np.float32(6), "hi")]
+    g = h.make_graph(nodes, "g", [h.make_tensor_value_info("x", TP.FLOAT, [2, c, *hw])],
+                     [h.make_empty_tensor_value_info("y")], initializer=inits)
+    src, dst = tmp_path / "dw.onnx", tmp_path / "dw.mnn"
+    onnx.save(h.make_model(g, opset_imports=[h.make_opsetid("", 17)]), src)
+    feeds = {"x": r.standard_normal((2, c, *hw)).astype(np.float32) * 3}
+    api.convert(src, dst)
+    assert_close(ort_run(src, feeds)["y"], mnntool.load(dst).run(feeds)["y"], min_cos=0.99999)

@@ -58,6 +58,80 @@ def depthwise(xp, w, b, sh, sw, dh, dw, out, act):
                     row[x] = min(max(row[x], 0.0), 6.0)
 
 
+@njit(cache=True, fastmath=True, inline="always")
+def _tap3(r0, r1, r2, k, w00, w01, w02, w10, w11, w12, w20, w21, w22):
+    return (w00 * r0[k] + w01 * r0[k + 1] + w02 * r0[k + 2] + w10 * r1[k] + w11 * r1[k + 1] + w12 * r1[k + 2]
+            + w20 * r2[k] + w21 * r2[k + 1] + w22 * r2[k + 2])
+
+
+@njit(cache=True, fastmath=True, inline="always")
+def _edge3(r0, r1, r2, k, W, w00, w01, w02, w10, w11, w12, w20, w21, w22):
+    """One output at a left/right border: taps outside the row read as zero."""
+    v = 0.0
+    if 0 <= k < W:
+        v += w00 * r0[k] + w10 * r1[k] + w20 * r2[k]
+    if 0 <= k + 1 < W:
+        v += w01 * r0[k + 1] + w11 * r1[k + 1] + w21 * r2[k + 1]
+    if 0 <= k + 2 < W:
+        v += w02 * r0[k + 2] + w12 * r1[k + 2] + w22 * r2[k + 2]
+    return v
+
+
+@njit(cache=True, fastmath=True, inline="always")
+def _act(v, act):
+    if act == 1:
+        return max(v, 0.0)
+    if act == 2:
+        return min(max(v, 0.0), 6.0)
+    return v
+
+
+@njit(cache=True, fastmath=True, inline="always")
+def _dw3_row(r0, r1, r2, row, bc, s, l, lo, hi, W, act, w00, w01, w02, w10, w11, w12, w20, w21, w22):
+    # slices put the first full window at index 0, so every index is a loop variable plus a constant:
+    # Numba then drops its negative-index check and LLVM vectorizes the loop
+    k0 = lo * s - l
+    a0, a1, a2, dst = r0[k0:], r1[k0:], r2[k0:], row[lo:hi]
+    if s == 1:
+        for j in range(hi - lo):
+            dst[j] = _act(bc + _tap3(a0, a1, a2, j, w00, w01, w02, w10, w11, w12, w20, w21, w22), act)
+    else:
+        for j in range(hi - lo):
+            dst[j] = _act(bc + _tap3(a0, a1, a2, 2 * j, w00, w01, w02, w10, w11, w12, w20, w21, w22), act)
+    for i in range(0, lo):
+        row[i] = _act(bc + _edge3(r0, r1, r2, i * s - l, W, w00, w01, w02, w10, w11, w12, w20, w21, w22), act)
+    for i in range(hi, row.shape[0]):
+        row[i] = _act(bc + _edge3(r0, r1, r2, i * s - l, W, w00, w01, w02, w10, w11, w12, w20, w21, w22), act)
+
+
+@njit(parallel=True, cache=True, fastmath=True)
+def depthwise3x3(x, w, b, s, t, l, zrow, out, act):
+    """3x3 depthwise, stride 1 or 2, padding read as zeros (no padded copy): each output row is one pass
+    over three input rows with the nine weights in registers; border rows and columns check their taps."""
+    H, W = x.shape[1], x.shape[2]
+    oh, ow = out.shape[1], out.shape[2]
+    lo = min((l + s - 1) // s, ow)                 # first x whose window starts inside the row
+    hi = max(min((W - 3 + l) // s + 1, ow), lo)    # first x whose window runs past its end
+    ylo = min((t + s - 1) // s, oh)
+    yhi = max(min((H - 3 + t) // s + 1, oh), ylo)
+    for c in prange(out.shape[0]):
+        w00, w01, w02 = w[c, 0, 0], w[c, 0, 1], w[c, 0, 2]
+        w10, w11, w12 = w[c, 1, 0], w[c, 1, 1], w[c, 1, 2]
+        w20, w21, w22 = w[c, 2, 0], w[c, 2, 1], w[c, 2, 2]
+        bc = b[c]
+        for y in range(ylo, yhi):
+            iy = y * s - t
+            _dw3_row(x[c, iy], x[c, iy + 1], x[c, iy + 2], out[c, y], bc, s, l, lo, hi, W, act,
+                     w00, w01, w02, w10, w11, w12, w20, w21, w22)
+        for y in range(oh):
+            if ylo <= y < yhi:
+                continue
+            iy = y * s - t      # a border row: rows outside the input are the zero row
+            _dw3_row(x[c, iy] if 0 <= iy < H else zrow, x[c, iy + 1] if 0 <= iy + 1 < H else zrow,
+                     x[c, iy + 2] if 0 <= iy + 2 < H else zrow, out[c, y], bc, s, l, lo, hi, W, act,
+                     w00, w01, w02, w10, w11, w12, w20, w21, w22)
+
+
 @njit(parallel=True, cache=True, fastmath=True)
 def col2im(cols, kh, kw, sh, sw, dh, dw, h, w, canvas):
     """Scatter-add columns (C*kh*kw, h*w) of a transposed convolution onto canvas (C, H', W')."""
@@ -159,6 +233,13 @@ def convolution_float(node, ins, outs, weight, bias):
 
     if group == cin == cout and group > 1:
         wd = np.ascontiguousarray(weight.reshape(cout, kh, kw))
+        if kh == kw == 3 and sh == sw and sh in (1, 2) and dh == dw == 1 and max(t, l, b, r) <= 2:
+            zrow = np.zeros(w, np.float32)
+
+            def run_dw3(inputs, outputs):
+                for i in range(n):
+                    depthwise3x3(inputs[0][i], wd, bias, sh, t, l, zrow, outputs[0][i], act)
+            return writes(run_dw3)
 
         def run_dw(inputs, outputs):
             x, y = inputs[0], outputs[0]
