@@ -168,6 +168,20 @@ def activation(c: dict) -> int:
     return RELU6 if c.get("relu6") else RELU if c.get("relu") else 0
 
 
+@njit(parallel=True, cache=True, fastmath=True)
+def bias_act(y, bias, act):
+    """y[c, :] += bias[c], then the activation: one pass over the sgemm's output instead of two or three."""
+    for c in prange(y.shape[0]):
+        row, bc = y[c], bias[c]
+        for i in range(row.shape[0]):
+            v = row[i] + bc
+            if act == 1:
+                v = max(v, 0.0)
+            elif act == 2:
+                v = min(max(v, 0.0), 6.0)
+            row[i] = v
+
+
 def apply_act(y: np.ndarray, act: int) -> None:
     if act == RELU:
         np.maximum(y, 0, out=y)
@@ -267,7 +281,6 @@ def convolution_float(node, ins, outs, weight, bias):
             apply_act(y, act)
         return writes(run_rows)
 
-    bias_col = bias.reshape(cout, 1)
     pointwise = kh == kw == 1 and sh == sw == 1 and padded is None and group == 1
     cg, og = cin // group, cout // group
     cols = None if pointwise else np.empty((cg * kh * kw * group, oh * ow), np.float32)
@@ -287,8 +300,7 @@ def convolution_float(node, ins, outs, weight, bias):
                     rows = cg * kh * kw
                     for k in range(group):
                         np.matmul(wg[k], cols[k * rows:(k + 1) * rows], out=yi[k * og:(k + 1) * og])
-            yi += bias_col
-            apply_act(yi, act)
+            bias_act(yi, bias, act)
     return writes(run)
 
 
