@@ -78,6 +78,17 @@ def fp16_weight(w: np.ndarray) -> dict:
     return {"buffer": np.ascontiguousarray(np.asarray(w, np.float16).reshape(-1)).view(np.int8), "type": 3}
 
 
+def int8_values(qp: dict, rows: int):
+    """(q int8 (rows, -1), per-row scale) of a symmetric 8-bit IDSTQuan weight; None for other kinds."""
+    alpha = np.asarray(qp.get("alpha", ()), np.float32)
+    if int(qp.get("type", 1)) != 1 or alpha.size != rows:
+        return None
+    q, bits = _unpack(np.asarray(qp["buffer"]).astype(np.int8))
+    if bits != 8:
+        return None
+    return q.reshape(rows, -1).astype(np.int8), alpha
+
+
 def dequantize(qp: dict, rows: int) -> np.ndarray:
     """IDSTQuan -> float weight (rows, -1), as MNN's loader reads it."""
     kind = int(qp.get("type", 1))

@@ -7,7 +7,7 @@ kernel returns a fresh array (small shape tensors, gathers).
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
@@ -94,11 +94,12 @@ class Session:
         for name in list(g.inputs) + list(g.constants):
             slot(name)
         steps: list[Step] = []
+        grids: dict[str, float] = {}
         for node in g.nodes:
             factory = KERNELS.get(node.op)
             if factory is None:
                 raise MnnToolError(f"op {node.op} ('{node.name}') is not supported by the runtime")
-            ins = [vals.get(i, Val(None)) for i in node.inputs]
+            ins = [replace(vals.get(i, Val(None)), grid=grids.get(i)) for i in node.inputs]
             outs = [vals.get(o, Val(None)) for o in node.outputs]
             try:
                 k = factory(node, ins, outs)
@@ -108,6 +109,8 @@ class Session:
                 raise MnnToolError(f"{node.op} '{node.name}': cannot prepare ({type(e).__name__}: {e})") from None
             if k.writes_out and any(v.shape is None or not all(isinstance(d, int) for d in v.shape) for v in outs):
                 raise MnnToolError(f"{node.op} '{node.name}': output shape unknown at prepare time")
+            if k.out_grid:
+                grids[node.outputs[0]] = k.out_grid
             steps.append(Step(node.name, node.op, k, [slot(i) if i else -1 for i in node.inputs],
                               [slot(o) for o in node.outputs]))
         slots: list = [None] * len(names)

@@ -13,10 +13,12 @@ from ..graph import Node
 
 @dataclass
 class Val:
-    """What shape inference knows of a tensor: shape, dtype and, for small known tensors, the value."""
+    """What shape inference knows of a tensor: shape, dtype and, for small known tensors, the value;
+    the runtime planner adds the int8 grid step its values lie on when a kernel rounds them to one."""
     shape: tuple | None
     dtype: str = "float32"
     value: Any = None
+    grid: float | None = None
 
 
 @dataclass

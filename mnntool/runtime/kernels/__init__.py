@@ -16,6 +16,7 @@ KERNELS: dict[str, Callable] = {}
 class Kernel:
     fn: Callable
     writes_out: bool = False   # fn(inputs, outputs) fills preallocated outputs; else fn(inputs) -> outputs
+    out_grid: float | None = None   # the int8 grid step the first output is rounded to, if any
 
 
 def kernel(*names):

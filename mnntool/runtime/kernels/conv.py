@@ -4,7 +4,7 @@ from __future__ import annotations
 import numpy as np
 from numba import njit, prange
 
-from . import kernel, writes
+from . import Kernel, kernel, writes
 
 RELU, RELU6 = 1, 2
 
@@ -87,25 +87,37 @@ def _act(v, act):
 
 
 @njit(cache=True, fastmath=True, inline="always")
-def _dw3_row(r0, r1, r2, row, bc, s, l, lo, hi, W, act, w00, w01, w02, w10, w11, w12, w20, w21, w22):
+def _finish(v, act, grid):
+    """The activation, then (when grid[1] > 0) rounding to an int8 grid: (1/scale, scale, min, max)."""
+    v = _act(v, act)
+    if grid[1] > 0:
+        v = min(max(np.rint(v * grid[0]), grid[2]), grid[3]) * grid[1]
+    return v
+
+
+NO_GRID = (np.float32(1), np.float32(0), np.float32(0), np.float32(0))
+
+
+@njit(cache=True, fastmath=True, inline="always")
+def _dw3_row(r0, r1, r2, row, bc, s, l, lo, hi, W, act, grid, w00, w01, w02, w10, w11, w12, w20, w21, w22):
     # slices put the first full window at index 0, so every index is a loop variable plus a constant:
     # Numba then drops its negative-index check and LLVM vectorizes the loop
     k0 = lo * s - l
     a0, a1, a2, dst = r0[k0:], r1[k0:], r2[k0:], row[lo:hi]
     if s == 1:
         for j in range(hi - lo):
-            dst[j] = _act(bc + _tap3(a0, a1, a2, j, w00, w01, w02, w10, w11, w12, w20, w21, w22), act)
+            dst[j] = _finish(bc + _tap3(a0, a1, a2, j, w00, w01, w02, w10, w11, w12, w20, w21, w22), act, grid)
     else:
         for j in range(hi - lo):
-            dst[j] = _act(bc + _tap3(a0, a1, a2, 2 * j, w00, w01, w02, w10, w11, w12, w20, w21, w22), act)
+            dst[j] = _finish(bc + _tap3(a0, a1, a2, 2 * j, w00, w01, w02, w10, w11, w12, w20, w21, w22), act, grid)
     for i in range(0, lo):
-        row[i] = _act(bc + _edge3(r0, r1, r2, i * s - l, W, w00, w01, w02, w10, w11, w12, w20, w21, w22), act)
+        row[i] = _finish(bc + _edge3(r0, r1, r2, i * s - l, W, w00, w01, w02, w10, w11, w12, w20, w21, w22), act, grid)
     for i in range(hi, row.shape[0]):
-        row[i] = _act(bc + _edge3(r0, r1, r2, i * s - l, W, w00, w01, w02, w10, w11, w12, w20, w21, w22), act)
+        row[i] = _finish(bc + _edge3(r0, r1, r2, i * s - l, W, w00, w01, w02, w10, w11, w12, w20, w21, w22), act, grid)
 
 
 @njit(parallel=True, cache=True, fastmath=True)
-def depthwise3x3(x, w, b, s, t, l, zrow, out, act):
+def depthwise3x3(x, w, b, s, t, l, zrow, out, act, grid):
     """3x3 depthwise, stride 1 or 2, padding read as zeros (no padded copy): each output row is one pass
     over three input rows with the nine weights in registers; border rows and columns check their taps."""
     H, W = x.shape[1], x.shape[2]
@@ -121,14 +133,14 @@ def depthwise3x3(x, w, b, s, t, l, zrow, out, act):
         bc = b[c]
         for y in range(ylo, yhi):
             iy = y * s - t
-            _dw3_row(x[c, iy], x[c, iy + 1], x[c, iy + 2], out[c, y], bc, s, l, lo, hi, W, act,
+            _dw3_row(x[c, iy], x[c, iy + 1], x[c, iy + 2], out[c, y], bc, s, l, lo, hi, W, act, grid,
                      w00, w01, w02, w10, w11, w12, w20, w21, w22)
         for y in range(oh):
             if ylo <= y < yhi:
                 continue
             iy = y * s - t      # a border row: rows outside the input are the zero row
             _dw3_row(x[c, iy] if 0 <= iy < H else zrow, x[c, iy + 1] if 0 <= iy + 1 < H else zrow,
-                     x[c, iy + 2] if 0 <= iy + 2 < H else zrow, out[c, y], bc, s, l, lo, hi, W, act,
+                     x[c, iy + 2] if 0 <= iy + 2 < H else zrow, out[c, y], bc, s, l, lo, hi, W, act, grid,
                      w00, w01, w02, w10, w11, w12, w20, w21, w22)
 
 
@@ -169,17 +181,12 @@ def activation(c: dict) -> int:
 
 
 @njit(parallel=True, cache=True, fastmath=True)
-def bias_act(y, bias, act):
-    """y[c, :] += bias[c], then the activation: one pass over the sgemm's output instead of two or three."""
+def bias_act(y, bias, act, grid):
+    """y[c, :] += bias[c], the activation and the output grid: one pass over the sgemm's output."""
     for c in prange(y.shape[0]):
         row, bc = y[c], bias[c]
         for i in range(row.shape[0]):
-            v = row[i] + bc
-            if act == 1:
-                v = max(v, 0.0)
-            elif act == 2:
-                v = min(max(v, 0.0), 6.0)
-            row[i] = v
+            row[i] = _finish(row[i] + bc, act, grid)
 
 
 def apply_act(y: np.ndarray, act: int) -> None:
@@ -198,8 +205,32 @@ def convolution(node, ins, outs):
         bias = np.zeros(cout, np.float32)
     int8 = int8_scales(node)
     if int8 is not None:     # an int8 convolution: same arithmetic as MNN on the quantized grid
-        return _fake_quant(convolution_float(node, ins, outs, weight, bias), *int8)
+        s_in, s_out, lo, hi = int8
+        fn = _integer(node, ins, outs, bias, int8)
+        if fn is None:
+            grid = (np.float32(1 / s_out), np.float32(s_out), np.float32(lo), np.float32(hi))
+            k = convolution_float(node, ins, outs, weight, bias, grid)
+            # an input that an int8 kernel already rounded to this grid is used as it is
+            fn = k.fn if ins[0].grid == np.float32(s_in) else _grid_input(k.fn, s_in, lo, hi)
+        return Kernel(fn, True, np.float32(s_out))
     return convolution_float(node, ins, outs, weight, bias)
+
+
+def _integer(node, ins, outs, bias, scales):
+    """The integer kernel for a group-1 int8 convolution with 8-bit per-channel weights on a VNNI CPU,
+    else None (elsewhere BLAS's sgemm on the int8 grid beats integer loops)."""
+    from ...quant.weights import int8_values
+    from .int8conv import int8_convolution
+    from .vnni import HAS_VNNI
+    if not HAS_VNNI:
+        return None
+    c = node.param["common"]
+    cout = c["outputCount"]
+    values = int8_values(node.param["quanParameter"], cout)
+    if values is None or (c.get("group", 1) or 1) != 1 or len(ins[0].shape) != 4:
+        return None
+    geometry = _geometry(c, ins[0].shape[2:], outs[0].shape[2:])
+    return int8_convolution(geometry, *values, bias, activation(c), scales, ins[0].shape, outs[0].shape)
 
 
 def conv_weight(param: dict, rows: int) -> np.ndarray:
@@ -219,18 +250,33 @@ def int8_scales(node):
     return float(qp["scaleIn"]), float(qp["scaleOut"]), int(sq.get("clampMin", -127)), int(sq.get("clampMax", 127))
 
 
-def _fake_quant(k, s_in, s_out, lo, hi):
-    """Quantize the input and the output to their int8 grids around a float kernel."""
-    def quantize(x, s):
-        return np.clip(np.rint(x / s), lo, hi) * s
+@njit(parallel=True, cache=True, fastmath=True)
+def to_grid(x, grid, out):
+    """out = clip(rint(x / s), min, max) * s over rows (out may be x); grid = (1/s, s, min, max)."""
+    for r in prange(x.shape[0]):
+        src, dst = x[r], out[r]
+        for i in range(src.shape[0]):
+            dst[i] = min(max(np.rint(src[i] * grid[0]), grid[2]), grid[3]) * grid[1]
+
+
+def _grid_input(fn, s_in, lo, hi):
+    """Round the input to its int8 grid before a float kernel that rounds its own output (the layers
+    the integer kernel does not cover: depthwise and grouped convolutions, 4-bit weights, no VNNI)."""
+    grid = (np.float32(1 / s_in), np.float32(s_in), np.float32(lo), np.float32(hi))
+    buffers = {}
 
     def run(inputs, outputs):
-        k.fn([quantize(inputs[0], s_in).astype(np.float32)] + list(inputs[1:]), outputs)
-        outputs[0][...] = quantize(outputs[0], s_out)
-    return writes(run)
+        x = np.ascontiguousarray(inputs[0], np.float32)
+        xq = buffers.get(x.shape)
+        if xq is None:
+            xq = buffers[x.shape] = np.empty(x.shape, np.float32)
+        to_grid(x.reshape(-1, x.shape[-1]), grid, xq.reshape(-1, x.shape[-1]))
+        fn([xq] + list(inputs[1:]), outputs)
+    return run
 
 
-def convolution_float(node, ins, outs, weight, bias):
+def convolution_float(node, ins, outs, weight, bias, grid=NO_GRID):
+    """Float convolution; `grid` rounds its output to an int8 grid (see `_finish`)."""
     c = node.param["common"]
     n, cin, h, w = ins[0].shape
     _, cout, oh, ow = outs[0].shape
@@ -245,6 +291,11 @@ def convolution_float(node, ins, outs, weight, bias):
         padded[:, t:t + h, l:l + w] = x
         return padded
 
+    def regrid(y):     # for the paths whose own epilogue does not round to the grid
+        if grid[1] > 0:
+            flat = y.reshape(-1, y.shape[-1])
+            to_grid(flat, grid, flat)
+
     if group == cin == cout and group > 1:
         wd = np.ascontiguousarray(weight.reshape(cout, kh, kw))
         if kh == kw == 3 and sh == sw and sh in (1, 2) and dh == dw == 1 and max(t, l, b, r) <= 2:
@@ -252,13 +303,14 @@ def convolution_float(node, ins, outs, weight, bias):
 
             def run_dw3(inputs, outputs):
                 for i in range(n):
-                    depthwise3x3(inputs[0][i], wd, bias, sh, t, l, zrow, outputs[0][i], act)
+                    depthwise3x3(inputs[0][i], wd, bias, sh, t, l, zrow, outputs[0][i], act, grid)
             return writes(run_dw3)
 
         def run_dw(inputs, outputs):
             x, y = inputs[0], outputs[0]
             for i in range(n):
                 depthwise(pad(x[i]), wd, bias, sh, sw, dh, dw, y[i], act)
+            regrid(y)
         return writes(run_dw)
 
     if (kh == kw == 3 and sh == sw == 1 and dh == dw == 1 and group == 1 and cin >= 8 and cout >= 8
@@ -269,6 +321,7 @@ def convolution_float(node, ins, outs, weight, bias):
         def run_wino(inputs, outputs):
             for i in range(n):
                 wino(inputs[0][i], outputs[0][i])
+            regrid(outputs[0])
         return writes(run_wino)
 
     if kh == kw == 1 and h == w == oh == ow == 1 and group == 1:
@@ -279,6 +332,7 @@ def convolution_float(node, ins, outs, weight, bias):
             np.matmul(inputs[0].reshape(n, cin), wt, out=y)
             y += bias
             apply_act(y, act)
+            regrid(y)
         return writes(run_rows)
 
     pointwise = kh == kw == 1 and sh == sw == 1 and padded is None and group == 1
@@ -300,7 +354,7 @@ def convolution_float(node, ins, outs, weight, bias):
                     rows = cg * kh * kw
                     for k in range(group):
                         np.matmul(wg[k], cols[k * rows:(k + 1) * rows], out=yi[k * og:(k + 1) * og])
-            bias_act(yi, bias, act)
+            bias_act(yi, bias, act, grid)
     return writes(run)
 
 

@@ -1,0 +1,122 @@
+"""Int8 convolutions on integer arithmetic, the way MNN runs a `symmetricQuan` convolution.
+
+The float input is quantized once to its int8 grid (stored as u8 = q + 128, channels last, so an
+im2col row is a few contiguous copies and the padding is the byte 128), multiplied by the int8
+weights with 32-bit accumulation (`vnni`), and the accumulator is rescaled, given the bias and the
+activation, and rounded to the output's int8 grid. Between operators tensors stay float on that grid,
+so every other kernel is unchanged. The 128 offset is removed per output channel: sum((q+128) w) =
+sum(q w) + 128 sum(w).
+"""
+from __future__ import annotations
+
+import numpy as np
+from numba import njit, prange
+
+from .vnni import OCB, Int8Weights, pixel_blocks
+
+ZERO = 128
+
+
+@njit(parallel=True, cache=True, fastmath=True)
+def quantize_hwc(x, inv_s, lo, hi, t, l, xq):
+    """x (C, H, W) float -> xq[t + y, l + x, c] = clip(rint(x / s)) + 128; the border is left as written."""
+    C, H, W = x.shape
+    for y in prange(H):
+        dst = xq[t + y]
+        for c in range(C):
+            src = x[c, y]
+            for i in range(W):
+                v = min(max(np.rint(src[i] * inv_s), lo), hi)
+                dst[l + i, c] = np.uint8(v + ZERO)
+
+
+@njit(parallel=True, cache=True)
+def im2col_packed(g32, kh, kw, sh, sw, dh, dw, oh, ow, cols):
+    """cols[p // 16, k4, p % 16] = 4 bytes of pixel p's window, K = (i, j, c): the tile's pixel blocks.
+
+    g32 is the HWC grid viewed as uint32 (4 channels per word); cols is (blocks, K/4, 16) uint32.
+    """
+    c4 = g32.shape[2]
+    for pb in prange(cols.shape[0]):
+        for pl in range(16):
+            p = pb * 16 + pl
+            if p >= oh * ow:
+                break
+            y, x = p // ow, p % ow
+            for i in range(kh):
+                for j in range(kw):
+                    src = g32[y * sh + i * dh, x * sw + j * dw]
+                    base = (i * kw + j) * c4
+                    for c in range(c4):
+                        cols[pb, base + c, pl] = src[c]
+
+
+@njit(cache=True, fastmath=True, inline="always")
+def _byte(v, inv_s, lo, hi):
+    return np.uint32(np.int32(min(max(np.rint(v * inv_s), lo), hi)) + ZERO)
+
+
+@njit(parallel=True, cache=True, fastmath=True)
+def quantize_packed(x, inv_s, lo, hi, cols):
+    """x (C, P) float -> cols (blocks, C/4, 16) uint32 words of 4 channels: the pixel blocks of a 1x1
+    stride-1 convolution, written directly; whole blocks are one vectorized pass over four rows."""
+    C, P = x.shape
+    for pb in prange(cols.shape[0]):
+        p0 = pb * 16
+        for kb in range(cols.shape[1]):
+            dst = cols[pb, kb]
+            c = 4 * kb
+            if p0 + 16 <= P and c + 4 <= C:
+                r0, r1, r2, r3 = x[c, p0:p0 + 16], x[c + 1, p0:p0 + 16], x[c + 2, p0:p0 + 16], x[c + 3, p0:p0 + 16]
+                for k in range(16):
+                    dst[k] = (_byte(r0[k], inv_s, lo, hi) | _byte(r1[k], inv_s, lo, hi) << 8
+                              | _byte(r2[k], inv_s, lo, hi) << 16 | _byte(r3[k], inv_s, lo, hi) << 24)
+            else:
+                for k in range(16):
+                    word = np.uint32(0)
+                    for j in range(4):
+                        b = _byte(x[c + j, p0 + k], inv_s, lo, hi) if c + j < C and p0 + k < P else np.uint32(ZERO)
+                        word |= b << (8 * j)
+                    dst[k] = word
+
+
+def int8_convolution(geometry, q, alpha, bias, act, scales, in_shape, out_shape):
+    """The kernel function for one int8 convolution (group 1), or None when the geometry is not covered.
+
+    `q` (O, C*kh*kw) int8 in (c, i, j) order with per-channel `alpha`; `scales` (s_in, s_out, lo, hi).
+    """
+    kh, kw, sh, sw, dh, dw, t, l, b, r = geometry
+    s_in, s_out, lo, hi = scales
+    n, cin, h, w = in_shape
+    _, cout, oh, ow = out_shape
+    if q.shape[1] != cin * kh * kw:
+        return None
+    cp = -(-cin // 4) * 4
+    wk = np.zeros((cout, kh, kw, cp), np.int8)
+    wk[..., :cin] = q.reshape(cout, cin, kh, kw).transpose(0, 2, 3, 1)
+    scale = (np.float64(s_in) * np.asarray(alpha, np.float64)).astype(np.float32)
+    weights = Int8Weights(wk.reshape(cout, -1), ZERO * q.astype(np.int32).sum(1), scale, bias)
+    f32 = np.float32
+    epf = (f32(0 if act else -np.inf), f32(6 if act == 2 else np.inf), f32(1 / s_out), f32(s_out), f32(lo), f32(hi))
+    pixels = oh * ow
+    k4 = kh * kw * cp // 4
+    cols = np.full((pixel_blocks(pixels), k4, 16, 4), ZERO, np.uint8)
+    direct = kh == kw == 1 and sh == sw == 1 and not (t or l or b or r)   # quantize straight into the blocks
+    words = cols.view(np.uint32).reshape(cols.shape[:3])
+    grid = None if direct else np.full((h + t + b, w + l + r, cp), ZERO, np.uint8)
+    rows = -(-cout // OCB) * OCB
+    scratch = np.empty((rows, pixels), np.float32) if rows != cout else None
+
+    def run(inputs, outputs):
+        x, y = inputs[0], outputs[0]
+        for i in range(n):
+            if direct:
+                quantize_packed(x[i].reshape(cin, pixels), f32(1 / s_in), lo, hi, words)
+            else:
+                quantize_hwc(x[i], f32(1 / s_in), lo, hi, t, l, grid)
+                im2col_packed(grid.view(np.uint32), kh, kw, sh, sw, dh, dw, oh, ow, words)
+            dst = y[i].reshape(cout, pixels)
+            weights.matmul(cols.reshape(-1), epf, dst if scratch is None else scratch)
+            if scratch is not None:
+                dst[...] = scratch[:cout]
+    return run
