@@ -18,7 +18,7 @@ sys.path.insert(0, str(ROOT))
 
 from fixtures.models import build  # noqa: E402
 from mnntool.api import convert  # noqa: E402
-from mnntool.bench import bench  # noqa: E402
+from benchmarks.isolated import bench  # noqa: E402
 
 
 def main():

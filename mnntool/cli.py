@@ -289,6 +289,8 @@ def quant(src: str = typer.Argument(..., help="A float .mnn model."),
           batches: Optional[int] = typer.Option(None, "--batches", min=1, help="Use at most N calibration samples."),
           weight_bits: Optional[int] = typer.Option(None, "--weight-bits", help="Weight-only: 8 or 4 bits."),
           asymmetric: bool = typer.Option(False, "--asymmetric", help="Weight-only: (min, scale) per channel."),
+          block_size: Optional[int] = typer.Option(None, "--block-size",
+                                                   help="Weight-only: one scale per N input channels (32, 64, 128)."),
           fp16: bool = typer.Option(False, "--fp16", help="Store weights as half floats."),
           skip: Optional[str] = typer.Option(None, "--skip", help="Comma-separated layers to keep in float."),
           auto_skip: Optional[float] = typer.Option(None, "--auto-skip",
@@ -303,7 +305,7 @@ def quant(src: str = typer.Argument(..., help="A float .mnn model."),
     from .quant import quantize_file
     prep = _image_prep(mean, normal, size, fmt, std)
     kwargs = dict(int8=int8, calib=calib, method=method, per_channel=per_channel, batches=batches,
-                  weight_bits=weight_bits, fp16=fp16, asymmetric=asymmetric,
+                  weight_bits=weight_bits, fp16=fp16, asymmetric=asymmetric, block_size=block_size,
                   skip=[x.strip() for x in skip.split(",") if x.strip()] if skip else (), auto_skip=auto_skip,
                   bias_correction=bias_correction, prep=prep, config=config)
     if as_json or not int8:

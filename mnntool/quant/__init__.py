@@ -19,7 +19,7 @@ def _load_config(path) -> dict:
 
 def quantize_file(src, dst, *, int8: bool = False, calib=None, method: str = "mse", per_channel: bool = True,
                   batches: int | None = None, weight_bits: int | None = None, fp16: bool = False,
-                  asymmetric: bool = False, skip=(), auto_skip: float | None = None, bias_correction: bool = True,
+                  asymmetric: bool = False, block_size: int | None = None, skip=(), auto_skip: float | None = None, bias_correction: bool = True,
                   prep=None, config=None, progress=None) -> dict:
     """Quantize a .mnn file into another; returns the report (sizes, per-layer accuracy, skipped layers)."""
     from .data import calibration_samples
@@ -35,6 +35,8 @@ def quantize_file(src, dst, *, int8: bool = False, calib=None, method: str = "ms
     modes = sum([bool(int8), weight_bits is not None, bool(fp16)])
     if modes != 1:
         raise MnnToolError("choose exactly one of --int8, --weight-bits 8|4, --fp16")
+    if block_size is not None and weight_bits is None:
+        raise MnnToolError("--block-size applies to weight-only quantization: add --weight-bits 8|4")
     src, dst = Path(src), Path(dst)
     g = reader.load(src)
     skip = set(skip)
@@ -67,10 +69,11 @@ def quantize_file(src, dst, *, int8: bool = False, calib=None, method: str = "ms
     else:
         from ..inputs import random_feeds
         q = reader.load(src)
-        n = compress_weights(q, weight_bits, fp16, asymmetric, skip)
+        n, blocked = compress_weights(q, weight_bits, fp16, asymmetric, skip, block_size)
         if n == 0:
             raise MnnToolError(f"{src}: no float convolution weights to compress")
-        report.update(mode="fp16" if fp16 else f"weight-int{weight_bits}", asymmetric=asymmetric, layers=n)
+        report.update(mode="fp16" if fp16 else f"weight-int{weight_bits}", asymmetric=asymmetric, layers=n,
+                      block_size=block_size, block_layers=blocked)
         acc = layer_report(g, q, [random_feeds(g)])
     report["size_after"] = writer.save(q, dst)
     report["ratio"] = report["size_before"] / report["size_after"]

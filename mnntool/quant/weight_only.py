@@ -1,5 +1,9 @@
-"""Weight-only compression: convolution weights stored as int8/int4 (per output channel) or fp16, the
-way MNN's converter stores them (quanParameter); activations stay float."""
+"""Weight-only compression: convolution weights stored as int8/int4 (per output channel, or per block
+of input channels) or fp16, the way MNN's converter stores them (quanParameter); activations stay float.
+
+A block is `block` input channels of one output channel with all their kernel taps: consecutive
+weights in MNN's (O, I, kh, kw) order, which is how MNN's loader spreads the scales (one per equal run).
+"""
 from __future__ import annotations
 
 import numpy as np
@@ -12,20 +16,30 @@ CONVS = ("Convolution", "ConvolutionDepthwise")
 
 
 def compress_weights(g: Graph, bits: int | None = None, fp16: bool = False, asymmetric: bool = False,
-                     skip: set[str] = frozenset()) -> int:
-    """Replace float weights in place; returns the number of layers changed."""
+                     skip: set[str] = frozenset(), block: int | None = None) -> tuple[int, int]:
+    """Replace float weights in place; returns (layers changed, layers quantized block-wise). Layers
+    whose input channels do not split into whole blocks keep one scale per output channel."""
     if bits not in (None, 8, 4):
         raise MnnToolError(f"--weight-bits {bits}: only 8 and 4 are supported")
-    changed = 0
+    if block is not None and (block < 1 or fp16 or bits is None):
+        raise MnnToolError(f"--block-size {block}: needs --weight-bits and a positive size")
+    changed = blocked = 0
     for n in g.nodes:
         if n.op not in CONVS or n.name in skip or n.outputs[0] in skip:
             continue
         w = n.param.get("weight")
         if w is None or len(w) == 0:
             continue
-        rows = n.param["common"]["outputCount"]
-        qp = fp16_weight(np.asarray(w)) if fp16 else quantize_weight(np.asarray(w), bits, asymmetric, rows)
+        c = n.param["common"]
+        rows = c["outputCount"]
+        per_row = np.asarray(w).size // rows
+        taps = c.get("kernelX", 1) * c.get("kernelY", 1)
+        cin = per_row // taps if per_row % taps == 0 else per_row
+        chunk = block * (per_row // cin) if block and cin > block and cin % block == 0 else None
+        qp = fp16_weight(np.asarray(w)) if fp16 else quantize_weight(np.asarray(w), bits, asymmetric, rows,
+                                                                      chunk=chunk)
         n.param["quanParameter"] = qp
         n.param.pop("weight")
         changed += 1
-    return changed
+        blocked += chunk is not None
+    return changed, blocked

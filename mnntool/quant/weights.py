@@ -51,17 +51,21 @@ def _unpack(buffer: np.ndarray):
 
 
 def quantize_weight(w: np.ndarray, bits: int = 8, asymmetric: bool = False, rows: int | None = None,
-                    per_tensor: bool = False) -> dict:
-    """Per output channel (or one per tensor) quantization of a float weight -> the IDSTQuan table."""
+                    per_tensor: bool = False, chunk: int | None = None) -> dict:
+    """Per output channel (or one per tensor, or one per `chunk` consecutive weights of a channel:
+    block-wise) quantization of a float weight -> the IDSTQuan table."""
     rows = rows or w.shape[0]
-    x = np.asarray(w, np.float64).reshape(rows, -1)
+    flat = np.asarray(w, np.float64).reshape(rows, -1)
+    header_rows = rows
+    x = flat.reshape(-1, chunk) if chunk else flat
+    rows = x.shape[0]
     if asymmetric:
         qmin, levels = -(1 << (bits - 1)), (1 << bits) - 1
         lo, hi = x.min(1), x.max(1)
         scale = np.where(hi > lo, (hi - lo) / levels, 1e-8)
         q = np.clip(np.round((x - lo[:, None]) / scale[:, None]) + qmin, qmin, qmin + levels)
         alpha = np.stack([lo, scale], 1).reshape(-1)
-        extra = {"aMin": qmin, "readType": rows}
+        extra = {"aMin": qmin, "readType": rows}     # any non-zero readType: MNN reads (min, scale) pairs
     else:
         qmax = (1 << (bits - 1)) - 1
         absmax = np.full(rows, np.abs(x).max()) if per_tensor else np.abs(x).max(1)
@@ -69,7 +73,8 @@ def quantize_weight(w: np.ndarray, bits: int = 8, asymmetric: bool = False, rows
         q = np.clip(np.round(x / scale[:, None]), -qmax, qmax)
         alpha = scale
         extra = {"aMin": 0, "readType": 0}
-    return {"buffer": _pack(q.astype(np.int8), rows, bits), "alpha": alpha.astype(np.float32), "type": 1,
+    return {"buffer": _pack(q.astype(np.int8).reshape(header_rows, -1), header_rows, bits),
+            "alpha": alpha.astype(np.float32), "type": 1,
             "useInt32": False, "quantScale": 1.0, "aMaxOrBits": bits, "has_scaleInt": False, "shapeInt32": False,
             **extra}
 
@@ -81,7 +86,7 @@ def fp16_weight(w: np.ndarray) -> dict:
 def int8_values(qp: dict, rows: int):
     """(q int8 (rows, -1), per-row scale) of a symmetric 8-bit IDSTQuan weight; None for other kinds."""
     alpha = np.asarray(qp.get("alpha", ()), np.float32)
-    if int(qp.get("type", 1)) != 1 or alpha.size != rows:
+    if int(qp.get("type", 1)) != 1 or alpha.size != rows or int(qp.get("readType", 0) or 0):
         return None
     q, bits = _unpack(np.asarray(qp["buffer"]).astype(np.int8))
     if bits != 8:
@@ -98,12 +103,15 @@ def dequantize(qp: dict, rows: int) -> np.ndarray:
     if kind != 1:
         raise ValueError(f"IDSTQuan type {kind} is not supported")
     q, bits = _unpack(buf.astype(np.int8))
-    q = q.reshape(rows, -1).astype(np.float64)
     alpha = np.asarray(qp["alpha"], np.float64)
-    if alpha.size == rows:
-        return (q * alpha[:, None]).astype(np.float32)
-    if alpha.size == 2 * rows:
-        qmin = int(qp.get("aMin", -(1 << (bits - 1)))) or -(1 << (bits - 1))
-        lo, scale = alpha[0::2][:, None], alpha[1::2][:, None]
-        return ((q - qmin) * scale + lo).astype(np.float32)
-    raise ValueError(f"{alpha.size} scales for {rows} output channels (block quantization) is not supported")
+    # as MNN's loader: readType != 0 means (min, scale) pairs; each scale covers an equal run of weights
+    asymmetric = int(qp.get("readType", 0) or 0) != 0
+    groups = alpha.size // 2 if asymmetric else alpha.size
+    if groups == 0 or q.size % groups or groups % rows:
+        raise ValueError(f"{alpha.size} scales do not divide {q.size} weights of {rows} output channels")
+    q = q.reshape(groups, -1).astype(np.float64)
+    if not asymmetric:
+        return (q * alpha[:, None]).reshape(rows, -1).astype(np.float32)
+    qmin = int(qp.get("aMin", 0) or 0) or -128          # MNN reads aMin 0 as the old -128
+    lo, scale = alpha[0::2][:, None], alpha[1::2][:, None]
+    return ((q - qmin) * scale + lo).reshape(rows, -1).astype(np.float32)

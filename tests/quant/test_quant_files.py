@@ -136,3 +136,65 @@ def test_cli_json_and_image_calibration(resnet_mnn, tmp_path):
     assert r["mode"] == "int8" and r["calibration_samples"] == 3 and r["held_out_samples"] == 1
     code, out, err = run("verify", tmp_path.parent / "nope.onnx", tmp_path / "q.mnn")
     assert code == 2
+
+
+def _block_model(tmp_path):
+    """A 1x1 convolution over 128 channels and a 3x3 over 64: whole 32-channel blocks in both."""
+    r = np.random.default_rng(4)
+    w1 = r.standard_normal((16, 128, 1, 1)).astype(np.float32)
+    w1[:, :32] *= 20                            # one block of channels much larger: per-channel scales suffer
+    w2 = r.standard_normal((8, 16, 3, 3)).astype(np.float32)
+    w3 = r.standard_normal((8, 64, 3, 3)).astype(np.float32)
+    nodes = [h.make_node("Conv", ["x", "w1"], ["a"]), h.make_node("Conv", ["a", "w2"], ["b"], pads=[1] * 4),
+             h.make_node("Conv", ["x2", "w3"], ["c"], pads=[1] * 4)]
+    g = h.make_graph(nodes, "g", [h.make_tensor_value_info("x", TP.FLOAT, [1, 128, 6, 6]),
+                                  h.make_tensor_value_info("x2", TP.FLOAT, [1, 64, 6, 6])],
+                     [h.make_empty_tensor_value_info("b"), h.make_empty_tensor_value_info("c")],
+                     initializer=[nh.from_array(w1, "w1"), nh.from_array(w2, "w2"), nh.from_array(w3, "w3")])
+    onnx.save(h.make_model(g, opset_imports=[h.make_opsetid("", 17)]), tmp_path / "b.onnx")
+    x = r.standard_normal((1, 128, 6, 6)).astype(np.float32)
+    x[:, :32] = 0            # the output then depends on the small weights, whose per-channel grid is coarse
+    feeds = {"x": x, "x2": r.standard_normal((1, 64, 6, 6)).astype(np.float32)}
+    return tmp_path / "b.onnx", feeds
+
+
+def test_mnn_made_block_weights_read_back(tmp_path):
+    """MNN's converter with --weightQuantBlock 32: mnntool decodes its per-block scales to the weights
+    MNN itself runs (outputs within cosine 0.99999 of MNN on MNN's own file)."""
+    from mnntool.mnn_tools import mnnconvert
+    src, feeds = _block_model(tmp_path)
+    dst = tmp_path / "mnn_block.mnn"
+    mnnconvert("-f", "ONNX", "--modelFile", src, "--MNNModel", dst, "--bizCode", "t",
+               "--weightQuantBits", "4", "--weightQuantBlock", "32")
+    g = reader.load(dst)
+    qps = [n.param["quanParameter"] for n in g.nodes if n.param.get("quanParameter")]
+    assert any(np.asarray(q["alpha"]).size > 2 * 16 for q in qps)        # really block-wise
+    theirs = mnn_run(dst, g.inputs, g.outputs, feeds)
+    ours = mnntool.load(dst).run(feeds)
+    for name in g.outputs:
+        assert metrics(theirs[name], ours[name])["cosine"] >= 0.99999
+
+
+@pytest.mark.parametrize("asymmetric", [False, True])
+def test_block_size_files_run_in_mnn_and_beat_per_channel(tmp_path, asymmetric):
+    src, feeds = _block_model(tmp_path)
+    fp32 = tmp_path / "f.mnn"
+    api.convert(src, fp32)
+    ref = mnntool.load(fp32).run(feeds)
+    errors = {}
+    for block in (None, 32):
+        dst = tmp_path / f"w{block}.mnn"
+        r = quantize_file(fp32, dst, weight_bits=4, asymmetric=asymmetric, block_size=block)
+        assert r["block_layers"] == (2 if block else 0)        # the 16-channel conv keeps per-channel scales
+        g = reader.load(dst)
+        theirs, ours = mnn_run(dst, g.inputs, g.outputs, feeds), mnntool.load(dst).run(feeds)
+        for name in g.outputs:
+            assert metrics(theirs[name], ours[name])["cosine"] >= 0.99999
+        errors[block] = float(np.abs(ours["b"] - ref["b"]).mean())
+    assert errors[32] < errors[None] / 2
+
+
+def test_block_size_needs_weight_bits(resnet_mnn, tmp_path):
+    src, _ = resnet_mnn
+    assert_one_line_error(*run("quant", src, tmp_path / "x.mnn", "--fp16", "--block-size", "32"), "--block-size")
+    assert not (tmp_path / "x.mnn").exists()
