@@ -74,10 +74,13 @@ def test_wrong_feed_shape_is_a_clear_error(tmp_path, fixture_model):
 @pytest.mark.parametrize("hw,stride,pads", [((9, 7), 1, [1, 1, 1, 1]), ((10, 11), 2, [1, 1, 1, 1]),
                                             ((8, 8), 2, [0, 0, 1, 1]), ((6, 13), 1, [2, 0, 0, 2]),
                                             ((5, 5), 2, [0, 0, 0, 0]), ((3, 4), 1, [2, 2, 2, 2]),
-                                            ((12, 12), 3, [1, 1, 1, 1])])
+                                            ((12, 12), 3, [1, 1, 1, 1]), ((9, 37), 1, [1, 1, 1, 1]),
+                                            ((10, 41), 2, [1, 1, 1, 1]), ((6, 35), 1, [2, 0, 0, 2]),
+                                            ((7, 34), 2, [0, 0, 1, 1]), ((5, 40), 3, [1, 1, 1, 1])])
 def test_depthwise_3x3_kernel_edges(tmp_path, hw, stride, pads):
-    """The 3x3 depthwise kernel reads padding as zeros at every border, for odd sizes and both strides
-    (stride 3 takes the general kernel)."""
+    """Depthwise kernels read padding as zeros at every border, for odd sizes and strides 1-3: outputs
+    up to 16 wide take the channels-innermost kernel, wider ones the row kernel (stride 3: the general
+    row kernel)."""
     import onnx
     from onnx import TensorProto as TP, helper as h, numpy_helper as nh
     r = np.random.default_rng(9)

@@ -298,6 +298,15 @@ def convolution_float(node, ins, outs, weight, bias, grid=NO_GRID):
 
     if group == cin == cout and group > 1:
         wd = np.ascontiguousarray(weight.reshape(cout, kh, kw))
+        if ow <= 16 and sh == sw and dh == dw == 1:        # small maps: vectorize over channels
+            xp = np.zeros((max(h + t + b, (oh - 1) * sh + kh), max(w + l + r, (ow - 1) * sw + kw), cin), np.float32)
+            yp = np.empty((oh, ow, cout), np.float32)
+            wt = np.ascontiguousarray(wd.reshape(cout, kh * kw).T)
+
+            def run_hwc(inputs, outputs):
+                for i in range(n):
+                    depthwise_hwc(inputs[0][i], wt, bias, kh, kw, sh, t, l, xp, yp, outputs[0][i], act, grid)
+            return writes(run_hwc)
         if kh == kw == 3 and sh == sw and sh in (1, 2) and dh == dw == 1 and max(t, l, b, r) <= 2:
             zrow = np.zeros(w, np.float32)
 
@@ -392,3 +401,35 @@ def deconvolution(node, ins, outs):
             y[i] += bias
             apply_act(y[i], act)
     return writes(run)
+
+
+@njit(parallel=True, cache=True, fastmath=True)
+def depthwise_hwc(x, w, b, kh, kw, s, t, l, xp, yp, out, act, grid):
+    """Depthwise convolution with channels innermost: for small feature maps (14x14, 7x7) a row is too
+    short to vectorize, the channels are not. x (C, H, W) -> xp (H+pads, W+pads, C) zero-bordered,
+    then out[c, y, x] = sum_ij w[i*kw+j, c] * xp[y*s+i, x*s+j, c] + b[c] with 16 channels per vector.
+    """
+    C, H, W = x.shape
+    oh, ow = out.shape[1], out.shape[2]
+    for y in prange(H):
+        for c in range(C):
+            src = x[c, y]
+            for i in range(W):
+                xp[y + t, i + l, c] = src[i]
+    for y in prange(oh):
+        for xx in range(ow):
+            acc = yp[y, xx]
+            acc[:] = b
+            for i in range(kh):
+                for j in range(kw):
+                    src = xp[y * s + i, xx * s + j]
+                    wk = w[i * kw + j]
+                    for c in range(C):
+                        acc[c] += wk[c] * src[c]
+            for c in range(C):
+                acc[c] = _finish(acc[c], act, grid)
+    for c in prange(C):
+        for y in range(oh):
+            dst = out[c, y]
+            for xx in range(ow):
+                dst[xx] = yp[y, xx, c]
