@@ -18,6 +18,18 @@ def resnet(fixture_model, tmp_path_factory):
     return src, dst
 
 
+
+def _corrupt_conv(mnn_path, index, tmp_path):
+    """A copy of the model with half of the index-th convolution's weights negated: (path, that node)."""
+    g = reader.load(mnn_path)
+    victim = [n for n in g.nodes if n.op == "Convolution"][index]
+    w = np.asarray(victim.param["weight"]).copy()
+    w[: w.size // 2] *= -1.0
+    victim.param["weight"] = w
+    bad = tmp_path / "bad.mnn"
+    writer.save(g, bad)
+    return bad, victim
+
 def test_correct_conversion_passes_every_layer(resnet):
     src, dst = resnet
     r = verify(src, dst)
@@ -30,14 +42,7 @@ def test_correct_conversion_passes_every_layer(resnet):
 
 def test_corrupted_weight_is_caught_at_its_layer(resnet, tmp_path):
     src, dst = resnet
-    g = reader.load(dst)
-    convs = [n for n in g.nodes if n.op == "Convolution"]
-    victim = convs[7]
-    w = np.asarray(victim.param["weight"]).copy()
-    w[: w.size // 2] *= -1.0
-    victim.param["weight"] = w
-    bad = tmp_path / "bad.mnn"
-    writer.save(g, bad)
+    bad, victim = _corrupt_conv(dst, 7, tmp_path)
     r = verify(src, bad)
     assert not r["pass"]
     assert r["first_failing"] == victim.outputs[0]
@@ -93,13 +98,7 @@ def test_caffe_source_per_layer_and_a_broken_layer_is_found(tmp_path):
     api.convert(proto, dst)
     r = verify(proto, dst)
     assert r["pass"] and len(r["layers"]) >= 20 and r["outputs"][0]["name"] == "fc1000"
-    g = reader.load(dst)
-    victim = [n for n in g.nodes if n.op == "Convolution"][5]
-    w = np.asarray(victim.param["weight"]).copy()
-    w[: w.size // 2] *= -1.0
-    victim.param["weight"] = w
-    bad = tmp_path / "bad.mnn"
-    writer.save(g, bad)
+    bad, victim = _corrupt_conv(dst, 5, tmp_path)
     r = verify(proto, bad)
     assert not r["pass"] and r["first_failing"] == victim.outputs[0]
 

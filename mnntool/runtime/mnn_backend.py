@@ -4,22 +4,16 @@ from __future__ import annotations
 import numpy as np
 
 from ..errors import MnnToolError
+from ..fdio import redirected_fd
 
 
 def _mnn():
     """Import MNN with its C-level start-up banner sent to stderr, so --json output stays clean."""
-    import os
-    import sys
-    sys.stdout.flush()
-    saved = os.dup(1)
-    os.dup2(2, 1)
     try:
-        import MNN  # noqa: N811
+        with redirected_fd(1, 2):
+            import MNN  # noqa: N811
     except ImportError:
         raise MnnToolError("the MNN runtime is not installed: pip install 'mnntool[test]' (or mnn>=3.6)") from None
-    finally:
-        os.dup2(saved, 1)
-        os.close(saved)
     return MNN
 
 

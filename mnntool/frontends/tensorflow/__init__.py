@@ -10,6 +10,7 @@ from pathlib import Path
 import numpy as np
 
 from ...errors import MnnToolError
+from ...fdio import redirected_fd
 from ...ir.graph import Graph
 from ..shaped import T, rename_tensor
 from .context import TfCtx
@@ -25,16 +26,11 @@ def supported_ops() -> list[str]:
 def _tf():
     """TensorFlow, imported with its C++ start-up log lines kept off the user's stderr."""
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
-    saved = os.dup(2)
     try:
-        with open(os.devnull, "w") as null:
-            os.dup2(null.fileno(), 2)
+        with redirected_fd(2):
             import tensorflow as tf
     except ImportError:
         raise MnnToolError("TensorFlow models need TensorFlow: pip install 'mnntool[tf]'") from None
-    finally:
-        os.dup2(saved, 2)
-        os.close(saved)
     return tf
 
 
