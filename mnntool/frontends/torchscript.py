@@ -13,18 +13,14 @@ from types import SimpleNamespace
 import numpy as np
 
 from ..errors import MnnToolError
+from ..registry import registrar
 from ..ir.graph import Graph
 from .shaped import ShapedCtx, T
 
 ATEN = {}
 
 
-def aten(*names):
-    def deco(fn):
-        for n in names:
-            ATEN[n] = fn
-        return fn
-    return deco
+aten = registrar(ATEN)
 
 
 class TorchCtx(ShapedCtx):

@@ -5,17 +5,13 @@ from __future__ import annotations
 import numpy as np
 
 from ...errors import MnnToolError
+from ...registry import registrar
 from ..shaped import conv_op, conv_param
 
 LAYERS = {}
 
 
-def layer(*types):
-    def deco(fn):
-        for t in types:
-            LAYERS[t] = fn
-        return fn
-    return deco
+layer = registrar(LAYERS)
 
 
 def _fail(ctx, lay, what):

@@ -4,16 +4,12 @@ from __future__ import annotations
 import numpy as np
 
 from ...errors import MnnToolError
+from ...registry import registrar
 
 CONVERTERS = {}
 
 
-def converts(*names):
-    def deco(fn):
-        for n in names:
-            CONVERTERS[n] = fn
-        return fn
-    return deco
+converts = registrar(CONVERTERS)
 
 
 def _common(ctx, node, a, kh, kw, cout, cin, group):

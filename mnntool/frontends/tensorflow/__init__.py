@@ -7,7 +7,6 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-import numpy as np
 
 from ...errors import MnnToolError
 from ...fdio import redirected_fd

@@ -6,6 +6,7 @@ from __future__ import annotations
 import numpy as np
 
 from ...errors import MnnToolError
+from ...registry import registrar
 from ..shaped import T, conv_op, conv_param
 from .context import NHWC_AXIS_IN_NCHW, TfCtx
 
@@ -13,12 +14,7 @@ OPS = {}
 CONST_EVAL = {}
 
 
-def op(*names):
-    def deco(fn):
-        for n in names:
-            OPS[n] = fn
-        return fn
-    return deco
+op = registrar(OPS)
 
 
 def attr(node, key, default=None):

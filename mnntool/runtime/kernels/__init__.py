@@ -9,6 +9,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable
 
+from ...registry import registrar
+
 KERNELS: dict[str, Callable] = {}
 
 
@@ -19,12 +21,7 @@ class Kernel:
     out_grid: float | None = None   # the int8 grid step the first output is rounded to, if any
 
 
-def kernel(*names):
-    def deco(factory):
-        for n in names:
-            KERNELS[n] = factory
-        return factory
-    return deco
+kernel = registrar(KERNELS)
 
 
 def returns(fn) -> Kernel:
