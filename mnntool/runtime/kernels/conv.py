@@ -87,11 +87,17 @@ def _act(v, act):
 
 
 @njit(cache=True, fastmath=True, inline="always")
+def _on_grid(v, grid):
+    """v rounded to an int8 grid given as (1/scale, scale, min, max)."""
+    return min(max(np.rint(v * grid[0]), grid[2]), grid[3]) * grid[1]
+
+
+@njit(cache=True, fastmath=True, inline="always")
 def _finish(v, act, grid):
-    """The activation, then (when grid[1] > 0) rounding to an int8 grid: (1/scale, scale, min, max)."""
+    """The activation, then (when grid[1] > 0) rounding to the int8 grid."""
     v = _act(v, act)
     if grid[1] > 0:
-        v = min(max(np.rint(v * grid[0]), grid[2]), grid[3]) * grid[1]
+        v = _on_grid(v, grid)
     return v
 
 
@@ -208,10 +214,9 @@ def convolution(node, ins, outs):
         s_in, s_out, lo, hi = int8
         fn = _integer(node, ins, outs, bias, int8)
         if fn is None:
-            grid = (np.float32(1 / s_out), np.float32(s_out), np.float32(lo), np.float32(hi))
-            k = convolution_float(node, ins, outs, weight, bias, grid)
+            k = convolution_float(node, ins, outs, weight, bias, grid_of(s_out, lo, hi))
             # an input that an int8 kernel already rounded to this grid is used as it is
-            fn = k.fn if ins[0].grid == np.float32(s_in) else _grid_input(k.fn, s_in, lo, hi)
+            fn = k.fn if ins[0].grid == np.float32(s_in) else _grid_input(k.fn, ins[0].shape, grid_of(s_in, lo, hi))
         return Kernel(fn, True, np.float32(s_out))
     return convolution_float(node, ins, outs, weight, bias)
 
@@ -256,21 +261,23 @@ def to_grid(x, grid, out):
     for r in prange(x.shape[0]):
         src, dst = x[r], out[r]
         for i in range(src.shape[0]):
-            dst[i] = min(max(np.rint(src[i] * grid[0]), grid[2]), grid[3]) * grid[1]
+            dst[i] = _on_grid(src[i], grid)
 
 
-def _grid_input(fn, s_in, lo, hi):
+def grid_of(scale, lo, hi) -> tuple:
+    """The (1/scale, scale, min, max) tuple the Numba kernels take for an int8 grid."""
+    return np.float32(1 / scale), np.float32(scale), np.float32(lo), np.float32(hi)
+
+
+def _grid_input(fn, shape, grid):
     """Round the input to its int8 grid before a float kernel that rounds its own output (the layers
     the integer kernel does not cover: depthwise and grouped convolutions, 4-bit weights, no VNNI)."""
-    grid = (np.float32(1 / s_in), np.float32(s_in), np.float32(lo), np.float32(hi))
-    buffers = {}
+    xq = np.empty(shape, np.float32)
+    rows = xq.reshape(-1, shape[-1])
 
     def run(inputs, outputs):
         x = np.ascontiguousarray(inputs[0], np.float32)
-        xq = buffers.get(x.shape)
-        if xq is None:
-            xq = buffers[x.shape] = np.empty(x.shape, np.float32)
-        to_grid(x.reshape(-1, x.shape[-1]), grid, xq.reshape(-1, x.shape[-1]))
+        to_grid(x.reshape(rows.shape), grid, rows)
         fn([xq] + list(inputs[1:]), outputs)
     return run
 

@@ -17,6 +17,11 @@ from .vnni import OCB, Int8Weights, pixel_blocks
 ZERO = 128
 
 
+@njit(cache=True, fastmath=True, inline="always")
+def _byte(v, inv_s, lo, hi):
+    return np.uint32(np.int32(min(max(np.rint(v * inv_s), lo), hi)) + ZERO)
+
+
 @njit(parallel=True, cache=True, fastmath=True)
 def quantize_hwc(x, inv_s, lo, hi, t, l, xq):
     """x (C, H, W) float -> xq[t + y, l + x, c] = clip(rint(x / s)) + 128; the border is left as written."""
@@ -26,8 +31,7 @@ def quantize_hwc(x, inv_s, lo, hi, t, l, xq):
         for c in range(C):
             src = x[c, y]
             for i in range(W):
-                v = min(max(np.rint(src[i] * inv_s), lo), hi)
-                dst[l + i, c] = np.uint8(v + ZERO)
+                dst[l + i, c] = np.uint8(_byte(src[i], inv_s, lo, hi))
 
 
 @njit(parallel=True, cache=True)
@@ -49,11 +53,6 @@ def im2col_packed(g32, kh, kw, sh, sw, dh, dw, oh, ow, cols):
                     base = (i * kw + j) * c4
                     for c in range(c4):
                         cols[pb, base + c, pl] = src[c]
-
-
-@njit(cache=True, fastmath=True, inline="always")
-def _byte(v, inv_s, lo, hi):
-    return np.uint32(np.int32(min(max(np.rint(v * inv_s), lo), hi)) + ZERO)
 
 
 @njit(parallel=True, cache=True, fastmath=True)
@@ -102,8 +101,10 @@ def int8_convolution(geometry, q, alpha, bias, act, scales, in_shape, out_shape)
     k4 = kh * kw * cp // 4
     cols = np.full((pixel_blocks(pixels), k4, 16, 4), ZERO, np.uint8)
     direct = kh == kw == 1 and sh == sw == 1 and not (t or l or b or r)   # quantize straight into the blocks
-    words = cols.view(np.uint32).reshape(cols.shape[:3])
+    words, flat = cols.view(np.uint32).reshape(cols.shape[:3]), cols.reshape(-1)
     grid = None if direct else np.full((h + t + b, w + l + r, cp), ZERO, np.uint8)
+    grid32 = None if direct else grid.view(np.uint32)
+    inv_in = f32(1 / s_in)
     rows = -(-cout // OCB) * OCB
     scratch = np.empty((rows, pixels), np.float32) if rows != cout else None
 
@@ -111,12 +112,12 @@ def int8_convolution(geometry, q, alpha, bias, act, scales, in_shape, out_shape)
         x, y = inputs[0], outputs[0]
         for i in range(n):
             if direct:
-                quantize_packed(x[i].reshape(cin, pixels), f32(1 / s_in), lo, hi, words)
+                quantize_packed(x[i].reshape(cin, pixels), inv_in, lo, hi, words)
             else:
-                quantize_hwc(x[i], f32(1 / s_in), lo, hi, t, l, grid)
-                im2col_packed(grid.view(np.uint32), kh, kw, sh, sw, dh, dw, oh, ow, words)
+                quantize_hwc(x[i], inv_in, lo, hi, t, l, grid)
+                im2col_packed(grid32, kh, kw, sh, sw, dh, dw, oh, ow, words)
             dst = y[i].reshape(cout, pixels)
-            weights.matmul(cols.reshape(-1), epf, dst if scratch is None else scratch)
+            weights.matmul(flat, epf, dst if scratch is None else scratch)
             if scratch is not None:
                 dst[...] = scratch[:cout]
     return run

@@ -49,8 +49,10 @@ def _tile(typingctx, x, xoff, w, woff, k4, out, ooff, ostride, left, ep, epf):
         xa, xo, wa, wo, nk, oa, oo, os_, left_, epa, epfa = args
         i1, i32, i64, f32 = ir.IntType(1), ir.IntType(32), ir.IntType(64), ir.FloatType()
         v16, f16 = ir.VectorType(i32, 16), ir.VectorType(f32, 16)
-        data = lambda k, v: cgutils.create_struct_proxy(sig.args[k])(context, builder, value=v).data  # noqa
-        xp, wp, op = builder.gep(data(0, xa), [xo]), builder.gep(data(2, wa), [wo]), builder.gep(data(5, oa), [oo])
+        a = sig.args
+        xp = builder.gep(data_of(context, builder, a[0], xa), [xo])
+        wp = builder.gep(data_of(context, builder, a[2], wa), [wo])
+        op = builder.gep(data_of(context, builder, a[5], oa), [oo])
         const = lambda v: ir.Constant(i64, v)   # noqa: E731
         mod = builder.module
         fn = lambda name, ret, *a: cgutils.get_or_insert_function(mod, ir.FunctionType(ret, list(a)), name)  # noqa
@@ -117,6 +119,7 @@ def _tile(typingctx, x, xoff, w, woff, k4, out, ooff, ostride, left, ep, epf):
 
 
 def data_of(context, builder, ty, value):
+    """The data pointer of a Numba array value inside generated IR."""
     return cgutils.create_struct_proxy(ty)(context, builder, value=value).data
 
 
