@@ -1,6 +1,7 @@
 """int8 accuracy, same calibration data, same held-out inputs: mnntool's four methods (files run in the
 real MNN runtime), onnxruntime's quantize_static (QDQ, per-channel; MinMax and Percentile) and MNN's own
-quantizer (KL). Reports cosine and top-1 agreement of int8 outputs vs fp32.
+quantizer (KL). Reports cosine and top-1 agreement of int8 outputs vs fp32; mnntool's files are scored
+in the MNN runtime and again in mnntool's own int8 runtime.
 
     python benchmarks/quant_accuracy.py [--models resnet18 mobilenetv2] [--calib 32] [--held-out 100]
 """
@@ -18,6 +19,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from fixtures.models import build  # noqa: E402
+import mnntool  # noqa: E402
 from mnntool.api import convert  # noqa: E402
 from mnntool.errors import MnnToolError  # noqa: E402
 from mnntool.format import reader  # noqa: E402
@@ -82,6 +84,8 @@ def main():
                               prep=ImagePrep(mean=(MEAN,) * 3, normal=(NORMAL,) * 3))
                 m = MnnSession(str(out), g.inputs, g.outputs)
                 results[f"mnntool {method}"] = score(ref, [m.run({"input": x})["output"] for x in test_x])
+                ours = mnntool.load(out)       # the same file in mnntool's own int8 runtime
+                results[f"mnntool {method} (own runtime)"] = score(ref, [ours.run({"input": x})["output"] for x in test_x])
 
             class Reader(CalibrationDataReader):
                 def __init__(self):
@@ -112,7 +116,7 @@ def main():
                                                "error": str(e)[:200]}
             for label, r in results.items():
                 rows.append({"model": name, "tool": label, **r})
-                print(f"{name:12s} {label:20s} cosine {r['cosine']:.6f}  top-1 agreement {r['top1_agreement']:.2f}",
+                print(f"{name:12s} {label:32s} cosine {r['cosine']:.6f}  top-1 agreement {r['top1_agreement']:.2f}",
                       flush=True)
     if args.json:
         Path(args.json).write_text(json.dumps(rows, indent=1))

@@ -296,7 +296,11 @@ def quant(src: str = typer.Argument(..., help="A float .mnn model."),
           auto_skip: Optional[float] = typer.Option(None, "--auto-skip",
                                                     help="Keep the fewest layers in float for output cosine >= X."),
           bias_correction: bool = typer.Option(True, "--bias-correction/--no-bias-correction"),
-          config: Optional[str] = typer.Option(None, "--config", help="JSON: method, skip, per_channel, batches."),
+          symmetric_activations: bool = typer.Option(
+              False, "--symmetric-activations",
+              help="int8: zero point 0 for every tensor (default: never-negative tensors use all 255 levels)."),
+          config: Optional[str] = typer.Option(None, "--config",
+                                               help="JSON: method, skip, per_channel, batches, symmetric_activations."),
           mean: Optional[str] = MEAN, normal: Optional[str] = NORMAL, std: Optional[str] = STD,
           size: Optional[str] = SIZE, fmt: str = FORMAT, as_json: bool = JSON):
     """Quantize a .mnn model: int8 PTQ, weight-only int8/int4, or fp16 -- files the MNN runtime runs."""
@@ -307,7 +311,8 @@ def quant(src: str = typer.Argument(..., help="A float .mnn model."),
     kwargs = dict(int8=int8, calib=calib, method=method, per_channel=per_channel, batches=batches,
                   weight_bits=weight_bits, fp16=fp16, asymmetric=asymmetric, block_size=block_size,
                   skip=[x.strip() for x in skip.split(",") if x.strip()] if skip else (), auto_skip=auto_skip,
-                  bias_correction=bias_correction, prep=prep, config=config)
+                  bias_correction=bias_correction, symmetric_activations=symmetric_activations, prep=prep,
+                  config=config)
     if as_json or not int8:
         r = quantize_file(src, dst, **kwargs)
     else:

@@ -19,8 +19,9 @@ def _load_config(path) -> dict:
 
 def quantize_file(src, dst, *, int8: bool = False, calib=None, method: str = "mse", per_channel: bool = True,
                   batches: int | None = None, weight_bits: int | None = None, fp16: bool = False,
-                  asymmetric: bool = False, block_size: int | None = None, skip=(), auto_skip: float | None = None, bias_correction: bool = True,
-                  prep=None, config=None, progress=None) -> dict:
+                  asymmetric: bool = False, block_size: int | None = None, skip=(), auto_skip: float | None = None,
+                  bias_correction: bool = True, symmetric_activations: bool = False, prep=None, config=None,
+                  progress=None) -> dict:
     """Quantize a .mnn file into another; returns the report (sizes, per-layer accuracy, skipped layers)."""
     from .data import calibration_samples
     from .ptq import quantize_int8
@@ -32,6 +33,7 @@ def quantize_file(src, dst, *, int8: bool = False, calib=None, method: str = "ms
         skip = list(skip) + list(cfg.get("skip", []))
         per_channel = cfg.get("per_channel", per_channel)
         batches = cfg.get("batches", batches)
+        symmetric_activations = cfg.get("symmetric_activations", symmetric_activations)
     modes = sum([bool(int8), weight_bits is not None, bool(fp16)])
     if modes != 1:
         raise MnnToolError("choose exactly one of --int8, --weight-bits 8|4, --fp16")
@@ -57,7 +59,7 @@ def quantize_file(src, dst, *, int8: bool = False, calib=None, method: str = "ms
 
         def quantize(extra_skip):
             return quantize_int8(g, calib_set, method, per_channel, skip | set(extra_skip), bias_correction,
-                                 progress=progress)
+                                 progress=progress, asymmetric=not symmetric_activations)
         if auto_skip is not None:
             q, skipped, acc = run_auto_skip(g, quantize, held_out, auto_skip)
             report["auto_skipped"] = skipped
@@ -65,7 +67,7 @@ def quantize_file(src, dst, *, int8: bool = False, calib=None, method: str = "ms
             q = quantize(set())
             acc = layer_report(g, q, held_out)
         report.update(mode="int8", method=method, per_channel=per_channel, calibration_samples=len(calib_set),
-                      held_out_samples=len(held_out))
+                      held_out_samples=len(held_out), symmetric_activations=symmetric_activations)
     else:
         from ..inputs import random_feeds
         q = reader.load(src)

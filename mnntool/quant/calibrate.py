@@ -1,6 +1,9 @@
 """Activation range calibrators: one histogram of |x| per tensor, four ways to pick the clipping range.
 
-Feed a calibrator tensors (observe), then ask it for the range (amax); the int8 scale is amax / 127.
+Feed a calibrator tensors (observe), then ask it for the range (amax) and the int8 grid (scale, zero).
+A tensor that was never negative (a ReLU's output) gets the whole int8 range for [0, amax]: 254 steps
+with zero point -127 (real = scale * (q - zero)), as MNN's asymmetric (EMA) quantizer writes it, where a
+symmetric grid would waste the negative half. Other tensors get [-amax, amax] in 127 steps each way.
 The histogram grows (re-binning what it holds) when a batch exceeds its range, so one pass suffices.
 """
 from __future__ import annotations
@@ -17,11 +20,14 @@ class Histogram:
         self.counts = np.zeros(bins, np.float64)
         self.edge = 0.0     # upper edge of the last bin
         self.absmax = 0.0
+        self.negative = False   # any value below zero seen
 
     def observe(self, x: np.ndarray) -> None:
-        a = np.abs(np.asarray(x, np.float32).ravel())
-        if a.size == 0:
+        x = np.asarray(x, np.float32).ravel()
+        if x.size == 0:
             return
+        self.negative = self.negative or bool(x.min() < 0)
+        a = np.abs(x)
         m = float(a.max())
         self.absmax = max(self.absmax, m)
         if m > self.edge:
@@ -48,17 +54,28 @@ class Calibrator:
     """Base: collects the histogram; subclasses choose amax from it."""
     name = "base"
 
-    def __init__(self):
+    def __init__(self, asymmetric: bool = True):
         self.hist = Histogram()
+        self.asymmetric = asymmetric
 
     def observe(self, x) -> None:
         self.hist.observe(x)
 
+    @property
+    def one_sided(self) -> bool:
+        return self.asymmetric and not self.hist.negative
+
+    @property
+    def steps(self) -> int:
+        """Grid steps between 0 and amax: 127 for a symmetric grid, 254 for a one-sided one."""
+        return 2 * QMAX if self.one_sided else QMAX
+
     def amax(self) -> float:
         raise NotImplementedError
 
-    def scale(self) -> float:
-        return max(self.amax(), 1e-8) / QMAX
+    def grid(self) -> tuple[float, int]:
+        """(scale, zero point) of the int8 grid."""
+        return max(self.amax(), 1e-8) / self.steps, -QMAX if self.one_sided else 0
 
 
 class MinMaxCalibrator(Calibrator):
@@ -71,8 +88,8 @@ class MinMaxCalibrator(Calibrator):
 class PercentileCalibrator(Calibrator):
     name = "percentile"
 
-    def __init__(self, percentile: float = 99.99):
-        super().__init__()
+    def __init__(self, asymmetric: bool = True, percentile: float = 99.99):
+        super().__init__(asymmetric)
         self.percentile = percentile
 
     def amax(self) -> float:
@@ -93,9 +110,10 @@ class MseCalibrator(Calibrator):
             return 0.0
         centers = (np.arange(h.bins) + 0.5) * h.width
         best, best_err = h.absmax, np.inf
+        steps = self.steps
         for t in np.geomspace(max(h.width * 4, h.absmax * 1e-3), h.absmax, 160):
-            s = t / QMAX
-            q = np.clip(np.rint(centers / s), 0, QMAX) * s
+            s = t / steps
+            q = np.clip(np.rint(centers / s), 0, steps) * s
             err = float(np.sum(h.counts * (centers - q) ** 2))
             if err < best_err:
                 best, best_err = t, err
@@ -103,24 +121,24 @@ class MseCalibrator(Calibrator):
 
 
 class KlCalibrator(Calibrator):
-    """TensorRT's entropy calibration: the threshold whose 128-level quantized distribution is closest
-    (KL divergence) to the clipped reference distribution."""
+    """TensorRT's entropy calibration: the threshold whose quantized distribution (128 levels, or 255 on
+    a one-sided grid) is closest (KL divergence) to the clipped reference distribution."""
     name = "kl"
-    LEVELS = QMAX + 1
 
     def amax(self) -> float:
         h = self.hist
+        levels = self.steps + 1
         counts = h.counts
         if counts.sum() == 0 or h.edge == 0:
             return 0.0
         nonzero = np.flatnonzero(counts)
         last = int(nonzero[-1]) + 1
-        start = min(self.LEVELS, last)
+        start = min(levels, last)
         best_i, best_kl = last, np.inf
         for i in range(start, last + 1, max(1, (last - start) // 256 or 1)):
             p = counts[:i].copy()
             p[i - 1] += counts[i:].sum()          # outliers fold into the last kept bin
-            chunks = np.array_split(np.arange(i), self.LEVELS)
+            chunks = np.array_split(np.arange(i), levels)
             q = np.zeros(i)
             src = counts[:i]
             for idx in chunks:
@@ -146,8 +164,8 @@ class KlCalibrator(Calibrator):
 CALIBRATORS = {c.name: c for c in (KlCalibrator, MseCalibrator, PercentileCalibrator, MinMaxCalibrator)}
 
 
-def make(method: str) -> Calibrator:
+def make(method: str, asymmetric: bool = True) -> Calibrator:
     from ..errors import MnnToolError
     if method not in CALIBRATORS:
         raise MnnToolError(f"unknown calibration method '{method}' (kl, mse, percentile, minmax)")
-    return CALIBRATORS[method]()
+    return CALIBRATORS[method](asymmetric)

@@ -42,3 +42,29 @@ def test_histogram_grows_without_losing_counts():
     h.observe(np.linspace(-1, 1, 1000))
     h.observe(np.linspace(-10, 10, 1000))
     assert h.counts.sum() == 2000 and h.absmax == 10.0 and h.edge >= 10.0
+
+
+@pytest.mark.parametrize("method", ["kl", "mse", "percentile", "minmax"])
+def test_never_negative_tensors_get_a_one_sided_grid(method):
+    relu = np.maximum(UNIFORM, 0)
+    c = CALIBRATORS[method]()
+    c.observe(relu)
+    scale, zero = c.grid()
+    assert zero == -127 and scale == pytest.approx(c.amax() / 254)
+    # the same data on a symmetric grid has twice the step, so about twice the rounding error
+    sym = CALIBRATORS[method](asymmetric=False)
+    sym.observe(relu)
+    s_sym, z_sym = sym.grid()
+    assert z_sym == 0 and s_sym == pytest.approx(sym.amax() / 127)
+
+    def rms(s, z):
+        q = np.clip(np.rint(relu / s) + z, -127, 127)
+        return float(np.sqrt(np.mean(((q - z) * s - relu) ** 2)))
+    assert rms(scale, zero) < 0.6 * rms(s_sym, z_sym)
+
+
+def test_signed_tensors_stay_symmetric():
+    c = CALIBRATORS["mse"]()
+    c.observe(np.maximum(UNIFORM, 0))
+    c.observe(np.array([-0.01], np.float32))      # one negative value anywhere makes the grid symmetric
+    assert c.grid()[1] == 0

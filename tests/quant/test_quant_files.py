@@ -198,3 +198,75 @@ def test_block_size_needs_weight_bits(resnet_mnn, tmp_path):
     src, _ = resnet_mnn
     assert_one_line_error(*run("quant", src, tmp_path / "x.mnn", "--fp16", "--block-size", "32"), "--block-size")
     assert not (tmp_path / "x.mnn").exists()
+
+
+def _small_convnet(path, rng):
+    def conv(name, cin, cout, k, stride=1):
+        return nh.from_array((rng.standard_normal((cout, cin, k, k)) / np.sqrt(cin * k * k)).astype(np.float32), name)
+    # 3x3 convolutions with stride 2 and 1x1 ones: MNN's EMA quantizer turns stride-1 3x3 ones into its
+    # int8 Winograd (winogradAttr), whose rounding in the transformed domain mnntool does not reproduce
+    nodes = [h.make_node("Conv", ["x", "w1"], ["c1"], pads=[1] * 4, strides=[2, 2]), h.make_node("Relu", ["c1"], ["r1"]),
+             h.make_node("Conv", ["r1", "w2"], ["c2"], pads=[1] * 4, strides=[2, 2]), h.make_node("Relu", ["c2"], ["r2"]),
+             h.make_node("Conv", ["r2", "w3"], ["c3"]),
+             h.make_node("Conv", ["c3", "w4"], ["c4"]), h.make_node("Relu", ["c4"], ["y"])]
+    g = h.make_graph(nodes, "g", [h.make_tensor_value_info("x", TP.FLOAT, [1, 3, 32, 32])],
+                     [h.make_empty_tensor_value_info("y")],
+                     initializer=[conv("w1", 3, 16, 3), conv("w2", 16, 16, 3), conv("w3", 16, 8, 1), conv("w4", 8, 16, 1)])
+    onnx.save(h.make_model(g, opset_imports=[h.make_opsetid("", 17)]), path)
+
+
+@pytest.mark.parametrize("method", ["EMA", "KL"])
+def test_mnn_quantizer_files_run_the_same_in_mnntool(tmp_path, method):
+    """Files from MNN's own quantizer: EMA writes zero points (-127 after a ReLU), KL symmetric grids."""
+    from PIL import Image
+
+    from mnntool.mnn_tools import mnnconvert, mnnquant
+    rng = np.random.default_rng(5)
+    _small_convnet(tmp_path / "m.onnx", rng)
+    mnnconvert("-f", "ONNX", "--modelFile", tmp_path / "m.onnx", "--MNNModel", tmp_path / "m.mnn", "--bizCode", "t")
+    imgs = tmp_path / "imgs"
+    imgs.mkdir()
+    for k in range(4):
+        Image.fromarray(rng.integers(0, 255, (32, 32, 3), dtype=np.uint8)).save(imgs / f"{k}.png")
+    cfg = {"format": "RGB", "mean": [127.5] * 3, "normal": [1 / 64] * 3, "width": 32, "height": 32,
+           "path": str(imgs) + "/", "used_image_num": 4, "feature_quantize_method": method}
+    (tmp_path / "cfg.json").write_text(json.dumps(cfg))
+    mnnquant(tmp_path / "m.mnn", tmp_path / "q.mnn", tmp_path / "cfg.json")
+    q = reader.load(tmp_path / "q.mnn")
+    zeros = {n.param["symmetricQuan"].get("outputZeroPoint", 0) for n in q.nodes if "symmetricQuan" in n.param}
+    assert (-127 in zeros) == (method == "EMA")
+    assert not any(len(n.param["symmetricQuan"].get("winogradAttr", [])) for n in q.nodes if "symmetricQuan" in n.param)
+    x = {q.inputs[0]: rng.uniform(-2, 2, (1, 3, 32, 32)).astype(np.float32)}
+    theirs = mnn_run(tmp_path / "q.mnn", q.inputs, q.outputs, x)
+    ours = mnntool.load(tmp_path / "q.mnn").run(x)
+    for k in q.outputs:
+        assert metrics(theirs[k], ours[k])["cosine"] >= 0.9999
+
+
+def test_convolutions_before_an_average_pool_stay_float(tmp_path):
+    """MNN runs an average pool on its input's int8 grid and rounds each mean back to that grid, so the
+    convolution feeding a global pool keeps a float output (and the head stays float, as ever)."""
+    rng = np.random.default_rng(3)
+    w = [rng.standard_normal(s).astype(np.float32) / 4 for s in ((16, 3, 3, 3), (32, 16, 1, 1), (10, 32))]
+    nodes = [h.make_node("Conv", ["x", "w0"], ["c0"], pads=[1] * 4), h.make_node("Relu", ["c0"], ["r0"]),
+             h.make_node("Conv", ["r0", "w1"], ["c1"]), h.make_node("Relu", ["c1"], ["r1"]),
+             h.make_node("GlobalAveragePool", ["r1"], ["p"]), h.make_node("Flatten", ["p"], ["f"]),
+             h.make_node("Gemm", ["f", "w2"], ["y"], transB=1)]
+    g = h.make_graph(nodes, "g", [h.make_tensor_value_info("x", TP.FLOAT, [1, 3, 16, 16])],
+                     [h.make_empty_tensor_value_info("y")],
+                     initializer=[nh.from_array(a, f"w{k}") for k, a in enumerate(w)])
+    onnx.save(h.make_model(g, opset_imports=[h.make_opsetid("", 17)]), tmp_path / "m.onnx")
+    api.convert(tmp_path / "m.onnx", tmp_path / "m.mnn")
+    calib = tmp_path / "calib"
+    calib.mkdir()
+    for k in range(4):
+        np.save(calib / f"{k}.npy", rng.standard_normal((1, 3, 16, 16)).astype(np.float32))
+    quantize_file(tmp_path / "m.mnn", tmp_path / "q.mnn", int8=True, calib=calib, batches=4)
+    q = reader.load(tmp_path / "q.mnn")
+    convs = [n for n in q.nodes if n.op == "Convolution"]
+    assert ["symmetricQuan" in n.param for n in convs] == [True, False, False]
+    x = {"x": rng.standard_normal((1, 3, 16, 16)).astype(np.float32)}
+    theirs = mnn_run(tmp_path / "q.mnn", q.inputs, q.outputs, x)["y"]
+    fp32 = mnntool.load(tmp_path / "m.mnn").run(x)["y"]
+    assert metrics(fp32, theirs)["cosine"] >= 0.9999
+    assert metrics(theirs, mnntool.load(tmp_path / "q.mnn").run(x)["y"])["cosine"] >= 0.99999

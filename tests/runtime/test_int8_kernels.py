@@ -52,11 +52,14 @@ GEOMETRIES = {   # cin, cout, kernel, stride, pad, dilation, (h, w), batch
 }
 
 
-@pytest.mark.parametrize("name", sorted(GEOMETRIES))
-def test_integer_convolution(tmp_path, name, monkeypatch):
+@pytest.mark.parametrize("name,one_sided", [(k, False) for k in sorted(GEOMETRIES)]
+                         + [("stride2", True), ("pointwise_tail", True)])
+def test_integer_convolution(tmp_path, name, one_sided, monkeypatch):
+    """one_sided: the input passes a ReLU first, so its grid has zero point -127 (the byte offset 1)."""
     cin, cout, k, s, p, d, hw, n = GEOMETRIES[name]
     r = np.random.default_rng(len(name))
-    nodes = [h.make_node("Conv", ["x", "w", "b"], ["c0"], strides=[s, s], pads=[p] * 4, dilations=[d, d]),
+    nodes = [h.make_node("Relu" if one_sided else "Identity", ["x"], ["x1"]),
+             h.make_node("Conv", ["x1", "w", "b"], ["c0"], strides=[s, s], pads=[p] * 4, dilations=[d, d]),
              h.make_node("Relu", ["c0"], ["c"]),
              h.make_node("Conv", ["c", "w2"], ["y"])]
     inits = [nh.from_array(r.standard_normal((cout, cin, k, k)).astype(np.float32) / k, "w"),
@@ -73,6 +76,8 @@ def test_integer_convolution(tmp_path, name, monkeypatch):
     quantize_file(tmp_path / "m.mnn", tmp_path / "q.mnn", int8=True, calib=calib, method="minmax")
     q = reader.load(tmp_path / "q.mnn")
     conv = next(node for node in q.nodes if "symmetricQuan" in node.param)
+    assert conv.param["symmetricQuan"]["zeroPoint"] == (-127 if one_sided else 0)
+    assert conv.param["symmetricQuan"]["outputZeroPoint"] == -127          # after a ReLU
     feeds = {"x": r.standard_normal((n, cin, *hw)).astype(np.float32)}
     mid = conv.outputs[0]
     ours = mnntool.load(tmp_path / "q.mnn").run(feeds, keep_all=True)[mid]

@@ -1,6 +1,8 @@
 """Convolutions: 1x1 and im2col convolutions on BLAS sgemm, depthwise and col2im loops in Numba."""
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import numpy as np
 from numba import njit, prange
 
@@ -211,17 +213,17 @@ def convolution(node, ins, outs):
         bias = np.zeros(cout, np.float32)
     int8 = int8_scales(node)
     if int8 is not None:     # an int8 convolution: same arithmetic as MNN on the quantized grid
-        s_in, s_out, lo, hi = int8
+        grid_in, grid_out = grid_of(*int8.input), grid_of(*int8.output)
         fn = _integer(node, ins, outs, bias, int8)
         if fn is None:
-            k = convolution_float(node, ins, outs, weight, bias, grid_of(s_out, lo, hi))
+            k = convolution_float(node, ins, outs, weight, bias, grid_out)
             # an input that an int8 kernel already rounded to this grid is used as it is
-            fn = k.fn if ins[0].grid == np.float32(s_in) else _grid_input(k.fn, ins[0].shape, grid_of(s_in, lo, hi))
-        return Kernel(fn, True, np.float32(s_out))
+            fn = k.fn if ins[0].grid == grid_in else _grid_input(k.fn, ins[0].shape, grid_in)
+        return Kernel(fn, True, grid_out)
     return convolution_float(node, ins, outs, weight, bias)
 
 
-def _integer(node, ins, outs, bias, scales):
+def _integer(node, ins, outs, bias, grids):
     """The integer kernel for a group-1 int8 convolution with 8-bit per-channel weights on a VNNI CPU,
     else None (elsewhere BLAS's sgemm on the int8 grid beats integer loops)."""
     from ...quant.weights import int8_values
@@ -235,7 +237,7 @@ def _integer(node, ins, outs, bias, scales):
     if values is None or (c.get("group", 1) or 1) != 1 or len(ins[0].shape) != 4:
         return None
     geometry = _geometry(c, ins[0].shape[2:], outs[0].shape[2:])
-    return int8_convolution(geometry, *values, bias, activation(c), scales, ins[0].shape, outs[0].shape)
+    return int8_convolution(geometry, *values, bias, activation(c), grids, ins[0].shape, outs[0].shape)
 
 
 def conv_weight(param: dict, rows: int) -> np.ndarray:
@@ -248,11 +250,22 @@ def conv_weight(param: dict, rows: int) -> np.ndarray:
     raise ValueError("convolution without weights")
 
 
-def int8_scales(node):
+class Int8Grids(NamedTuple):
+    """An int8 convolution's input and output grids as (scale, min, max) in steps of the scale from
+    zero (real = scale * (q - zero), q in [clampMin, clampMax], so the steps run from clampMin - zero),
+    and the input's zero point."""
+    input: tuple
+    output: tuple
+    zero_in: int
+
+
+def int8_scales(node) -> Int8Grids | None:
     qp, sq = node.param.get("quanParameter"), node.param.get("symmetricQuan")
     if qp is None or sq is None or not qp.get("scaleIn") or not qp.get("scaleOut"):
         return None
-    return float(qp["scaleIn"]), float(qp["scaleOut"]), int(sq.get("clampMin", -127)), int(sq.get("clampMax", 127))
+    lo, hi = int(sq.get("clampMin", -128)), int(sq.get("clampMax", 127))
+    z_in, z_out = int(sq.get("zeroPoint", 0)), int(sq.get("outputZeroPoint", 0))
+    return Int8Grids((float(qp["scaleIn"]), lo - z_in, hi - z_in), (float(qp["scaleOut"]), lo - z_out, hi - z_out), z_in)
 
 
 @njit(parallel=True, cache=True, fastmath=True)
@@ -265,7 +278,8 @@ def to_grid(x, grid, out):
 
 
 def grid_of(scale, lo, hi) -> tuple:
-    """The (1/scale, scale, min, max) tuple the Numba kernels take for an int8 grid."""
+    """The (1/scale, scale, min, max) tuple the Numba kernels take for an int8 grid (min and max in
+    steps of the scale)."""
     return np.float32(1 / scale), np.float32(scale), np.float32(lo), np.float32(hi)
 
 

@@ -1,11 +1,11 @@
 """Int8 convolutions on integer arithmetic, the way MNN runs a `symmetricQuan` convolution.
 
-The float input is quantized once to its int8 grid (stored as u8 = q + 128, channels last, so an
-im2col row is a few contiguous copies and the padding is the byte 128), multiplied by the int8
-weights with 32-bit accumulation (`vnni`), and the accumulator is rescaled, given the bias and the
-activation, and rounded to the output's int8 grid. Between operators tensors stay float on that grid,
-so every other kernel is unchanged. The 128 offset is removed per output channel: sum((q+128) w) =
-sum(q w) + 128 sum(w).
+The float input is quantized once to its int8 grid, in steps k = rint(x / s) (stored as the byte
+u8 = k + off with off = 128 + zero point, that is q + 128; channels last, so an im2col row is a few
+contiguous copies and the padding, real 0, is the byte off), multiplied by the int8 weights with
+32-bit accumulation (`vnni`), and the accumulator is rescaled, given the bias and the activation, and
+rounded to the output's int8 grid. Between operators tensors stay float on that grid, so every other
+kernel is unchanged. The offset is removed per output channel: sum((k+off) w) = sum(k w) + off sum(w).
 """
 from __future__ import annotations
 
@@ -14,24 +14,22 @@ from numba import njit, prange
 
 from .vnni import OCB, Int8Weights, pixel_blocks
 
-ZERO = 128
-
 
 @njit(cache=True, fastmath=True, inline="always")
-def _byte(v, inv_s, lo, hi):
-    return np.uint32(np.int32(min(max(np.rint(v * inv_s), lo), hi)) + ZERO)
+def _byte(v, inv_s, lo, hi, off):
+    return np.uint32(np.int32(min(max(np.rint(v * inv_s), lo), hi)) + off)
 
 
 @njit(parallel=True, cache=True, fastmath=True)
-def quantize_hwc(x, inv_s, lo, hi, t, l, xq):
-    """x (C, H, W) float -> xq[t + y, l + x, c] = clip(rint(x / s)) + 128; the border is left as written."""
+def quantize_hwc(x, inv_s, lo, hi, off, t, l, xq):
+    """x (C, H, W) float -> xq[t + y, l + x, c] = clip(rint(x / s)) + off; the border is left as written."""
     C, H, W = x.shape
     for y in prange(H):
         dst = xq[t + y]
         for c in range(C):
             src = x[c, y]
             for i in range(W):
-                dst[l + i, c] = np.uint8(_byte(src[i], inv_s, lo, hi))
+                dst[l + i, c] = np.uint8(_byte(src[i], inv_s, lo, hi, off))
 
 
 @njit(parallel=True, cache=True)
@@ -56,7 +54,7 @@ def im2col_packed(g32, kh, kw, sh, sw, dh, dw, oh, ow, cols):
 
 
 @njit(parallel=True, cache=True, fastmath=True)
-def quantize_packed(x, inv_s, lo, hi, cols):
+def quantize_packed(x, inv_s, lo, hi, off, cols):
     """x (C, P) float -> cols (blocks, C/4, 16) uint32 words of 4 channels: the pixel blocks of a 1x1
     stride-1 convolution, written directly; whole blocks are one vectorized pass over four rows."""
     C, P = x.shape
@@ -68,24 +66,27 @@ def quantize_packed(x, inv_s, lo, hi, cols):
             if p0 + 16 <= P and c + 4 <= C:
                 r0, r1, r2, r3 = x[c, p0:p0 + 16], x[c + 1, p0:p0 + 16], x[c + 2, p0:p0 + 16], x[c + 3, p0:p0 + 16]
                 for k in range(16):
-                    dst[k] = (_byte(r0[k], inv_s, lo, hi) | _byte(r1[k], inv_s, lo, hi) << 8
-                              | _byte(r2[k], inv_s, lo, hi) << 16 | _byte(r3[k], inv_s, lo, hi) << 24)
+                    dst[k] = (_byte(r0[k], inv_s, lo, hi, off) | _byte(r1[k], inv_s, lo, hi, off) << 8
+                              | _byte(r2[k], inv_s, lo, hi, off) << 16 | _byte(r3[k], inv_s, lo, hi, off) << 24)
             else:
                 for k in range(16):
                     word = np.uint32(0)
                     for j in range(4):
-                        b = _byte(x[c + j, p0 + k], inv_s, lo, hi) if c + j < C and p0 + k < P else np.uint32(ZERO)
+                        b = _byte(x[c + j, p0 + k], inv_s, lo, hi, off) if c + j < C and p0 + k < P else np.uint32(off)
                         word |= b << (8 * j)
                     dst[k] = word
 
 
-def int8_convolution(geometry, q, alpha, bias, act, scales, in_shape, out_shape):
+def int8_convolution(geometry, q, alpha, bias, act, grids, in_shape, out_shape):
     """The kernel function for one int8 convolution (group 1), or None when the geometry is not covered.
 
-    `q` (O, C*kh*kw) int8 in (c, i, j) order with per-channel `alpha`; `scales` (s_in, s_out, lo, hi).
+    `q` (O, C*kh*kw) int8 in (c, i, j) order with per-channel `alpha`; `grids` a conv.Int8Grids.
     """
     kh, kw, sh, sw, dh, dw, t, l, b, r = geometry
-    s_in, s_out, lo, hi = scales
+    (s_in, lo, hi), (s_out, out_lo, out_hi) = grids.input, grids.output
+    off = 128 + grids.zero_in
+    if not (0 <= lo + off and hi + off <= 255):
+        return None
     n, cin, h, w = in_shape
     _, cout, oh, ow = out_shape
     if q.shape[1] != cin * kh * kw:
@@ -94,15 +95,15 @@ def int8_convolution(geometry, q, alpha, bias, act, scales, in_shape, out_shape)
     wk = np.zeros((cout, kh, kw, cp), np.int8)
     wk[..., :cin] = q.reshape(cout, cin, kh, kw).transpose(0, 2, 3, 1)
     scale = (np.float64(s_in) * np.asarray(alpha, np.float64)).astype(np.float32)
-    weights = Int8Weights(wk.reshape(cout, -1), ZERO * q.astype(np.int32).sum(1), scale, bias)
+    weights = Int8Weights(wk.reshape(cout, -1), off * q.astype(np.int32).sum(1), scale, bias)
     f32 = np.float32
-    epf = (f32(0 if act else -np.inf), f32(6 if act == 2 else np.inf), f32(1 / s_out), f32(s_out), f32(lo), f32(hi))
+    epf = (f32(0 if act else -np.inf), f32(6 if act == 2 else np.inf), f32(1 / s_out), f32(s_out), f32(out_lo), f32(out_hi))
     pixels = oh * ow
     k4 = kh * kw * cp // 4
-    cols = np.full((pixel_blocks(pixels), k4, 16, 4), ZERO, np.uint8)
+    cols = np.full((pixel_blocks(pixels), k4, 16, 4), off, np.uint8)
     direct = kh == kw == 1 and sh == sw == 1 and not (t or l or b or r)   # quantize straight into the blocks
     words, flat = cols.view(np.uint32).reshape(cols.shape[:3]), cols.reshape(-1)
-    grid = None if direct else np.full((h + t + b, w + l + r, cp), ZERO, np.uint8)
+    grid = None if direct else np.full((h + t + b, w + l + r, cp), off, np.uint8)
     grid32 = None if direct else grid.view(np.uint32)
     inv_in = f32(1 / s_in)
     rows = -(-cout // OCB) * OCB
@@ -112,9 +113,9 @@ def int8_convolution(geometry, q, alpha, bias, act, scales, in_shape, out_shape)
         x, y = inputs[0], outputs[0]
         for i in range(n):
             if direct:
-                quantize_packed(x[i].reshape(cin, pixels), inv_in, lo, hi, words)
+                quantize_packed(x[i].reshape(cin, pixels), inv_in, lo, hi, off, words)
             else:
-                quantize_hwc(x[i], inv_in, lo, hi, t, l, grid)
+                quantize_hwc(x[i], inv_in, lo, hi, off, t, l, grid)
                 im2col_packed(grid32, kh, kw, sh, sw, dh, dw, oh, ow, words)
             dst = y[i].reshape(cout, pixels)
             weights.matmul(flat, epf, dst if scratch is None else scratch)
