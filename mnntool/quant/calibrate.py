@@ -128,9 +128,12 @@ class KlCalibrator(Calibrator):
     def amax(self) -> float:
         h = self.hist
         levels = self.steps + 1
-        counts = h.counts
+        counts = h.counts.copy()
         if counts.sum() == 0 or h.edge == 0:
             return 0.0
+        # a ReLU's zeros pile up in the first bin; left there, that spike dominates the divergence and
+        # pulls the threshold far down (ResNet-18 stem: 0.50 of a 1.93 range, layer cosine 0.976)
+        counts[0] = counts[1]
         nonzero = np.flatnonzero(counts)
         last = int(nonzero[-1]) + 1
         start = min(levels, last)

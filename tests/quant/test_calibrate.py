@@ -68,3 +68,14 @@ def test_signed_tensors_stay_symmetric():
     c.observe(np.maximum(UNIFORM, 0))
     c.observe(np.array([-0.01], np.float32))      # one negative value anywhere makes the grid symmetric
     assert c.grid()[1] == 0
+
+
+def test_kl_ignores_the_zero_spike_of_a_relu():
+    """Half of a ReLU's outputs are 0: the KL threshold must be the one of the positive part alone, not
+    one pulled down by the spike in the first bin (before the fix: about a quarter of the range)."""
+    x = RNG.standard_normal(200_000).astype(np.float32)
+    relu, positive = CALIBRATORS["kl"](), CALIBRATORS["kl"]()
+    relu.observe(np.maximum(x, 0))
+    positive.observe(np.abs(x))
+    assert relu.amax() == pytest.approx(positive.amax(), rel=0.02)
+    assert relu.amax() > 0.6 * float(x.max())
