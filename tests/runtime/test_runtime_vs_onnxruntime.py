@@ -78,9 +78,9 @@ def test_wrong_feed_shape_is_a_clear_error(tmp_path, fixture_model):
                                             ((10, 41), 2, [1, 1, 1, 1]), ((6, 35), 1, [2, 0, 0, 2]),
                                             ((7, 34), 2, [0, 0, 1, 1]), ((5, 40), 3, [1, 1, 1, 1])])
 def test_depthwise_3x3_kernel_edges(tmp_path, hw, stride, pads):
-    """Depthwise kernels read padding as zeros at every border, for odd sizes and strides 1-3: outputs
-    up to 16 wide take the channels-innermost kernel, wider ones the row kernel (stride 3: the general
-    row kernel)."""
+    """Depthwise kernels read padding as zeros at every border, for odd sizes and strides 1-3: stride 1
+    outputs wider than 6 take the padded-plane kernel, other outputs up to 16 wide the channels-innermost
+    kernel, wider stride-2 ones the border-checking row kernel (stride 3: the general row kernel)."""
     import onnx
     from onnx import TensorProto as TP, helper as h, numpy_helper as nh
     r = np.random.default_rng(9)

