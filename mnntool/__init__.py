@@ -5,6 +5,10 @@ import os
 # OpenMP workers that spin while idle starve OpenBLAS's threads (and the reverse) on small machines:
 # with both at 2 threads ResNet-18 ran 4x slower than with 1. Must be set before Numba starts threads.
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+# and OpenBLAS's own workers spin after each sgemm while Numba's kernels want that core: the shortest
+# spin (2^4 cycles; read when OpenBLAS loads, so before numpy is imported) took ResNet-18 at 2 threads
+# from 31-34 ms to 27-28 ms
+os.environ.setdefault("OPENBLAS_THREAD_TIMEOUT", "4")
 
 __version__ = "0.1.0"
 
