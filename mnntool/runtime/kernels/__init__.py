@@ -24,6 +24,35 @@ class Kernel:
 kernel = registrar(KERNELS)
 
 
+# Waking OpenMP's sleeping workers (they must sleep: spinning ones starve OpenBLAS's threads on a small
+# machine) costs about 50 us per parallel loop here, so a kernel with less than ~100 us of single-thread
+# work runs its serial twin: MobileNetV2 has ~70 such loops per run.
+PARALLEL_MIN_WORK = 250_000      # element operations
+_SERIAL: dict = {}
+
+
+def serial(fn):
+    """The same Numba kernel compiled without `parallel` (prange runs as range), cached on its own."""
+    if fn not in _SERIAL:
+        import types
+
+        import numba
+        py = fn.py_func
+        name = py.__name__ + "_serial"
+        code = py.__code__.replace(co_name=name, co_qualname=py.__qualname__ + "_serial")
+        twin = types.FunctionType(code, py.__globals__, name, py.__defaults__, py.__closure__)
+        twin.__qualname__, twin.__module__ = py.__qualname__ + "_serial", py.__module__
+        opts = {k: v for k, v in fn.targetoptions.items() if k not in ("parallel", "nopython")}
+        _SERIAL[fn] = numba.njit(cache=True, **opts)(twin)
+    return _SERIAL[fn]
+
+
+def sized(fn, work: int):
+    """`fn` (a parallel Numba kernel) when `work` pays for waking the other threads, else its serial twin."""
+    import numba
+    return fn if numba.get_num_threads() <= 1 or work >= PARALLEL_MIN_WORK else serial(fn)
+
+
 def returns(fn) -> Kernel:
     return Kernel(fn, False)
 

@@ -6,7 +6,7 @@ from typing import NamedTuple
 import numpy as np
 from numba import njit, prange
 
-from . import Kernel, kernel, writes
+from . import Kernel, kernel, sized, writes
 
 RELU, RELU6 = 1, 2
 
@@ -311,10 +311,11 @@ def _grid_input(fn, shape, grid):
     the integer kernel does not cover: depthwise and grouped convolutions, 4-bit weights, no VNNI)."""
     xq = np.empty(shape, np.float32)
     rows = xq.reshape(-1, shape[-1])
+    rounding = sized(to_grid, xq.size)
 
     def run(inputs, outputs):
         x = np.ascontiguousarray(inputs[0], np.float32)
-        to_grid(x.reshape(rows.shape), grid, rows)
+        rounding(x.reshape(rows.shape), grid, rows)
         fn([xq] + list(inputs[1:]), outputs)
     return run
 
@@ -328,6 +329,7 @@ def convolution_float(node, ins, outs, weight, bias, grid=NO_GRID):
     group = c.get("group", 1) or 1
     act = activation(c)
     padded = np.zeros((cin, h + t + b, w + l + r), np.float32) if (t or l or b or r) else None
+    out_size = cout * oh * ow
 
     def pad(x):
         if padded is None:
@@ -338,32 +340,35 @@ def convolution_float(node, ins, outs, weight, bias, grid=NO_GRID):
     def regrid(y):     # for the paths whose own epilogue does not round to the grid
         if grid[1] > 0:
             flat = y.reshape(-1, y.shape[-1])
-            to_grid(flat, grid, flat)
+            sized(to_grid, flat.size)(flat, grid, flat)
 
     if group == cin == cout and group > 1:
         wd = np.ascontiguousarray(weight.reshape(cout, kh, kw))
         if kh == kw == 3 and sh == sw == 1 and dh == dw == 1 and max(t, l, b, r) <= 2 and ow > 6:
             xp = np.zeros((cin, max(h + t + b, oh + 2), max(w + l + r, ow + 2)), np.float32)
+            dw3 = sized(depthwise3x3_s1, out_size * 9)
 
             def run_dw3_s1(inputs, outputs):
                 for i in range(n):
-                    depthwise3x3_s1(inputs[0][i], wd, bias, t, l, xp, outputs[0][i], act, grid)
+                    dw3(inputs[0][i], wd, bias, t, l, xp, outputs[0][i], act, grid)
             return writes(run_dw3_s1)
         if ow <= 16 and sh == sw and dh == dw == 1:        # small maps: vectorize over channels
             xp = np.zeros((max(h + t + b, (oh - 1) * sh + kh), max(w + l + r, (ow - 1) * sw + kw), cin), np.float32)
             yp = np.empty((oh, ow, cout), np.float32)
             wt = np.ascontiguousarray(wd.reshape(cout, kh * kw).T)
+            hwc = sized(depthwise_hwc, out_size * kh * kw)
 
             def run_hwc(inputs, outputs):
                 for i in range(n):
-                    depthwise_hwc(inputs[0][i], wt, bias, kh, kw, sh, t, l, xp, yp, outputs[0][i], act, grid)
+                    hwc(inputs[0][i], wt, bias, kh, kw, sh, t, l, xp, yp, outputs[0][i], act, grid)
             return writes(run_hwc)
         if kh == kw == 3 and sh == sw and sh in (1, 2) and dh == dw == 1 and max(t, l, b, r) <= 2:
             zrow = np.zeros(w, np.float32)
+            rows3 = sized(depthwise3x3, out_size * 9)
 
             def run_dw3(inputs, outputs):
                 for i in range(n):
-                    depthwise3x3(inputs[0][i], wd, bias, sh, t, l, zrow, outputs[0][i], act, grid)
+                    rows3(inputs[0][i], wd, bias, sh, t, l, zrow, outputs[0][i], act, grid)
             return writes(run_dw3)
 
         def run_dw(inputs, outputs):
@@ -398,6 +403,8 @@ def convolution_float(node, ins, outs, weight, bias, grid=NO_GRID):
     pointwise = kh == kw == 1 and sh == sw == 1 and padded is None and group == 1
     cg, og = cin // group, cout // group
     cols = None if pointwise else np.empty((cg * kh * kw * group, oh * ow), np.float32)
+    unfold = None if pointwise else sized(im2col, cols.size)
+    epilogue = sized(bias_act, out_size)
     wg = [np.ascontiguousarray(weight[k * og:(k + 1) * og]) for k in range(group)]
 
     def run(inputs, outputs):
@@ -407,14 +414,14 @@ def convolution_float(node, ins, outs, weight, bias, grid=NO_GRID):
             if pointwise:
                 np.matmul(weight, x[i].reshape(cin, h * w), out=yi)
             else:
-                im2col(pad(x[i]), kh, kw, sh, sw, dh, dw, oh, ow, cols)
+                unfold(pad(x[i]), kh, kw, sh, sw, dh, dw, oh, ow, cols)
                 if group == 1:
                     np.matmul(weight, cols, out=yi)
                 else:
                     rows = cg * kh * kw
                     for k in range(group):
                         np.matmul(wg[k], cols[k * rows:(k + 1) * rows], out=yi[k * og:(k + 1) * og])
-            bias_act(yi, bias, act, grid)
+            epilogue(yi, bias, act, grid)
     return writes(run)
 
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 import numpy as np
 from numba import njit, prange
 
+from . import sized
 from .vnni import OCB, Int8Weights, pixel_blocks
 
 
@@ -108,15 +109,18 @@ def int8_convolution(geometry, q, alpha, bias, act, grids, in_shape, out_shape):
     inv_in = f32(1 / s_in)
     rows = -(-cout // OCB) * OCB
     scratch = np.empty((rows, pixels), np.float32) if rows != cout else None
+    quantize = sized(quantize_packed if direct else quantize_hwc, cin * h * w)
+    unfold = None if direct else sized(im2col_packed, words.size)
+    weights.parallel(cout * pixels * k4 * 4 // 16)      # VNNI: 16 multiply-adds per element operation
 
     def run(inputs, outputs):
         x, y = inputs[0], outputs[0]
         for i in range(n):
             if direct:
-                quantize_packed(x[i].reshape(cin, pixels), inv_in, lo, hi, off, words)
+                quantize(x[i].reshape(cin, pixels), inv_in, lo, hi, off, words)
             else:
-                quantize_hwc(x[i], inv_in, lo, hi, off, t, l, grid)
-                im2col_packed(grid32, kh, kw, sh, sw, dh, dw, oh, ow, words)
+                quantize(x[i], inv_in, lo, hi, off, t, l, grid)
+                unfold(grid32, kh, kw, sh, sw, dh, dw, oh, ow, words)
             dst = y[i].reshape(cout, pixels)
             weights.matmul(flat, epf, dst if scratch is None else scratch)
             if scratch is not None:

@@ -150,6 +150,13 @@ class Int8Weights:
         pad = lambda a, dt: np.concatenate([np.asarray(a, dt), np.zeros(rows - oc, dt)])  # noqa: E731
         self.ep = (pad(offset, np.int32), pad(scale, np.float32), pad(bias, np.float32))
 
+    gemm = staticmethod(gemm_vnni)
+
+    def parallel(self, work: int) -> None:
+        """Run serially when `work` does not pay for waking the other threads (see kernels.sized)."""
+        from . import sized
+        self.gemm = sized(gemm_vnni, work)
+
     def matmul(self, x: np.ndarray, epf: tuple, out: np.ndarray) -> None:
         """out (OC rounded up to 8, P) float32; the rows past OC are scratch."""
-        gemm_vnni(x, self.data, self.k4, self.oc, self.ep, epf, out)
+        self.gemm(x, self.data, self.k4, self.oc, self.ep, epf, out)
