@@ -1,0 +1,29 @@
+"""Small kernels run their serial twin when several threads are set; the twin computes the same thing
+(reference: numpy)."""
+import numba
+import numpy as np
+
+from mnntool.runtime.kernels import PARALLEL_MIN_WORK, serial, sized
+from mnntool.runtime.kernels.conv import NO_GRID, RELU6, bias_act
+
+
+def test_serial_twin_matches_numpy_and_sizing_picks_it():
+    before = numba.get_num_threads()
+    try:
+        numba.set_num_threads(min(2, numba.config.NUMBA_NUM_THREADS))
+        twin = serial(bias_act)
+        assert twin is serial(bias_act) and twin is not bias_act
+        assert not twin.targetoptions.get("parallel")
+        if numba.get_num_threads() > 1:
+            assert sized(bias_act, 10) is twin
+        assert sized(bias_act, PARALLEL_MIN_WORK) is bias_act
+        numba.set_num_threads(1)
+        assert sized(bias_act, 10) is bias_act
+    finally:
+        numba.set_num_threads(before)
+    rng = np.random.default_rng(0)
+    y = rng.standard_normal((6, 50)).astype(np.float32) * 5
+    b = rng.standard_normal(6).astype(np.float32)
+    ref = np.clip(y + b[:, None], 0, 6)
+    twin(y, b, RELU6, NO_GRID)
+    np.testing.assert_allclose(y, ref, rtol=0, atol=1e-6)
