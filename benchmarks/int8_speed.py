@@ -7,8 +7,6 @@ The int8 file is made by `mnntool quant --int8 --method minmax` from 4 random ca
 """
 from __future__ import annotations
 
-import argparse
-import json
 import sys
 import tempfile
 from pathlib import Path
@@ -20,18 +18,13 @@ sys.path.insert(0, str(ROOT))
 
 from fixtures.models import build  # noqa: E402
 from mnntool.api import convert  # noqa: E402
-from benchmarks.isolated import bench  # noqa: E402
+from benchmarks.isolated import bench, save_rows, speed_args  # noqa: E402
 from mnntool.quant import quantize_file  # noqa: E402
 from mnntool.runtime.kernels.vnni import HAS_VNNI  # noqa: E402
 
 
 def main():
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--threads", type=int, nargs="+", default=[1, 2])
-    ap.add_argument("--runs", type=int, default=30)
-    ap.add_argument("--models", nargs="+", default=["resnet18", "mobilenetv2"])
-    ap.add_argument("--json", type=str, default=None)
-    args = ap.parse_args()
+    args = speed_args(["resnet18", "mobilenetv2"])
     print(f"integer int8 kernels (AVX-512 VNNI): {'yes' if HAS_VNNI else 'no, float kernels on the int8 grid'}")
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
@@ -54,8 +47,7 @@ def main():
                 print(f"{name:12s} t={t}  mnntool fp32 {ms['numba_fp32']:7.2f}  int8 {ms['numba_int8']:7.2f} ms "
                       f"(x{row['mnntool_int8_vs_fp32']:.2f})   MNN fp32 {ms['mnn_fp32']:7.2f}  int8 {ms['mnn_int8']:7.2f} ms"
                       f"   mnntool int8 / MNN int8 {row['mnntool_int8_vs_mnn_int8']:.2f}", flush=True)
-    if args.json:
-        Path(args.json).write_text(json.dumps(rows, indent=1))
+    save_rows(args.json, rows)
 
 
 if __name__ == "__main__":

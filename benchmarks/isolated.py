@@ -6,9 +6,11 @@ ten times slower after MNN had run in the process).
 """
 from __future__ import annotations
 
+import argparse
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 
 def bench(path, backend: str, threads: int, warmup: int = 5, runs: int = 30) -> dict:
@@ -18,3 +20,18 @@ def bench(path, backend: str, threads: int, warmup: int = 5, runs: int = 30) -> 
     if done.returncode != 0:
         raise RuntimeError(f"{' '.join(cmd)}: {done.stderr.strip().splitlines()[-1] if done.stderr.strip() else done.returncode}")
     return json.loads(done.stdout)
+
+
+def speed_args(models: list[str]) -> argparse.Namespace:
+    """The speed benchmarks' shared options: thread counts, runs, models, and a JSON file for the rows."""
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--threads", type=int, nargs="+", default=[1, 2])
+    ap.add_argument("--runs", type=int, default=30)
+    ap.add_argument("--models", nargs="+", default=models)
+    ap.add_argument("--json", type=str, default=None)
+    return ap.parse_args()
+
+
+def save_rows(path: str | None, rows: list[dict]) -> None:
+    if path:
+        Path(path).write_text(json.dumps(rows, indent=1))

@@ -74,7 +74,6 @@ def main():
             fp32_mnn = tmp / f"{name}.mnn"
             convert(src, fp32_mnn)
             g = reader.load(fp32_mnn)
-            ref = [ort.InferenceSession(str(src)).run(None, {"input": x})[0] for x in test_x[:1]]
             sess = ort.InferenceSession(str(src))
             ref = [sess.run(None, {"input": x})[0] for x in test_x]
             results = {}

@@ -7,8 +7,6 @@ Prints one row per model and thread count with medians and the ratios mnntool/OR
 """
 from __future__ import annotations
 
-import argparse
-import json
 import sys
 import tempfile
 from pathlib import Path
@@ -18,16 +16,11 @@ sys.path.insert(0, str(ROOT))
 
 from fixtures.models import build  # noqa: E402
 from mnntool.api import convert  # noqa: E402
-from benchmarks.isolated import bench  # noqa: E402
+from benchmarks.isolated import bench, save_rows, speed_args  # noqa: E402
 
 
 def main():
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--threads", type=int, nargs="+", default=[1, 2])
-    ap.add_argument("--runs", type=int, default=30)
-    ap.add_argument("--models", nargs="+", default=["resnet18", "mobilenetv2", "bert", "lstm"])
-    ap.add_argument("--json", type=str, default=None)
-    args = ap.parse_args()
+    args = speed_args(["resnet18", "mobilenetv2", "bert", "lstm"])
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         for name in args.models:
@@ -45,8 +38,7 @@ def main():
                 print(f"{name:12s} t={t}  mnntool {row['mnntool_ms']:8.2f} ms  ort {row['ort_ms']:8.2f} ms  "
                       f"mnn {row['mnn_ms']:8.2f} ms  x ort {row['vs_ort']:.2f}  x mnn {row['vs_mnn']:.2f}  "
                       f"first run {row['mnntool_first_run_ms']:.0f} ms", flush=True)
-    if args.json:
-        Path(args.json).write_text(json.dumps(rows, indent=1))
+    save_rows(args.json, rows)
 
 
 if __name__ == "__main__":

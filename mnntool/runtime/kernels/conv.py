@@ -337,10 +337,12 @@ def convolution_float(node, ins, outs, weight, bias, grid=NO_GRID):
         padded[:, t:t + h, l:l + w] = x
         return padded
 
+    rounding = sized(to_grid, n * out_size)
+
     def regrid(y):     # for the paths whose own epilogue does not round to the grid
         if grid[1] > 0:
             flat = y.reshape(-1, y.shape[-1])
-            sized(to_grid, flat.size)(flat, grid, flat)
+            rounding(flat, grid, flat)
 
     if group == cin == cout and group > 1:
         wd = np.ascontiguousarray(weight.reshape(cout, kh, kw))

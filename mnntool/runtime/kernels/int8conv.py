@@ -96,11 +96,13 @@ def int8_convolution(geometry, q, alpha, bias, act, grids, in_shape, out_shape):
     wk = np.zeros((cout, kh, kw, cp), np.int8)
     wk[..., :cin] = q.reshape(cout, cin, kh, kw).transpose(0, 2, 3, 1)
     scale = (np.float64(s_in) * np.asarray(alpha, np.float64)).astype(np.float32)
-    weights = Int8Weights(wk.reshape(cout, -1), off * q.astype(np.int32).sum(1), scale, bias)
+    k4 = kh * kw * cp // 4
+    # VNNI does 16 multiply-adds per element operation of kernels.sized's measure
+    weights = Int8Weights(wk.reshape(cout, -1), off * q.astype(np.int32).sum(1), scale, bias,
+                          work=cout * oh * ow * k4 * 4 // 16)
     f32 = np.float32
     epf = (f32(0 if act else -np.inf), f32(6 if act == 2 else np.inf), f32(1 / s_out), f32(s_out), f32(out_lo), f32(out_hi))
     pixels = oh * ow
-    k4 = kh * kw * cp // 4
     cols = np.full((pixel_blocks(pixels), k4, 16, 4), off, np.uint8)
     direct = kh == kw == 1 and sh == sw == 1 and not (t or l or b or r)   # quantize straight into the blocks
     words, flat = cols.view(np.uint32).reshape(cols.shape[:3]), cols.reshape(-1)
@@ -111,7 +113,6 @@ def int8_convolution(geometry, q, alpha, bias, act, grids, in_shape, out_shape):
     scratch = np.empty((rows, pixels), np.float32) if rows != cout else None
     quantize = sized(quantize_packed if direct else quantize_hwc, cin * h * w)
     unfold = None if direct else sized(im2col_packed, words.size)
-    weights.parallel(cout * pixels * k4 * 4 // 16)      # VNNI: 16 multiply-adds per element operation
 
     def run(inputs, outputs):
         x, y = inputs[0], outputs[0]

@@ -140,7 +140,8 @@ def gemm_vnni(x, wp, k4, oc, ep, epf, out):
 class Int8Weights:
     """An (OC, K) int8 weight packed for the tile, with its epilogue rows padded to whole tiles."""
 
-    def __init__(self, wq: np.ndarray, offset, scale, bias):
+    def __init__(self, wq: np.ndarray, offset, scale, bias, work: int | None = None):
+        """`work`: element operations per call, to run serially when small (see kernels.sized)."""
         oc, k = wq.shape
         self.oc, self.k4 = oc, -(-k // 4)
         rows = -(-oc // OCB) * OCB
@@ -149,13 +150,8 @@ class Int8Weights:
         self.data = np.ascontiguousarray(full.reshape(rows // OCB, OCB, self.k4, 4).transpose(0, 2, 1, 3)).reshape(-1)
         pad = lambda a, dt: np.concatenate([np.asarray(a, dt), np.zeros(rows - oc, dt)])  # noqa: E731
         self.ep = (pad(offset, np.int32), pad(scale, np.float32), pad(bias, np.float32))
-
-    gemm = staticmethod(gemm_vnni)
-
-    def parallel(self, work: int) -> None:
-        """Run serially when `work` does not pay for waking the other threads (see kernels.sized)."""
         from . import sized
-        self.gemm = sized(gemm_vnni, work)
+        self.gemm = gemm_vnni if work is None else sized(gemm_vnni, work)
 
     def matmul(self, x: np.ndarray, epf: tuple, out: np.ndarray) -> None:
         """out (OC rounded up to 8, P) float32; the rows past OC are scratch."""
