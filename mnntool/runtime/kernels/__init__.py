@@ -6,8 +6,11 @@ buffers that the planner owns (`writes_out`), or returns arrays (views, tiny sha
 """
 from __future__ import annotations
 
+import threading
 from dataclasses import dataclass
 from typing import Callable
+
+import numpy as np
 
 from ...registry import registrar
 
@@ -51,6 +54,22 @@ def sized(fn, work: int):
     """`fn` (a parallel Numba kernel) when `work` pays for waking the other threads, else its serial twin."""
     import numba
     return fn if numba.get_num_threads() <= 1 or work >= PARALLEL_MIN_WORK else serial(fn)
+
+
+_SCRATCH = threading.local()
+
+
+def scratch(name: str, shape: tuple) -> np.ndarray:
+    """A float32 work buffer (contents undefined) shared by every kernel on this thread that asks for
+    `name`: one Winograd buffer for all layers stays in cache, where one per layer would be cold. Ask
+    at run time, not at prepare: the buffer grows when a larger layer asks."""
+    size = 1
+    for d in shape:
+        size *= d
+    buf = _SCRATCH.__dict__.get(name)
+    if buf is None or buf.size < size:
+        buf = _SCRATCH.__dict__[name] = np.empty(size, np.float32)
+    return buf[:size].reshape(shape)
 
 
 def returns(fn) -> Kernel:

@@ -6,7 +6,7 @@ from typing import NamedTuple
 import numpy as np
 from numba import njit, prange
 
-from . import Kernel, kernel, sized, writes
+from . import Kernel, kernel, scratch, sized, writes
 
 RELU, RELU6 = 1, 2
 
@@ -380,15 +380,14 @@ def convolution_float(node, ins, outs, weight, bias, grid=NO_GRID):
             regrid(y)
         return writes(run_dw)
 
-    if (kh == kw == 3 and sh == sw == 1 and dh == dw == 1 and group == 1 and cin >= 8 and cout >= 8
-            and (-(-oh // 4)) * (-(-ow // 4)) >= 36):   # few tiles: transformed weights dominate, im2col wins
+    from .fgemm import HAS_AVX512, PackedGemm
+    if kh == kw == 3 and sh == sw == 1 and dh == dw == 1 and group == 1 and cin >= 8 and cout >= 8 and HAS_AVX512:
         from .winograd import Winograd
-        wino = Winograd(weight, bias, cin, h, w, oh, ow, t, l, act)
+        wino = Winograd(weight, bias, cin, h, w, oh, ow, t, l, act, grid)
 
         def run_wino(inputs, outputs):
             for i in range(n):
                 wino(inputs[0][i], outputs[0][i])
-            regrid(outputs[0])
         return writes(run_wino)
 
     if kh == kw == 1 and h == w == oh == ow == 1 and group == 1:
@@ -404,8 +403,28 @@ def convolution_float(node, ins, outs, weight, bias, grid=NO_GRID):
 
     pointwise = kh == kw == 1 and sh == sw == 1 and padded is None and group == 1
     cg, og = cin // group, cout // group
-    cols = None if pointwise else np.empty((cg * kh * kw * group, oh * ow), np.float32)
+    cols_shape = (cg * kh * kw * group, oh * ow)
+    cols = None if pointwise else np.empty(cols_shape, np.float32)
     unfold = None if pointwise else sized(im2col, cols.size)
+    if group == 1 and HAS_AVX512:
+        packed = PackedGemm(weight, bias, act, grid, cout * oh * ow * cin * kh * kw // 16)
+        pixels = oh * ow
+        spare = np.empty((packed.rows(), pixels), np.float32) if packed.rows() != cout else None
+
+        def run_packed(inputs, outputs):
+            x, y = inputs[0], outputs[0]
+            for i in range(n):
+                if pointwise:
+                    src = x[i].reshape(-1)
+                else:
+                    cols = scratch("im2col", cols_shape)
+                    unfold(pad(x[i]), kh, kw, sh, sw, dh, dw, oh, ow, cols)
+                    src = cols.reshape(-1)
+                dst = y[i].reshape(cout, pixels) if spare is None else spare
+                packed(src, pixels, pixels, dst.reshape(-1), pixels)
+                if spare is not None:
+                    y[i].reshape(cout, pixels)[...] = spare[:cout]
+        return writes(run_packed)
     epilogue = sized(bias_act, out_size)
     wg = [np.ascontiguousarray(weight[k * og:(k + 1) * og]) for k in range(group)]
 

@@ -1,107 +1,215 @@
-"""Winograd F(4x4, 3x3) for stride-1 3x3 convolutions: 4x fewer multiplies than im2col, done as 36
-batched sgemms between Numba input/output transforms (Lavin & Gray, 2015)."""
+"""Winograd F(m x m, 3x3), m = 4 or 2, for stride-1 3x3 convolutions (Lavin & Gray, 2015): F(4x4) does
+4x fewer multiplies than im2col, F(2x2) 2.25x; F(2x2) where a map has too few 4x4 tiles to fill a vector.
+
+Per channel and tile row, the transforms run as whole-row vector passes: B^T down the columns over the
+row's full width, then B across each tile with the tiles in the vector lanes (reads of stride m); the
+output transform mirrors it. The alpha^2 = (m+2)^2 products are one batched `fgemm` call on weights
+transformed and packed at prepare.
+"""
 from __future__ import annotations
 
 import numpy as np
 from numba import njit, prange
 
-G = np.array([[1 / 4, 0, 0], [-1 / 6, -1 / 6, -1 / 6], [-1 / 6, 1 / 6, -1 / 6], [1 / 24, 1 / 12, 1 / 6],
-              [1 / 24, -1 / 12, 1 / 6], [0, 0, 1]], np.float64)
+from . import scratch, sized
+from .conv import _finish
+from .fgemm import OCB, epilogue, gemm_batched, pack_weights
+
+G4 = np.array([[1 / 4, 0, 0], [-1 / 6, -1 / 6, -1 / 6], [-1 / 6, 1 / 6, -1 / 6], [1 / 24, 1 / 12, 1 / 6],
+               [1 / 24, -1 / 12, 1 / 6], [0, 0, 1]], np.float64)
+G2 = np.array([[1, 0, 0], [0.5, 0.5, 0.5], [0.5, -0.5, 0.5], [0, 0, 1]], np.float64)
 
 
-def transform_weights(w: np.ndarray) -> np.ndarray:
-    """(O, C, 3, 3) -> U (36, O, C) with U[a*6+b] = (G w G^T)[a, b]."""
-    u = np.einsum("ai,ocij,bj->aboc", G, w.astype(np.float64), G)
-    return np.ascontiguousarray(u.reshape(36, w.shape[0], w.shape[1]).astype(np.float32))
+def transform_weights(w: np.ndarray, m: int) -> np.ndarray:
+    """(O, C, 3, 3) -> U (alpha^2, O, C) with U[a*alpha+b] = (G w G^T)[a, b]."""
+    g = G4 if m == 4 else G2
+    u = np.einsum("ai,ocij,bj->aboc", g, w.astype(np.float64), g)
+    a = m + 2
+    return u.reshape(a * a, w.shape[0], w.shape[1]).astype(np.float32)
+
+
+@njit(cache=True, fastmath=True, inline="always")
+def _bt4(d0, d1, d2, d3, d4, d5, k):
+    if k == 0:
+        return 4 * d0 - 5 * d2 + d4
+    if k == 1:
+        return -4 * d1 - 4 * d2 + d3 + d4
+    if k == 2:
+        return 4 * d1 - 4 * d2 - d3 + d4
+    if k == 3:
+        return -2 * d1 - d2 + 2 * d3 + d4
+    if k == 4:
+        return 2 * d1 - d2 - 2 * d3 + d4
+    return 4 * d1 - 5 * d3 + d5
+
+
+@njit(cache=True, fastmath=True, inline="always")
+def _bt2(d0, d1, d2, d3, k):
+    if k == 0:
+        return d0 - d2
+    if k == 1:
+        return d1 + d2
+    if k == 2:
+        return d2 - d1
+    return d1 - d3
 
 
 @njit(parallel=True, cache=True, fastmath=True)
-def input_transform(xp, th, tw, v):
+def input_transform4(xp, th, tw, v):
     """xp (C, 4*th+2, 4*tw+2) -> v (36, C, th*tw) = B^T d B per 6x6 tile."""
-    for c in prange(xp.shape[0]):
-        t1 = np.empty((6, 6), np.float32)
+    C, Wp = xp.shape[0], xp.shape[2]
+    for c in prange(C):
+        t1 = np.empty((6, Wp), np.float32)
         for ty in range(th):
-            for tx in range(tw):
-                y0, x0 = ty * 4, tx * 4
-                for j in range(6):   # columns: B^T applied down each column
-                    d0 = xp[c, y0, x0 + j]
-                    d1 = xp[c, y0 + 1, x0 + j]
-                    d2 = xp[c, y0 + 2, x0 + j]
-                    d3 = xp[c, y0 + 3, x0 + j]
-                    d4 = xp[c, y0 + 4, x0 + j]
-                    d5 = xp[c, y0 + 5, x0 + j]
-                    t1[0, j] = 4 * d0 - 5 * d2 + d4
-                    t1[1, j] = -4 * d1 - 4 * d2 + d3 + d4
-                    t1[2, j] = 4 * d1 - 4 * d2 - d3 + d4
-                    t1[3, j] = -2 * d1 - d2 + 2 * d3 + d4
-                    t1[4, j] = 2 * d1 - d2 - 2 * d3 + d4
-                    t1[5, j] = 4 * d1 - 5 * d3 + d5
-                t = ty * tw + tx
-                for i in range(6):   # rows: then B on the right
-                    d0, d1, d2, d3, d4, d5 = t1[i, 0], t1[i, 1], t1[i, 2], t1[i, 3], t1[i, 4], t1[i, 5]
-                    k = i * 6
-                    v[k, c, t] = 4 * d0 - 5 * d2 + d4
-                    v[k + 1, c, t] = -4 * d1 - 4 * d2 + d3 + d4
-                    v[k + 2, c, t] = 4 * d1 - 4 * d2 - d3 + d4
-                    v[k + 3, c, t] = -2 * d1 - d2 + 2 * d3 + d4
-                    v[k + 4, c, t] = 2 * d1 - d2 - 2 * d3 + d4
-                    v[k + 5, c, t] = 4 * d1 - 5 * d3 + d5
+            y0 = ty * 4
+            r0, r1, r2, r3, r4, r5 = xp[c, y0], xp[c, y0 + 1], xp[c, y0 + 2], xp[c, y0 + 3], xp[c, y0 + 4], xp[c, y0 + 5]
+            q0, q1, q2, q3, q4, q5 = t1[0], t1[1], t1[2], t1[3], t1[4], t1[5]
+            for x in range(Wp):
+                d0, d1, d2, d3, d4, d5 = r0[x], r1[x], r2[x], r3[x], r4[x], r5[x]
+                q0[x], q1[x], q2[x] = _bt4(d0, d1, d2, d3, d4, d5, 0), _bt4(d0, d1, d2, d3, d4, d5, 1), _bt4(d0, d1, d2, d3, d4, d5, 2)
+                q3[x], q4[x], q5[x] = _bt4(d0, d1, d2, d3, d4, d5, 3), _bt4(d0, d1, d2, d3, d4, d5, 4), _bt4(d0, d1, d2, d3, d4, d5, 5)
+            s = ty * tw
+            for a in range(6):
+                row = t1[a]
+                v0, v1, v2 = v[a * 6, c, s:s + tw], v[a * 6 + 1, c, s:s + tw], v[a * 6 + 2, c, s:s + tw]
+                v3, v4, v5 = v[a * 6 + 3, c, s:s + tw], v[a * 6 + 4, c, s:s + tw], v[a * 6 + 5, c, s:s + tw]
+                for tx in range(tw):
+                    x0 = 4 * tx
+                    d0, d1, d2, d3, d4, d5 = row[x0], row[x0 + 1], row[x0 + 2], row[x0 + 3], row[x0 + 4], row[x0 + 5]
+                    v0[tx], v1[tx], v2[tx] = _bt4(d0, d1, d2, d3, d4, d5, 0), _bt4(d0, d1, d2, d3, d4, d5, 1), _bt4(d0, d1, d2, d3, d4, d5, 2)
+                    v3[tx], v4[tx], v5[tx] = _bt4(d0, d1, d2, d3, d4, d5, 3), _bt4(d0, d1, d2, d3, d4, d5, 4), _bt4(d0, d1, d2, d3, d4, d5, 5)
 
 
 @njit(parallel=True, cache=True, fastmath=True)
-def output_transform(m, th, tw, bias, act, out):
-    """m (36, O, th*tw) -> out (O, H, W) = A^T m A per tile, cropped, plus bias and activation."""
-    oh, ow = out.shape[1], out.shape[2]
-    for o in prange(out.shape[0]):
-        t1 = np.empty((4, 6), np.float32)
-        vals = np.empty(4, np.float32)
+def input_transform2(xp, th, tw, v):
+    """xp (C, 2*th+2, 2*tw+2) -> v (16, C, th*tw) = B^T d B per 4x4 tile."""
+    C, Wp = xp.shape[0], xp.shape[2]
+    for c in prange(C):
+        t1 = np.empty((4, Wp), np.float32)
         for ty in range(th):
-            for tx in range(tw):
-                t = ty * tw + tx
-                for j in range(6):
-                    m0, m1, m2 = m[j, o, t], m[6 + j, o, t], m[12 + j, o, t]
-                    m3, m4, m5 = m[18 + j, o, t], m[24 + j, o, t], m[30 + j, o, t]
-                    t1[0, j] = m0 + m1 + m2 + m3 + m4
-                    t1[1, j] = m1 - m2 + 2 * m3 - 2 * m4
-                    t1[2, j] = m1 + m2 + 4 * m3 + 4 * m4
-                    t1[3, j] = m1 - m2 + 8 * m3 - 8 * m4 + m5
-                for i in range(4):
-                    y = ty * 4 + i
-                    if y >= oh:
-                        break
-                    r0, r1, r2, r3, r4, r5 = t1[i, 0], t1[i, 1], t1[i, 2], t1[i, 3], t1[i, 4], t1[i, 5]
-                    vals[0] = r0 + r1 + r2 + r3 + r4
-                    vals[1] = r1 - r2 + 2 * r3 - 2 * r4
-                    vals[2] = r1 + r2 + 4 * r3 + 4 * r4
-                    vals[3] = r1 - r2 + 8 * r3 - 8 * r4 + r5
-                    for j in range(4):
-                        x = tx * 4 + j
-                        if x < ow:
-                            val = vals[j] + bias[o]
-                            if act == 1:
-                                val = max(val, 0.0)
-                            elif act == 2:
-                                val = min(max(val, 0.0), 6.0)
-                            out[o, y, x] = val
+            y0 = ty * 2
+            r0, r1, r2, r3 = xp[c, y0], xp[c, y0 + 1], xp[c, y0 + 2], xp[c, y0 + 3]
+            q0, q1, q2, q3 = t1[0], t1[1], t1[2], t1[3]
+            for x in range(Wp):
+                d0, d1, d2, d3 = r0[x], r1[x], r2[x], r3[x]
+                q0[x], q1[x], q2[x], q3[x] = _bt2(d0, d1, d2, d3, 0), _bt2(d0, d1, d2, d3, 1), _bt2(d0, d1, d2, d3, 2), _bt2(d0, d1, d2, d3, 3)
+            s = ty * tw
+            for a in range(4):
+                row = t1[a]
+                v0, v1, v2, v3 = v[a * 4, c, s:s + tw], v[a * 4 + 1, c, s:s + tw], v[a * 4 + 2, c, s:s + tw], v[a * 4 + 3, c, s:s + tw]
+                for tx in range(tw):
+                    x0 = 2 * tx
+                    d0, d1, d2, d3 = row[x0], row[x0 + 1], row[x0 + 2], row[x0 + 3]
+                    v0[tx], v1[tx], v2[tx], v3[tx] = _bt2(d0, d1, d2, d3, 0), _bt2(d0, d1, d2, d3, 1), _bt2(d0, d1, d2, d3, 2), _bt2(d0, d1, d2, d3, 3)
+
+
+@njit(cache=True, fastmath=True, inline="always")
+def _at4(m0, m1, m2, m3, m4, m5, r):
+    if r == 0:
+        return m0 + m1 + m2 + m3 + m4
+    if r == 1:
+        return m1 - m2 + 2 * m3 - 2 * m4
+    if r == 2:
+        return m1 + m2 + 4 * m3 + 4 * m4
+    return m1 - m2 + 8 * m3 - 8 * m4 + m5
+
+
+@njit(cache=True, fastmath=True, inline="always")
+def _at2(m0, m1, m2, m3, r):
+    if r == 0:
+        return m0 + m1 + m2
+    return m1 - m2 - m3
+
+
+@njit(parallel=True, cache=True, fastmath=True)
+def output_transform4(m, th, tw, bias, act, grid, out):
+    """m (36, O', th*tw) -> out (O, H, W) = A^T m A per tile, cropped, with bias, activation and grid."""
+    O, oh, ow = out.shape
+    for o in prange(O):
+        t2 = np.empty((6, 4 * tw), np.float32)
+        bo = bias[o]
+        for ty in range(th):
+            t0 = ty * tw
+            for i in range(6):    # A^T across each tile's row i: t2[i, 4 tx + r]
+                s0, s1, s2 = m[i * 6, o, t0:t0 + tw], m[i * 6 + 1, o, t0:t0 + tw], m[i * 6 + 2, o, t0:t0 + tw]
+                s3, s4, s5 = m[i * 6 + 3, o, t0:t0 + tw], m[i * 6 + 4, o, t0:t0 + tw], m[i * 6 + 5, o, t0:t0 + tw]
+                row = t2[i]
+                for tx in range(tw):
+                    m0, m1, m2, m3, m4, m5 = s0[tx], s1[tx], s2[tx], s3[tx], s4[tx], s5[tx]
+                    row[4 * tx] = _at4(m0, m1, m2, m3, m4, m5, 0)
+                    row[4 * tx + 1] = _at4(m0, m1, m2, m3, m4, m5, 1)
+                    row[4 * tx + 2] = _at4(m0, m1, m2, m3, m4, m5, 2)
+                    row[4 * tx + 3] = _at4(m0, m1, m2, m3, m4, m5, 3)
+            for r in range(4):    # then down the columns, over the whole output row
+                y = ty * 4 + r
+                if y >= oh:
+                    break
+                dst = out[o, y]
+                for x in range(ow):
+                    dst[x] = _finish(bo + _at4(t2[0, x], t2[1, x], t2[2, x], t2[3, x], t2[4, x], t2[5, x], r), act, grid)
+
+
+@njit(parallel=True, cache=True, fastmath=True)
+def output_transform2(m, th, tw, bias, act, grid, out):
+    """m (16, O', th*tw) -> out (O, H, W) = A^T m A per 4x4 tile, cropped, with bias, activation and grid."""
+    O, oh, ow = out.shape
+    for o in prange(O):
+        t2 = np.empty((4, 2 * tw), np.float32)
+        bo = bias[o]
+        for ty in range(th):
+            t0 = ty * tw
+            for i in range(4):
+                s0, s1, s2, s3 = (m[i * 4, o, t0:t0 + tw], m[i * 4 + 1, o, t0:t0 + tw], m[i * 4 + 2, o, t0:t0 + tw],
+                                  m[i * 4 + 3, o, t0:t0 + tw])
+                row = t2[i]
+                for tx in range(tw):
+                    m0, m1, m2, m3 = s0[tx], s1[tx], s2[tx], s3[tx]
+                    row[2 * tx] = _at2(m0, m1, m2, m3, 0)
+                    row[2 * tx + 1] = _at2(m0, m1, m2, m3, 1)
+            for r in range(2):
+                y = ty * 2 + r
+                if y >= oh:
+                    break
+                dst = out[o, y]
+                for x in range(ow):
+                    dst[x] = _finish(bo + _at2(t2[0, x], t2[1, x], t2[2, x], t2[3, x], r), act, grid)
+
+
+def tile_size(oh: int, ow: int) -> int:
+    """4 when the map has a vector's worth of 4x4 tiles, else 2."""
+    return 4 if (-(-oh // 4)) * (-(-ow // 4)) >= 16 else 2
 
 
 class Winograd:
-    """Prepared state for one convolution: transformed weights and the scratch buffers."""
+    """Prepared state for one convolution: transformed, packed weights and the scratch buffers."""
 
-    def __init__(self, weight, bias, cin, h, w, oh, ow, t, l, act):
-        self.u = transform_weights(weight.reshape(-1, cin, 3, 3))
-        self.th, self.tw = -(-oh // 4), -(-ow // 4)
-        self.h, self.w, self.t, self.l = h, w, t, l
-        self.padded = np.zeros((cin, self.th * 4 + 2, self.tw * 4 + 2), np.float32)
-        self.v = np.empty((36, cin, self.th * self.tw), np.float32)
-        self.m = np.empty((36, self.u.shape[1], self.th * self.tw), np.float32)
-        self.bias, self.act = bias, act
+    def __init__(self, weight, bias, cin, h, w, oh, ow, t, l, act, grid):
+        m = self.m = tile_size(oh, ow)
+        a2 = (m + 2) ** 2
+        cout = weight.shape[0]
+        u = transform_weights(weight.reshape(cout, cin, 3, 3), m)
+        self.nob = -(-cout // OCB)
+        self.wp = np.concatenate([pack_weights(u[k]) for k in range(a2)])
+        self.th, self.tw = -(-oh // m), -(-ow // m)
+        tiles = self.th * self.tw
+        self.h, self.w, self.t, self.l, self.cin = h, w, t, l, cin
+        self.padded = np.zeros((cin, self.th * m + 2, self.tw * m + 2), np.float32)
+        self.bias, self.act, self.grid = bias, act, grid
+        self.epf = epilogue(0, (1, 0, 0, 0))
+        self.zero_bias = np.zeros(self.nob * OCB, np.float32)
+        self.a2, self.tiles = a2, tiles
+        self.fwd = sized(input_transform4 if m == 4 else input_transform2, a2 * cin * tiles * 4)
+        self.gemm = sized(gemm_batched, a2 * self.nob * OCB * cin * tiles // 16)
+        self.inv = sized(output_transform4 if m == 4 else output_transform2, cout * oh * ow * 8)
 
     def __call__(self, x, y):
         p = self.padded
         hh = min(self.h, p.shape[1] - self.t)
         ww = min(self.w, p.shape[2] - self.l)
         p[:, self.t:self.t + hh, self.l:self.l + ww] = x[:, :hh, :ww]
-        input_transform(p, self.th, self.tw, self.v)
-        np.matmul(self.u, self.v, out=self.m)
-        output_transform(self.m, self.th, self.tw, self.bias, self.act, y)
+        cin, tiles, rows, a2 = self.cin, self.tiles, self.nob * OCB, self.a2
+        v, mm = scratch("winograd_in", (a2, cin, tiles)), scratch("winograd_out", (a2, rows, tiles))
+        self.fwd(p, self.th, self.tw, v)
+        self.gemm(v.reshape(-1), tiles, cin * tiles, tiles, self.wp, rows * cin, cin, self.nob, self.zero_bias,
+                  self.epf, mm.reshape(-1), tiles, rows * tiles, a2)
+        self.inv(mm, self.th, self.tw, self.bias, self.act, self.grid, y)

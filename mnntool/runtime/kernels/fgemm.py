@@ -1,0 +1,237 @@
+"""fp32 GEMM with the convolution epilogue fused: out[o, p] = finish(sum_k w[o, k] x[k, p] + bias[o]).
+
+OpenBLAS packs both operands on every call and leaves bias, activation and int8-grid rounding to a
+second pass over the output; at batch 1 most convolutions are small or thin GEMMs (a 1x1 layer of
+MobileNetV2, a Winograd position with 16 tiles) where that costs as much as the multiply. Here the
+weights are packed once at prepare ([O/8][K][8]) and the activations are read where they are (an NCHW
+plane, an im2col matrix or a Winograd position: row k at x + k * xs), so nothing is copied per call.
+
+The micro-kernel is LLVM IR for AVX-512 (Numba does not keep a register tile of accumulators): a tile
+of NV x 16 pixels x 8 output channels in NV * 8 zmm accumulators, one FMA per (16 pixels, channel, k)
+with the weight broadcast from memory; masked loads and stores handle the tile at the row end.
+"""
+from __future__ import annotations
+
+import numpy as np
+from numba import config, njit, prange, types
+from numba.core import cgutils
+from numba.extending import intrinsic
+
+OCB = 8          # output channels per tile
+KC = 512         # k per pass over the output: the weight block [OC][KC] stays in L2
+
+
+def _host_has_avx512() -> bool:
+    try:
+        import llvmlite.binding as llvm
+        features = llvm.get_host_cpu_features().flatten()
+    except Exception:
+        return False
+    return "+avx512f" in features.split(",") and config.CPU_NAME in (None, "host")
+
+
+HAS_AVX512 = _host_has_avx512()
+
+
+def data_of(context, builder, ty, value):
+    return cgutils.create_struct_proxy(ty)(context, builder, value=value).data
+
+
+def _make_tile(nv: int, ocb: int = 8):
+    @intrinsic
+    def tile(typingctx, x, xoff, xs, w, woff, nk, out, ooff, os_, left, bias, epf, flags):
+        """out[o0 + o, p0 + j] for 8 channels x nv*16 pixels. x row k at xoff + k*xs; weights at woff
+        as [k][8]; `left` valid pixels; bias row at the tile's channel; epf = (act_lo, act_hi, 1/s, s,
+        q_lo, q_hi); flags = (accumulate onto out, final: bias + activation, round to the grid)."""
+        from llvmlite import ir
+        sig = types.void(x, types.intp, types.intp, w, types.intp, types.intp, out, types.intp, types.intp,
+                         types.intp, bias, epf, flags)
+
+        def codegen(context, builder, sig, args):
+            xa, xo, xs_, wa, wo, nk_, oa, oo, ostride, left_, ba, epfa, fla = args
+            i1, i32, i64, f32 = ir.IntType(1), ir.IntType(32), ir.IntType(64), ir.FloatType()
+            f16, m16 = ir.VectorType(f32, 16), ir.VectorType(i1, 16)
+            a = sig.args
+            xp = builder.gep(data_of(context, builder, a[0], xa), [xo])
+            wp = builder.gep(data_of(context, builder, a[3], wa), [wo])
+            op = builder.gep(data_of(context, builder, a[6], oa), [oo])
+            bp = data_of(context, builder, a[10], ba)
+            const = lambda v: ir.Constant(i64, v)   # noqa: E731
+            mod = builder.module
+            fn = lambda name, ret, *t: cgutils.get_or_insert_function(mod, ir.FunctionType(ret, list(t)), name)  # noqa
+            fma = fn("llvm.fma.v16f32", f16, f16, f16, f16)
+            fmax, fmin = fn("llvm.maxnum.v16f32", f16, f16, f16), fn("llvm.minnum.v16f32", f16, f16, f16)
+            rint = fn("llvm.rint.v16f32", f16, f16)
+            mload = fn("llvm.masked.load.v16f32.p0", f16, f16.as_pointer(), i32, m16, f16)
+            mstore = fn("llvm.masked.store.v16f32.p0", ir.VoidType(), f16, f16.as_pointer(), i32, m16)
+            zeros_i = ir.Constant(ir.VectorType(i32, 16), [0] * 16)
+            fzero = ir.Constant(f16, [0.0] * 16)
+
+            def splat(value, vt):
+                lane = builder.insert_element(ir.Constant(vt, ir.Undefined), value, ir.Constant(i32, 0))
+                return builder.shuffle_vector(lane, ir.Constant(vt, ir.Undefined), zeros_i)
+
+            lanes = ir.Constant(ir.VectorType(i64, 16), list(range(16)))
+            masks = [builder.icmp_signed("<", lanes, splat(builder.sub(left_, const(16 * v)), ir.VectorType(i64, 16)))
+                     for v in range(nv)]
+            accumulate = builder.icmp_signed("!=", builder.extract_value(fla, 0), const(0))
+            final = builder.icmp_signed("!=", builder.extract_value(fla, 1), const(0))
+            on_grid = builder.icmp_signed("!=", builder.extract_value(fla, 2), const(0))
+            none = ir.Constant(m16, [0] * 16)
+
+            def out_ptr(o, v):
+                at = builder.add(builder.mul(const(o), ostride), const(16 * v))
+                return builder.bitcast(builder.gep(op, [at]), f16.as_pointer())
+
+            init = []
+            for o in range(ocb):
+                for v in range(nv):
+                    m = builder.select(accumulate, masks[v], none)
+                    init.append(builder.call(mload, [out_ptr(o, v), ir.Constant(i32, 4), m, fzero]))
+            entry = builder.block
+            loop, done = builder.append_basic_block("k"), builder.append_basic_block("k_done")
+            builder.cbranch(builder.icmp_signed(">", nk_, const(0)), loop, done)
+            builder.position_at_end(loop)
+            kk = builder.phi(i64)
+            kk.add_incoming(const(0), entry)
+            accs = []
+            for value in init:
+                phi = builder.phi(f16)
+                phi.add_incoming(value, entry)
+                accs.append(phi)
+            row = builder.gep(xp, [builder.mul(kk, xs_)])
+            xv = [builder.call(mload, [builder.bitcast(builder.gep(row, [const(16 * v)]), f16.as_pointer()),
+                                       ir.Constant(i32, 4), masks[v], fzero]) for v in range(nv)]
+            wrow = builder.gep(wp, [builder.mul(kk, const(ocb))])
+            new = []
+            for o in range(ocb):
+                wb = splat(builder.load(builder.gep(wrow, [const(o)]), align=4), f16)
+                for v in range(nv):
+                    new.append(builder.call(fma, [xv[v], wb, accs[o * nv + v]]))
+            nxt = builder.add(kk, const(1))
+            kk.add_incoming(nxt, loop)
+            for acc, value in zip(accs, new):
+                acc.add_incoming(value, loop)
+            builder.cbranch(builder.icmp_signed("<", nxt, nk_), loop, done)
+
+            builder.position_at_end(done)
+            result = []
+            for i in range(ocb * nv):
+                phi = builder.phi(f16)
+                phi.add_incoming(init[i], entry)
+                phi.add_incoming(new[i], loop)
+                result.append(phi)
+            act_lo, act_hi, inv_s, s, q_lo, q_hi = (splat(builder.extract_value(epfa, k), f16) for k in range(6))
+            for o in range(ocb):
+                bo = splat(builder.load(builder.gep(bp, [const(o)])), f16)
+                for v in range(nv):
+                    val = result[o * nv + v]
+                    fin = builder.call(fmin, [builder.call(fmax, [builder.fadd(val, bo), act_lo]), act_hi])
+                    g = builder.call(rint, [builder.fmul(fin, inv_s)])
+                    g = builder.fmul(builder.call(fmin, [builder.call(fmax, [g, q_lo]), q_hi]), s)
+                    fin = builder.select(on_grid, g, fin)
+                    val = builder.select(final, fin, val)
+                    builder.call(mstore, [val, out_ptr(o, v), ir.Constant(i32, 4), masks[v]])
+            return context.get_dummy_value()
+        return sig, codegen
+    return tile
+
+
+_tile1, _tile2, _tile3 = _make_tile(1), _make_tile(2), _make_tile(3)
+NV = 3           # pixel vectors in a full tile
+
+
+@njit(cache=True, inline="always")
+def _tile(nv, x, xo, xs, w, wo, nk, out, oo, os_, left, bias, epf, flags):
+    if nv == 3:
+        _tile3(x, xo, xs, w, wo, nk, out, oo, os_, left, bias, epf, flags)
+    elif nv == 2:
+        _tile2(x, xo, xs, w, wo, nk, out, oo, os_, left, bias, epf, flags)
+    else:
+        _tile1(x, xo, xs, w, wo, nk, out, oo, os_, left, bias, epf, flags)
+
+
+@njit(cache=True, inline="always")
+def _tiles(P):
+    """Pixel tiles of 48 and one tail tile as narrow as its pixels need: (count, full tiles, tail nv)."""
+    full = P // 48
+    rest = P - full * 48
+    tail_nv = (rest + 15) // 16
+    return full + (1 if rest else 0), full, tail_nv
+
+
+@njit(cache=True, inline="always")
+def _gemm_body(x, xo, xs, P, wp, wo, K, nob, bias, epf, out, oo, os_, idx, k0, kn, flags):
+    ntile, full, tail_nv = _tiles(P)
+    t, ob = idx // nob, idx % nob
+    p0 = t * 48
+    nv = 3 if t < full else tail_nv
+    o0 = ob * OCB
+    _tile(nv, x, xo + k0 * xs + p0, xs, wp, wo + ob * K * OCB + k0 * OCB, kn, out, oo + o0 * os_ + p0, os_,
+          P - p0, bias[o0:], epf, flags)
+
+
+@njit(parallel=True, cache=True)
+def gemm(x, xs, P, wp, K, nob, bias, epf, grid, out, os_):
+    """out[:nob*8, :P] (row stride os_) from x (row k at k * xs) and packed weights; the epilogue adds the
+    bias, applies epf's activation bounds and, when `grid`, rounds to epf's int8 grid."""
+    ntile = _tiles(P)[0]
+    for k0 in range(0, K, KC):
+        kn = min(KC, K - k0)
+        flags = (1 if k0 > 0 else 0, 1 if k0 + kn >= K else 0, grid)
+        for idx in prange(ntile * nob):
+            _gemm_body(x, 0, xs, P, wp, 0, K, nob, bias, epf, out, 0, os_, idx, k0, kn, flags)
+
+
+@njit(parallel=True, cache=True)
+def gemm_batched(x, xs, xstride, P, wp, wstride, K, nob, bias, epf, out, os_, ostride, batches):
+    """`batches` independent GEMMs (Winograd positions): x, weights and out advance by their strides;
+    bias/activation off (epf is an identity range)."""
+    ntile = _tiles(P)[0]
+    per = ntile * nob
+    for k0 in range(0, K, KC):
+        kn = min(KC, K - k0)
+        flags = (1 if k0 > 0 else 0, 1, 0)
+        for j in prange(batches * per):
+            b, idx = j // per, j % per
+            _gemm_body(x, b * xstride, xs, P, wp, b * wstride, K, nob, bias, epf, out, b * ostride, os_, idx,
+                       k0, kn, flags)
+
+
+def pack_weights(w: np.ndarray) -> np.ndarray:
+    """(O, K) -> flat [O/8][K][8] float32, the rows past O zero."""
+    o, k = w.shape
+    rows = -(-o // OCB) * OCB
+    full = np.zeros((rows, k), np.float32)
+    full[:o] = w
+    return np.ascontiguousarray(full.reshape(rows // OCB, OCB, k).transpose(0, 2, 1)).reshape(-1)
+
+
+def epilogue(act: int, grid) -> tuple:
+    """epf for `gemm`: the activation bounds, then the int8 grid (grid = conv.grid_of tuple or NO_GRID)."""
+    f32 = np.float32
+    lo = f32(0) if act else f32(-np.inf)
+    hi = f32(6) if act == 2 else f32(np.inf)
+    return (lo, hi, f32(grid[0]), f32(grid[1]), f32(grid[2]), f32(grid[3]))
+
+
+class PackedGemm:
+    """A convolution's weights packed for `gemm`, with its bias padded to whole tiles and its epilogue."""
+
+    def __init__(self, weight: np.ndarray, bias: np.ndarray, act: int, grid, work: int):
+        o, k = weight.shape
+        self.o, self.k, self.nob = o, k, -(-o // OCB)
+        self.wp = pack_weights(weight)
+        self.bias = np.zeros(self.nob * OCB, np.float32)
+        self.bias[:o] = bias
+        self.epf = epilogue(act, grid)
+        self.grid = 1 if grid[1] > 0 else 0
+        from . import sized
+        self.fn = sized(gemm, work)
+
+    def rows(self) -> int:
+        return self.nob * OCB
+
+    def __call__(self, x: np.ndarray, xs: int, P: int, out: np.ndarray, os_: int) -> None:
+        """x flat with row k at k * xs; out flat (rows() x os_), its rows past O are scratch."""
+        self.fn(x, xs, P, self.wp, self.k, self.nob, self.bias, self.epf, self.grid, out, os_)
