@@ -6,7 +6,7 @@ from typing import NamedTuple
 import numpy as np
 from numba import njit, prange
 
-from . import Kernel, kernel, scratch, sized, writes
+from . import Kernel, kernel, sized, writes
 
 RELU, RELU6 = 1, 2
 
@@ -403,30 +403,31 @@ def convolution_float(node, ins, outs, weight, bias, grid=NO_GRID):
 
     pointwise = kh == kw == 1 and sh == sw == 1 and padded is None and group == 1
     cg, og = cin // group, cout // group
-    cols_shape = (cg * kh * kw * group, oh * ow)
-    cols = None if pointwise else np.empty(cols_shape, np.float32)
-    unfold = None if pointwise else sized(im2col, cols.size)
-    if group == 1 and HAS_AVX512:
-        packed = PackedGemm(weight, bias, act, grid, cout * oh * ow * cin * kh * kw // 16)
+    subsample = kh == kw == 1 and padded is None and group == 1 and (sh > 1 or sw > 1)
+    if group == 1 and HAS_AVX512 and (pointwise or subsample):
+        # a strided 1x1 convolution is a pointwise one on every sh-th row and sw-th column
+        packed = PackedGemm(weight, bias, act, grid, cout * oh * ow * cin // 16)
         pixels = oh * ow
+        picked = np.empty((cin, oh, ow), np.float32) if subsample else None
         spare = np.empty((packed.rows(), pixels), np.float32) if packed.rows() != cout else None
 
-        def run_packed(inputs, outputs):
+        def run_pointwise(inputs, outputs):
             x, y = inputs[0], outputs[0]
             for i in range(n):
-                if pointwise:
-                    src = x[i].reshape(-1)
-                else:
-                    cols = scratch("im2col", cols_shape)
-                    unfold(pad(x[i]), kh, kw, sh, sw, dh, dw, oh, ow, cols)
-                    src = cols.reshape(-1)
+                if subsample:
+                    np.copyto(picked, x[i, :, :(oh - 1) * sh + 1:sh, :(ow - 1) * sw + 1:sw])
+                src = picked if subsample else x[i]
                 dst = y[i].reshape(cout, pixels) if spare is None else spare
-                packed(src, pixels, pixels, dst.reshape(-1), pixels)
+                packed(src.reshape(-1), pixels, pixels, dst.reshape(-1), pixels)
                 if spare is not None:
                     y[i].reshape(cout, pixels)[...] = spare[:cout]
-        return writes(run_packed)
+        return writes(run_pointwise)
+    if group == 1 and HAS_AVX512:
+        return _implicit_im2col(weight, bias, act, grid, (n, cin, h, w), (cout, oh, ow), (kh, kw, sh, sw, dh, dw, t, l, b, r))
     epilogue = sized(bias_act, out_size)
     wg = [np.ascontiguousarray(weight[k * og:(k + 1) * og]) for k in range(group)]
+    cols = None if pointwise else np.empty((cg * kh * kw * group, oh * ow), np.float32)
+    unfold = None if pointwise else sized(im2col, cols.size)
 
     def run(inputs, outputs):
         x, y = inputs[0], outputs[0]
@@ -443,6 +444,40 @@ def convolution_float(node, ins, outs, weight, bias, grid=NO_GRID):
                     for k in range(group):
                         np.matmul(wg[k], cols[k * rows:(k + 1) * rows], out=yi[k * og:(k + 1) * og])
             epilogue(yi, bias, act, grid)
+    return writes(run)
+
+
+def _implicit_im2col(weight, bias, act, grid, in_shape, out_shape, geometry):
+    """A group-1 convolution as tiles of `fgemm.conv_im2col` over the input's phase planes."""
+    import numba
+
+    from .fgemm import PackedGemm, conv_im2col, k_block, phase_split
+    n, cin, h, w = in_shape
+    cout, oh, ow = out_shape
+    kh, kw, sh, sw, dh, dw, t, l, b, r = geometry
+    packed = PackedGemm(weight, bias, act, grid, cout * oh * ow * cin * kh * kw // 16)
+    pixels = oh * ow
+    spare = np.empty((packed.rows(), pixels), np.float32) if packed.rows() != cout else None
+    threads = numba.get_num_threads()
+    tiles = -(-pixels // 48)
+    kc = k_block(cin * kh * kw, packed.rows(), tiles)
+    split = min(packed.nob, -(-2 * threads // tiles)) if threads > 1 else 1
+    implicit = sized(conv_im2col, packed.rows() * pixels * cin * kh * kw // 16)
+    # phase planes big enough for every tap of every output pixel; their zero border is the padding
+    hq = max(-(-(h + t + b) // sh), oh + (kh - 1) * dh // sh)
+    wq = max(-(-(w + l + r) // sw), ow + (kw - 1) * dw // sw)
+    phases = np.zeros((cin * sh * sw, hq, wq), np.float32)
+    split_phases = sized(phase_split, cin * h * w)
+
+    def run(inputs, outputs):
+        x, y = inputs[0], outputs[0]
+        for i in range(n):
+            dst = y[i].reshape(cout, pixels) if spare is None else spare
+            split_phases(x[i], t, l, sh, sw, phases)
+            implicit(phases, cin, kh, kw, sh, sw, dh, dw, oh, ow, packed.wp, kc, packed.nob, split, packed.bias,
+                     packed.epf, packed.grid, dst.reshape(-1))
+            if spare is not None:
+                y[i].reshape(cout, pixels)[...] = spare[:cout]
     return writes(run)
 
 

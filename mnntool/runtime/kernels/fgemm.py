@@ -18,7 +18,17 @@ from numba.core import cgutils
 from numba.extending import intrinsic
 
 OCB = 8          # output channels per tile
-KC = 512         # k per pass over the output: the weight block [OC][KC] stays in L2
+WEIGHT_BLOCK = 128 * 1024   # floats: the weights one pass over the output streams per tile, kept in L2
+
+
+def k_block(k: int, rows: int, tiles: int) -> int:
+    """k per pass over the output: all of it when one tile reads the weights once, else balanced blocks
+    whose weights (rows x kc) stay in L2 while every tile uses them."""
+    if tiles <= 1:
+        return k
+    limit = max(64, WEIGHT_BLOCK // rows)
+    passes = -(-k // limit)
+    return -(-k // passes)
 
 
 def _host_has_avx512() -> bool:
@@ -172,30 +182,100 @@ def _gemm_body(x, xo, xs, P, wp, wo, K, nob, bias, epf, out, oo, os_, idx, k0, k
 
 
 @njit(parallel=True, cache=True)
-def gemm(x, xs, P, wp, K, nob, bias, epf, grid, out, os_):
+def gemm(x, xs, P, wp, K, kc, nob, bias, epf, grid, out, os_):
     """out[:nob*8, :P] (row stride os_) from x (row k at k * xs) and packed weights; the epilogue adds the
     bias, applies epf's activation bounds and, when `grid`, rounds to epf's int8 grid."""
     ntile = _tiles(P)[0]
-    for k0 in range(0, K, KC):
-        kn = min(KC, K - k0)
+    for k0 in range(0, K, kc):
+        kn = min(kc, K - k0)
         flags = (1 if k0 > 0 else 0, 1 if k0 + kn >= K else 0, grid)
         for idx in prange(ntile * nob):
             _gemm_body(x, 0, xs, P, wp, 0, K, nob, bias, epf, out, 0, os_, idx, k0, kn, flags)
 
 
 @njit(parallel=True, cache=True)
-def gemm_batched(x, xs, xstride, P, wp, wstride, K, nob, bias, epf, out, os_, ostride, batches):
+def gemm_batched(x, xs, xstride, P, wp, wstride, K, kc, nob, bias, epf, out, os_, ostride, batches):
     """`batches` independent GEMMs (Winograd positions): x, weights and out advance by their strides;
     bias/activation off (epf is an identity range)."""
     ntile = _tiles(P)[0]
     per = ntile * nob
-    for k0 in range(0, K, KC):
-        kn = min(KC, K - k0)
+    for k0 in range(0, K, kc):
+        kn = min(kc, K - k0)
         flags = (1 if k0 > 0 else 0, 1, 0)
         for j in prange(batches * per):
             b, idx = j // per, j % per
             _gemm_body(x, b * xstride, xs, P, wp, b * wstride, K, nob, bias, epf, out, b * ostride, os_, idx,
                        k0, kn, flags)
+
+
+@njit(parallel=True, cache=True, fastmath=True)
+def phase_split(x, t, l, sh, sw, xq):
+    """xq[(c*sh + a)*sw + b, u, v] = padded x[c, u*sh + a, v*sw + b]: a strided convolution's taps become
+    stride-1 reads of one phase plane. Only the interior is written; xq's zero border is the padding."""
+    C, H, W = x.shape
+    Hq, Wq = xq.shape[1], xq.shape[2]
+    for c in prange(C):
+        for yy in range(H):
+            py = yy + t
+            a, u = py % sh, py // sh
+            src = x[c, yy]
+            for b in range(sw):
+                dst = xq[(c * sh + a) * sw + b, u]
+                # output column v takes input column v*sw + b - l
+                v0 = max(0, (l - b + sw - 1) // sw)
+                v1 = min(Wq, (W + l - b + sw - 1) // sw)
+                for v in range(v0, v1):
+                    dst[v] = src[v * sw + b - l]
+
+
+@njit(parallel=True, cache=True, fastmath=True)
+def conv_im2col(xq, C, kh, kw, sh, sw, dh, dw, oh, ow, wp, kc, nob, split, bias, epf, grid, out):
+    """A convolution (group 1) without an im2col matrix: each 48-pixel tile copies its own (K x 48)
+    panel, hot in L1 for the channel blocks that use it, from the phase planes xq (`phase_split`):
+    tap (c, i, j) of output pixel (y, x) is plane (c, i*dh % sh, j*dw % sw) at (y + i*dh // sh,
+    x + j*dw // sw), so every copy is contiguous. `split` divides the channel blocks when there are
+    fewer tiles than threads. out (nob*8, oh*ow) flat."""
+    Hq, Wq = xq.shape[1], xq.shape[2]
+    K, P = C * kh * kw, oh * ow
+    xf = xq.reshape(-1)
+    ntile = _tiles(P)[0]
+    per = (nob + split - 1) // split
+    koff = np.empty(K, np.int64)        # each tap's offset in xq (no integer division in the hot loop)
+    for c in range(C):
+        for i in range(kh):
+            for jj in range(kw):
+                a, b = i * dh, jj * dw
+                koff[(c * kh + i) * kw + jj] = ((c * sh + a % sh) * sw + b % sw) * Hq * Wq + (a // sh) * Wq + b // sw
+    for k0 in range(0, K, kc):
+        kn = min(kc, K - k0)
+        flags = (1 if k0 > 0 else 0, 1 if k0 + kn >= K else 0, grid)
+        for j in prange(ntile * split):
+            t, part = j // split, j % split
+            p0 = t * 48
+            lanes = min(48, P - p0)
+            # the tile's pixels as runs along output rows: (first lane, length, offset in a plane)
+            runs = np.empty((48, 3), np.int64)
+            nrun, q = 0, 0
+            while q < lanes:
+                p = p0 + q
+                y, x = p // ow, p % ow
+                length = min(ow - x, lanes - q)
+                runs[nrun, 0], runs[nrun, 1], runs[nrun, 2] = q, length, y * Wq + x
+                nrun += 1
+                q += length
+            panel = np.empty(kn * 48, np.float32)
+            for k in range(kn):
+                base = koff[k0 + k]
+                for u in range(nrun):
+                    # unsigned indices: Numba drops its negative-index fix-up and the copy vectorizes
+                    d0, s0 = np.uint64(k * 48 + runs[u, 0]), np.uint64(base + runs[u, 2])
+                    for e in range(np.uint64(runs[u, 1])):
+                        panel[d0 + e] = xf[s0 + e]
+            nv = 3 if lanes == 48 else (lanes + 15) // 16
+            for ob in range(part * per, min(nob, (part + 1) * per)):
+                o0 = ob * OCB
+                _tile(nv, panel, 0, 48, wp, ob * K * OCB + k0 * OCB, kn, out, o0 * P + p0, P, lanes, bias[o0:],
+                      epf, flags)
 
 
 def pack_weights(w: np.ndarray) -> np.ndarray:
@@ -234,4 +314,5 @@ class PackedGemm:
 
     def __call__(self, x: np.ndarray, xs: int, P: int, out: np.ndarray, os_: int) -> None:
         """x flat with row k at k * xs; out flat (rows() x os_), its rows past O are scratch."""
-        self.fn(x, xs, P, self.wp, self.k, self.nob, self.bias, self.epf, self.grid, out, os_)
+        self.fn(x, xs, P, self.wp, self.k, k_block(self.k, self.rows(), -(-P // 48)), self.nob, self.bias, self.epf,
+                self.grid, out, os_)
