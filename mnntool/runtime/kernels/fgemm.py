@@ -21,6 +21,9 @@ OCB = 8          # output channels per tile
 WEIGHT_BLOCK = 128 * 1024   # floats: the weights one pass over the output streams per tile, kept in L2
 
 
+BY_BLOCK_X = 256 * 1024      # floats: an activation matrix this small is re-read from L2 per channel block
+
+
 def k_block(k: int, rows: int, tiles: int) -> int:
     """k per pass over the output: all of it when one tile reads the weights once, else balanced blocks
     whose weights (rows x kc) stay in L2 while every tile uses them."""
@@ -171,9 +174,12 @@ def _tiles(P):
 
 
 @njit(cache=True, inline="always")
-def _gemm_body(x, xo, xs, P, wp, wo, K, nob, bias, epf, out, oo, os_, idx, k0, kn, flags):
+def _gemm_body(x, xo, xs, P, wp, wo, K, nob, bias, epf, out, oo, os_, idx, k0, kn, flags, by_block):
     ntile, full, tail_nv = _tiles(P)
-    t, ob = idx // nob, idx % nob
+    if by_block:      # a channel block's tiles in a row: its output rows are written as 8 streams
+        ob, t = idx // ntile, idx % ntile
+    else:             # a tile's channel blocks in a row: its panel stays in L1
+        t, ob = idx // nob, idx % nob
     p0 = t * 48
     nv = 3 if t < full else tail_nv
     o0 = ob * OCB
@@ -182,7 +188,7 @@ def _gemm_body(x, xo, xs, P, wp, wo, K, nob, bias, epf, out, oo, os_, idx, k0, k
 
 
 @njit(parallel=True, cache=True)
-def gemm(x, xs, P, wp, K, kc, nob, bias, epf, grid, out, os_):
+def gemm(x, xs, P, wp, K, kc, nob, bias, epf, grid, out, os_, by_block):
     """out[:nob*8, :P] (row stride os_) from x (row k at k * xs) and packed weights; the epilogue adds the
     bias, applies epf's activation bounds and, when `grid`, rounds to epf's int8 grid."""
     ntile = _tiles(P)[0]
@@ -190,7 +196,7 @@ def gemm(x, xs, P, wp, K, kc, nob, bias, epf, grid, out, os_):
         kn = min(kc, K - k0)
         flags = (1 if k0 > 0 else 0, 1 if k0 + kn >= K else 0, grid)
         for idx in prange(ntile * nob):
-            _gemm_body(x, 0, xs, P, wp, 0, K, nob, bias, epf, out, 0, os_, idx, k0, kn, flags)
+            _gemm_body(x, 0, xs, P, wp, 0, K, nob, bias, epf, out, 0, os_, idx, k0, kn, flags, by_block)
 
 
 @njit(parallel=True, cache=True)
@@ -205,7 +211,7 @@ def gemm_batched(x, xs, xstride, P, wp, wstride, K, kc, nob, bias, epf, out, os_
         for j in prange(batches * per):
             b, idx = j // per, j % per
             _gemm_body(x, b * xstride, xs, P, wp, b * wstride, K, nob, bias, epf, out, b * ostride, os_, idx,
-                       k0, kn, flags)
+                       k0, kn, flags, False)
 
 
 @njit(parallel=True, cache=True, fastmath=True)
@@ -308,11 +314,13 @@ class PackedGemm:
         self.grid = 1 if grid[1] > 0 else 0
         from . import sized
         self.fn = sized(gemm, work)
+        self.by_block = None
 
     def rows(self) -> int:
         return self.nob * OCB
 
     def __call__(self, x: np.ndarray, xs: int, P: int, out: np.ndarray, os_: int) -> None:
         """x flat with row k at k * xs; out flat (rows() x os_), its rows past O are scratch."""
+        by_block = self.k * P <= BY_BLOCK_X if self.by_block is None else self.by_block
         self.fn(x, xs, P, self.wp, self.k, k_block(self.k, self.rows(), -(-P // 48)), self.nob, self.bias, self.epf,
-                self.grid, out, os_)
+                self.grid, out, os_, by_block)
