@@ -22,11 +22,13 @@ class MnnSession:
         MNN = _mnn()
         self.MNN = MNN
         self.inputs, self.outputs = list(inputs), list(outputs)
-        kwargs = {"thread_num": int(threads)} if threads else {}
-        try:
-            self.module = MNN.nn.load_module_from_file(str(path), self.inputs, self.outputs, **kwargs)
-        except TypeError:
-            self.module = MNN.nn.load_module_from_file(str(path), self.inputs, self.outputs)
+        kwargs = {}
+        if threads:
+            # load_module_from_file's own thread_num is not honoured (a "1 thread" module keeps both cores
+            # busy); a runtime manager's numThread is
+            config = {"numThread": int(threads), "precision": "normal", "backend": "CPU"}
+            kwargs["runtime_manager"] = MNN.nn.create_runtime_manager((config,))
+        self.module = MNN.nn.load_module_from_file(str(path), self.inputs, self.outputs, **kwargs)
 
     def run(self, feeds: dict[str, np.ndarray], profile=None) -> dict[str, np.ndarray]:
         expr = self.MNN.expr

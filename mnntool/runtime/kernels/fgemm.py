@@ -50,7 +50,8 @@ def data_of(context, builder, ty, value):
     return cgutils.create_struct_proxy(ty)(context, builder, value=value).data
 
 
-def _make_tile(nv: int, ocb: int = 8):
+def _make_tile(nv: int, ocb: int = OCB):
+    """The micro-kernel for nv x 16 pixels x ocb channels (ocb <= 8: the first ocb of a packed block of 8)."""
     @intrinsic
     def tile(typingctx, x, xoff, xs, w, woff, nk, out, ooff, os_, left, bias, epf, flags):
         """out[o0 + o, p0 + j] for 8 channels x nv*16 pixels. x row k at xoff + k*xs; weights at woff
@@ -115,7 +116,7 @@ def _make_tile(nv: int, ocb: int = 8):
             row = builder.gep(xp, [builder.mul(kk, xs_)])
             xv = [builder.call(mload, [builder.bitcast(builder.gep(row, [const(16 * v)]), f16.as_pointer()),
                                        ir.Constant(i32, 4), masks[v], fzero]) for v in range(nv)]
-            wrow = builder.gep(wp, [builder.mul(kk, const(ocb))])
+            wrow = builder.gep(wp, [builder.mul(kk, const(OCB))])
             new = []
             for o in range(ocb):
                 wb = splat(builder.load(builder.gep(wrow, [const(o)]), align=4), f16)
@@ -151,12 +152,17 @@ def _make_tile(nv: int, ocb: int = 8):
 
 
 _tile1, _tile2, _tile3 = _make_tile(1), _make_tile(2), _make_tile(3)
-NV = 3           # pixel vectors in a full tile
+# 49..64 pixels (7x7 maps) as one tile of 64 x 4 channels, twice per block: a second 48-pixel tile
+# for the last pixel would stream all the weights again
+_tile4 = _make_tile(4, 4)
 
 
 @njit(cache=True, inline="always")
 def _tile(nv, x, xo, xs, w, wo, nk, out, oo, os_, left, bias, epf, flags):
-    if nv == 3:
+    if nv == 4:
+        _tile4(x, xo, xs, w, wo, nk, out, oo, os_, left, bias, epf, flags)
+        _tile4(x, xo, xs, w, wo + 4, nk, out, oo + 4 * os_, os_, left, bias[4:], epf, flags)
+    elif nv == 3:
         _tile3(x, xo, xs, w, wo, nk, out, oo, os_, left, bias, epf, flags)
     elif nv == 2:
         _tile2(x, xo, xs, w, wo, nk, out, oo, os_, left, bias, epf, flags)
@@ -166,7 +172,10 @@ def _tile(nv, x, xo, xs, w, wo, nk, out, oo, os_, left, bias, epf, flags):
 
 @njit(cache=True, inline="always")
 def _tiles(P):
-    """Pixel tiles of 48 and one tail tile as narrow as its pixels need: (count, full tiles, tail nv)."""
+    """Pixel tiles of 48 and one tail tile as narrow as its pixels need: (count, full tiles, tail nv);
+    49..64 pixels are one tile of 64."""
+    if 48 < P <= 64:
+        return 1, 0, 4
     full = P // 48
     rest = P - full * 48
     tail_nv = (rest + 15) // 16
@@ -230,8 +239,18 @@ def phase_split(x, t, l, sh, sw, xq):
                 # output column v takes input column v*sw + b - l
                 v0 = max(0, (l - b + sw - 1) // sw)
                 v1 = min(Wq, (W + l - b + sw - 1) // sw)
-                for v in range(v0, v1):
-                    dst[v] = src[v * sw + b - l]
+                # slices put the first column at 0: the indices are then the loop variable times a
+                # constant, Numba drops its negative-index fix-up and LLVM vectorizes the strided read
+                d, s_ = dst[v0:v1], src[v0 * sw + b - l:]
+                if sw == 2:
+                    for v in range(d.shape[0]):
+                        d[v] = s_[2 * v]
+                elif sw == 1:
+                    for v in range(d.shape[0]):
+                        d[v] = s_[v]
+                else:
+                    for v in range(d.shape[0]):
+                        d[v] = s_[v * sw]
 
 
 @njit(parallel=True, cache=True, fastmath=True)
@@ -244,7 +263,8 @@ def conv_im2col(xq, C, kh, kw, sh, sw, dh, dw, oh, ow, wp, kc, nob, split, bias,
     Hq, Wq = xq.shape[1], xq.shape[2]
     K, P = C * kh * kw, oh * ow
     xf = xq.reshape(-1)
-    ntile = _tiles(P)[0]
+    ntile, full, tail_nv = _tiles(P)
+    width = 64 if tail_nv == 4 else 48      # panel columns
     per = (nob + split - 1) // split
     koff = np.empty(K, np.int64)        # each tap's offset in xq (no integer division in the hot loop)
     for c in range(C):
@@ -258,9 +278,9 @@ def conv_im2col(xq, C, kh, kw, sh, sw, dh, dw, oh, ow, wp, kc, nob, split, bias,
         for j in prange(ntile * split):
             t, part = j // split, j % split
             p0 = t * 48
-            lanes = min(48, P - p0)
+            lanes = min(width, P - p0)
             # the tile's pixels as runs along output rows: (first lane, length, offset in a plane)
-            runs = np.empty((48, 3), np.int64)
+            runs = np.empty((width, 3), np.int64)
             nrun, q = 0, 0
             while q < lanes:
                 p = p0 + q
@@ -269,18 +289,18 @@ def conv_im2col(xq, C, kh, kw, sh, sw, dh, dw, oh, ow, wp, kc, nob, split, bias,
                 runs[nrun, 0], runs[nrun, 1], runs[nrun, 2] = q, length, y * Wq + x
                 nrun += 1
                 q += length
-            panel = np.empty(kn * 48, np.float32)
+            panel = np.empty(kn * width, np.float32)
             for k in range(kn):
                 base = koff[k0 + k]
                 for u in range(nrun):
                     # unsigned indices: Numba drops its negative-index fix-up and the copy vectorizes
-                    d0, s0 = np.uint64(k * 48 + runs[u, 0]), np.uint64(base + runs[u, 2])
+                    d0, s0 = np.uint64(k * width + runs[u, 0]), np.uint64(base + runs[u, 2])
                     for e in range(np.uint64(runs[u, 1])):
                         panel[d0 + e] = xf[s0 + e]
-            nv = 3 if lanes == 48 else (lanes + 15) // 16
+            nv = 4 if width == 64 else 3 if lanes == 48 else (lanes + 15) // 16
             for ob in range(part * per, min(nob, (part + 1) * per)):
                 o0 = ob * OCB
-                _tile(nv, panel, 0, 48, wp, ob * K * OCB + k0 * OCB, kn, out, o0 * P + p0, P, lanes, bias[o0:],
+                _tile(nv, panel, 0, width, wp, ob * K * OCB + k0 * OCB, kn, out, o0 * P + p0, P, lanes, bias[o0:],
                       epf, flags)
 
 
