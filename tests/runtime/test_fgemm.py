@@ -1,0 +1,125 @@
+"""The AVX-512 fp32 paths: the fgemm micro-kernel, Winograd F(4x4)/F(2x2), convolutions without an
+im2col matrix, and 3x3 stride-2 max pooling. References: numpy in float64 and torch's conv2d/max_pool2d;
+tolerance 2e-5 of the output's largest magnitude (fp32 sums over up to 2304 products, and Winograd's
+transforms, which scale values by up to 8x)."""
+import numpy as np
+import pytest
+
+from mnntool.ir.ops import Val
+from mnntool.runtime.kernels.conv import NO_GRID, convolution_float, grid_of
+from mnntool.runtime.kernels.fgemm import HAS_AVX512, PackedGemm, k_block
+
+torch = pytest.importorskip("torch")
+F = torch.nn.functional
+needs_avx512 = pytest.mark.skipif(not HAS_AVX512, reason="the fp32 micro-kernel needs AVX-512")
+
+
+def close(ref, got, tol=2e-5):
+    ref, got = np.asarray(ref, np.float64), np.asarray(got, np.float64)
+    assert got.shape == ref.shape
+    assert np.abs(got - ref).max() <= tol * max(np.abs(ref).max(), 1e-6)
+
+
+@needs_avx512
+@pytest.mark.parametrize("o, k, p", [(5, 7, 3), (13, 600, 50), (64, 147, 200), (96, 16, 12544 // 8), (24, 1200, 49),
+                                     (40, 64, 64), (8, 9, 1), (512, 2304, 49)])
+@pytest.mark.parametrize("act", [0, 1, 2])
+def test_packed_gemm_matches_numpy(o, k, p, act):
+    rng = np.random.default_rng(o * k + p)
+    w = rng.standard_normal((o, k)).astype(np.float32)
+    x = rng.standard_normal((k, p)).astype(np.float32)
+    b = rng.standard_normal(o).astype(np.float32)
+    g = PackedGemm(w, b, act, NO_GRID, 10**9)
+    out = np.full((g.rows(), p), np.nan, np.float32)
+    g(x.reshape(-1), p, p, out.reshape(-1), p)
+    ref = w.astype(np.float64) @ x + b[:, None]
+    ref = np.maximum(ref, 0) if act else ref
+    ref = np.minimum(ref, 6) if act == 2 else ref
+    close(ref, out[:o])
+    for by_block in (True, False):       # both walk orders
+        g.by_block = by_block
+        out[:] = np.nan
+        g(x.reshape(-1), p, p, out.reshape(-1), p)
+        close(ref, out[:o])
+
+
+@needs_avx512
+def test_packed_gemm_rounds_to_the_int8_grid_and_blocks_k():
+    rng = np.random.default_rng(1)
+    o, k, p = 16, 3000, 100
+    assert k_block(k, 512, 3) < k            # several k passes, each accumulating onto the output
+    w = rng.standard_normal((o, k)).astype(np.float32) * 0.05
+    x = rng.standard_normal((k, p)).astype(np.float32)
+    grid = grid_of(0.05, -127, 127)
+    g = PackedGemm(w, np.zeros(o, np.float32), 1, grid, 10**9)
+    out = np.empty((o, p), np.float32)
+    from mnntool.runtime.kernels.fgemm import gemm
+    gemm(x.reshape(-1), p, p, g.wp, k, k_block(k, 512, 3), g.nob, g.bias, g.epf, 1, out.reshape(-1), p, False)
+    ref = np.clip(np.rint(np.maximum(w.astype(np.float64) @ x, 0) / 0.05), -127, 127) * 0.05
+    # values near a rounding midpoint may round either way in fp32: allow one step on a few of them
+    diff = np.abs(out - ref)
+    assert diff.max() <= 0.05 + 1e-6 and (diff > 1e-5).mean() < 0.01
+
+
+def _conv(x, w, b, stride=1, pads=(1, 1, 1, 1), dilation=1, act=1):
+    n, cin, h, wd = x.shape
+    cout, _, kh, kw = w.shape
+    t, l, bb, r = pads
+    oh = (h + t + bb - dilation * (kh - 1) - 1) // stride + 1
+    ow = (wd + l + r - dilation * (kw - 1) - 1) // stride + 1
+
+    class Node:
+        param = {"common": {"outputCount": cout, "kernelX": kw, "kernelY": kh, "strideX": stride, "strideY": stride,
+                            "dilateX": dilation, "dilateY": dilation, "pads": [t, l, bb, r], "relu": act == 1,
+                            "relu6": act == 2}}
+    k = convolution_float(Node, [Val((n, cin, h, wd))], [Val((n, cout, oh, ow))], w.reshape(cout, -1), b)
+    y = np.full((n, cout, oh, ow), np.nan, np.float32)
+    k.fn([x], [y])
+    xt = F.pad(torch.from_numpy(x), (l, r, t, bb))
+    ref = F.conv2d(xt, torch.from_numpy(w), torch.from_numpy(b), stride=stride, dilation=dilation)
+    ref = F.relu(ref) if act == 1 else torch.clamp(ref, 0, 6) if act == 2 else ref
+    return ref.numpy(), y
+
+
+@needs_avx512
+@pytest.mark.parametrize("cin, cout, h, w", [(64, 64, 56, 56), (128, 128, 28, 28), (256, 256, 14, 14), (512, 512, 7, 7),
+                                             (24, 13, 9, 17), (8, 8, 3, 3), (16, 40, 30, 5)])
+@pytest.mark.parametrize("act", [0, 2])
+def test_winograd_matches_torch(cin, cout, h, w, act):
+    from mnntool.runtime.kernels.winograd import tile_size
+    rng = np.random.default_rng(cin + h)
+    x = rng.standard_normal((2, cin, h, w)).astype(np.float32)
+    wt = (rng.standard_normal((cout, cin, 3, 3)) / np.sqrt(cin * 9)).astype(np.float32)
+    b = rng.standard_normal(cout).astype(np.float32)
+    ref, got = _conv(x, wt, b, act=act)
+    close(ref, got, 1e-4 if tile_size(h, w) == 4 else 2e-5)
+
+
+@needs_avx512
+@pytest.mark.parametrize("cin, cout, h, k, stride, pads, dilation", [
+    (3, 64, 64, 7, 2, (3, 3, 3, 3), 1), (64, 128, 28, 3, 2, (1, 1, 1, 1), 1), (256, 512, 14, 3, 2, (1, 1, 1, 1), 1),
+    (5, 7, 11, 3, 1, (0, 1, 2, 0), 1), (16, 24, 20, 3, 1, (2, 2, 2, 2), 2), (6, 10, 13, 5, 3, (1, 2, 0, 1), 1),
+    (32, 16, 15, 1, 2, (0, 0, 0, 0), 1), (600, 24, 9, 3, 2, (1, 1, 1, 1), 1)])
+def test_convolution_without_im2col_matches_torch(cin, cout, h, k, stride, pads, dilation):
+    rng = np.random.default_rng(cin * k)
+    x = rng.standard_normal((1, cin, h, h + 3)).astype(np.float32)
+    w = (rng.standard_normal((cout, cin, k, k)) / np.sqrt(cin * k * k)).astype(np.float32)
+    b = rng.standard_normal(cout).astype(np.float32)
+    ref, got = _conv(x, w, b, stride, pads, dilation, act=1)
+    close(ref, got)
+
+
+@pytest.mark.parametrize("h, ceil", [(112, False), (9, True), (10, False), (15, True)])
+def test_max_pool_3x3_stride2_matches_torch(h, ceil):
+    from mnntool.runtime.kernels.pool import pooling
+    rng = np.random.default_rng(h)
+    x = rng.standard_normal((2, 5, h, h + 1)).astype(np.float32)
+    ref = F.max_pool2d(torch.from_numpy(x), 3, 2, 1, ceil_mode=ceil).numpy()
+
+    class Node:
+        param = {"type": "MAXPOOL", "kernelX": 3, "kernelY": 3, "strideX": 2, "strideY": 2, "padX": 1, "padY": 1,
+                 "padType": "CAFFE"}
+    k = pooling(Node, [Val(x.shape)], [Val(ref.shape)])
+    y = np.empty(ref.shape, np.float32)
+    k.fn([x], [y])
+    np.testing.assert_array_equal(y, ref)
