@@ -13,9 +13,10 @@ with the weight broadcast from memory; masked loads and stores handle the tile a
 from __future__ import annotations
 
 import numpy as np
-from numba import config, njit, prange, types
-from numba.core import cgutils
+from numba import njit, prange, types
 from numba.extending import intrinsic
+
+from .llvmir import data_of, declare, host_has, splat as splat_
 
 OCB = 8          # output channels per tile
 WEIGHT_BLOCK = 128 * 1024   # floats: the weights one pass over the output streams per tile, kept in L2
@@ -34,20 +35,7 @@ def k_block(k: int, rows: int, tiles: int) -> int:
     return -(-k // passes)
 
 
-def _host_has_avx512() -> bool:
-    try:
-        import llvmlite.binding as llvm
-        features = llvm.get_host_cpu_features().flatten()
-    except Exception:
-        return False
-    return "+avx512f" in features.split(",") and config.CPU_NAME in (None, "host")
-
-
-HAS_AVX512 = _host_has_avx512()
-
-
-def data_of(context, builder, ty, value):
-    return cgutils.create_struct_proxy(ty)(context, builder, value=value).data
+HAS_AVX512 = host_has("avx512f")
 
 
 def _make_tile(nv: int, ocb: int = OCB):
@@ -71,19 +59,14 @@ def _make_tile(nv: int, ocb: int = OCB):
             op = builder.gep(data_of(context, builder, a[6], oa), [oo])
             bp = data_of(context, builder, a[10], ba)
             const = lambda v: ir.Constant(i64, v)   # noqa: E731
-            mod = builder.module
-            fn = lambda name, ret, *t: cgutils.get_or_insert_function(mod, ir.FunctionType(ret, list(t)), name)  # noqa
+            fn = lambda name, ret, *t: declare(builder, name, ret, *t)  # noqa: E731
             fma = fn("llvm.fma.v16f32", f16, f16, f16, f16)
             fmax, fmin = fn("llvm.maxnum.v16f32", f16, f16, f16), fn("llvm.minnum.v16f32", f16, f16, f16)
             rint = fn("llvm.rint.v16f32", f16, f16)
             mload = fn("llvm.masked.load.v16f32.p0", f16, f16.as_pointer(), i32, m16, f16)
             mstore = fn("llvm.masked.store.v16f32.p0", ir.VoidType(), f16, f16.as_pointer(), i32, m16)
-            zeros_i = ir.Constant(ir.VectorType(i32, 16), [0] * 16)
             fzero = ir.Constant(f16, [0.0] * 16)
-
-            def splat(value, vt):
-                lane = builder.insert_element(ir.Constant(vt, ir.Undefined), value, ir.Constant(i32, 0))
-                return builder.shuffle_vector(lane, ir.Constant(vt, ir.Undefined), zeros_i)
+            splat = lambda value, vt: splat_(builder, value, vt)  # noqa: E731
 
             lanes = ir.Constant(ir.VectorType(i64, 16), list(range(16)))
             masks = [builder.icmp_signed("<", lanes, splat(builder.sub(left_, const(16 * v)), ir.VectorType(i64, 16)))

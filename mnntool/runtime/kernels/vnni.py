@@ -13,24 +13,15 @@ Layouts: activations packed as [P/16][K/4][16 pixels][4 bytes] uint8 (`pixel_blo
 from __future__ import annotations
 
 import numpy as np
-from numba import config, njit, prange, types
-from numba.core import cgutils
+from numba import njit, prange, types
 from numba.extending import intrinsic
+
+from .llvmir import data_of, declare, host_has, splat as splat_
 
 PIX, OCB = 32, 8          # tile: pixels x output channels
 
 
-def _host_has_vnni() -> bool:
-    """VNNI on the host, and Numba compiling for the host (not a portable NUMBA_CPU_NAME target)."""
-    try:
-        import llvmlite.binding as llvm
-        features = llvm.get_host_cpu_features().flatten()
-    except Exception:
-        return False
-    return "+avx512vnni" in features.split(",") and config.CPU_NAME in (None, "host")
-
-
-HAS_VNNI = _host_has_vnni()
+HAS_VNNI = host_has("avx512vnni")
 
 
 def pixel_blocks(pixels: int) -> int:
@@ -54,17 +45,12 @@ def _tile(typingctx, x, xoff, w, woff, k4, out, ooff, ostride, left, ep, epf):
         wp = builder.gep(data_of(context, builder, a[2], wa), [wo])
         op = builder.gep(data_of(context, builder, a[5], oa), [oo])
         const = lambda v: ir.Constant(i64, v)   # noqa: E731
-        mod = builder.module
-        fn = lambda name, ret, *a: cgutils.get_or_insert_function(mod, ir.FunctionType(ret, list(a)), name)  # noqa
+        fn = lambda name, ret, *t: declare(builder, name, ret, *t)  # noqa: E731
         dpbusd = fn("llvm.x86.avx512.vpdpbusd.512", v16, v16, v16, v16)
         fmax, fmin = fn("llvm.maxnum.v16f32", f16, f16, f16), fn("llvm.minnum.v16f32", f16, f16, f16)
         rint = fn("llvm.rint.v16f32", f16, f16)
         mstore = fn("llvm.masked.store.v16f32.p0", ir.VoidType(), f16, f16.as_pointer(), i32, ir.VectorType(i1, 16))
-        zeros = ir.Constant(ir.VectorType(i32, 16), [0] * 16)
-
-        def splat(value, vt):
-            lane = builder.insert_element(ir.Constant(vt, ir.Undefined), value, ir.Constant(i32, 0))
-            return builder.shuffle_vector(lane, ir.Constant(vt, ir.Undefined), zeros)
+        splat = lambda value, vt: splat_(builder, value, vt)  # noqa: E731
 
         entry = builder.block
         loop, done = builder.append_basic_block("tile_k"), builder.append_basic_block("tile_done")
@@ -116,11 +102,6 @@ def _tile(typingctx, x, xoff, w, woff, k4, out, ooff, ostride, left, ep, epf):
                 builder.call(mstore, [val, dst, ir.Constant(i32, 4), mask])
         return context.get_dummy_value()
     return sig, codegen
-
-
-def data_of(context, builder, ty, value):
-    """The data pointer of a Numba array value inside generated IR."""
-    return cgutils.create_struct_proxy(ty)(context, builder, value=value).data
 
 
 @njit(parallel=True, cache=True)
