@@ -29,17 +29,18 @@ def test_packed_gemm_matches_numpy(o, k, p, act):
     w = rng.standard_normal((o, k)).astype(np.float32)
     x = rng.standard_normal((k, p)).astype(np.float32)
     b = rng.standard_normal(o).astype(np.float32)
-    g = PackedGemm(w, b, act, NO_GRID, 10**9)
+    g = PackedGemm(w, b, act, NO_GRID, p)
     out = np.full((g.rows(), p), np.nan, np.float32)
-    g(x.reshape(-1), p, p, out.reshape(-1), p)
+    g(x.reshape(-1), p, out.reshape(-1), p)
     ref = w.astype(np.float64) @ x + b[:, None]
     ref = np.maximum(ref, 0) if act else ref
     ref = np.minimum(ref, 6) if act == 2 else ref
     close(ref, out[:o])
+    assert np.isnan(out[o:]).all()       # nothing written past the O output channels
     for by_block in (True, False):       # both walk orders
         g.by_block = by_block
         out[:] = np.nan
-        g(x.reshape(-1), p, p, out.reshape(-1), p)
+        g(x.reshape(-1), p, out.reshape(-1), p)
         close(ref, out[:o])
 
 
@@ -51,10 +52,10 @@ def test_packed_gemm_rounds_to_the_int8_grid_and_blocks_k():
     w = rng.standard_normal((o, k)).astype(np.float32) * 0.05
     x = rng.standard_normal((k, p)).astype(np.float32)
     grid = grid_of(0.05, -127, 127)
-    g = PackedGemm(w, np.zeros(o, np.float32), 1, grid, 10**9)
+    g = PackedGemm(w, np.zeros(o, np.float32), 1, grid, p)
     out = np.empty((o, p), np.float32)
     from mnntool.runtime.kernels.fgemm import gemm
-    gemm(x.reshape(-1), p, p, g.wp, k, k_block(k, 512, 3), g.nob, g.bias, g.epf, 1, out.reshape(-1), p, False)
+    gemm(x.reshape(-1), p, p, g.wp, k, k_block(k, 512, 3), o, g.bias, g.epf, 1, out.reshape(-1), p, False)
     ref = np.clip(np.rint(np.maximum(w.astype(np.float64) @ x, 0) / 0.05), -127, 127) * 0.05
     # values near a rounding midpoint may round either way in fp32: allow one step on a few of them
     diff = np.abs(out - ref)

@@ -406,10 +406,9 @@ def convolution_float(node, ins, outs, weight, bias, grid=NO_GRID):
     subsample = kh == kw == 1 and padded is None and group == 1 and (sh > 1 or sw > 1)
     if group == 1 and HAS_AVX512 and (pointwise or subsample):
         # a strided 1x1 convolution is a pointwise one on every sh-th row and sw-th column
-        packed = PackedGemm(weight, bias, act, grid, cout * oh * ow * cin // 16)
         pixels = oh * ow
+        packed = PackedGemm(weight, bias, act, grid, pixels)
         picked = np.empty((cin, oh, ow), np.float32) if subsample else None
-        spare = np.empty((packed.rows(), pixels), np.float32) if packed.rows() != cout else None
 
         def run_pointwise(inputs, outputs):
             x, y = inputs[0], outputs[0]
@@ -417,10 +416,7 @@ def convolution_float(node, ins, outs, weight, bias, grid=NO_GRID):
                 if subsample:
                     np.copyto(picked, x[i, :, :(oh - 1) * sh + 1:sh, :(ow - 1) * sw + 1:sw])
                 src = picked if subsample else x[i]
-                dst = y[i].reshape(cout, pixels) if spare is None else spare
-                packed(src.reshape(-1), pixels, pixels, dst.reshape(-1), pixels)
-                if spare is not None:
-                    y[i].reshape(cout, pixels)[...] = spare[:cout]
+                packed(src.reshape(-1), pixels, y[i].reshape(-1), pixels)
         return writes(run_pointwise)
     if group == 1 and HAS_AVX512:
         return _implicit_im2col(weight, bias, act, grid, (n, cin, h, w), (cout, oh, ow), (kh, kw, sh, sw, dh, dw, t, l, b, r))
@@ -451,17 +447,14 @@ def _implicit_im2col(weight, bias, act, grid, in_shape, out_shape, geometry):
     """A group-1 convolution as tiles of `fgemm.conv_im2col` over the input's phase planes."""
     import numba
 
-    from .fgemm import PackedGemm, conv_im2col, k_block, phase_split
+    from .fgemm import PackedGemm, conv_im2col, phase_split
     n, cin, h, w = in_shape
     cout, oh, ow = out_shape
     kh, kw, sh, sw, dh, dw, t, l, b, r = geometry
-    packed = PackedGemm(weight, bias, act, grid, cout * oh * ow * cin * kh * kw // 16)
     pixels = oh * ow
-    spare = np.empty((packed.rows(), pixels), np.float32) if packed.rows() != cout else None
+    packed = PackedGemm(weight, bias, act, grid, pixels)
     threads = numba.get_num_threads()
-    tiles = -(-pixels // 48)
-    kc = k_block(cin * kh * kw, packed.rows(), tiles)
-    split = min(packed.nob, -(-2 * threads // tiles)) if threads > 1 else 1
+    split = min(packed.nob, -(-2 * threads // packed.tiles)) if threads > 1 else 1
     implicit = sized(conv_im2col, packed.rows() * pixels * cin * kh * kw // 16)
     # phase planes big enough for every tap of every output pixel; their zero border is the padding
     hq = max(-(-(h + t + b) // sh), oh + (kh - 1) * dh // sh)
@@ -472,12 +465,9 @@ def _implicit_im2col(weight, bias, act, grid, in_shape, out_shape, geometry):
     def run(inputs, outputs):
         x, y = inputs[0], outputs[0]
         for i in range(n):
-            dst = y[i].reshape(cout, pixels) if spare is None else spare
             split_phases(x[i], t, l, sh, sw, phases)
-            implicit(phases, cin, kh, kw, sh, sw, dh, dw, oh, ow, packed.wp, kc, packed.nob, split, packed.bias,
-                     packed.epf, packed.grid, dst.reshape(-1))
-            if spare is not None:
-                y[i].reshape(cout, pixels)[...] = spare[:cout]
+            implicit(phases, cin, kh, kw, sh, sw, dh, dw, oh, ow, packed.wp, packed.kc, cout, split, packed.bias,
+                     packed.epf, packed.grid, y[i].reshape(-1))
     return writes(run)
 
 

@@ -8,7 +8,8 @@ plane, an im2col matrix or a Winograd position: row k at x + k * xs), so nothing
 
 The micro-kernel is LLVM IR for AVX-512 (Numba does not keep a register tile of accumulators): a tile
 of NV x 16 pixels x 8 output channels in NV * 8 zmm accumulators, one FMA per (16 pixels, channel, k)
-with the weight broadcast from memory; masked loads and stores handle the tile at the row end.
+with the weight broadcast from memory; masked loads and stores handle the tile at the row end and
+the channels past O, so the output needs no padding rows.
 """
 from __future__ import annotations
 
@@ -20,9 +21,7 @@ from .llvmir import data_of, declare, host_has, splat as splat_
 
 OCB = 8          # output channels per tile
 WEIGHT_BLOCK = 128 * 1024   # floats: the weights one pass over the output streams per tile, kept in L2
-
-
-BY_BLOCK_X = 256 * 1024      # floats: an activation matrix this small is re-read from L2 per channel block
+BY_BLOCK_X = 256 * 1024     # floats: an activation matrix this small is re-read from L2 per channel block
 
 
 def k_block(k: int, rows: int, tiles: int) -> int:
@@ -41,23 +40,24 @@ HAS_AVX512 = host_has("avx512f")
 def _make_tile(nv: int, ocb: int = OCB):
     """The micro-kernel for nv x 16 pixels x ocb channels (ocb <= 8: the first ocb of a packed block of 8)."""
     @intrinsic
-    def tile(typingctx, x, xoff, xs, w, woff, nk, out, ooff, os_, left, bias, epf, flags):
+    def tile(typingctx, x, xoff, xs, w, woff, nk, out, ooff, os_, left, rows, bias, epf, flags):
         """out[o0 + o, p0 + j] for 8 channels x nv*16 pixels. x row k at xoff + k*xs; weights at woff
-        as [k][8]; `left` valid pixels; bias row at the tile's channel; epf = (act_lo, act_hi, 1/s, s,
-        q_lo, q_hi); flags = (accumulate onto out, final: bias + activation, round to the grid)."""
+        as [k][8]; `left` valid pixels and `rows` valid channels (out has no rows past them); bias row
+        at the tile's channel; epf = (act_lo, act_hi, 1/s, s, q_lo, q_hi); flags = (accumulate onto
+        out, final: bias + activation, round to the grid)."""
         from llvmlite import ir
         sig = types.void(x, types.intp, types.intp, w, types.intp, types.intp, out, types.intp, types.intp,
-                         types.intp, bias, epf, flags)
+                         types.intp, types.intp, bias, epf, flags)
 
         def codegen(context, builder, sig, args):
-            xa, xo, xs_, wa, wo, nk_, oa, oo, ostride, left_, ba, epfa, fla = args
+            xa, xo, xs_, wa, wo, nk_, oa, oo, ostride, left_, rows_, ba, epfa, fla = args
             i1, i32, i64, f32 = ir.IntType(1), ir.IntType(32), ir.IntType(64), ir.FloatType()
             f16, m16 = ir.VectorType(f32, 16), ir.VectorType(i1, 16)
             a = sig.args
             xp = builder.gep(data_of(context, builder, a[0], xa), [xo])
             wp = builder.gep(data_of(context, builder, a[3], wa), [wo])
             op = builder.gep(data_of(context, builder, a[6], oa), [oo])
-            bp = data_of(context, builder, a[10], ba)
+            bp = data_of(context, builder, a[11], ba)
             const = lambda v: ir.Constant(i64, v)   # noqa: E731
             fn = lambda name, ret, *t: declare(builder, name, ret, *t)  # noqa: E731
             fma = fn("llvm.fma.v16f32", f16, f16, f16, f16)
@@ -76,6 +76,11 @@ def _make_tile(nv: int, ocb: int = OCB):
             on_grid = builder.icmp_signed("!=", builder.extract_value(fla, 2), const(0))
             none = ir.Constant(m16, [0] * 16)
 
+            def store_mask(o, v):
+                """Vector v's pixels on channel o, none past `rows`. Built where it is used: masks kept
+                live across the k loop would not fit AVX-512's eight mask registers."""
+                return builder.select(builder.icmp_signed("<", const(o), rows_), masks[v], none)
+
             def out_ptr(o, v):
                 at = builder.add(builder.mul(const(o), ostride), const(16 * v))
                 return builder.bitcast(builder.gep(op, [at]), f16.as_pointer())
@@ -83,7 +88,7 @@ def _make_tile(nv: int, ocb: int = OCB):
             init = []
             for o in range(ocb):
                 for v in range(nv):
-                    m = builder.select(accumulate, masks[v], none)
+                    m = builder.select(accumulate, store_mask(o, v), none)
                     init.append(builder.call(mload, [out_ptr(o, v), ir.Constant(i32, 4), m, fzero]))
             entry = builder.block
             loop, done = builder.append_basic_block("k"), builder.append_basic_block("k_done")
@@ -128,7 +133,7 @@ def _make_tile(nv: int, ocb: int = OCB):
                     g = builder.fmul(builder.call(fmin, [builder.call(fmax, [g, q_lo]), q_hi]), s)
                     fin = builder.select(on_grid, g, fin)
                     val = builder.select(final, fin, val)
-                    builder.call(mstore, [val, out_ptr(o, v), ir.Constant(i32, 4), masks[v]])
+                    builder.call(mstore, [val, out_ptr(o, v), ir.Constant(i32, 4), store_mask(o, v)])
             return context.get_dummy_value()
         return sig, codegen
     return tile
@@ -141,16 +146,17 @@ _tile4 = _make_tile(4, 4)
 
 
 @njit(cache=True, inline="always")
-def _tile(nv, x, xo, xs, w, wo, nk, out, oo, os_, left, bias, epf, flags):
+def _tile(nv, x, xo, xs, w, wo, nk, out, oo, os_, left, rows, bias, epf, flags):
     if nv == 4:
-        _tile4(x, xo, xs, w, wo, nk, out, oo, os_, left, bias, epf, flags)
-        _tile4(x, xo, xs, w, wo + 4, nk, out, oo + 4 * os_, os_, left, bias[4:], epf, flags)
+        _tile4(x, xo, xs, w, wo, nk, out, oo, os_, left, rows, bias, epf, flags)
+        if rows > 4:
+            _tile4(x, xo, xs, w, wo + 4, nk, out, oo + 4 * os_, os_, left, rows - 4, bias[4:], epf, flags)
     elif nv == 3:
-        _tile3(x, xo, xs, w, wo, nk, out, oo, os_, left, bias, epf, flags)
+        _tile3(x, xo, xs, w, wo, nk, out, oo, os_, left, rows, bias, epf, flags)
     elif nv == 2:
-        _tile2(x, xo, xs, w, wo, nk, out, oo, os_, left, bias, epf, flags)
+        _tile2(x, xo, xs, w, wo, nk, out, oo, os_, left, rows, bias, epf, flags)
     else:
-        _tile1(x, xo, xs, w, wo, nk, out, oo, os_, left, bias, epf, flags)
+        _tile1(x, xo, xs, w, wo, nk, out, oo, os_, left, rows, bias, epf, flags)
 
 
 @njit(cache=True, inline="always")
@@ -166,7 +172,7 @@ def _tiles(P):
 
 
 @njit(cache=True, inline="always")
-def _gemm_body(x, xo, xs, P, wp, wo, K, nob, bias, epf, out, oo, os_, idx, k0, kn, flags, by_block):
+def _gemm_body(x, xo, xs, P, wp, wo, K, O, nob, bias, epf, out, oo, os_, idx, k0, kn, flags, by_block):
     ntile, full, tail_nv = _tiles(P)
     if by_block:      # a channel block's tiles in a row: its output rows are written as 8 streams
         ob, t = idx // ntile, idx % ntile
@@ -176,19 +182,20 @@ def _gemm_body(x, xo, xs, P, wp, wo, K, nob, bias, epf, out, oo, os_, idx, k0, k
     nv = 3 if t < full else tail_nv
     o0 = ob * OCB
     _tile(nv, x, xo + k0 * xs + p0, xs, wp, wo + ob * K * OCB + k0 * OCB, kn, out, oo + o0 * os_ + p0, os_,
-          P - p0, bias[o0:], epf, flags)
+          P - p0, O - o0, bias[o0:], epf, flags)
 
 
 @njit(parallel=True, cache=True)
-def gemm(x, xs, P, wp, K, kc, nob, bias, epf, grid, out, os_, by_block):
-    """out[:nob*8, :P] (row stride os_) from x (row k at k * xs) and packed weights; the epilogue adds the
+def gemm(x, xs, P, wp, K, kc, O, bias, epf, grid, out, os_, by_block):
+    """out[:O, :P] (row stride os_) from x (row k at k * xs) and packed weights; the epilogue adds the
     bias, applies epf's activation bounds and, when `grid`, rounds to epf's int8 grid."""
+    nob = (O + OCB - 1) // OCB
     ntile = _tiles(P)[0]
     for k0 in range(0, K, kc):
         kn = min(kc, K - k0)
         flags = (1 if k0 > 0 else 0, 1 if k0 + kn >= K else 0, grid)
         for idx in prange(ntile * nob):
-            _gemm_body(x, 0, xs, P, wp, 0, K, nob, bias, epf, out, 0, os_, idx, k0, kn, flags, by_block)
+            _gemm_body(x, 0, xs, P, wp, 0, K, O, nob, bias, epf, out, 0, os_, idx, k0, kn, flags, by_block)
 
 
 @njit(parallel=True, cache=True)
@@ -202,8 +209,8 @@ def gemm_batched(x, xs, xstride, P, wp, wstride, K, kc, nob, bias, epf, out, os_
         flags = (1 if k0 > 0 else 0, 1, 0)
         for j in prange(batches * per):
             b, idx = j // per, j % per
-            _gemm_body(x, b * xstride, xs, P, wp, b * wstride, K, nob, bias, epf, out, b * ostride, os_, idx,
-                       k0, kn, flags, False)
+            _gemm_body(x, b * xstride, xs, P, wp, b * wstride, K, nob * OCB, nob, bias, epf, out, b * ostride, os_,
+                       idx, k0, kn, flags, False)
 
 
 @njit(parallel=True, cache=True, fastmath=True)
@@ -237,12 +244,13 @@ def phase_split(x, t, l, sh, sw, xq):
 
 
 @njit(parallel=True, cache=True, fastmath=True)
-def conv_im2col(xq, C, kh, kw, sh, sw, dh, dw, oh, ow, wp, kc, nob, split, bias, epf, grid, out):
+def conv_im2col(xq, C, kh, kw, sh, sw, dh, dw, oh, ow, wp, kc, O, split, bias, epf, grid, out):
     """A convolution (group 1) without an im2col matrix: each 48-pixel tile copies its own (K x 48)
     panel, hot in L1 for the channel blocks that use it, from the phase planes xq (`phase_split`):
     tap (c, i, j) of output pixel (y, x) is plane (c, i*dh % sh, j*dw % sw) at (y + i*dh // sh,
     x + j*dw // sw), so every copy is contiguous. `split` divides the channel blocks when there are
-    fewer tiles than threads. out (nob*8, oh*ow) flat."""
+    fewer tiles than threads. out (O, oh*ow) flat."""
+    nob = (O + OCB - 1) // OCB
     Hq, Wq = xq.shape[1], xq.shape[2]
     K, P = C * kh * kw, oh * ow
     xf = xq.reshape(-1)
@@ -283,8 +291,8 @@ def conv_im2col(xq, C, kh, kw, sh, sw, dh, dw, oh, ow, wp, kc, nob, split, bias,
             nv = 4 if width == 64 else 3 if lanes == 48 else (lanes + 15) // 16
             for ob in range(part * per, min(nob, (part + 1) * per)):
                 o0 = ob * OCB
-                _tile(nv, panel, 0, width, wp, ob * K * OCB + k0 * OCB, kn, out, o0 * P + p0, P, lanes, bias[o0:],
-                      epf, flags)
+                _tile(nv, panel, 0, width, wp, ob * K * OCB + k0 * OCB, kn, out, o0 * P + p0, P, lanes, O - o0,
+                      bias[o0:], epf, flags)
 
 
 def pack_weights(w: np.ndarray) -> np.ndarray:
@@ -304,26 +312,33 @@ def epilogue(act: int, grid) -> tuple:
     return (lo, hi, f32(grid[0]), f32(grid[1]), f32(grid[2]), f32(grid[3]))
 
 
-class PackedGemm:
-    """A convolution's weights packed for `gemm`, with its bias padded to whole tiles and its epilogue."""
+def tile_count(pixels: int) -> int:
+    """The pixel tiles `gemm` and `conv_im2col` run for `pixels` output pixels."""
+    return _tiles(pixels)[0]
 
-    def __init__(self, weight: np.ndarray, bias: np.ndarray, act: int, grid, work: int):
+
+class PackedGemm:
+    """A convolution's weights packed for `gemm` (bias padded to whole tiles), its epilogue, and the
+    walk that suits its pixel count, all decided at prepare."""
+
+    def __init__(self, weight: np.ndarray, bias: np.ndarray, act: int, grid, pixels: int):
         o, k = weight.shape
-        self.o, self.k, self.nob = o, k, -(-o // OCB)
+        self.o, self.k, self.nob, self.pixels = o, k, -(-o // OCB), pixels
         self.wp = pack_weights(weight)
         self.bias = np.zeros(self.nob * OCB, np.float32)
         self.bias[:o] = bias
         self.epf = epilogue(act, grid)
         self.grid = 1 if grid[1] > 0 else 0
+        self.tiles = tile_count(pixels)
+        self.kc = k_block(k, self.rows(), self.tiles)
+        self.by_block = k * pixels <= BY_BLOCK_X
         from . import sized
-        self.fn = sized(gemm, work)
-        self.by_block = None
+        self.fn = sized(gemm, self.rows() * pixels * k // 16)
 
     def rows(self) -> int:
         return self.nob * OCB
 
-    def __call__(self, x: np.ndarray, xs: int, P: int, out: np.ndarray, os_: int) -> None:
-        """x flat with row k at k * xs; out flat (rows() x os_), its rows past O are scratch."""
-        by_block = self.k * P <= BY_BLOCK_X if self.by_block is None else self.by_block
-        self.fn(x, xs, P, self.wp, self.k, k_block(self.k, self.rows(), -(-P // 48)), self.nob, self.bias, self.epf,
-                self.grid, out, os_, by_block)
+    def __call__(self, x: np.ndarray, xs: int, out: np.ndarray, os_: int) -> None:
+        """x flat with row k at k * xs; out flat, O rows of stride os_."""
+        self.fn(x, xs, self.pixels, self.wp, self.k, self.kc, self.o, self.bias, self.epf, self.grid, out, os_,
+                self.by_block)

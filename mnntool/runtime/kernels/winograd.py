@@ -13,7 +13,7 @@ from numba import njit, prange
 
 from . import scratch, sized
 from .conv import _finish
-from .fgemm import OCB, _tiles, epilogue, gemm_batched, k_block, pack_weights
+from .fgemm import OCB, epilogue, gemm_batched, k_block, pack_weights, tile_count
 
 G4 = np.array([[1 / 4, 0, 0], [-1 / 6, -1 / 6, -1 / 6], [-1 / 6, 1 / 6, -1 / 6], [1 / 24, 1 / 12, 1 / 6],
                [1 / 24, -1 / 12, 1 / 6], [0, 0, 1]], np.float64)
@@ -198,7 +198,7 @@ class Winograd:
         self.epf = epilogue(0, (1, 0, 0, 0))
         self.zero_bias = np.zeros(self.nob * OCB, np.float32)
         self.a2, self.tiles = a2, tiles
-        self.kc = k_block(cin, self.nob * OCB, _tiles(tiles)[0])
+        self.kc = k_block(cin, self.nob * OCB, tile_count(tiles))
         self.fwd = sized(input_transform4 if m == 4 else input_transform2, a2 * cin * tiles * 4)
         self.gemm = sized(gemm_batched, a2 * self.nob * OCB * cin * tiles // 16)
         self.inv = sized(output_transform4 if m == 4 else output_transform2, cout * oh * ow * 8)
