@@ -40,6 +40,7 @@ def test_tile_matches_integer_product(oc, k, pixels):
     acc = (x.astype(np.int64) @ w.astype(np.int64).T - offset).T
     ref = np.clip(np.rint(np.clip(acc * scale[:, None] + bias[:, None], 0, 6) / 0.05), -127, 127) * 0.05
     np.testing.assert_allclose(out[:oc], ref, atol=1e-6)
+    assert np.isnan(out[oc:]).all()       # nothing written past the OC output channels
 
 
 GEOMETRIES = {   # cin, cout, kernel, stride, pad, dilation, (h, w), batch

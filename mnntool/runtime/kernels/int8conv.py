@@ -13,7 +13,7 @@ import numpy as np
 from numba import njit, prange
 
 from . import sized
-from .vnni import OCB, Int8Weights, pixel_blocks
+from .vnni import Int8Weights, pixel_blocks
 
 
 @njit(cache=True, fastmath=True, inline="always")
@@ -109,8 +109,6 @@ def int8_convolution(geometry, q, alpha, bias, act, grids, in_shape, out_shape):
     grid = None if direct else np.full((h + t + b, w + l + r, cp), off, np.uint8)
     grid32 = None if direct else grid.view(np.uint32)
     inv_in = f32(1 / s_in)
-    rows = -(-cout // OCB) * OCB
-    scratch = np.empty((rows, pixels), np.float32) if rows != cout else None
     quantize = sized(quantize_packed if direct else quantize_hwc, cin * h * w)
     unfold = None if direct else sized(im2col_packed, words.size)
 
@@ -123,7 +121,5 @@ def int8_convolution(geometry, q, alpha, bias, act, grids, in_shape, out_shape):
                 quantize(x[i], inv_in, lo, hi, off, t, l, grid)
                 unfold(grid32, kh, kw, sh, sw, dh, dw, oh, ow, words)
             dst = y[i].reshape(cout, pixels)
-            weights.matmul(flat, epf, dst if scratch is None else scratch)
-            if scratch is not None:
-                dst[...] = scratch[:cout]
+            weights.matmul(flat, epf, dst)
     return run

@@ -4,7 +4,8 @@ Numba/LLVM does not turn byte dot products into VPDPBUSD (it widens to 32-bit la
 rate), so on CPUs with AVX-512 VNNI the micro-kernel is LLVM IR: a tile of 32 pixels x 8 output
 channels in 16 zmm accumulators, one VPDPBUSD per (16 pixels, channel, 4 k); its epilogue removes the
 u8 offset, scales, adds the bias, applies the activation and rounds to the output grid, and stores
-float rows of the NCHW output (masked at the row end). Several times OpenBLAS's sgemm rate here.
+float rows of the NCHW output (masked at the row end and past the last channel). Several times
+OpenBLAS's sgemm rate here.
 Without VNNI, int8 layers run on the float kernels on the int8 grid (`conv._grid_input`).
 
 Layouts: activations packed as [P/16][K/4][16 pixels][4 bytes] uint8 (`pixel_blocks`), weights as
@@ -30,14 +31,16 @@ def pixel_blocks(pixels: int) -> int:
 
 
 @intrinsic
-def _tile(typingctx, x, xoff, w, woff, k4, out, ooff, ostride, left, ep, epf):
+def _tile(typingctx, x, xoff, w, woff, k4, out, ooff, ostride, left, rows, ep, epf):
     """out[o, p] for 32 pixels x 8 channels; ep = (offset, scale, bias) rows at the tile's channel,
-    epf = (act_lo, act_hi, 1/s_out, s_out, q_lo, q_hi); `left` = valid pixels from the tile start."""
+    epf = (act_lo, act_hi, 1/s_out, s_out, q_lo, q_hi); `left` = valid pixels from the tile start,
+    `rows` = valid channels (out has no rows past them)."""
     from llvmlite import ir
-    sig = types.void(x, types.intp, w, types.intp, types.intp, out, types.intp, types.intp, types.intp, ep, epf)
+    sig = types.void(x, types.intp, w, types.intp, types.intp, out, types.intp, types.intp, types.intp, types.intp,
+                     ep, epf)
 
     def codegen(context, builder, sig, args):
-        xa, xo, wa, wo, nk, oa, oo, os_, left_, epa, epfa = args
+        xa, xo, wa, wo, nk, oa, oo, os_, left_, rows_, epa, epfa = args
         i1, i32, i64, f32 = ir.IntType(1), ir.IntType(32), ir.IntType(64), ir.FloatType()
         v16, f16 = ir.VectorType(i32, 16), ir.VectorType(f32, 16)
         a = sig.args
@@ -81,10 +84,11 @@ def _tile(typingctx, x, xoff, w, woff, k4, out, ooff, ostride, left, ep, epf):
 
         builder.position_at_end(done)
         ept = [builder.extract_value(epa, k) for k in range(3)]
-        rows = [data_of(context, builder, sig.args[9].types[k], ept[k]) for k in range(3)]
+        rows = [data_of(context, builder, sig.args[10].types[k], ept[k]) for k in range(3)]
         scal = [splat(builder.extract_value(epfa, k), f16) for k in range(6)]
         act_lo, act_hi, inv_so, so, q_lo, q_hi = scal
         lanes = ir.Constant(v16, list(range(16)))
+        none = ir.Constant(ir.VectorType(i1, 16), [0] * 16)
         for v in range(2):
             rem = builder.trunc(builder.sub(left_, const(16 * v)), i32)
             mask = builder.icmp_signed("<", lanes, splat(rem, v16))
@@ -99,14 +103,15 @@ def _tile(typingctx, x, xoff, w, woff, k4, out, ooff, ostride, left, ep, epf):
                 val = builder.fmul(builder.call(fmin, [builder.call(fmax, [val, q_lo]), q_hi]), so)
                 at = builder.add(builder.mul(const(o), os_), const(16 * v))
                 dst = builder.bitcast(builder.gep(op, [at]), f16.as_pointer())
-                builder.call(mstore, [val, dst, ir.Constant(i32, 4), mask])
+                live = builder.icmp_signed("<", const(o), rows_)
+                builder.call(mstore, [val, dst, ir.Constant(i32, 4), builder.select(live, mask, none)])
         return context.get_dummy_value()
     return sig, codegen
 
 
 @njit(parallel=True, cache=True)
 def gemm_vnni(x, wp, k4, oc, ep, epf, out):
-    """out (OC rounded up to 8, P) float from packed activations and weights; ep = (offset, scale, bias)."""
+    """out (OC, P) float from packed activations and weights; ep = (offset, scale, bias)."""
     P = out.shape[1]
     npb, nob = (P + PIX - 1) // PIX, (oc + OCB - 1) // OCB
     of = out.reshape(-1)
@@ -114,7 +119,7 @@ def gemm_vnni(x, wp, k4, oc, ep, epf, out):
     for t in prange(nob * npb):
         ob, pb = t // npb, t % npb
         o0 = ob * OCB
-        _tile(x, pb * 2 * k4 * 64, wp, ob * k4 * 4 * OCB, k4, of, o0 * P + pb * PIX, P, P - pb * PIX,
+        _tile(x, pb * 2 * k4 * 64, wp, ob * k4 * 4 * OCB, k4, of, o0 * P + pb * PIX, P, P - pb * PIX, oc - o0,
               (offset[o0:], scale[o0:], bias[o0:]), epf)
 
 
@@ -135,5 +140,5 @@ class Int8Weights:
         self.gemm = gemm_vnni if work is None else sized(gemm_vnni, work)
 
     def matmul(self, x: np.ndarray, epf: tuple, out: np.ndarray) -> None:
-        """out (OC rounded up to 8, P) float32; the rows past OC are scratch."""
+        """out (OC, P) float32."""
         self.gemm(x, self.data, self.k4, self.oc, self.ep, epf, out)
