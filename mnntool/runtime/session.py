@@ -120,6 +120,8 @@ class Session:
         self.plan = Plan(steps, slots, {n: index[n] for n in g.inputs},
                          {n: np.dtype(g.tensors[n].dtype) for n in g.inputs}, {n: index[n] for n in g.outputs},
                          names, pool_bytes, {n: vals[n].shape for n in names if n in vals})
+        # a run with these shapes uses this plan (without it the first run after prepare() prepared again)
+        self._plan_key = (tuple((n, tuple(g.tensors[n].shape)) for n in g.inputs), keep_all)
         return self.plan
 
     @staticmethod
@@ -183,7 +185,6 @@ class Session:
         key = (tuple((n, tuple(np.shape(feeds[n]))) for n in self.graph.inputs if n in feeds), keep_all)
         if self.plan is None or self._plan_key != key:
             self.prepare({n: tuple(np.shape(v)) for n, v in feeds.items()}, keep_all=keep_all)
-            self._plan_key = key
         return self.plan
 
     def run(self, feeds: dict[str, np.ndarray], keep_all: bool = False, profile: list | None = None) -> dict:

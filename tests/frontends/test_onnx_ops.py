@@ -59,6 +59,8 @@ CASES = {
     "pools": ([N("MaxPool", ["x"], ["a"], kernel_shape=[3, 3], strides=[2, 2], pads=[1, 1, 1, 1]),
                N("AveragePool", ["a"], ["b"], kernel_shape=[2, 2], strides=[1, 1]),
                N("GlobalAveragePool", ["b"], ["c"]), N("Flatten", ["c"], ["y"], axis=1)], X4, [], 17),
+    "global_max_mean": ([N("GlobalMaxPool", ["x"], ["a"]), N("GlobalAveragePool", ["x"], ["b"]),
+                         N("Sub", ["a", "b"], ["y"])], X4, [], 17),
     "avgpool_pad_exclude": ([N("AveragePool", ["x"], ["y"], kernel_shape=[3, 3], strides=[2, 2], pads=[1, 1, 1, 1],
                                ceil_mode=1)], X4, [], 17),
     "reduce": ([N("ReduceMean", ["x"], ["a"], axes=[2, 3], keepdims=1), N("ReduceSum", ["x", "ax"], ["b"], keepdims=1),

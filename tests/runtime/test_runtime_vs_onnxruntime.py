@@ -63,6 +63,16 @@ def test_keep_all_exposes_intermediates(tmp_path, fixture_model):
     np.testing.assert_allclose(every["output"], sess.run(feeds)["output"], rtol=1e-5, atol=1e-6)
 
 
+def test_run_after_prepare_uses_that_plan(tmp_path, fixture_model):
+    """bench times the first run after prepare() as the cold run: it must not prepare a second time."""
+    dst = tmp_path / "m.mnn"
+    api.convert(fixture_model("mobilenetv2"), dst)
+    sess = mnntool.load(dst)
+    plan = sess.prepare({"input": (1, 3, 224, 224)})
+    sess.run(FIXTURE_FEEDS["mobilenetv2"](np.random.default_rng(2)))
+    assert sess.plan is plan
+
+
 def test_wrong_feed_shape_is_a_clear_error(tmp_path, fixture_model):
     from mnntool.errors import MnnToolError
     dst = tmp_path / "m.mnn"

@@ -1,4 +1,4 @@
-"""Max and average pooling (Numba, row-wise over a pre-padded canvas), global pooling (numpy)."""
+"""Max and average pooling (Numba, row-wise over a pre-padded canvas) and global pooling (Numba rows)."""
 from __future__ import annotations
 
 import numpy as np
@@ -82,14 +82,31 @@ def pool_pads(p: dict, h, w, oh, ow, kh, kw, sh, sw):
     return p.get("padY", 0), p.get("padX", 0), p.get("padY", 0), p.get("padX", 0)
 
 
+@njit(cache=True, fastmath=True)
+def global_pool(x, is_max, out):
+    """out[r] = max or mean of row r: one vector reduction per row (numpy's mean over two axes took
+    10x longer on MobileNetV2's 1280x7x7 head)."""
+    for r in range(x.shape[0]):
+        row = x[r]
+        if is_max:
+            m = row[0]
+            for i in range(row.shape[0]):
+                m = _mx(m, row[i])
+            out[r] = m
+        else:
+            t = np.float32(0.0)
+            for i in range(row.shape[0]):
+                t += row[i]
+            out[r] = t / row.shape[0]
+
+
 @kernel("Pooling")
 def pooling(node, ins, outs):
     p = node.param
     is_max = p.get("type", "MAXPOOL") == "MAXPOOL"
     if p.get("isGlobal"):
-        if is_max:
-            return writes(lambda i, o: np.max(i[0], axis=(2, 3), keepdims=True, out=o[0]))
-        return writes(lambda i, o: np.mean(i[0], axis=(2, 3), keepdims=True, out=o[0]))
+        rows = int(np.prod(ins[0].shape[:2]))
+        return writes(lambda i, o: global_pool(np.ascontiguousarray(i[0]).reshape(rows, -1), is_max, o[0].reshape(rows)))
     n, c, h, w = ins[0].shape
     oh, ow = outs[0].shape[2:]
     kh, kw, sh, sw = p["kernelY"], p["kernelX"], p["strideY"], p["strideX"]
