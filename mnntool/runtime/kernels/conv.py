@@ -346,6 +346,17 @@ def convolution_float(node, ins, outs, weight, bias, grid=NO_GRID):
 
     if group == cin == cout and group > 1:
         wd = np.ascontiguousarray(weight.reshape(cout, kh, kw))
+        from . import dw3
+        from .fgemm import epilogue as epilogue_bounds
+        if kh == kw == 3 and sh == sw and sh in (1, 2) and dh == dw == 1 and dw3.HAS_AVX512:
+            w9, epf = wd.reshape(-1), epilogue_bounds(act, grid)
+            on_grid = 1 if grid[1] > 0 else 0
+            rows = sized(dw3.depthwise3x3, out_size * 9)
+
+            def run_dw3_avx512(inputs, outputs):
+                for i in range(n):
+                    rows(inputs[0][i], w9, bias, sh, t, l, epf, on_grid, outputs[0][i])
+            return writes(run_dw3_avx512)
         if kh == kw == 3 and sh == sw == 1 and dh == dw == 1 and max(t, l, b, r) <= 2 and ow > 6:
             xp = np.zeros((cin, max(h + t + b, oh + 2), max(w + l + r, ow + 2)), np.float32)
             dw3 = sized(depthwise3x3_s1, out_size * 9)

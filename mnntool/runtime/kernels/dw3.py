@@ -1,0 +1,169 @@
+"""3x3 depthwise convolution (stride 1 or 2) with an AVX-512 LLVM-IR row kernel.
+
+Numba leaves a short row (7 or 14 pixels) to its scalar remainder loop and does not vectorize the
+stride-2 reads, and a padded copy of the input costs a pass of its own. Here one call makes 16 output
+pixels of a row: per tap row three masked loads (lanes outside the input row or the image read as
+zero, so there is no padded copy), and for stride 2 two loads per row split into even and odd pixels
+by shuffles; nine FMAs, then bias, activation and the int8 grid before a masked store.
+"""
+from __future__ import annotations
+
+from numba import njit, prange, types
+from numba.extending import intrinsic
+
+from .llvmir import data_of, declare, host_has, splat as splat_
+
+HAS_AVX512 = host_has("avx512f")
+
+
+def _make_row(stride: int):
+    @intrinsic
+    def row_kernel(typingctx, x, r0, r1, r2, valid, W, base0, ow, w, wo, bias, out, oo, epf, on_grid):
+        """out[oo + p] for p < ow = finish(bias + sum_rj w[wo + 3r + j] * x[r_r + stride*p + base0 + j]),
+        where a tap outside [0, W) of its row, or on a row whose bit in `valid` is 0, reads as zero. 16
+        pixels per step; steps with every tap inside the image take plain loads."""
+        from llvmlite import ir
+        sig = types.void(x, types.intp, types.intp, types.intp, types.intp, types.intp, types.intp, types.intp,
+                         w, types.intp, types.float32, out, types.intp, epf, types.intp)
+
+        def codegen(context, builder, sig, args):
+            xa, r0_, r1_, r2_, va_, W_, base0_, ow_, wa, wo_, bias_, oa, oo_, epfa, grid_ = args
+            i1, i16, i32, i64, f32 = ir.IntType(1), ir.IntType(16), ir.IntType(32), ir.IntType(64), ir.FloatType()
+            f16, m16 = ir.VectorType(f32, 16), ir.VectorType(i1, 16)
+            a = sig.args
+            xp = data_of(context, builder, a[0], xa)
+            wp = builder.gep(data_of(context, builder, a[8], wa), [wo_])
+            op = builder.gep(data_of(context, builder, a[11], oa), [oo_])
+            const = lambda v: ir.Constant(i64, v)   # noqa: E731
+            fn = lambda name, ret, *t: declare(builder, name, ret, *t)  # noqa: E731
+            splat = lambda value, vt: splat_(builder, value, vt)  # noqa: E731
+            fma = fn("llvm.fma.v16f32", f16, f16, f16, f16)
+            rint = fn("llvm.rint.v16f32", f16, f16)
+            mload = fn("llvm.masked.load.v16f32.p0", f16, f16.as_pointer(), i32, m16, f16)
+            mstore = fn("llvm.masked.store.v16f32.p0", ir.VoidType(), f16, f16.as_pointer(), i32, m16)
+            fzero, none = ir.Constant(f16, [0.0] * 16), ir.Constant(m16, [0] * 16)
+
+            def fmax(a, b):     # a compare and select: maxnum's NaN rules cost two more instructions
+                return builder.select(builder.fcmp_ordered(">", a, b), a, b)
+
+            def fmin(a, b):
+                return builder.select(builder.fcmp_ordered("<", a, b), a, b)
+
+            def bits(lo, hi):
+                """The mask of lanes lo <= lane < hi (clamped to 0..16), built in a scalar register."""
+                lo = builder.select(builder.icmp_signed("<", lo, const(0)), const(0), lo)
+                hi = builder.select(builder.icmp_signed(">", hi, const(16)), const(16), hi)
+                hi = builder.select(builder.icmp_signed("<", hi, lo), lo, hi)
+                ones = lambda n: builder.sub(builder.shl(const(1), n), const(1))  # noqa: E731
+                m = builder.xor(ones(hi), ones(lo))
+                return builder.bitcast(builder.trunc(m, i16), m16)
+
+            def in_row(start):
+                """Lanes whose index start + lane lies in [0, W)."""
+                return bits(builder.neg(start), builder.sub(W_, start))
+
+            # loop invariants: the rows, the nine weights, the epilogue's bounds (all in registers)
+            rows = [builder.gep(xp, [r]) for r in (r0_, r1_, r2_)]
+            oks = [builder.icmp_signed("!=", builder.and_(va_, const(1 << r)), const(0)) for r in range(3)]
+            all_rows = builder.and_(builder.and_(oks[0], oks[1]), oks[2])
+            wv = [splat(builder.load(builder.gep(wp, [const(k)])), f16) for k in range(9)]
+            bv = splat(bias_, f16)
+            act_lo, act_hi, inv_s, sc, q_lo, q_hi = (splat(builder.extract_value(epfa, k), f16) for k in range(6))
+            on_grid = builder.icmp_signed("!=", grid_, const(0))
+            if stride == 2:
+                evens = ir.Constant(ir.VectorType(i32, 16), list(range(0, 32, 2)))
+                odds = ir.Constant(ir.VectorType(i32, 16), list(range(1, 32, 2)))
+                shift = ir.Constant(ir.VectorType(i32, 16), list(range(1, 17)))
+                first = ir.Constant(m16, [1] + [0] * 15)
+
+            def sums(base, masked):
+                """The 16 sums of the step at input column `base`."""
+                def load(row, start, mask):
+                    ptr = builder.bitcast(builder.gep(row, [start]), f16.as_pointer())
+                    if mask is None:
+                        return builder.load(ptr, align=4)
+                    return builder.call(mload, [ptr, ir.Constant(i32, 4), mask, fzero])
+                if not masked:
+                    masks = [None] * 3
+                elif stride == 1:       # tap j is a load at base + j
+                    masks = [in_row(builder.add(base, const(j))) for j in range(3)]
+                else:   # 32 inputs from base (two loads) give the even (tap 0) and odd (tap 1) pixels;
+                    # tap 2 is the even ones a lane on, with input base + 32 last
+                    masks = [in_row(builder.add(base, const(16 * v))) for v in range(2)]
+                    masks.append(builder.and_(in_row(builder.add(base, const(32))), first))
+                accs = [bv, fzero, fzero]      # a sum per tap row: three short FMA chains
+                for r in range(3):
+                    take = [builder.select(oks[r], m, none) for m in masks] if masked else masks
+                    if stride == 1:
+                        taps = [load(rows[r], builder.add(base, const(j)), take[j]) for j in range(3)]
+                    else:
+                        v = [load(rows[r], builder.add(base, const(16 * k)), take[k]) for k in range(2)]
+                        if masked:
+                            last = load(rows[r], builder.add(base, const(32)), take[2])
+                        else:
+                            last = builder.insert_element(
+                                fzero, builder.load(builder.gep(rows[r], [builder.add(base, const(32))])),
+                                ir.Constant(i32, 0))
+                        e = builder.shuffle_vector(v[0], v[1], evens)
+                        taps = [e, builder.shuffle_vector(v[0], v[1], odds), builder.shuffle_vector(e, last, shift)]
+                    for j in range(3):
+                        accs[r] = builder.call(fma, [taps[j], wv[3 * r + j], accs[r]])
+                return builder.fadd(builder.fadd(accs[0], accs[1]), accs[2])
+
+            entry = builder.block
+            head = builder.append_basic_block("step")
+            inner_b, edge_b = builder.append_basic_block("inner"), builder.append_basic_block("edge")
+            tail, done = builder.append_basic_block("store"), builder.append_basic_block("done")
+            builder.branch(head)
+            builder.position_at_end(head)
+            x0 = builder.phi(i64)
+            x0.add_incoming(const(0), entry)
+            base = builder.add(builder.mul(x0, const(stride)), base0_)
+            # every tap of the 16 lanes inside the image: base >= 0, base + 16*stride + 3 - stride <= W
+            inside = builder.and_(builder.icmp_signed(">=", base, const(0)),
+                                  builder.icmp_signed("<=", builder.add(base, const(15 * stride + 3)), W_))
+            builder.cbranch(builder.and_(all_rows, inside), inner_b, edge_b)
+            builder.position_at_end(inner_b)
+            s_inner = sums(base, False)
+            builder.branch(tail)
+            builder.position_at_end(edge_b)
+            s_edge = sums(base, True)
+            builder.branch(tail)
+            builder.position_at_end(tail)
+            acc = builder.phi(f16)
+            acc.add_incoming(s_inner, inner_b)
+            acc.add_incoming(s_edge, edge_b)
+            fin = fmin(fmax(acc, act_lo), act_hi)
+            g = builder.call(rint, [builder.fmul(fin, inv_s)])
+            g = builder.fmul(fmin(fmax(g, q_lo), q_hi), sc)
+            fin = builder.select(on_grid, g, fin)
+            dst = builder.bitcast(builder.gep(op, [x0]), f16.as_pointer())
+            builder.call(mstore, [fin, dst, ir.Constant(i32, 4), bits(const(0), builder.sub(ow_, x0))])
+            nxt = builder.add(x0, const(16))
+            x0.add_incoming(nxt, tail)
+            builder.cbranch(builder.icmp_signed("<", nxt, ow_), head, done)
+            builder.position_at_end(done)
+            return context.get_dummy_value()
+        return sig, codegen
+    return row_kernel
+
+
+_row1, _row2 = _make_row(1), _make_row(2)
+
+
+@njit(parallel=True, cache=True)
+def depthwise3x3(x, w, b, s, t, l, epf, grid, out):
+    """x (C, H, W) -> out (C, oh, ow); w (C, 9); padding t (top) and l (left), any bottom/right."""
+    C, H, W = x.shape
+    oh, ow = out.shape[1], out.shape[2]
+    xf = x.reshape(-1)
+    for c in prange(C):
+        of = out[c].reshape(-1)
+        for y in range(oh):
+            iy = y * s - t
+            valid = (1 if 0 <= iy < H else 0) | (2 if 0 <= iy + 1 < H else 0) | (4 if 0 <= iy + 2 < H else 0)
+            r0 = (c * H + iy) * W
+            if s == 1:
+                _row1(xf, r0, r0 + W, r0 + 2 * W, valid, W, -l, ow, w, c * 9, b[c], of, y * ow, epf, grid)
+            else:
+                _row2(xf, r0, r0 + W, r0 + 2 * W, valid, W, -l, ow, w, c * 9, b[c], of, y * ow, epf, grid)
