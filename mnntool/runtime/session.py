@@ -149,6 +149,10 @@ class Session:
                     if fits:
                         b = min(fits, key=lambda x: buf_size[x])
                         free.remove(b)
+                    elif free:      # grow a free buffer: its start is still in cache, a new one is cold
+                        b = max(free, key=lambda x: buf_size[x])
+                        free.remove(b)
+                        buf_size[b] = nbytes
                     else:
                         b = len(buf_size)
                         buf_size.append(nbytes)
