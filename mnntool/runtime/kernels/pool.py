@@ -52,22 +52,39 @@ def _mx(a, b):
 
 
 @njit(parallel=True, cache=True, fastmath=True)
-def max_pool3_s2(xp, out):
-    """3x3 stride-2 max pooling over a -inf-padded canvas: each canvas row's three-tap maxima once (into
-    hm), then three rows of those per output row; both passes fuse their taps into one vector loop."""
-    n, c = out.shape[0], out.shape[1]
+def max_pool3_s2(x, pt, pl, out):
+    """3x3 stride-2 max pooling, padding read as -inf, on the input as it is (a padded copy of ResNet's
+    3.2 MB stem output cost more than the pooling): each input row, copied into a -inf-bordered row in
+    L1, gives its three-tap maxima once (into hm), then up to three rows of those per output row; both
+    passes fuse their taps into one vector loop."""
+    n, c, H, W = x.shape
     oh, ow = out.shape[2], out.shape[3]
     for nc in prange(n * c):
         b, ch = nc // c, nc % c
-        hm = np.empty((2 * oh + 1, ow), np.float32)
-        for yy in range(2 * oh + 1):
-            src, dst = xp[b, ch, yy], hm[yy]
-            for x in range(ow):
-                dst[x] = _mx(_mx(src[2 * x], src[2 * x + 1]), src[2 * x + 2])
+        hm = np.empty((H, ow), np.float32)
+        line = np.full(max(2 * ow + 1, pl + W), -np.inf, np.float32)
+        body = line[pl:pl + W]
+        for yy in range(H):
+            src, dst = x[b, ch, yy], hm[yy]
+            for k in range(W):
+                body[k] = src[k]
+            for k in range(ow):
+                dst[k] = _mx(_mx(line[2 * k], line[2 * k + 1]), line[2 * k + 2])
         for y in range(oh):
-            row, r0, r1, r2 = out[b, ch, y], hm[2 * y], hm[2 * y + 1], hm[2 * y + 2]
-            for x in range(ow):
-                row[x] = _mx(_mx(r0[x], r1[x]), r2[x])
+            row = out[b, ch, y]
+            r = 2 * y - pt
+            if 0 <= r and r + 2 < H:
+                r0, r1, r2 = hm[r], hm[r + 1], hm[r + 2]
+                for k in range(ow):
+                    row[k] = _mx(_mx(r0[k], r1[k]), r2[k])
+            else:
+                for k in range(ow):
+                    row[k] = -np.inf
+                for i in range(3):
+                    if 0 <= r + i < H:
+                        ri = hm[r + i]
+                        for k in range(ow):
+                            row[k] = _mx(row[k], ri[k])
 
 
 def pool_pads(p: dict, h, w, oh, ow, kh, kw, sh, sw):
@@ -126,14 +143,12 @@ def pooling(node, ins, outs):
             wx = np.minimum(xs + kw, w) - np.maximum(xs, 0)
         inv = (1.0 / np.maximum(np.outer(hy, wx), 1)).astype(np.float32)
 
-    fast = is_max and kh == kw == 3 and sh == sw == 2
+    if is_max and kh == kw == 3 and sh == sw == 2:
+        return writes(lambda i, o: max_pool3_s2(np.ascontiguousarray(i[0]), pt, pl, o[0]))
 
     def run(i, o):
         canvas[:, :, pt:pt + h, pl:pl + w] = i[0]
-        if fast:
-            max_pool3_s2(canvas, o[0])
-        else:
-            pool_rows(canvas, kh, kw, sh, sw, is_max, inv, o[0])
+        pool_rows(canvas, kh, kw, sh, sw, is_max, inv, o[0])
     return writes(run)
 
 
