@@ -14,6 +14,7 @@ from numba import njit, prange
 from . import scratch, sized
 from .conv import _finish
 from .fgemm import OCB, epilogue, gemm_batched, k_block, pack_weights, tile_count
+from .winograd_ir import at4_tiles, bt4_tiles
 
 G4 = np.array([[1 / 4, 0, 0], [-1 / 6, -1 / 6, -1 / 6], [-1 / 6, 1 / 6, -1 / 6], [1 / 24, 1 / 12, 1 / 6],
                [1 / 24, -1 / 12, 1 / 6], [0, 0, 1]], np.float64)
@@ -58,8 +59,12 @@ def _bt2(d0, d1, d2, d3, k):
 def input_transform4(xp, th, tw, v):
     """xp (C, 4*th+2, 4*tw+2) -> v (36, C, th*tw) = B^T d B per 6x6 tile."""
     C, Wp = xp.shape[0], xp.shape[2]
+    tiles = th * tw
+    vf = v.reshape(-1)
+    span = max(Wp, 64 * ((tw + 15) // 16) + 16)      # bt4_tiles reads 80 floats from a group's start
     for c in prange(C):
-        t1 = np.empty((6, Wp), np.float32)
+        t1 = np.empty((6, span), np.float32)
+        tf = t1.reshape(-1)
         for ty in range(th):
             y0 = ty * 4
             r0, r1, r2, r3, r4, r5 = xp[c, y0], xp[c, y0 + 1], xp[c, y0 + 2], xp[c, y0 + 3], xp[c, y0 + 4], xp[c, y0 + 5]
@@ -70,14 +75,8 @@ def input_transform4(xp, th, tw, v):
                 q3[x], q4[x], q5[x] = _bt4(d0, d1, d2, d3, d4, d5, 3), _bt4(d0, d1, d2, d3, d4, d5, 4), _bt4(d0, d1, d2, d3, d4, d5, 5)
             s = ty * tw
             for a in range(6):
-                row = t1[a]
-                v0, v1, v2 = v[a * 6, c, s:s + tw], v[a * 6 + 1, c, s:s + tw], v[a * 6 + 2, c, s:s + tw]
-                v3, v4, v5 = v[a * 6 + 3, c, s:s + tw], v[a * 6 + 4, c, s:s + tw], v[a * 6 + 5, c, s:s + tw]
-                for tx in range(tw):
-                    x0 = 4 * tx
-                    d0, d1, d2, d3, d4, d5 = row[x0], row[x0 + 1], row[x0 + 2], row[x0 + 3], row[x0 + 4], row[x0 + 5]
-                    v0[tx], v1[tx], v2[tx] = _bt4(d0, d1, d2, d3, d4, d5, 0), _bt4(d0, d1, d2, d3, d4, d5, 1), _bt4(d0, d1, d2, d3, d4, d5, 2)
-                    v3[tx], v4[tx], v5[tx] = _bt4(d0, d1, d2, d3, d4, d5, 3), _bt4(d0, d1, d2, d3, d4, d5, 4), _bt4(d0, d1, d2, d3, d4, d5, 5)
+                for tx0 in range(0, tw, 16):
+                    bt4_tiles(tf, a * span + 4 * tx0, tw - tx0, vf, ((a * 6) * C + c) * tiles + s + tx0, C * tiles)
 
 
 @njit(parallel=True, cache=True, fastmath=True)
@@ -125,21 +124,18 @@ def _at2(m0, m1, m2, m3, r):
 def output_transform4(m, th, tw, bias, act, grid, out):
     """m (36, O', th*tw) -> out (O, H, W) = A^T m A per tile, cropped, with bias, activation and grid."""
     O, oh, ow = out.shape
+    rows, tiles = m.shape[1], m.shape[2]
+    mf = m.reshape(-1)
+    span = 64 * ((tw + 15) // 16)                     # at4_tiles writes 64 floats per group
     for o in prange(O):
-        t2 = np.empty((6, 4 * tw), np.float32)
+        t2 = np.empty((6, span), np.float32)
+        tf = t2.reshape(-1)
         bo = bias[o]
         for ty in range(th):
             t0 = ty * tw
             for i in range(6):    # A^T across each tile's row i: t2[i, 4 tx + r]
-                s0, s1, s2 = m[i * 6, o, t0:t0 + tw], m[i * 6 + 1, o, t0:t0 + tw], m[i * 6 + 2, o, t0:t0 + tw]
-                s3, s4, s5 = m[i * 6 + 3, o, t0:t0 + tw], m[i * 6 + 4, o, t0:t0 + tw], m[i * 6 + 5, o, t0:t0 + tw]
-                row = t2[i]
-                for tx in range(tw):
-                    m0, m1, m2, m3, m4, m5 = s0[tx], s1[tx], s2[tx], s3[tx], s4[tx], s5[tx]
-                    row[4 * tx] = _at4(m0, m1, m2, m3, m4, m5, 0)
-                    row[4 * tx + 1] = _at4(m0, m1, m2, m3, m4, m5, 1)
-                    row[4 * tx + 2] = _at4(m0, m1, m2, m3, m4, m5, 2)
-                    row[4 * tx + 3] = _at4(m0, m1, m2, m3, m4, m5, 3)
+                for tx0 in range(0, tw, 16):
+                    at4_tiles(mf, ((i * 6) * rows + o) * tiles + t0 + tx0, rows * tiles, tw - tx0, tf, i * span + 4 * tx0)
             for r in range(4):    # then down the columns, over the whole output row
                 y = ty * 4 + r
                 if y >= oh:

@@ -1,0 +1,113 @@
+"""The tile-direction passes of Winograd F(4x4, 3x3) as AVX-512 LLVM IR, 16 tiles per call.
+
+Across a row of tiles the inputs of tile t sit at 4t..4t+5 (stride 4, overlapping) and its outputs go
+to 4t..4t+3. A map has 14 tiles to a row at 56x56 and fewer below, too short for Numba's vector loop,
+which left these passes scalar (a third of a Winograd layer's time). Here shuffles turn four loads into
+the six stride-4 operands (and back into four interleaved stores) for 16 tiles at once.
+"""
+from __future__ import annotations
+
+from numba import types
+from numba.extending import intrinsic
+
+from .llvmir import data_of, declare, splat as splat_
+
+
+def _masks(builder, ir, n):
+    """The mask of lanes < n (n clamped to 16)."""
+    i64 = ir.IntType(64)
+    n = builder.select(builder.icmp_signed(">", n, ir.Constant(i64, 16)), ir.Constant(i64, 16), n)
+    m = builder.sub(builder.shl(ir.Constant(i64, 1), n), ir.Constant(i64, 1))
+    return builder.bitcast(builder.trunc(m, ir.IntType(16)), ir.VectorType(ir.IntType(1), 16))
+
+
+@intrinsic
+def bt4_tiles(typingctx, row, ro, n, v, vo, vs):
+    """For tiles t < n (<= 16): d_k = row[ro + 4t + k], k = 0..5, and v[vo + k*vs + t] = (B^T d)_k.
+    row must be readable up to ro + 80."""
+    from llvmlite import ir
+    sig = types.void(row, types.intp, types.intp, v, types.intp, types.intp)
+
+    def codegen(context, builder, sig, args):
+        ra, ro_, n_, va, vo_, vs_ = args
+        i32, f32 = ir.IntType(32), ir.FloatType()
+        f16 = ir.VectorType(f32, 16)
+        rp = builder.gep(data_of(context, builder, sig.args[0], ra), [ro_])
+        vp = builder.gep(data_of(context, builder, sig.args[3], va), [vo_])
+        mstore = declare(builder, "llvm.masked.store.v16f32.p0", ir.VoidType(), f16, f16.as_pointer(), i32,
+                         ir.VectorType(ir.IntType(1), 16))
+        idx = lambda vals: ir.Constant(ir.VectorType(i32, 16), vals)  # noqa: E731
+        ld = [builder.load(builder.bitcast(builder.gep(rp, [ir.Constant(ir.IntType(64), 16 * q)]), f16.as_pointer()),
+                           align=4) for q in range(5)]
+        # per half (tiles 0-7 from ld[0..1], 8-15 from ld[2..3]): lanes 0-7 operand k, lanes 8-15 operand k+1
+        half = lambda a, b, k: builder.shuffle_vector(a, b, idx([4 * t + k for t in range(8)] +  # noqa: E731
+                                                               [4 * t + k + 1 for t in range(8)]))
+        lo01, lo23 = half(ld[0], ld[1], 0), half(ld[0], ld[1], 2)
+        hi01, hi23 = half(ld[2], ld[3], 0), half(ld[2], ld[3], 2)
+        first = idx(list(range(8)) + list(range(16, 24)))
+        second = idx(list(range(8, 16)) + list(range(24, 32)))
+        d0, d1 = builder.shuffle_vector(lo01, hi01, first), builder.shuffle_vector(lo01, hi01, second)
+        d2, d3 = builder.shuffle_vector(lo23, hi23, first), builder.shuffle_vector(lo23, hi23, second)
+        d4 = builder.shuffle_vector(d0, ld[4], idx(list(range(1, 16)) + [16]))     # row[4t + 4] = d0 a lane on
+        d5 = builder.shuffle_vector(d1, ld[4], idx(list(range(1, 16)) + [17]))
+        c = lambda x: splat_(builder, ir.Constant(f32, x), f16)  # noqa: E731
+        flags = ("fast",)
+        mul = lambda a, b: builder.fmul(a, b, flags=flags)  # noqa: E731
+        add = lambda a, b: builder.fadd(a, b, flags=flags)  # noqa: E731
+        sub = lambda a, b: builder.fsub(a, b, flags=flags)  # noqa: E731
+        four, five, two = c(4.0), c(5.0), c(2.0)
+        outs = [add(sub(mul(four, d0), mul(five, d2)), d4),
+                add(sub(d3, mul(four, add(d1, d2))), d4),
+                add(sub(mul(four, sub(d1, d2)), d3), d4),
+                add(sub(mul(two, sub(d3, d1)), d2), d4),
+                add(sub(mul(two, sub(d1, d3)), d2), d4),
+                add(sub(mul(four, d1), mul(five, d3)), d5)]
+        mask = _masks(builder, ir, n_)
+        for k, o in enumerate(outs):
+            at = builder.gep(vp, [builder.mul(vs_, ir.Constant(ir.IntType(64), k))])
+            builder.call(mstore, [o, builder.bitcast(at, f16.as_pointer()), ir.Constant(i32, 4), mask])
+        return context.get_dummy_value()
+    return sig, codegen
+
+
+@intrinsic
+def at4_tiles(typingctx, m, mo, ms, n, row, ro):
+    """For tiles t < n (<= 16): s_k = m[mo + k*ms + t], k = 0..5, and row[ro + 4t + r] = (A^T s)_r,
+    r = 0..3. row must be writable up to ro + 64."""
+    from llvmlite import ir
+    sig = types.void(m, types.intp, types.intp, types.intp, row, types.intp)
+
+    def codegen(context, builder, sig, args):
+        ma, mo_, ms_, n_, ra, ro_ = args
+        i32, i64, f32 = ir.IntType(32), ir.IntType(64), ir.FloatType()
+        f16 = ir.VectorType(f32, 16)
+        mp = builder.gep(data_of(context, builder, sig.args[0], ma), [mo_])
+        rp = builder.gep(data_of(context, builder, sig.args[4], ra), [ro_])
+        mload = declare(builder, "llvm.masked.load.v16f32.p0", f16, f16.as_pointer(), i32,
+                        ir.VectorType(ir.IntType(1), 16), f16)
+        idx = lambda vals: ir.Constant(ir.VectorType(i32, 16), vals)  # noqa: E731
+        mask = _masks(builder, ir, n_)
+        zero = ir.Constant(f16, [0.0] * 16)
+        s = [builder.call(mload, [builder.bitcast(builder.gep(mp, [builder.mul(ms_, ir.Constant(i64, k))]),
+                                                  f16.as_pointer()), ir.Constant(i32, 4), mask, zero])
+             for k in range(6)]
+        flags = ("fast",)
+        mul = lambda a, b: builder.fmul(a, b, flags=flags)  # noqa: E731
+        add = lambda a, b: builder.fadd(a, b, flags=flags)  # noqa: E731
+        sub = lambda a, b: builder.fsub(a, b, flags=flags)  # noqa: E731
+        c = lambda x: splat_(builder, ir.Constant(f32, x), f16)  # noqa: E731
+        p12, m12, p34, m34 = add(s[1], s[2]), sub(s[1], s[2]), add(s[3], s[4]), sub(s[3], s[4])
+        r = [add(add(s[0], p12), p34), add(m12, mul(c(2.0), m34)), add(p12, mul(c(4.0), p34)),
+             add(add(m12, mul(c(8.0), m34)), s[5])]
+        # interleave: out[4t + q] = r[q][t]
+        lo = lambda a, b: builder.shuffle_vector(a, b, idx([x for t in range(8) for x in (t, t + 16)]))  # noqa: E731
+        hi = lambda a, b: builder.shuffle_vector(a, b, idx([x for t in range(8, 16) for x in (t, t + 16)]))  # noqa: E731
+        r01l, r01h, r23l, r23h = lo(r[0], r[1]), hi(r[0], r[1]), lo(r[2], r[3]), hi(r[2], r[3])
+        quad_lo = idx([x for t in range(4) for x in (2 * t, 2 * t + 1, 2 * t + 16, 2 * t + 17)])
+        quad_hi = idx([x for t in range(4, 8) for x in (2 * t, 2 * t + 1, 2 * t + 16, 2 * t + 17)])
+        outs = [builder.shuffle_vector(r01l, r23l, quad_lo), builder.shuffle_vector(r01l, r23l, quad_hi),
+                builder.shuffle_vector(r01h, r23h, quad_lo), builder.shuffle_vector(r01h, r23h, quad_hi)]
+        for q, o in enumerate(outs):
+            builder.store(o, builder.bitcast(builder.gep(rp, [ir.Constant(i64, 16 * q)]), f16.as_pointer()), align=4)
+        return context.get_dummy_value()
+    return sig, codegen
