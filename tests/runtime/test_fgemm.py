@@ -84,7 +84,8 @@ def _conv(x, w, b, stride=1, pads=(1, 1, 1, 1), dilation=1, act=1):
 
 @needs_avx512
 @pytest.mark.parametrize("cin, cout, h, w", [(64, 64, 56, 56), (128, 128, 28, 28), (256, 256, 14, 14), (512, 512, 7, 7),
-                                             (24, 13, 9, 17), (8, 8, 3, 3), (16, 40, 30, 5)])
+                                             (24, 13, 9, 17), (8, 8, 3, 3), (16, 40, 30, 5), (8, 16, 10, 75),
+                                             (8, 8, 12, 64), (8, 8, 10, 14), (16, 8, 23, 15)])
 @pytest.mark.parametrize("act", [0, 2])
 def test_winograd_matches_torch(cin, cout, h, w, act):
     from mnntool.runtime.kernels.winograd import tile_size

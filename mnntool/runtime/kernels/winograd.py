@@ -14,7 +14,7 @@ from numba import njit, prange
 from . import scratch, sized
 from .conv import _finish
 from .fgemm import OCB, epilogue, gemm_batched, k_block, pack_weights, tile_count
-from .winograd_ir import at4_tiles, bt4_tiles
+from .winograd_ir import at4_block, bt4_tiles
 
 G4 = np.array([[1 / 4, 0, 0], [-1 / 6, -1 / 6, -1 / 6], [-1 / 6, 1 / 6, -1 / 6], [1 / 24, 1 / 12, 1 / 6],
                [1 / 24, -1 / 12, 1 / 6], [0, 0, 1]], np.float64)
@@ -103,46 +103,30 @@ def input_transform2(xp, th, tw, v):
 
 
 @njit(cache=True, fastmath=True, inline="always")
-def _at4(m0, m1, m2, m3, m4, m5, r):
-    if r == 0:
-        return m0 + m1 + m2 + m3 + m4
-    if r == 1:
-        return m1 - m2 + 2 * m3 - 2 * m4
-    if r == 2:
-        return m1 + m2 + 4 * m3 + 4 * m4
-    return m1 - m2 + 8 * m3 - 8 * m4 + m5
-
-
-@njit(cache=True, fastmath=True, inline="always")
 def _at2(m0, m1, m2, m3, r):
     if r == 0:
         return m0 + m1 + m2
     return m1 - m2 - m3
 
 
-@njit(parallel=True, cache=True, fastmath=True)
-def output_transform4(m, th, tw, bias, act, grid, out):
-    """m (36, O', th*tw) -> out (O, H, W) = A^T m A per tile, cropped, with bias, activation and grid."""
+@njit(parallel=True, cache=True)
+def output_transform4(m, th, tw, bias, epf, grid, out):
+    """m (36, O', th*tw) -> out (O, H, W) = A^T m A per tile, cropped, with bias, activation and grid:
+    16 tiles of a tile row per `at4_block`."""
     O, oh, ow = out.shape
     rows, tiles = m.shape[1], m.shape[2]
     mf = m.reshape(-1)
-    span = 64 * ((tw + 15) // 16)                     # at4_tiles writes 64 floats per group
     for o in prange(O):
-        t2 = np.empty((6, span), np.float32)
-        tf = t2.reshape(-1)
-        bo = bias[o]
+        of = out[o].reshape(-1)
+        if tw == 4:     # four tile rows per call (a 14x14 map would fill a quarter of the lanes)
+            for ty in range(0, th, 4):
+                at4_block(mf, o * tiles + ty * 4, rows * tiles, min(16, tiles - ty * 4), of, 4 * ty * ow, ow,
+                          oh - 4 * ty, ow, 1, bias[o], epf, grid)
+            continue
         for ty in range(th):
-            t0 = ty * tw
-            for i in range(6):    # A^T across each tile's row i: t2[i, 4 tx + r]
-                for tx0 in range(0, tw, 16):
-                    at4_tiles(mf, ((i * 6) * rows + o) * tiles + t0 + tx0, rows * tiles, tw - tx0, tf, i * span + 4 * tx0)
-            for r in range(4):    # then down the columns, over the whole output row
-                y = ty * 4 + r
-                if y >= oh:
-                    break
-                dst = out[o, y]
-                for x in range(ow):
-                    dst[x] = _finish(bo + _at4(t2[0, x], t2[1, x], t2[2, x], t2[3, x], t2[4, x], t2[5, x], r), act, grid)
+            for tx0 in range(0, tw, 16):
+                at4_block(mf, o * tiles + ty * tw + tx0, rows * tiles, tw - tx0, of, 4 * ty * ow + 4 * tx0, ow,
+                          min(4, oh - 4 * ty), ow - 4 * tx0, 0, bias[o], epf, grid)
 
 
 @njit(parallel=True, cache=True, fastmath=True)
@@ -190,7 +174,8 @@ class Winograd:
         tiles = self.th * self.tw
         self.h, self.w, self.t, self.l, self.cin = h, w, t, l, cin
         self.padded = np.zeros((cin, self.th * m + 2, self.tw * m + 2), np.float32)
-        self.bias, self.act, self.grid = bias, act, grid
+        self.bias, self.act, self.grid = np.asarray(bias, np.float32), act, grid
+        self.out_epf, self.on_grid = epilogue(act, grid), 1 if grid[1] > 0 else 0
         self.epf = epilogue(0, (1, 0, 0, 0))
         self.zero_bias = np.zeros(self.nob * OCB, np.float32)
         self.a2, self.tiles = a2, tiles
@@ -209,4 +194,7 @@ class Winograd:
         self.fwd(p, self.th, self.tw, v)
         self.gemm(v.reshape(-1), tiles, cin * tiles, tiles, self.wp, rows * cin, cin, self.kc, self.nob, self.zero_bias,
                   self.epf, mm.reshape(-1), tiles, rows * tiles, a2)
-        self.inv(mm, self.th, self.tw, self.bias, self.act, self.grid, y)
+        if self.m == 4:
+            self.inv(mm, self.th, self.tw, self.bias, self.out_epf, self.on_grid, y)
+        else:
+            self.inv(mm, self.th, self.tw, self.bias, self.act, self.grid, y)

@@ -14,9 +14,10 @@ from .llvmir import data_of, declare, splat as splat_
 
 
 def _masks(builder, ir, n):
-    """The mask of lanes < n (n clamped to 16)."""
+    """The mask of lanes < n (n clamped to 0..16)."""
     i64 = ir.IntType(64)
     n = builder.select(builder.icmp_signed(">", n, ir.Constant(i64, 16)), ir.Constant(i64, 16), n)
+    n = builder.select(builder.icmp_signed("<", n, ir.Constant(i64, 0)), ir.Constant(i64, 0), n)
     m = builder.sub(builder.shl(ir.Constant(i64, 1), n), ir.Constant(i64, 1))
     return builder.bitcast(builder.trunc(m, ir.IntType(16)), ir.VectorType(ir.IntType(1), 16))
 
@@ -70,44 +71,80 @@ def bt4_tiles(typingctx, row, ro, n, v, vo, vs):
     return sig, codegen
 
 
+def _interleave4(builder, ir, r):
+    """Four vectors r[q][t] -> four vectors holding out[4t + q] for t = 0..15."""
+    idx = lambda vals: ir.Constant(ir.VectorType(ir.IntType(32), 16), vals)  # noqa: E731
+    lo = lambda a, b: builder.shuffle_vector(a, b, idx([x for t in range(8) for x in (t, t + 16)]))  # noqa: E731
+    hi = lambda a, b: builder.shuffle_vector(a, b, idx([x for t in range(8, 16) for x in (t, t + 16)]))  # noqa: E731
+    r01l, r01h, r23l, r23h = lo(r[0], r[1]), hi(r[0], r[1]), lo(r[2], r[3]), hi(r[2], r[3])
+    quad_lo = idx([x for t in range(4) for x in (2 * t, 2 * t + 1, 2 * t + 16, 2 * t + 17)])
+    quad_hi = idx([x for t in range(4, 8) for x in (2 * t, 2 * t + 1, 2 * t + 16, 2 * t + 17)])
+    return [builder.shuffle_vector(r01l, r23l, quad_lo), builder.shuffle_vector(r01l, r23l, quad_hi),
+            builder.shuffle_vector(r01h, r23h, quad_lo), builder.shuffle_vector(r01h, r23h, quad_hi)]
+
+
 @intrinsic
-def at4_tiles(typingctx, m, mo, ms, n, row, ro):
-    """For tiles t < n (<= 16): s_k = m[mo + k*ms + t], k = 0..5, and row[ro + 4t + r] = (A^T s)_r,
-    r = 0..3. row must be writable up to ro + 64."""
+def at4_block(typingctx, m, mo, ms, n, out, oo, os_, nrow, ncol, four_wide, bias, epf, on_grid):
+    """The outputs of tiles t < n (<= 16): s[i][k] = m[mo + (6i + k)*ms + t], Y = A^T s A per tile, then
+    finish(Y[r][q] + bias) (epf's activation bounds, then its int8 grid when on_grid) stored cropped to
+    rows < nrow and columns < ncol. The 16 tiles are one tile row (out[oo + r*os_ + 4t + q]), or with
+    four_wide four rows of four tiles (a 13..16-wide map: tile t at tile row t // 4)."""
     from llvmlite import ir
-    sig = types.void(m, types.intp, types.intp, types.intp, row, types.intp)
+    sig = types.void(m, types.intp, types.intp, types.intp, out, types.intp, types.intp, types.intp, types.intp,
+                     types.intp, types.float32, epf, types.intp)
 
     def codegen(context, builder, sig, args):
-        ma, mo_, ms_, n_, ra, ro_ = args
+        ma, mo_, ms_, n_, oa, oo_, os__, nrow_, ncol_, four_, bias_, epfa, grid_ = args
         i32, i64, f32 = ir.IntType(32), ir.IntType(64), ir.FloatType()
-        f16 = ir.VectorType(f32, 16)
+        f16, m16 = ir.VectorType(f32, 16), ir.VectorType(ir.IntType(1), 16)
         mp = builder.gep(data_of(context, builder, sig.args[0], ma), [mo_])
-        rp = builder.gep(data_of(context, builder, sig.args[4], ra), [ro_])
-        mload = declare(builder, "llvm.masked.load.v16f32.p0", f16, f16.as_pointer(), i32,
-                        ir.VectorType(ir.IntType(1), 16), f16)
-        idx = lambda vals: ir.Constant(ir.VectorType(i32, 16), vals)  # noqa: E731
-        mask = _masks(builder, ir, n_)
-        zero = ir.Constant(f16, [0.0] * 16)
-        s = [builder.call(mload, [builder.bitcast(builder.gep(mp, [builder.mul(ms_, ir.Constant(i64, k))]),
-                                                  f16.as_pointer()), ir.Constant(i32, 4), mask, zero])
-             for k in range(6)]
+        op = builder.gep(data_of(context, builder, sig.args[4], oa), [oo_])
+        mload = declare(builder, "llvm.masked.load.v16f32.p0", f16, f16.as_pointer(), i32, m16, f16)
+        mstore = declare(builder, "llvm.masked.store.v16f32.p0", ir.VoidType(), f16, f16.as_pointer(), i32, m16)
+        rint = declare(builder, "llvm.rint.v16f32", f16, f16)
         flags = ("fast",)
         mul = lambda a, b: builder.fmul(a, b, flags=flags)  # noqa: E731
         add = lambda a, b: builder.fadd(a, b, flags=flags)  # noqa: E731
         sub = lambda a, b: builder.fsub(a, b, flags=flags)  # noqa: E731
         c = lambda x: splat_(builder, ir.Constant(f32, x), f16)  # noqa: E731
-        p12, m12, p34, m34 = add(s[1], s[2]), sub(s[1], s[2]), add(s[3], s[4]), sub(s[3], s[4])
-        r = [add(add(s[0], p12), p34), add(m12, mul(c(2.0), m34)), add(p12, mul(c(4.0), p34)),
-             add(add(m12, mul(c(8.0), m34)), s[5])]
-        # interleave: out[4t + q] = r[q][t]
-        lo = lambda a, b: builder.shuffle_vector(a, b, idx([x for t in range(8) for x in (t, t + 16)]))  # noqa: E731
-        hi = lambda a, b: builder.shuffle_vector(a, b, idx([x for t in range(8, 16) for x in (t, t + 16)]))  # noqa: E731
-        r01l, r01h, r23l, r23h = lo(r[0], r[1]), hi(r[0], r[1]), lo(r[2], r[3]), hi(r[2], r[3])
-        quad_lo = idx([x for t in range(4) for x in (2 * t, 2 * t + 1, 2 * t + 16, 2 * t + 17)])
-        quad_hi = idx([x for t in range(4, 8) for x in (2 * t, 2 * t + 1, 2 * t + 16, 2 * t + 17)])
-        outs = [builder.shuffle_vector(r01l, r23l, quad_lo), builder.shuffle_vector(r01l, r23l, quad_hi),
-                builder.shuffle_vector(r01h, r23h, quad_lo), builder.shuffle_vector(r01h, r23h, quad_hi)]
-        for q, o in enumerate(outs):
-            builder.store(o, builder.bitcast(builder.gep(rp, [ir.Constant(i64, 16 * q)]), f16.as_pointer()), align=4)
+        two, four, eight = c(2.0), c(4.0), c(8.0)
+
+        def at4(s):
+            p12, m12, p34, m34 = add(s[1], s[2]), sub(s[1], s[2]), add(s[3], s[4]), sub(s[3], s[4])
+            return [add(add(s[0], p12), p34), add(m12, mul(two, m34)), add(p12, mul(four, p34)),
+                    add(add(m12, mul(eight, m34)), s[5])]
+        mask = _masks(builder, ir, n_)
+        zero = ir.Constant(f16, [0.0] * 16)
+        s = [[builder.call(mload, [builder.bitcast(builder.gep(mp, [builder.mul(ms_, ir.Constant(i64, 6 * i + k))]),
+                                                   f16.as_pointer()), ir.Constant(i32, 4), mask, zero])
+              for k in range(6)] for i in range(6)]
+        cols = [at4([s[i][k] for i in range(6)]) for k in range(6)]      # A^T down each column k
+        bv = splat_(builder, bias_, f16)
+        act_lo, act_hi, inv_s, sc, q_lo, q_hi = (splat_(builder, builder.extract_value(epfa, k), f16) for k in range(6))
+        on_grid_ = builder.icmp_signed("!=", grid_, ir.Constant(i64, 0))
+
+        def fmax(a, b):
+            return builder.select(builder.fcmp_ordered(">", a, b), a, b)
+
+        def fmin(a, b):
+            return builder.select(builder.fcmp_ordered("<", a, b), a, b)
+
+        def finish(v):
+            v = fmin(fmax(add(v, bv), act_lo), act_hi)
+            g = builder.call(rint, [builder.fmul(v, inv_s)])
+            return builder.select(on_grid_, builder.fmul(fmin(fmax(g, q_lo), q_hi), sc), v)
+        rows4 = builder.icmp_signed("!=", four_, ir.Constant(i64, 0))
+        none = ir.Constant(m16, [0] * 16)
+        for r in range(4):
+            y = at4([cols[k][r] for k in range(6)])                      # then A across the row
+            for j, v in enumerate(_interleave4(builder, ir, [finish(q) for q in y])):
+                # vector j: columns 16j.. of row r, or (four_wide) columns 0..15 of row 4j + r
+                at = builder.select(rows4, builder.mul(os__, ir.Constant(i64, 4 * j + r)),
+                                    builder.add(builder.mul(os__, ir.Constant(i64, r)), ir.Constant(i64, 16 * j)))
+                y_ = builder.select(rows4, ir.Constant(i64, 4 * j + r), ir.Constant(i64, r))
+                cols_left = builder.select(rows4, ncol_, builder.sub(ncol_, ir.Constant(i64, 16 * j)))
+                keep = builder.select(builder.icmp_signed("<", y_, nrow_), _masks(builder, ir, cols_left), none)
+                builder.call(mstore, [v, builder.bitcast(builder.gep(op, [at]), f16.as_pointer()), ir.Constant(i32, 4),
+                                      keep])
         return context.get_dummy_value()
     return sig, codegen
