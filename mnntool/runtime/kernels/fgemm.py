@@ -224,6 +224,21 @@ def phase_split(x, t, l, sh, sw, xq):
             py = yy + t
             a, u = py % sh, py // sh
             src = x[c, yy]
+            if sw == 2:
+                # both column phases in one loop: LLVM vectorizes an even/odd pair of strided reads with
+                # shuffles (a lone stride-2 read became gathers, 5x slower). Padded column ix + l goes
+                # to phase (ix + l) % 2 at (ix + l) // 2.
+                ev = xq[(c * sh + a) * sw + l % 2, u, l // 2:]
+                od = xq[(c * sh + a) * sw + 1 - l % 2, u, (l + 1) // 2:]
+                npair = max(0, min(W // 2, od.shape[0], ev.shape[0]))
+                for k in range(npair):
+                    ev[k] = src[2 * k]
+                    od[k] = src[2 * k + 1]
+                for ix in range(2 * npair, W):
+                    q = ix + l
+                    if q // 2 < Wq:
+                        xq[(c * sh + a) * sw + q % 2, u, q // 2] = src[ix]
+                continue
             for b in range(sw):
                 dst = xq[(c * sh + a) * sw + b, u]
                 # output column v takes input column v*sw + b - l
