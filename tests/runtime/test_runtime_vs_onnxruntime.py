@@ -87,12 +87,15 @@ def test_wrong_feed_shape_is_a_clear_error(tmp_path, fixture_model):
                                             ((12, 12), 3, [1, 1, 1, 1]), ((9, 37), 1, [1, 1, 1, 1]),
                                             ((10, 41), 2, [1, 1, 1, 1]), ((6, 35), 1, [2, 0, 0, 2]),
                                             ((7, 34), 2, [0, 0, 1, 1]), ((5, 40), 3, [1, 1, 1, 1]),
-                                            ((9, 33), 2, [2, 2, 0, 0]), ((7, 7), 1, [0, 0, 0, 0])])
+                                            ((9, 33), 2, [2, 2, 0, 0]), ((7, 7), 1, [0, 0, 0, 0]),
+                                            ((7, 7), 1, [1, 1, 1, 1]), ((14, 14), 1, [1, 1, 1, 1]),
+                                            ((5, 9), 1, [2, 0, 0, 2]), ((1, 1), 1, [1, 1, 1, 1])])
 @pytest.mark.parametrize("avx512", [True, False])
 def test_depthwise_3x3_kernel_edges(tmp_path, monkeypatch, hw, stride, pads, avx512):
     """Depthwise kernels read padding as zeros at every border, for odd sizes and strides 1-3. With
     AVX-512, strides 1 and 2 take the IR row kernel (masked 16-pixel steps at the borders and the row
-    end). Without it, stride 1 outputs wider than 6 take the padded-plane kernel, other outputs up to 16
+    end), and stride-1 maps of the input's size up to 1024 pixels the flat one (16-pixel steps across
+    rows, per-lane tap masks). Without it, stride 1 outputs wider than 6 take the padded-plane kernel, other outputs up to 16
     wide the channels-innermost kernel, wider stride-2 ones the border-checking row kernel; stride 3
     always takes the general row kernel."""
     from mnntool.runtime.kernels import dw3

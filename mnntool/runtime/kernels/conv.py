@@ -351,6 +351,15 @@ def convolution_float(node, ins, outs, weight, bias, grid=NO_GRID):
         if kh == kw == 3 and sh == sw and sh in (1, 2) and dh == dw == 1 and dw3.HAS_AVX512:
             w9, epf = wd.reshape(-1), epilogue_bounds(act, grid)
             on_grid = 1 if grid[1] > 0 else 0
+            if sh == 1 and (oh, ow) == (h, w) and h * w <= 1024:
+                # small maps as one flat run per channel (short rows would leave most lanes idle)
+                masks, offs = dw3.flat_masks(h, w, t, l)
+                flat = sized(dw3.depthwise3x3_flat, out_size * 9)
+
+                def run_dw3_flat(inputs, outputs):
+                    for i in range(n):
+                        flat(inputs[0][i], w9, bias, masks, offs, epf, on_grid, outputs[0][i])
+                return writes(run_dw3_flat)
             rows = sized(dw3.depthwise3x3, out_size * 9)
 
             def run_dw3_avx512(inputs, outputs):

@@ -167,3 +167,80 @@ def depthwise3x3(x, w, b, s, t, l, epf, grid, out):
                 _row1(xf, r0, r0 + W, r0 + 2 * W, valid, W, -l, ow, w, c * 9, b[c], of, y * ow, epf, grid)
             else:
                 _row2(xf, r0, r0 + W, r0 + 2 * W, valid, W, -l, ow, w, c * 9, b[c], of, y * ow, epf, grid)
+
+
+@intrinsic
+def _flat_step(typingctx, x, xo, masks, mo, offs, lanes, w, wo, bias, out, oo, epf, on_grid):
+    """out[oo + i] for i < lanes = finish(bias + sum_k w[wo + k] * x[xo + offs[k] + i]) where lane i of
+    tap k reads only when bit i of masks[mo + k] is set (else zero)."""
+    from llvmlite import ir
+    sig = types.void(x, types.intp, masks, types.intp, offs, types.intp, w, types.intp, types.float32, out,
+                     types.intp, epf, types.intp)
+
+    def codegen(context, builder, sig, args):
+        xa, xo_, ma, mo_, oa_, lanes_, wa, wo_, bias_, outa, oo_, epfa, grid_ = args
+        i1, i16, i32, i64, f32 = ir.IntType(1), ir.IntType(16), ir.IntType(32), ir.IntType(64), ir.FloatType()
+        f16, m16 = ir.VectorType(f32, 16), ir.VectorType(i1, 16)
+        a = sig.args
+        xp = builder.gep(data_of(context, builder, a[0], xa), [xo_])
+        mp = builder.gep(data_of(context, builder, a[2], ma), [mo_])
+        op_ = data_of(context, builder, a[4], oa_)
+        wp = builder.gep(data_of(context, builder, a[6], wa), [wo_])
+        outp = builder.gep(data_of(context, builder, a[9], outa), [oo_])
+        mload = declare(builder, "llvm.masked.load.v16f32.p0", f16, f16.as_pointer(), i32, m16, f16)
+        mstore = declare(builder, "llvm.masked.store.v16f32.p0", ir.VoidType(), f16, f16.as_pointer(), i32, m16)
+        fma = declare(builder, "llvm.fma.v16f32", f16, f16, f16, f16)
+        rint = declare(builder, "llvm.rint.v16f32", f16, f16)
+        const = lambda v: ir.Constant(i64, v)   # noqa: E731
+        fzero = ir.Constant(f16, [0.0] * 16)
+        accs = [splat_(builder, bias_, f16), fzero, fzero]
+        for k in range(9):
+            mask = builder.bitcast(builder.trunc(builder.load(builder.gep(mp, [const(k)])), i16), m16)
+            at = builder.gep(xp, [builder.load(builder.gep(op_, [const(k)]))])
+            v = builder.call(mload, [builder.bitcast(at, f16.as_pointer()), ir.Constant(i32, 4), mask, fzero])
+            wv = splat_(builder, builder.load(builder.gep(wp, [const(k)])), f16)
+            accs[k // 3] = builder.call(fma, [v, wv, accs[k // 3]])
+        acc = builder.fadd(builder.fadd(accs[0], accs[1]), accs[2])
+        fmax = lambda p, q: builder.select(builder.fcmp_ordered(">", p, q), p, q)  # noqa: E731
+        fmin = lambda p, q: builder.select(builder.fcmp_ordered("<", p, q), p, q)  # noqa: E731
+        act_lo, act_hi, inv_s, sc, q_lo, q_hi = (splat_(builder, builder.extract_value(epfa, k), f16) for k in range(6))
+        fin = fmin(fmax(acc, act_lo), act_hi)
+        g = builder.call(rint, [builder.fmul(fin, inv_s)])
+        g = builder.fmul(fmin(fmax(g, q_lo), q_hi), sc)
+        fin = builder.select(builder.icmp_signed("!=", grid_, const(0)), g, fin)
+        n = builder.select(builder.icmp_signed(">", lanes_, const(16)), const(16), lanes_)
+        keep = builder.bitcast(builder.trunc(builder.sub(builder.shl(const(1), n), const(1)), i16), m16)
+        builder.call(mstore, [fin, builder.bitcast(outp, f16.as_pointer()), ir.Constant(i32, 4), keep])
+        return context.get_dummy_value()
+    return sig, codegen
+
+
+def flat_masks(H: int, W: int, t: int, l: int):
+    """For the flat kernel (stride 1, output H x W): per 16-pixel step and tap (i, j), the lanes whose
+    input (y + i - t, x + j - l) lies inside the image, as bits; and each tap's flat offset."""
+    import numpy as np
+    n = H * W
+    steps = -(-n // 16)
+    p = np.arange(steps * 16).reshape(steps, 16)
+    y, x = p // W, p % W
+    masks = np.zeros((steps, 9), np.int64)
+    for i in range(3):
+        for j in range(3):
+            yy, xx = y + i - t, x + j - l
+            ok = (p < n) & (yy >= 0) & (yy < H) & (xx >= 0) & (xx < W)
+            masks[:, 3 * i + j] = (ok * (1 << np.arange(16))).sum(axis=1)
+    offs = np.array([(i - t) * W + (j - l) for i in range(3) for j in range(3)], np.int64)
+    return masks.reshape(-1), offs
+
+
+@njit(parallel=True, cache=True)
+def depthwise3x3_flat(x, w, b, masks, offs, epf, grid, out):
+    """Stride 1 with the output the input's size: a channel is one flat run of H*W pixels in 16-pixel
+    steps, so a 7x7 map is 4 steps, not 7 rows of 7 (masks and offs from `flat_masks`)."""
+    C, H, W = x.shape
+    n = H * W
+    steps = (n + 15) // 16
+    xf, of = x.reshape(-1), out.reshape(-1)
+    for c in prange(C):
+        for k in range(steps):
+            _flat_step(xf, c * n + 16 * k, masks, 9 * k, offs, n - 16 * k, w, c * 9, b[c], of, c * n + 16 * k, epf, grid)
