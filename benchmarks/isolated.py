@@ -22,11 +22,15 @@ def bench(path, backend: str, threads: int, warmup: int = 5, runs: int = 30) -> 
     return json.loads(done.stdout)
 
 
-def speed_args(models: list[str]) -> argparse.Namespace:
-    """The speed benchmarks' shared options: thread counts, runs, models, and a JSON file for the rows."""
+def speed_args(models: list[str], rounds: bool = False) -> argparse.Namespace:
+    """The speed benchmarks' shared options: thread counts, runs, models, a JSON file for the rows and
+    (when the benchmark takes it) rounds."""
     ap = argparse.ArgumentParser()
     ap.add_argument("--threads", type=int, nargs="+", default=[1, 2])
     ap.add_argument("--runs", type=int, default=30)
+    if rounds:
+        ap.add_argument("--rounds", type=int, default=3,
+                        help="measure the backends in turn this many times; ratios are the median of each round's")
     ap.add_argument("--models", nargs="+", default=models)
     ap.add_argument("--json", type=str, default=None)
     return ap.parse_args()
