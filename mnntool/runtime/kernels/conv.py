@@ -426,8 +426,9 @@ def convolution_float(node, ins, outs, weight, bias, grid=NO_GRID):
     subsample = kh == kw == 1 and padded is None and group == 1 and (sh > 1 or sw > 1)
     if group == 1 and HAS_AVX512 and (pointwise or subsample):
         # a strided 1x1 convolution is a pointwise one on every sh-th row and sw-th column
+        from .ocgemm import OcGemm, suits
         pixels = oh * ow
-        packed = PackedGemm(weight, bias, act, grid, pixels)
+        packed = (OcGemm if suits(pixels, weight.nbytes) else PackedGemm)(weight, bias, act, grid, pixels)
         picked = np.empty((cin, oh, ow), np.float32) if subsample else None
 
         def run_pointwise(inputs, outputs):

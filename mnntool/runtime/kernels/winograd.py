@@ -14,6 +14,7 @@ from numba import njit, prange
 from . import scratch, sized
 from .conv import _finish
 from .fgemm import OCB, epilogue, gemm_batched, k_block, pack_weights, tile_count
+from .ocgemm import ocgemm, pack32, suits
 from .winograd_ir import at4_block, bt4_tiles
 
 G4 = np.array([[1 / 4, 0, 0], [-1 / 6, -1 / 6, -1 / 6], [-1 / 6, 1 / 6, -1 / 6], [1 / 24, 1 / 12, 1 / 6],
@@ -169,19 +170,23 @@ class Winograd:
         cout = weight.shape[0]
         u = transform_weights(weight.reshape(cout, cin, 3, 3), m)
         self.nob = -(-cout // OCB)
-        self.wp = np.concatenate([pack_weights(u[k]) for k in range(a2)])
         self.th, self.tw = -(-oh // m), -(-ow // m)
+        # few tiles per position (a 28x28 map has 49): output channels in the vector lanes
+        self.oc = suits(self.th * self.tw, cin * cout * 4)
+        pack = pack32 if self.oc else pack_weights
+        self.wp = np.concatenate([pack(u[k]) for k in range(a2)])
         tiles = self.th * self.tw
         self.h, self.w, self.t, self.l, self.cin = h, w, t, l, cin
         self.padded = np.zeros((cin, self.th * m + 2, self.tw * m + 2), np.float32)
         self.bias, self.act, self.grid = np.asarray(bias, np.float32), act, grid
         self.out_epf, self.on_grid = epilogue(act, grid), 1 if grid[1] > 0 else 0
         self.epf = epilogue(0, (1, 0, 0, 0))
-        self.zero_bias = np.zeros(self.nob * OCB, np.float32)
+        self.zero_bias = np.zeros(-(-cout // 32) * 32 if self.oc else self.nob * OCB, np.float32)
         self.a2, self.tiles = a2, tiles
         self.kc = k_block(cin, self.nob * OCB, tile_count(tiles))
         self.fwd = sized(input_transform4 if m == 4 else input_transform2, a2 * cin * tiles * 4)
-        self.gemm = sized(gemm_batched, a2 * self.nob * OCB * cin * tiles // 16)
+        self.gemm = sized(ocgemm if self.oc else gemm_batched, a2 * self.nob * OCB * cin * tiles // 16)
+        self.cout = cout
         self.inv = sized(output_transform4 if m == 4 else output_transform2, cout * oh * ow * 8)
 
     def __call__(self, x, y):
@@ -192,8 +197,12 @@ class Winograd:
         cin, tiles, rows, a2 = self.cin, self.tiles, self.nob * OCB, self.a2
         v, mm = scratch("winograd_in", (a2, cin, tiles)), scratch("winograd_out", (a2, rows, tiles))
         self.fwd(p, self.th, self.tw, v)
-        self.gemm(v.reshape(-1), tiles, cin * tiles, tiles, self.wp, rows * cin, cin, self.kc, self.nob, self.zero_bias,
-                  self.epf, mm.reshape(-1), tiles, rows * tiles, a2)
+        if self.oc:
+            self.gemm(v.reshape(-1), tiles, cin * tiles, tiles, self.wp, self.wp.size // a2, cin, self.cout,
+                      self.zero_bias, self.epf, 0, mm.reshape(-1), tiles, rows * tiles, a2)
+        else:
+            self.gemm(v.reshape(-1), tiles, cin * tiles, tiles, self.wp, rows * cin, cin, self.kc, self.nob,
+                      self.zero_bias, self.epf, mm.reshape(-1), tiles, rows * tiles, a2)
         if self.m == 4:
             self.inv(mm, self.th, self.tw, self.bias, self.out_epf, self.on_grid, y)
         else:

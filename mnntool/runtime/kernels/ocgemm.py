@@ -1,0 +1,183 @@
+"""fp32 GEMM for few pixels: output channels in the vector lanes, pixels broadcast.
+
+`fgemm` puts pixels in the lanes; a 7x7 map (49 pixels) then fills 49 of 64 lanes, and a Winograd
+position of a 7x7 map (16 tiles) needs one broadcast weight per FMA, so both run at 60-80 GFLOP/s.
+Here a tile is 32 output channels (two zmm of packed weights, [O/32][K][32]) x NP <= 8 pixels: per k
+two weight loads, NP pixel broadcasts and 2*NP FMAs. 49 pixels are seven tiles of 7, 16 are two of 8.
+The epilogue adds the bias, applies the activation and int8 grid and scatters each pixel's 32 channels
+into the NCHW rows (masked past O).
+"""
+from __future__ import annotations
+
+import numpy as np
+from numba import njit, prange, types
+from numba.extending import intrinsic
+
+from .llvmir import data_of, declare, host_has, splat as splat_
+
+OCB = 32
+HAS_AVX512 = host_has("avx512f")
+
+
+def _make_tile(np_: int):
+    @intrinsic
+    def tile(typingctx, x, xoff, xs, w, woff, nk, out, ooff, os_, rows, bias, boff, epf, on_grid):
+        """out[ooff + o*os_ + p] for o < min(32, rows), p < np_ = finish(bias[boff + o] + sum_k
+        w[woff + 32k + o] x[xoff + k*xs + p])."""
+        from llvmlite import ir
+        sig = types.void(x, types.intp, types.intp, w, types.intp, types.intp, out, types.intp, types.intp,
+                         types.intp, bias, types.intp, epf, types.intp)
+
+        def codegen(context, builder, sig, args):
+            xa, xo, xs_, wa, wo, nk_, oa, oo, ostr, rows_, ba, bo, epfa, grid_ = args
+            i1, i32, i64, f32 = ir.IntType(1), ir.IntType(32), ir.IntType(64), ir.FloatType()
+            f16, m16 = ir.VectorType(f32, 16), ir.VectorType(i1, 16)
+            fp = f32.as_pointer()
+            a = sig.args
+            xp = builder.gep(data_of(context, builder, a[0], xa), [xo])
+            wp = builder.gep(data_of(context, builder, a[3], wa), [wo])
+            op = builder.gep(data_of(context, builder, a[6], oa), [oo])
+            bp = builder.gep(data_of(context, builder, a[10], ba), [bo])
+            const = lambda v: ir.Constant(i64, v)   # noqa: E731
+            fma = declare(builder, "llvm.fma.v16f32", f16, f16, f16, f16)
+            rint = declare(builder, "llvm.rint.v16f32", f16, f16)
+            pv = ir.VectorType(fp, 16)
+            scatter = declare(builder, "llvm.masked.scatter.v16f32.v16p0", ir.VoidType(), f16, pv, i32, m16)
+            zero = ir.Constant(f16, [0.0] * 16)
+            entry = builder.block
+            loop, done = builder.append_basic_block("k"), builder.append_basic_block("k_done")
+            builder.cbranch(builder.icmp_signed(">", nk_, const(0)), loop, done)
+            builder.position_at_end(loop)
+            kk = builder.phi(i64)
+            kk.add_incoming(const(0), entry)
+            accs = []
+            for _ in range(2 * np_):
+                phi = builder.phi(f16)
+                phi.add_incoming(zero, entry)
+                accs.append(phi)
+            wrow = builder.gep(wp, [builder.mul(kk, const(OCB))])
+            wv = [builder.load(builder.bitcast(builder.gep(wrow, [const(16 * h)]), f16.as_pointer()), align=4)
+                  for h in range(2)]
+            xrow = builder.gep(xp, [builder.mul(kk, xs_)])
+            new = []
+            for p in range(np_):
+                xb = splat_(builder, builder.load(builder.gep(xrow, [const(p)]), align=4), f16)
+                for h in range(2):
+                    new.append(builder.call(fma, [wv[h], xb, accs[2 * p + h]]))
+            nxt = builder.add(kk, const(1))
+            kk.add_incoming(nxt, loop)
+            for acc, value in zip(accs, new):
+                acc.add_incoming(value, loop)
+            builder.cbranch(builder.icmp_signed("<", nxt, nk_), loop, done)
+            builder.position_at_end(done)
+            result = []
+            for i in range(2 * np_):
+                phi = builder.phi(f16)
+                phi.add_incoming(zero, entry)
+                phi.add_incoming(new[i], loop)
+                result.append(phi)
+            fmax = lambda p, q: builder.select(builder.fcmp_ordered(">", p, q), p, q)  # noqa: E731
+            fmin = lambda p, q: builder.select(builder.fcmp_ordered("<", p, q), p, q)  # noqa: E731
+            act_lo, act_hi, inv_s, sc, q_lo, q_hi = (splat_(builder, builder.extract_value(epfa, k), f16)
+                                                     for k in range(6))
+            on_grid_ = builder.icmp_signed("!=", grid_, const(0))
+            lanes = ir.Constant(ir.VectorType(i64, 16), list(range(16)))
+            base = splat_(builder, builder.ptrtoint(op, i64), ir.VectorType(i64, 16))    # byte address
+            for h in range(2):
+                bv = builder.load(builder.bitcast(builder.gep(bp, [const(16 * h)]), f16.as_pointer()), align=4)
+                chan = builder.add(lanes, splat_(builder, const(16 * h), ir.VectorType(i64, 16)))
+                keep = builder.icmp_signed("<", chan, splat_(builder, rows_, ir.VectorType(i64, 16)))
+                rowoff = builder.mul(chan, splat_(builder, ostr, ir.VectorType(i64, 16)))
+                for p in range(np_):
+                    v = fmin(fmax(builder.fadd(result[2 * p + h], bv), act_lo), act_hi)
+                    g = builder.call(rint, [builder.fmul(v, inv_s)])
+                    v = builder.select(on_grid_, builder.fmul(fmin(fmax(g, q_lo), q_hi), sc), v)
+                    at = builder.add(rowoff, splat_(builder, const(p), ir.VectorType(i64, 16)))
+                    addr = builder.add(base, builder.shl(at, splat_(builder, const(2), ir.VectorType(i64, 16))))
+                    ptrs = builder.inttoptr(addr, pv)
+                    builder.call(scatter, [v, ptrs, ir.Constant(i32, 4), keep])
+            return context.get_dummy_value()
+        return sig, codegen
+    return tile
+
+
+_t1, _t2, _t3, _t4 = _make_tile(1), _make_tile(2), _make_tile(3), _make_tile(4)
+_t5, _t6, _t7, _t8 = _make_tile(5), _make_tile(6), _make_tile(7), _make_tile(8)
+
+
+@njit(cache=True, inline="always")
+def _tile(n, x, xo, xs, w, wo, nk, out, oo, os_, rows, bias, bo, epf, grid):
+    if n == 8:
+        _t8(x, xo, xs, w, wo, nk, out, oo, os_, rows, bias, bo, epf, grid)
+    elif n == 7:
+        _t7(x, xo, xs, w, wo, nk, out, oo, os_, rows, bias, bo, epf, grid)
+    elif n == 6:
+        _t6(x, xo, xs, w, wo, nk, out, oo, os_, rows, bias, bo, epf, grid)
+    elif n == 5:
+        _t5(x, xo, xs, w, wo, nk, out, oo, os_, rows, bias, bo, epf, grid)
+    elif n == 4:
+        _t4(x, xo, xs, w, wo, nk, out, oo, os_, rows, bias, bo, epf, grid)
+    elif n == 3:
+        _t3(x, xo, xs, w, wo, nk, out, oo, os_, rows, bias, bo, epf, grid)
+    elif n == 2:
+        _t2(x, xo, xs, w, wo, nk, out, oo, os_, rows, bias, bo, epf, grid)
+    else:
+        _t1(x, xo, xs, w, wo, nk, out, oo, os_, rows, bias, bo, epf, grid)
+
+
+@njit(cache=True, inline="always")
+def pixel_step(P):
+    """Pixels per tile: 7 for 49 (seven tiles), else 8 with a narrower last tile."""
+    return 7 if P % 7 == 0 and P % 8 != 0 else 8
+
+
+@njit(parallel=True, cache=True)
+def ocgemm(x, xs, xstride, P, wp, wstride, K, O, bias, epf, grid, out, os_, ostride, batches):
+    """`batches` GEMMs (one for a convolution, the positions for Winograd): out[b][o, p] (row stride
+    os_) = finish(bias[o] + sum_k wp_b[o, k] x_b[k, p]); x_b row k at b*xstride + k*xs, weights of
+    batch b at b*wstride packed by `pack32`, out_b at b*ostride."""
+    nob = (O + OCB - 1) // OCB
+    step = pixel_step(P)
+    for j in prange(batches * nob):
+        b, ob = j // nob, j % nob
+        o0 = ob * OCB
+        for p0 in range(0, P, step):
+            _tile(min(step, P - p0), x, b * xstride + p0, xs, wp, b * wstride + ob * K * OCB, K, out,
+                  b * ostride + o0 * os_ + p0, os_, O - o0, bias, o0, epf, grid)
+
+
+def pack32(w: np.ndarray) -> np.ndarray:
+    """(O, K) -> flat [O/32][K][32] float32, the rows past O zero."""
+    o, k = w.shape
+    rows = -(-o // OCB) * OCB
+    full = np.zeros((rows, k), np.float32)
+    full[:o] = w
+    return np.ascontiguousarray(full.reshape(rows // OCB, OCB, k).transpose(0, 2, 1)).reshape(-1)
+
+
+def suits(pixels: int, weight_bytes: int) -> bool:
+    """Where this kernel beat `fgemm` (measured, 1 thread): pixel counts that leave fgemm's 16-pixel
+    vectors part empty (49: 98-112 vs 78 GFLOP/s), and 16 pixels when the weights (per GEMM) pass L2
+    (a 7x7 map's Winograd positions at 512 channels: 82 vs 65 GFLOP/s; at 256, fgemm's 108 wins)."""
+    if not HAS_AVX512 or pixels > 64:
+        return False
+    return pixels % 16 != 0 or (pixels == 16 and weight_bytes > 512 * 1024)
+
+
+class OcGemm:
+    """A convolution's weights packed for `ocgemm`, with its epilogue; called like fgemm.PackedGemm."""
+
+    def __init__(self, weight: np.ndarray, bias: np.ndarray, act: int, grid, pixels: int):
+        from . import sized
+        from .fgemm import epilogue
+        o, k = weight.shape
+        self.o, self.k, self.pixels = o, k, pixels
+        self.wp = pack32(weight)
+        self.bias = np.zeros(self.wp.size // k, np.float32)
+        self.bias[:o] = bias
+        self.epf, self.grid = epilogue(act, grid), 1 if grid[1] > 0 else 0
+        self.fn = sized(ocgemm, o * k * pixels // 16)
+
+    def __call__(self, x: np.ndarray, xs: int, out: np.ndarray, os_: int) -> None:
+        """x flat with row k at k * xs; out flat, O rows of stride os_."""
+        self.fn(x, xs, 0, self.pixels, self.wp, 0, self.k, self.o, self.bias, self.epf, self.grid, out, os_, 0, 1)
