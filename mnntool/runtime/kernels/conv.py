@@ -482,6 +482,19 @@ def _implicit_im2col(weight, bias, act, grid, in_shape, out_shape, geometry):
     wq = max(-(-(w + l + r) // sw), ow + (kw - 1) * dw // sw)
     phases = np.zeros((cin * sh * sw, hq, wq), np.float32)
     split_phases = sized(phase_split, cin * h * w)
+    if ow >= 32 and packed.wp.size * 4 <= 256 * 1024:
+        # wide output rows and weights that fit L2: tiles read the taps in place (no panel copy)
+        from .fgemm import conv_rows, tap_offsets
+        koff = tap_offsets(cin, kh, kw, sh, sw, dh, dw, hq, wq)
+        rows = sized(conv_rows, packed.rows() * pixels * cin * kh * kw // 16)
+
+        def run_rows(inputs, outputs):
+            x, y = inputs[0], outputs[0]
+            for i in range(n):
+                split_phases(x[i], t, l, sh, sw, phases)
+                rows(phases, koff, oh, ow, wq, packed.wp, cin * kh * kw, cout, packed.bias, packed.epf, packed.grid,
+                     y[i].reshape(-1))
+        return writes(run_rows)
 
     def run(inputs, outputs):
         x, y = inputs[0], outputs[0]

@@ -41,13 +41,15 @@ def _make_tile(nv: int, ocb: int = OCB):
     """The micro-kernel for nv x 16 pixels x ocb channels (ocb <= 8: the first ocb of a packed block of 8)."""
     @intrinsic
     def tile(typingctx, x, xoff, xs, w, woff, nk, out, ooff, os_, left, rows, bias, epf, flags):
-        """out[o0 + o, p0 + j] for 8 channels x nv*16 pixels. x row k at xoff + k*xs; weights at woff
+        """out[o0 + o, p0 + j] for 8 channels x nv*16 pixels. x row k at xoff + k*xs, or at xoff + xs[k]
+        when xs is an array of offsets (a convolution's taps, read where they are); weights at woff
         as [k][8]; `left` valid pixels and `rows` valid channels (out has no rows past them); bias row
         at the tile's channel; epf = (act_lo, act_hi, 1/s, s, q_lo, q_hi); flags = (accumulate onto
         out, final: bias + activation, round to the grid)."""
         from llvmlite import ir
-        sig = types.void(x, types.intp, types.intp, w, types.intp, types.intp, out, types.intp, types.intp,
-                         types.intp, types.intp, bias, epf, flags)
+        indirect = isinstance(xs, types.Array)
+        sig = types.void(x, types.intp, xs if indirect else types.intp, w, types.intp, types.intp, out, types.intp,
+                         types.intp, types.intp, types.intp, bias, epf, flags)
 
         def codegen(context, builder, sig, args):
             xa, xo, xs_, wa, wo, nk_, oa, oo, ostride, left_, rows_, ba, epfa, fla = args
@@ -101,7 +103,11 @@ def _make_tile(nv: int, ocb: int = OCB):
                 phi = builder.phi(f16)
                 phi.add_incoming(value, entry)
                 accs.append(phi)
-            row = builder.gep(xp, [builder.mul(kk, xs_)])
+            if indirect:
+                offs = data_of(context, builder, a[2], xs_)
+                row = builder.gep(xp, [builder.load(builder.gep(offs, [kk]))])
+            else:
+                row = builder.gep(xp, [builder.mul(kk, xs_)])
             xv = [builder.call(mload, [builder.bitcast(builder.gep(row, [const(16 * v)]), f16.as_pointer()),
                                        ir.Constant(i32, 4), masks[v], fzero]) for v in range(nv)]
             wrow = builder.gep(wp, [builder.mul(kk, const(OCB))])
@@ -308,6 +314,36 @@ def conv_im2col(xq, C, kh, kw, sh, sw, dh, dw, oh, ow, wp, kc, O, split, bias, e
                 o0 = ob * OCB
                 _tile(nv, panel, 0, width, wp, ob * K * OCB + k0 * OCB, kn, out, o0 * P + p0, P, lanes, O - o0,
                       bias[o0:], epf, flags)
+
+
+@njit(parallel=True, cache=True)
+def conv_rows(xq, koff, oh, ow, Wq, wp, K, O, bias, epf, grid, out):
+    """A convolution (group 1) whose output rows are wide: each tile is up to 48 pixels of one output
+    row, and the micro-kernel reads tap k of pixel (y, x) at koff[k] + y*Wq + x of the phase planes
+    (`phase_split`) directly, with no panel copy (for the 3-channel stems the copy cost as much as the
+    multiply). Weights whole (no k blocks): for layers whose K x O weights stay in L2."""
+    nob = (O + OCB - 1) // OCB
+    per_row = (ow + 47) // 48
+    xf = xq.reshape(-1)
+    P = oh * ow
+    flags = (0, 1, grid)
+    for j in prange(oh * per_row):
+        y, r = j // per_row, j % per_row
+        x0 = r * 48
+        lanes = min(48, ow - x0)
+        for ob in range(nob):
+            o0 = ob * OCB
+            _tile((lanes + 15) // 16, xf, y * Wq + x0, koff, wp, ob * K * OCB, K, out, o0 * P + y * ow + x0, P, lanes,
+                  O - o0, bias[o0:], epf, flags)
+
+
+def tap_offsets(cin, kh, kw, sh, sw, dh, dw, hq, wq) -> np.ndarray:
+    """Tap (c, i, j)'s offset in the phase planes of `phase_split` (c, i*dh % sh, j*dw % sw), moved by
+    (i*dh // sh, j*dw // sw)."""
+    c, i, j = np.meshgrid(np.arange(cin), np.arange(kh), np.arange(kw), indexing="ij")
+    a, b = i * dh, j * dw
+    off = ((c * sh + a % sh) * sw + b % sw) * hq * wq + (a // sh) * wq + b // sw
+    return np.ascontiguousarray(off.reshape(-1), dtype=np.int64)
 
 
 def pack_weights(w: np.ndarray) -> np.ndarray:
