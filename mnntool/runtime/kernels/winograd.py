@@ -15,7 +15,7 @@ from . import scratch, sized
 from .conv import _finish
 from .fgemm import OCB, epilogue, gemm_batched, k_block, pack_weights, tile_count
 from .ocgemm import ocgemm, pack32, suits
-from .winograd_ir import at4_block, bt4_tiles
+from .winograd_ir import at4_block, bt4_cols, bt4_tiles
 
 G4 = np.array([[1 / 4, 0, 0], [-1 / 6, -1 / 6, -1 / 6], [-1 / 6, 1 / 6, -1 / 6], [1 / 24, 1 / 12, 1 / 6],
                [1 / 24, -1 / 12, 1 / 6], [0, 0, 1]], np.float64)
@@ -28,21 +28,6 @@ def transform_weights(w: np.ndarray, m: int) -> np.ndarray:
     u = np.einsum("ai,ocij,bj->aboc", g, w.astype(np.float64), g)
     a = m + 2
     return u.reshape(a * a, w.shape[0], w.shape[1]).astype(np.float32)
-
-
-@njit(cache=True, fastmath=True, inline="always")
-def _bt4(d0, d1, d2, d3, d4, d5, k):
-    if k == 0:
-        return 4 * d0 - 5 * d2 + d4
-    if k == 1:
-        return -4 * d1 - 4 * d2 + d3 + d4
-    if k == 2:
-        return 4 * d1 - 4 * d2 - d3 + d4
-    if k == 3:
-        return -2 * d1 - d2 + 2 * d3 + d4
-    if k == 4:
-        return 2 * d1 - d2 - 2 * d3 + d4
-    return 4 * d1 - 5 * d3 + d5
 
 
 @njit(cache=True, fastmath=True, inline="always")
@@ -59,21 +44,17 @@ def _bt2(d0, d1, d2, d3, k):
 @njit(parallel=True, cache=True, fastmath=True)
 def input_transform4(xp, th, tw, v):
     """xp (C, 4*th+2, 4*tw+2) -> v (36, C, th*tw) = B^T d B per 6x6 tile."""
-    C, Wp = xp.shape[0], xp.shape[2]
+    C, Hp, Wp = xp.shape
     tiles = th * tw
-    vf = v.reshape(-1)
+    vf, xf = v.reshape(-1), xp.reshape(-1)
     span = max(Wp, 64 * ((tw + 15) // 16) + 16)      # bt4_tiles reads 80 floats from a group's start
     for c in prange(C):
         t1 = np.empty((6, span), np.float32)
         tf = t1.reshape(-1)
         for ty in range(th):
-            y0 = ty * 4
-            r0, r1, r2, r3, r4, r5 = xp[c, y0], xp[c, y0 + 1], xp[c, y0 + 2], xp[c, y0 + 3], xp[c, y0 + 4], xp[c, y0 + 5]
-            q0, q1, q2, q3, q4, q5 = t1[0], t1[1], t1[2], t1[3], t1[4], t1[5]
-            for x in range(Wp):
-                d0, d1, d2, d3, d4, d5 = r0[x], r1[x], r2[x], r3[x], r4[x], r5[x]
-                q0[x], q1[x], q2[x] = _bt4(d0, d1, d2, d3, d4, d5, 0), _bt4(d0, d1, d2, d3, d4, d5, 1), _bt4(d0, d1, d2, d3, d4, d5, 2)
-                q3[x], q4[x], q5[x] = _bt4(d0, d1, d2, d3, d4, d5, 3), _bt4(d0, d1, d2, d3, d4, d5, 4), _bt4(d0, d1, d2, d3, d4, d5, 5)
+            row0 = (c * Hp + ty * 4) * Wp
+            for x0 in range(0, Wp, 16):       # B^T down the columns, 16 at a time
+                bt4_cols(xf, row0 + x0, Wp, Wp - x0, tf, x0, span)
             s = ty * tw
             for a in range(6):
                 for tx0 in range(0, tw, 16):

@@ -22,6 +22,50 @@ def _masks(builder, ir, n):
     return builder.bitcast(builder.trunc(m, ir.IntType(16)), ir.VectorType(ir.IntType(1), 16))
 
 
+def _bt4(builder, ir, d):
+    """B^T d for F(4x4, 3x3): six vectors in, six out."""
+    f16 = ir.VectorType(ir.FloatType(), 16)
+    c = lambda x: splat_(builder, ir.Constant(ir.FloatType(), x), f16)  # noqa: E731
+    flags = ("fast",)
+    mul = lambda a, b: builder.fmul(a, b, flags=flags)  # noqa: E731
+    add = lambda a, b: builder.fadd(a, b, flags=flags)  # noqa: E731
+    sub = lambda a, b: builder.fsub(a, b, flags=flags)  # noqa: E731
+    four, five, two = c(4.0), c(5.0), c(2.0)
+    d0, d1, d2, d3, d4, d5 = d
+    return [add(sub(mul(four, d0), mul(five, d2)), d4),
+            add(sub(d3, mul(four, add(d1, d2))), d4),
+            add(sub(mul(four, sub(d1, d2)), d3), d4),
+            add(sub(mul(two, sub(d3, d1)), d2), d4),
+            add(sub(mul(two, sub(d1, d3)), d2), d4),
+            add(sub(mul(four, d1), mul(five, d3)), d5)]
+
+
+@intrinsic
+def bt4_cols(typingctx, x, xo, xs, n, t, to, ts):
+    """The column pass for 16 columns (lanes < n): d_k = x[xo + k*xs + lane], k = 0..5, and
+    t[to + k*ts + lane] = (B^T d)_k. Numba left 18- and 30-wide rows (14x14 and 28x28 maps) scalar."""
+    from llvmlite import ir
+    sig = types.void(x, types.intp, types.intp, types.intp, t, types.intp, types.intp)
+
+    def codegen(context, builder, sig, args):
+        xa, xo_, xs_, n_, ta, to_, ts_ = args
+        i32, i64 = ir.IntType(32), ir.IntType(64)
+        f16, m16 = ir.VectorType(ir.FloatType(), 16), ir.VectorType(ir.IntType(1), 16)
+        xp = builder.gep(data_of(context, builder, sig.args[0], xa), [xo_])
+        tp = builder.gep(data_of(context, builder, sig.args[4], ta), [to_])
+        mload = declare(builder, "llvm.masked.load.v16f32.p0", f16, f16.as_pointer(), i32, m16, f16)
+        mstore = declare(builder, "llvm.masked.store.v16f32.p0", ir.VoidType(), f16, f16.as_pointer(), i32, m16)
+        mask = _masks(builder, ir, n_)
+        zero = ir.Constant(f16, [0.0] * 16)
+        at = lambda base, stride, k: builder.bitcast(builder.gep(base, [builder.mul(stride, ir.Constant(i64, k))]),  # noqa: E731
+                                                     f16.as_pointer())
+        d = [builder.call(mload, [at(xp, xs_, k), ir.Constant(i32, 4), mask, zero]) for k in range(6)]
+        for k, v in enumerate(_bt4(builder, ir, d)):
+            builder.call(mstore, [v, at(tp, ts_, k), ir.Constant(i32, 4), mask])
+        return context.get_dummy_value()
+    return sig, codegen
+
+
 @intrinsic
 def bt4_tiles(typingctx, row, ro, n, v, vo, vs):
     """For tiles t < n (<= 16): d_k = row[ro + 4t + k], k = 0..5, and v[vo + k*vs + t] = (B^T d)_k.
@@ -51,18 +95,7 @@ def bt4_tiles(typingctx, row, ro, n, v, vo, vs):
         d2, d3 = builder.shuffle_vector(lo23, hi23, first), builder.shuffle_vector(lo23, hi23, second)
         d4 = builder.shuffle_vector(d0, ld[4], idx(list(range(1, 16)) + [16]))     # row[4t + 4] = d0 a lane on
         d5 = builder.shuffle_vector(d1, ld[4], idx(list(range(1, 16)) + [17]))
-        c = lambda x: splat_(builder, ir.Constant(f32, x), f16)  # noqa: E731
-        flags = ("fast",)
-        mul = lambda a, b: builder.fmul(a, b, flags=flags)  # noqa: E731
-        add = lambda a, b: builder.fadd(a, b, flags=flags)  # noqa: E731
-        sub = lambda a, b: builder.fsub(a, b, flags=flags)  # noqa: E731
-        four, five, two = c(4.0), c(5.0), c(2.0)
-        outs = [add(sub(mul(four, d0), mul(five, d2)), d4),
-                add(sub(d3, mul(four, add(d1, d2))), d4),
-                add(sub(mul(four, sub(d1, d2)), d3), d4),
-                add(sub(mul(two, sub(d3, d1)), d2), d4),
-                add(sub(mul(two, sub(d1, d3)), d2), d4),
-                add(sub(mul(four, d1), mul(five, d3)), d5)]
+        outs = _bt4(builder, ir, [d0, d1, d2, d3, d4, d5])
         mask = _masks(builder, ir, n_)
         for k, o in enumerate(outs):
             at = builder.gep(vp, [builder.mul(vs_, ir.Constant(ir.IntType(64), k))])
