@@ -105,7 +105,7 @@ def test_winograd_matches_torch(cin, cout, h, w, act):
     (4, 8, 9, 4, 2, (1, 0, 0, 1), 1), (5, 12, 40, 3, 1, (2, 1, 0, 2), 2), (4, 20, 70, 5, 2, (2, 2, 2, 2), 1)])
 def test_convolution_without_im2col_matches_torch(cin, cout, h, k, stride, pads, dilation):
     """Narrow outputs copy a panel per tile (conv_im2col); outputs 32+ wide with small weights read the
-    taps in place (conv_rows)."""
+    taps in place (conv_rows); outputs of at most 64 pixels (not 48) take an im2col matrix and ocgemm."""
     rng = np.random.default_rng(cin * k)
     x = rng.standard_normal((1, cin, h, h + 3)).astype(np.float32)
     w = (rng.standard_normal((cout, cin, k, k)) / np.sqrt(cin * k * k)).astype(np.float32)

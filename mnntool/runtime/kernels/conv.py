@@ -421,12 +421,12 @@ def convolution_float(node, ins, outs, weight, bias, grid=NO_GRID):
             regrid(y)
         return writes(run_rows)
 
+    from .ocgemm import OcGemm, suits
     pointwise = kh == kw == 1 and sh == sw == 1 and padded is None and group == 1
     cg, og = cin // group, cout // group
     subsample = kh == kw == 1 and padded is None and group == 1 and (sh > 1 or sw > 1)
     if group == 1 and HAS_AVX512 and (pointwise or subsample):
         # a strided 1x1 convolution is a pointwise one on every sh-th row and sw-th column
-        from .ocgemm import OcGemm, suits
         pixels = oh * ow
         packed = (OcGemm if suits(pixels, weight.nbytes) else PackedGemm)(weight, bias, act, grid, pixels)
         picked = np.empty((cin, oh, ow), np.float32) if subsample else None
@@ -439,6 +439,18 @@ def convolution_float(node, ins, outs, weight, bias, grid=NO_GRID):
                 src = picked if subsample else x[i]
                 packed(src.reshape(-1), pixels, y[i].reshape(-1), pixels)
         return writes(run_pointwise)
+    if group == 1 and suits(oh * ow, weight.nbytes):
+        # few output pixels (a 7x7 map): an im2col matrix (small here) and the channels-in-lanes GEMM
+        cols_oc = np.empty((cin * kh * kw, oh * ow), np.float32)
+        unfold_oc = sized(im2col, cols_oc.size)
+        gemm_oc = OcGemm(weight, bias, act, grid, oh * ow)
+
+        def run_im2col_oc(inputs, outputs):
+            x, y = inputs[0], outputs[0]
+            for i in range(n):
+                unfold_oc(pad(x[i]), kh, kw, sh, sw, dh, dw, oh, ow, cols_oc)
+                gemm_oc(cols_oc.reshape(-1), oh * ow, y[i].reshape(-1), oh * ow)
+        return writes(run_im2col_oc)
     if group == 1 and HAS_AVX512:
         return _implicit_im2col(weight, bias, act, grid, (n, cin, h, w), (cout, oh, ow), (kh, kw, sh, sw, dh, dw, t, l, b, r))
     epilogue = sized(bias_act, out_size)

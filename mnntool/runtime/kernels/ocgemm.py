@@ -21,15 +21,17 @@ HAS_AVX512 = host_has("avx512f")
 
 def _make_tile(np_: int):
     @intrinsic
-    def tile(typingctx, x, xoff, xs, w, woff, nk, out, ooff, os_, rows, bias, boff, epf, on_grid):
+    def tile(typingctx, x, xoff, xs, w, woff, nk, out, ooff, os_, rows, bias, boff, epf, on_grid, part, po, flags):
         """out[ooff + o*os_ + p] for o < min(32, rows), p < np_ = finish(bias[boff + o] + sum_k
-        w[woff + 32k + o] x[xoff + k*xs + p])."""
+        w[woff + 32k + o] x[xoff + k*xs + p]). With k in blocks, the sums so far live channels-last in
+        `part` (pixel p's 32 at po + 32p): flags = (start from them, final: finish and store to out;
+        else back to part)."""
         from llvmlite import ir
         sig = types.void(x, types.intp, types.intp, w, types.intp, types.intp, out, types.intp, types.intp,
-                         types.intp, bias, types.intp, epf, types.intp)
+                         types.intp, bias, types.intp, epf, types.intp, part, types.intp, flags)
 
         def codegen(context, builder, sig, args):
-            xa, xo, xs_, wa, wo, nk_, oa, oo, ostr, rows_, ba, bo, epfa, grid_ = args
+            xa, xo, xs_, wa, wo, nk_, oa, oo, ostr, rows_, ba, bo, epfa, grid_, pa, po_, fla = args
             i1, i32, i64, f32 = ir.IntType(1), ir.IntType(32), ir.IntType(64), ir.FloatType()
             f16, m16 = ir.VectorType(f32, 16), ir.VectorType(i1, 16)
             fp = f32.as_pointer()
@@ -44,6 +46,23 @@ def _make_tile(np_: int):
             pv = ir.VectorType(fp, 16)
             scatter = declare(builder, "llvm.masked.scatter.v16f32.v16p0", ir.VoidType(), f16, pv, i32, m16)
             zero = ir.Constant(f16, [0.0] * 16)
+            pp = builder.gep(data_of(context, builder, a[14], pa), [po_])
+            part_at = lambda p, h: builder.bitcast(builder.gep(pp, [const(32 * p + 16 * h)]), f16.as_pointer())  # noqa: E731
+            resume = builder.icmp_signed("!=", builder.extract_value(fla, 0), const(0))
+            final = builder.icmp_signed("!=", builder.extract_value(fla, 1), const(0))
+            start = builder.block
+            load_b, first_b = builder.append_basic_block("resume"), builder.append_basic_block("begin")
+            builder.cbranch(resume, load_b, first_b)
+            builder.position_at_end(load_b)
+            saved = [builder.load(part_at(p, h), align=4) for p in range(np_) for h in range(2)]
+            builder.branch(first_b)
+            builder.position_at_end(first_b)
+            init = []
+            for i in range(2 * np_):
+                phi = builder.phi(f16)
+                phi.add_incoming(zero, start)
+                phi.add_incoming(saved[i], load_b)
+                init.append(phi)
             entry = builder.block
             loop, done = builder.append_basic_block("k"), builder.append_basic_block("k_done")
             builder.cbranch(builder.icmp_signed(">", nk_, const(0)), loop, done)
@@ -51,9 +70,9 @@ def _make_tile(np_: int):
             kk = builder.phi(i64)
             kk.add_incoming(const(0), entry)
             accs = []
-            for _ in range(2 * np_):
+            for i in range(2 * np_):
                 phi = builder.phi(f16)
-                phi.add_incoming(zero, entry)
+                phi.add_incoming(init[i], entry)
                 accs.append(phi)
             wrow = builder.gep(wp, [builder.mul(kk, const(OCB))])
             wv = [builder.load(builder.bitcast(builder.gep(wrow, [const(16 * h)]), f16.as_pointer()), align=4)
@@ -73,9 +92,17 @@ def _make_tile(np_: int):
             result = []
             for i in range(2 * np_):
                 phi = builder.phi(f16)
-                phi.add_incoming(zero, entry)
+                phi.add_incoming(init[i], entry)
                 phi.add_incoming(new[i], loop)
                 result.append(phi)
+            keep_b, fin_b, end_b = (builder.append_basic_block(n) for n in ("keep", "finish", "end"))
+            builder.cbranch(final, fin_b, keep_b)
+            builder.position_at_end(keep_b)          # a partial sum: back to part, channels-last
+            for p in range(np_):
+                for h in range(2):
+                    builder.store(result[2 * p + h], part_at(p, h), align=4)
+            builder.branch(end_b)
+            builder.position_at_end(fin_b)
             fmax = lambda p, q: builder.select(builder.fcmp_ordered(">", p, q), p, q)  # noqa: E731
             fmin = lambda p, q: builder.select(builder.fcmp_ordered("<", p, q), p, q)  # noqa: E731
             act_lo, act_hi, inv_s, sc, q_lo, q_hi = (splat_(builder, builder.extract_value(epfa, k), f16)
@@ -96,6 +123,8 @@ def _make_tile(np_: int):
                     addr = builder.add(base, builder.shl(at, splat_(builder, const(2), ir.VectorType(i64, 16))))
                     ptrs = builder.inttoptr(addr, pv)
                     builder.call(scatter, [v, ptrs, ir.Constant(i32, 4), keep])
+            builder.branch(end_b)
+            builder.position_at_end(end_b)
             return context.get_dummy_value()
         return sig, codegen
     return tile
@@ -106,23 +135,23 @@ _t5, _t6, _t7, _t8 = _make_tile(5), _make_tile(6), _make_tile(7), _make_tile(8)
 
 
 @njit(cache=True, inline="always")
-def _tile(n, x, xo, xs, w, wo, nk, out, oo, os_, rows, bias, bo, epf, grid):
+def _tile(n, x, xo, xs, w, wo, nk, out, oo, os_, rows, bias, bo, epf, grid, part, po, flags):
     if n == 8:
-        _t8(x, xo, xs, w, wo, nk, out, oo, os_, rows, bias, bo, epf, grid)
+        _t8(x, xo, xs, w, wo, nk, out, oo, os_, rows, bias, bo, epf, grid, part, po, flags)
     elif n == 7:
-        _t7(x, xo, xs, w, wo, nk, out, oo, os_, rows, bias, bo, epf, grid)
+        _t7(x, xo, xs, w, wo, nk, out, oo, os_, rows, bias, bo, epf, grid, part, po, flags)
     elif n == 6:
-        _t6(x, xo, xs, w, wo, nk, out, oo, os_, rows, bias, bo, epf, grid)
+        _t6(x, xo, xs, w, wo, nk, out, oo, os_, rows, bias, bo, epf, grid, part, po, flags)
     elif n == 5:
-        _t5(x, xo, xs, w, wo, nk, out, oo, os_, rows, bias, bo, epf, grid)
+        _t5(x, xo, xs, w, wo, nk, out, oo, os_, rows, bias, bo, epf, grid, part, po, flags)
     elif n == 4:
-        _t4(x, xo, xs, w, wo, nk, out, oo, os_, rows, bias, bo, epf, grid)
+        _t4(x, xo, xs, w, wo, nk, out, oo, os_, rows, bias, bo, epf, grid, part, po, flags)
     elif n == 3:
-        _t3(x, xo, xs, w, wo, nk, out, oo, os_, rows, bias, bo, epf, grid)
+        _t3(x, xo, xs, w, wo, nk, out, oo, os_, rows, bias, bo, epf, grid, part, po, flags)
     elif n == 2:
-        _t2(x, xo, xs, w, wo, nk, out, oo, os_, rows, bias, bo, epf, grid)
+        _t2(x, xo, xs, w, wo, nk, out, oo, os_, rows, bias, bo, epf, grid, part, po, flags)
     else:
-        _t1(x, xo, xs, w, wo, nk, out, oo, os_, rows, bias, bo, epf, grid)
+        _t1(x, xo, xs, w, wo, nk, out, oo, os_, rows, bias, bo, epf, grid, part, po, flags)
 
 
 @njit(cache=True, inline="always")
@@ -131,19 +160,27 @@ def pixel_step(P):
     return 7 if P % 7 == 0 and P % 8 != 0 else 8
 
 
+K_BLOCK = 128     # k per pass: a channel block's weights (32 x 128) stay in L1 while its tiles use them
+
+
 @njit(parallel=True, cache=True)
 def ocgemm(x, xs, xstride, P, wp, wstride, K, O, bias, epf, grid, out, os_, ostride, batches):
     """`batches` GEMMs (one for a convolution, the positions for Winograd): out[b][o, p] (row stride
     os_) = finish(bias[o] + sum_k wp_b[o, k] x_b[k, p]); x_b row k at b*xstride + k*xs, weights of
-    batch b at b*wstride packed by `pack32`, out_b at b*ostride."""
+    batch b at b*wstride packed by `pack32`, out_b at b*ostride. k runs in blocks of K_BLOCK, the
+    partial sums of a (batch, channel block) kept channels-last in a buffer of its own."""
     nob = (O + OCB - 1) // OCB
     step = pixel_step(P)
     for j in prange(batches * nob):
         b, ob = j // nob, j % nob
         o0 = ob * OCB
-        for p0 in range(0, P, step):
-            _tile(min(step, P - p0), x, b * xstride + p0, xs, wp, b * wstride + ob * K * OCB, K, out,
-                  b * ostride + o0 * os_ + p0, os_, O - o0, bias, o0, epf, grid)
+        part = np.empty(P * OCB, np.float32)
+        for k0 in range(0, K, K_BLOCK):
+            kn = min(K_BLOCK, K - k0)
+            flags = (1 if k0 > 0 else 0, 1 if k0 + kn >= K else 0)
+            for p0 in range(0, P, step):
+                _tile(min(step, P - p0), x, b * xstride + k0 * xs + p0, xs, wp, b * wstride + ob * K * OCB + k0 * OCB,
+                      kn, out, b * ostride + o0 * os_ + p0, os_, O - o0, bias, o0, epf, grid, part, p0 * OCB, flags)
 
 
 def pack32(w: np.ndarray) -> np.ndarray:
