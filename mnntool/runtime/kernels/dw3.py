@@ -11,7 +11,7 @@ from __future__ import annotations
 from numba import njit, prange, types
 from numba.extending import intrinsic
 
-from .llvmir import data_of, declare, host_has, splat as splat_
+from .llvmir import Finish, data_of, declare, host_has, splat as splat_
 
 HAS_AVX512 = host_has("avx512f")
 
@@ -38,16 +38,9 @@ def _make_row(stride: int):
             fn = lambda name, ret, *t: declare(builder, name, ret, *t)  # noqa: E731
             splat = lambda value, vt: splat_(builder, value, vt)  # noqa: E731
             fma = fn("llvm.fma.v16f32", f16, f16, f16, f16)
-            rint = fn("llvm.rint.v16f32", f16, f16)
             mload = fn("llvm.masked.load.v16f32.p0", f16, f16.as_pointer(), i32, m16, f16)
             mstore = fn("llvm.masked.store.v16f32.p0", ir.VoidType(), f16, f16.as_pointer(), i32, m16)
             fzero, none = ir.Constant(f16, [0.0] * 16), ir.Constant(m16, [0] * 16)
-
-            def fmax(a, b):     # a compare and select: maxnum's NaN rules cost two more instructions
-                return builder.select(builder.fcmp_ordered(">", a, b), a, b)
-
-            def fmin(a, b):
-                return builder.select(builder.fcmp_ordered("<", a, b), a, b)
 
             def bits(lo, hi):
                 """The mask of lanes lo <= lane < hi (clamped to 0..16), built in a scalar register."""
@@ -68,8 +61,7 @@ def _make_row(stride: int):
             all_rows = builder.and_(builder.and_(oks[0], oks[1]), oks[2])
             wv = [splat(builder.load(builder.gep(wp, [const(k)])), f16) for k in range(9)]
             bv = splat(bias_, f16)
-            act_lo, act_hi, inv_s, sc, q_lo, q_hi = (splat(builder.extract_value(epfa, k), f16) for k in range(6))
-            on_grid = builder.icmp_signed("!=", grid_, const(0))
+            finish = Finish(builder, epfa, builder.icmp_signed("!=", grid_, const(0)))
             if stride == 2:
                 evens = ir.Constant(ir.VectorType(i32, 16), list(range(0, 32, 2)))
                 odds = ir.Constant(ir.VectorType(i32, 16), list(range(1, 32, 2)))
@@ -133,10 +125,7 @@ def _make_row(stride: int):
             acc = builder.phi(f16)
             acc.add_incoming(s_inner, inner_b)
             acc.add_incoming(s_edge, edge_b)
-            fin = fmin(fmax(acc, act_lo), act_hi)
-            g = builder.call(rint, [builder.fmul(fin, inv_s)])
-            g = builder.fmul(fmin(fmax(g, q_lo), q_hi), sc)
-            fin = builder.select(on_grid, g, fin)
+            fin = finish(acc)
             dst = builder.bitcast(builder.gep(op, [x0]), f16.as_pointer())
             builder.call(mstore, [fin, dst, ir.Constant(i32, 4), bits(const(0), builder.sub(ow_, x0))])
             nxt = builder.add(x0, const(16))
@@ -190,7 +179,6 @@ def _flat_step(typingctx, x, xo, masks, mo, offs, lanes, w, wo, bias, out, oo, e
         mload = declare(builder, "llvm.masked.load.v16f32.p0", f16, f16.as_pointer(), i32, m16, f16)
         mstore = declare(builder, "llvm.masked.store.v16f32.p0", ir.VoidType(), f16, f16.as_pointer(), i32, m16)
         fma = declare(builder, "llvm.fma.v16f32", f16, f16, f16, f16)
-        rint = declare(builder, "llvm.rint.v16f32", f16, f16)
         const = lambda v: ir.Constant(i64, v)   # noqa: E731
         fzero = ir.Constant(f16, [0.0] * 16)
         accs = [splat_(builder, bias_, f16), fzero, fzero]
@@ -201,13 +189,7 @@ def _flat_step(typingctx, x, xo, masks, mo, offs, lanes, w, wo, bias, out, oo, e
             wv = splat_(builder, builder.load(builder.gep(wp, [const(k)])), f16)
             accs[k // 3] = builder.call(fma, [v, wv, accs[k // 3]])
         acc = builder.fadd(builder.fadd(accs[0], accs[1]), accs[2])
-        fmax = lambda p, q: builder.select(builder.fcmp_ordered(">", p, q), p, q)  # noqa: E731
-        fmin = lambda p, q: builder.select(builder.fcmp_ordered("<", p, q), p, q)  # noqa: E731
-        act_lo, act_hi, inv_s, sc, q_lo, q_hi = (splat_(builder, builder.extract_value(epfa, k), f16) for k in range(6))
-        fin = fmin(fmax(acc, act_lo), act_hi)
-        g = builder.call(rint, [builder.fmul(fin, inv_s)])
-        g = builder.fmul(fmin(fmax(g, q_lo), q_hi), sc)
-        fin = builder.select(builder.icmp_signed("!=", grid_, const(0)), g, fin)
+        fin = Finish(builder, epfa, builder.icmp_signed("!=", grid_, const(0)))(acc)
         n = builder.select(builder.icmp_signed(">", lanes_, const(16)), const(16), lanes_)
         keep = builder.bitcast(builder.trunc(builder.sub(builder.shl(const(1), n), const(1)), i16), m16)
         builder.call(mstore, [fin, builder.bitcast(outp, f16.as_pointer()), ir.Constant(i32, 4), keep])

@@ -17,7 +17,7 @@ import numpy as np
 from numba import njit, prange, types
 from numba.extending import intrinsic
 
-from .llvmir import data_of, declare, host_has, splat as splat_
+from .llvmir import Finish, data_of, declare, host_has, k_loop, splat as splat_
 
 OCB = 8          # output channels per tile
 WEIGHT_BLOCK = 128 * 1024   # floats: the weights one pass over the output streams per tile, kept in L2
@@ -63,8 +63,6 @@ def _make_tile(nv: int, ocb: int = OCB):
             const = lambda v: ir.Constant(i64, v)   # noqa: E731
             fn = lambda name, ret, *t: declare(builder, name, ret, *t)  # noqa: E731
             fma = fn("llvm.fma.v16f32", f16, f16, f16, f16)
-            fmax, fmin = fn("llvm.maxnum.v16f32", f16, f16, f16), fn("llvm.minnum.v16f32", f16, f16, f16)
-            rint = fn("llvm.rint.v16f32", f16, f16)
             mload = fn("llvm.masked.load.v16f32.p0", f16, f16.as_pointer(), i32, m16, f16)
             mstore = fn("llvm.masked.store.v16f32.p0", ir.VoidType(), f16, f16.as_pointer(), i32, m16)
             fzero = ir.Constant(f16, [0.0] * 16)
@@ -92,53 +90,29 @@ def _make_tile(nv: int, ocb: int = OCB):
                 for v in range(nv):
                     m = builder.select(accumulate, store_mask(o, v), none)
                     init.append(builder.call(mload, [out_ptr(o, v), ir.Constant(i32, 4), m, fzero]))
-            entry = builder.block
-            loop, done = builder.append_basic_block("k"), builder.append_basic_block("k_done")
-            builder.cbranch(builder.icmp_signed(">", nk_, const(0)), loop, done)
-            builder.position_at_end(loop)
-            kk = builder.phi(i64)
-            kk.add_incoming(const(0), entry)
-            accs = []
-            for value in init:
-                phi = builder.phi(f16)
-                phi.add_incoming(value, entry)
-                accs.append(phi)
-            if indirect:
-                offs = data_of(context, builder, a[2], xs_)
-                row = builder.gep(xp, [builder.load(builder.gep(offs, [kk]))])
-            else:
-                row = builder.gep(xp, [builder.mul(kk, xs_)])
-            xv = [builder.call(mload, [builder.bitcast(builder.gep(row, [const(16 * v)]), f16.as_pointer()),
-                                       ir.Constant(i32, 4), masks[v], fzero]) for v in range(nv)]
-            wrow = builder.gep(wp, [builder.mul(kk, const(OCB))])
-            new = []
-            for o in range(ocb):
-                wb = splat(builder.load(builder.gep(wrow, [const(o)]), align=4), f16)
-                for v in range(nv):
-                    new.append(builder.call(fma, [xv[v], wb, accs[o * nv + v]]))
-            nxt = builder.add(kk, const(1))
-            kk.add_incoming(nxt, loop)
-            for acc, value in zip(accs, new):
-                acc.add_incoming(value, loop)
-            builder.cbranch(builder.icmp_signed("<", nxt, nk_), loop, done)
 
-            builder.position_at_end(done)
-            result = []
-            for i in range(ocb * nv):
-                phi = builder.phi(f16)
-                phi.add_incoming(init[i], entry)
-                phi.add_incoming(new[i], loop)
-                result.append(phi)
-            act_lo, act_hi, inv_s, s, q_lo, q_hi = (splat(builder.extract_value(epfa, k), f16) for k in range(6))
+            def step(kk, accs):
+                if indirect:
+                    offs = data_of(context, builder, a[2], xs_)
+                    row = builder.gep(xp, [builder.load(builder.gep(offs, [kk]))])
+                else:
+                    row = builder.gep(xp, [builder.mul(kk, xs_)])
+                xv = [builder.call(mload, [builder.bitcast(builder.gep(row, [const(16 * v)]), f16.as_pointer()),
+                                           ir.Constant(i32, 4), masks[v], fzero]) for v in range(nv)]
+                wrow = builder.gep(wp, [builder.mul(kk, const(OCB))])
+                new = []
+                for o in range(ocb):
+                    wb = splat(builder.load(builder.gep(wrow, [const(o)]), align=4), f16)
+                    for v in range(nv):
+                        new.append(builder.call(fma, [xv[v], wb, accs[o * nv + v]]))
+                return new
+            result = k_loop(builder, nk_, init, step)
+            finish = Finish(builder, epfa, on_grid)
             for o in range(ocb):
                 bo = splat(builder.load(builder.gep(bp, [const(o)])), f16)
                 for v in range(nv):
                     val = result[o * nv + v]
-                    fin = builder.call(fmin, [builder.call(fmax, [builder.fadd(val, bo), act_lo]), act_hi])
-                    g = builder.call(rint, [builder.fmul(fin, inv_s)])
-                    g = builder.fmul(builder.call(fmin, [builder.call(fmax, [g, q_lo]), q_hi]), s)
-                    fin = builder.select(on_grid, g, fin)
-                    val = builder.select(final, fin, val)
+                    val = builder.select(final, finish(builder.fadd(val, bo)), val)
                     builder.call(mstore, [val, out_ptr(o, v), ir.Constant(i32, 4), store_mask(o, v)])
             return context.get_dummy_value()
         return sig, codegen

@@ -33,3 +33,64 @@ def splat(builder, value, vt):
     zeros = ir.Constant(ir.VectorType(ir.IntType(32), vt.count), [0] * vt.count)
     lane = builder.insert_element(ir.Constant(vt, ir.Undefined), value, ir.Constant(ir.IntType(32), 0))
     return builder.shuffle_vector(lane, ir.Constant(vt, ir.Undefined), zeros)
+
+
+def k_loop(builder, nk, init, body):
+    """`for k in range(nk): accs = body(k, accs)` from `init`, as one basic block of IR with phi
+    accumulators (the micro-kernels' register tiles); the final accumulators, `init` when nk <= 0.
+    `body` must not add blocks."""
+    from llvmlite import ir
+    i64 = ir.IntType(64)
+    entry = builder.block
+    loop, done = builder.append_basic_block("k"), builder.append_basic_block("k_done")
+    builder.cbranch(builder.icmp_signed(">", nk, ir.Constant(i64, 0)), loop, done)
+    builder.position_at_end(loop)
+    kk = builder.phi(i64)
+    kk.add_incoming(ir.Constant(i64, 0), entry)
+    accs = []
+    for value in init:
+        phi = builder.phi(value.type)
+        phi.add_incoming(value, entry)
+        accs.append(phi)
+    new = body(kk, accs)
+    nxt = builder.add(kk, ir.Constant(i64, 1))
+    kk.add_incoming(nxt, loop)
+    for acc, value in zip(accs, new):
+        acc.add_incoming(value, loop)
+    builder.cbranch(builder.icmp_signed("<", nxt, nk), loop, done)
+    builder.position_at_end(done)
+    out = []
+    for first, last in zip(init, new):
+        phi = builder.phi(last.type)
+        phi.add_incoming(first, entry)
+        phi.add_incoming(last, loop)
+        out.append(phi)
+    return out
+
+
+class Finish:
+    """The convolution epilogue on 16-float vectors: the activation bounds, then rounding to the int8
+    grid; epf = (act_lo, act_hi, 1/s, s, q_lo, q_hi) as `fgemm.epilogue` makes it. on_grid: an i1 IR
+    value, or True to always round. Bounds as compare-and-select: maxnum's NaN rules cost two more
+    instructions."""
+
+    def __init__(self, builder, epf, on_grid):
+        from llvmlite import ir
+        f16 = ir.VectorType(ir.FloatType(), 16)
+        self.builder, self.on_grid = builder, on_grid
+        self.lo, self.hi, self.inv, self.step, self.q_lo, self.q_hi = (
+            splat(builder, builder.extract_value(epf, k), f16) for k in range(6))
+        self.rint = declare(builder, "llvm.rint.v16f32", f16, f16)
+
+    def max(self, a, b):
+        return self.builder.select(self.builder.fcmp_ordered(">", a, b), a, b)
+
+    def min(self, a, b):
+        return self.builder.select(self.builder.fcmp_ordered("<", a, b), a, b)
+
+    def __call__(self, v):
+        b = self.builder
+        v = self.min(self.max(v, self.lo), self.hi)
+        g = b.call(self.rint, [b.fmul(v, self.inv)])
+        g = b.fmul(self.min(self.max(g, self.q_lo), self.q_hi), self.step)
+        return g if self.on_grid is True else b.select(self.on_grid, g, v)

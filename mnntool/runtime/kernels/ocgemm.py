@@ -13,7 +13,7 @@ import numpy as np
 from numba import njit, prange, types
 from numba.extending import intrinsic
 
-from .llvmir import data_of, declare, host_has, splat as splat_
+from .llvmir import Finish, data_of, declare, host_has, k_loop, splat as splat_
 
 OCB = 32
 HAS_AVX512 = host_has("avx512f")
@@ -42,7 +42,6 @@ def _make_tile(np_: int):
             bp = builder.gep(data_of(context, builder, a[10], ba), [bo])
             const = lambda v: ir.Constant(i64, v)   # noqa: E731
             fma = declare(builder, "llvm.fma.v16f32", f16, f16, f16, f16)
-            rint = declare(builder, "llvm.rint.v16f32", f16, f16)
             pv = ir.VectorType(fp, 16)
             scatter = declare(builder, "llvm.masked.scatter.v16f32.v16p0", ir.VoidType(), f16, pv, i32, m16)
             zero = ir.Constant(f16, [0.0] * 16)
@@ -63,38 +62,19 @@ def _make_tile(np_: int):
                 phi.add_incoming(zero, start)
                 phi.add_incoming(saved[i], load_b)
                 init.append(phi)
-            entry = builder.block
-            loop, done = builder.append_basic_block("k"), builder.append_basic_block("k_done")
-            builder.cbranch(builder.icmp_signed(">", nk_, const(0)), loop, done)
-            builder.position_at_end(loop)
-            kk = builder.phi(i64)
-            kk.add_incoming(const(0), entry)
-            accs = []
-            for i in range(2 * np_):
-                phi = builder.phi(f16)
-                phi.add_incoming(init[i], entry)
-                accs.append(phi)
-            wrow = builder.gep(wp, [builder.mul(kk, const(OCB))])
-            wv = [builder.load(builder.bitcast(builder.gep(wrow, [const(16 * h)]), f16.as_pointer()), align=4)
-                  for h in range(2)]
-            xrow = builder.gep(xp, [builder.mul(kk, xs_)])
-            new = []
-            for p in range(np_):
-                xb = splat_(builder, builder.load(builder.gep(xrow, [const(p)]), align=4), f16)
-                for h in range(2):
-                    new.append(builder.call(fma, [wv[h], xb, accs[2 * p + h]]))
-            nxt = builder.add(kk, const(1))
-            kk.add_incoming(nxt, loop)
-            for acc, value in zip(accs, new):
-                acc.add_incoming(value, loop)
-            builder.cbranch(builder.icmp_signed("<", nxt, nk_), loop, done)
-            builder.position_at_end(done)
-            result = []
-            for i in range(2 * np_):
-                phi = builder.phi(f16)
-                phi.add_incoming(init[i], entry)
-                phi.add_incoming(new[i], loop)
-                result.append(phi)
+
+            def step(kk, accs):
+                wrow = builder.gep(wp, [builder.mul(kk, const(OCB))])
+                wv = [builder.load(builder.bitcast(builder.gep(wrow, [const(16 * h)]), f16.as_pointer()), align=4)
+                      for h in range(2)]
+                xrow = builder.gep(xp, [builder.mul(kk, xs_)])
+                new = []
+                for p in range(np_):
+                    xb = splat_(builder, builder.load(builder.gep(xrow, [const(p)]), align=4), f16)
+                    for h in range(2):
+                        new.append(builder.call(fma, [wv[h], xb, accs[2 * p + h]]))
+                return new
+            result = k_loop(builder, nk_, init, step)
             keep_b, fin_b, end_b = (builder.append_basic_block(n) for n in ("keep", "finish", "end"))
             builder.cbranch(final, fin_b, keep_b)
             builder.position_at_end(keep_b)          # a partial sum: back to part, channels-last
@@ -103,11 +83,7 @@ def _make_tile(np_: int):
                     builder.store(result[2 * p + h], part_at(p, h), align=4)
             builder.branch(end_b)
             builder.position_at_end(fin_b)
-            fmax = lambda p, q: builder.select(builder.fcmp_ordered(">", p, q), p, q)  # noqa: E731
-            fmin = lambda p, q: builder.select(builder.fcmp_ordered("<", p, q), p, q)  # noqa: E731
-            act_lo, act_hi, inv_s, sc, q_lo, q_hi = (splat_(builder, builder.extract_value(epfa, k), f16)
-                                                     for k in range(6))
-            on_grid_ = builder.icmp_signed("!=", grid_, const(0))
+            finish = Finish(builder, epfa, builder.icmp_signed("!=", grid_, const(0)))
             lanes = ir.Constant(ir.VectorType(i64, 16), list(range(16)))
             base = splat_(builder, builder.ptrtoint(op, i64), ir.VectorType(i64, 16))    # byte address
             for h in range(2):
@@ -116,9 +92,7 @@ def _make_tile(np_: int):
                 keep = builder.icmp_signed("<", chan, splat_(builder, rows_, ir.VectorType(i64, 16)))
                 rowoff = builder.mul(chan, splat_(builder, ostr, ir.VectorType(i64, 16)))
                 for p in range(np_):
-                    v = fmin(fmax(builder.fadd(result[2 * p + h], bv), act_lo), act_hi)
-                    g = builder.call(rint, [builder.fmul(v, inv_s)])
-                    v = builder.select(on_grid_, builder.fmul(fmin(fmax(g, q_lo), q_hi), sc), v)
+                    v = finish(builder.fadd(result[2 * p + h], bv))
                     at = builder.add(rowoff, splat_(builder, const(p), ir.VectorType(i64, 16)))
                     addr = builder.add(base, builder.shl(at, splat_(builder, const(2), ir.VectorType(i64, 16))))
                     ptrs = builder.inttoptr(addr, pv)

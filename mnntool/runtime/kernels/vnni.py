@@ -17,7 +17,7 @@ import numpy as np
 from numba import njit, prange, types
 from numba.extending import intrinsic
 
-from .llvmir import data_of, declare, host_has, splat as splat_
+from .llvmir import Finish, data_of, declare, host_has, k_loop, splat as splat_
 
 PIX, OCB = 32, 8          # tile: pixels x output channels
 
@@ -50,43 +50,26 @@ def _tile(typingctx, x, xoff, w, woff, k4, out, ooff, ostride, left, rows, ep, e
         const = lambda v: ir.Constant(i64, v)   # noqa: E731
         fn = lambda name, ret, *t: declare(builder, name, ret, *t)  # noqa: E731
         dpbusd = fn("llvm.x86.avx512.vpdpbusd.512", v16, v16, v16, v16)
-        fmax, fmin = fn("llvm.maxnum.v16f32", f16, f16, f16), fn("llvm.minnum.v16f32", f16, f16, f16)
-        rint = fn("llvm.rint.v16f32", f16, f16)
         mstore = fn("llvm.masked.store.v16f32.p0", ir.VoidType(), f16, f16.as_pointer(), i32, ir.VectorType(i1, 16))
         splat = lambda value, vt: splat_(builder, value, vt)  # noqa: E731
 
-        entry = builder.block
-        loop, done = builder.append_basic_block("tile_k"), builder.append_basic_block("tile_done")
-        builder.branch(loop)
-        builder.position_at_end(loop)
-        kk = builder.phi(i64)
-        kk.add_incoming(const(0), entry)
-        accs = []
-        for _ in range(OCB * 2):
-            phi = builder.phi(v16)
-            phi.add_incoming(ir.Constant(v16, None), entry)
-            accs.append(phi)
-        xv = []
-        for v in range(2):      # the two 16-pixel blocks: block b starts at b * k4 * 64 bytes
-            at = builder.add(builder.mul(const(v), builder.mul(nk, const(64))), builder.mul(kk, const(64)))
-            xv.append(builder.load(builder.bitcast(builder.gep(xp, [at]), v16.as_pointer()), align=1))
-        wrow = builder.bitcast(builder.gep(wp, [builder.mul(kk, const(4 * OCB))]), i32.as_pointer())
-        new = []
-        for o in range(OCB):
-            wb = splat(builder.load(builder.gep(wrow, [const(o)]), align=1), v16)
-            for v in range(2):
-                new.append(builder.call(dpbusd, [accs[2 * o + v], xv[v], wb]))
-        nxt = builder.add(kk, const(1))
-        kk.add_incoming(nxt, loop)
-        for a, v in zip(accs, new):
-            a.add_incoming(v, loop)
-        builder.cbranch(builder.icmp_signed("<", nxt, nk), loop, done)
+        def step(kk, accs):
+            xv = []
+            for v in range(2):      # the two 16-pixel blocks: block b starts at b * k4 * 64 bytes
+                at = builder.add(builder.mul(const(v), builder.mul(nk, const(64))), builder.mul(kk, const(64)))
+                xv.append(builder.load(builder.bitcast(builder.gep(xp, [at]), v16.as_pointer()), align=1))
+            wrow = builder.bitcast(builder.gep(wp, [builder.mul(kk, const(4 * OCB))]), i32.as_pointer())
+            new = []
+            for o in range(OCB):
+                wb = splat(builder.load(builder.gep(wrow, [const(o)]), align=1), v16)
+                for v in range(2):
+                    new.append(builder.call(dpbusd, [accs[2 * o + v], xv[v], wb]))
+            return new
+        new = k_loop(builder, nk, [ir.Constant(v16, [0] * 16)] * (2 * OCB), step)
 
-        builder.position_at_end(done)
         ept = [builder.extract_value(epa, k) for k in range(3)]
         rows = [data_of(context, builder, sig.args[10].types[k], ept[k]) for k in range(3)]
-        scal = [splat(builder.extract_value(epfa, k), f16) for k in range(6)]
-        act_lo, act_hi, inv_so, so, q_lo, q_hi = scal
+        finish = Finish(builder, epfa, True)
         lanes = ir.Constant(v16, list(range(16)))
         none = ir.Constant(ir.VectorType(i1, 16), [0] * 16)
         for v in range(2):
@@ -98,9 +81,7 @@ def _tile(typingctx, x, xoff, w, woff, k4, out, ooff, ostride, left, rows, ep, e
                 bi = builder.load(builder.gep(rows[2], [const(o)]))
                 val = builder.sitofp(builder.sub(new[2 * o + v], splat(off, v16)), f16)
                 val = builder.fadd(builder.fmul(val, splat(sc, f16)), splat(bi, f16))
-                val = builder.call(fmin, [builder.call(fmax, [val, act_lo]), act_hi])
-                val = builder.call(rint, [builder.fmul(val, inv_so)])
-                val = builder.fmul(builder.call(fmin, [builder.call(fmax, [val, q_lo]), q_hi]), so)
+                val = finish(val)
                 at = builder.add(builder.mul(const(o), os_), const(16 * v))
                 dst = builder.bitcast(builder.gep(op, [at]), f16.as_pointer())
                 live = builder.icmp_signed("<", const(o), rows_)

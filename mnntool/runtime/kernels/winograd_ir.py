@@ -10,7 +10,7 @@ from __future__ import annotations
 from numba import types
 from numba.extending import intrinsic
 
-from .llvmir import data_of, declare, splat as splat_
+from .llvmir import Finish, data_of, declare, splat as splat_
 
 
 def _masks(builder, ir, n):
@@ -134,7 +134,6 @@ def at4_block(typingctx, m, mo, ms, n, out, oo, os_, nrow, ncol, four_wide, bias
         op = builder.gep(data_of(context, builder, sig.args[4], oa), [oo_])
         mload = declare(builder, "llvm.masked.load.v16f32.p0", f16, f16.as_pointer(), i32, m16, f16)
         mstore = declare(builder, "llvm.masked.store.v16f32.p0", ir.VoidType(), f16, f16.as_pointer(), i32, m16)
-        rint = declare(builder, "llvm.rint.v16f32", f16, f16)
         flags = ("fast",)
         mul = lambda a, b: builder.fmul(a, b, flags=flags)  # noqa: E731
         add = lambda a, b: builder.fadd(a, b, flags=flags)  # noqa: E731
@@ -153,19 +152,10 @@ def at4_block(typingctx, m, mo, ms, n, out, oo, os_, nrow, ncol, four_wide, bias
               for k in range(6)] for i in range(6)]
         cols = [at4([s[i][k] for i in range(6)]) for k in range(6)]      # A^T down each column k
         bv = splat_(builder, bias_, f16)
-        act_lo, act_hi, inv_s, sc, q_lo, q_hi = (splat_(builder, builder.extract_value(epfa, k), f16) for k in range(6))
-        on_grid_ = builder.icmp_signed("!=", grid_, ir.Constant(i64, 0))
-
-        def fmax(a, b):
-            return builder.select(builder.fcmp_ordered(">", a, b), a, b)
-
-        def fmin(a, b):
-            return builder.select(builder.fcmp_ordered("<", a, b), a, b)
+        done = Finish(builder, epfa, builder.icmp_signed("!=", grid_, ir.Constant(i64, 0)))
 
         def finish(v):
-            v = fmin(fmax(add(v, bv), act_lo), act_hi)
-            g = builder.call(rint, [builder.fmul(v, inv_s)])
-            return builder.select(on_grid_, builder.fmul(fmin(fmax(g, q_lo), q_hi), sc), v)
+            return done(add(v, bv))
         rows4 = builder.icmp_signed("!=", four_, ir.Constant(i64, 0))
         none = ir.Constant(m16, [0] * 16)
         for r in range(4):
