@@ -320,13 +320,13 @@ def tap_offsets(cin, kh, kw, sh, sw, dh, dw, hq, wq) -> np.ndarray:
     return np.ascontiguousarray(off.reshape(-1), dtype=np.int64)
 
 
-def pack_weights(w: np.ndarray) -> np.ndarray:
-    """(O, K) -> flat [O/8][K][8] float32, the rows past O zero."""
+def pack_weights(w: np.ndarray, block: int = OCB) -> np.ndarray:
+    """(O, K) -> flat [O/block][K][block] float32, the rows past O zero."""
     o, k = w.shape
-    rows = -(-o // OCB) * OCB
+    rows = -(-o // block) * block
     full = np.zeros((rows, k), np.float32)
     full[:o] = w
-    return np.ascontiguousarray(full.reshape(rows // OCB, OCB, k).transpose(0, 2, 1)).reshape(-1)
+    return np.ascontiguousarray(full.reshape(rows // block, block, k).transpose(0, 2, 1)).reshape(-1)
 
 
 def epilogue(act: int, grid) -> tuple:

@@ -159,11 +159,8 @@ def ocgemm(x, xs, xstride, P, wp, wstride, K, O, bias, epf, grid, out, os_, ostr
 
 def pack32(w: np.ndarray) -> np.ndarray:
     """(O, K) -> flat [O/32][K][32] float32, the rows past O zero."""
-    o, k = w.shape
-    rows = -(-o // OCB) * OCB
-    full = np.zeros((rows, k), np.float32)
-    full[:o] = w
-    return np.ascontiguousarray(full.reshape(rows // OCB, OCB, k).transpose(0, 2, 1)).reshape(-1)
+    from .fgemm import pack_weights
+    return pack_weights(w, OCB)
 
 
 def suits(pixels: int, weight_bytes: int) -> bool:
