@@ -98,6 +98,19 @@ def test_winograd_matches_torch(cin, cout, h, w, act):
 
 
 @needs_avx512
+@pytest.mark.parametrize("h, w, pads", [(20, 23, (0, 2, 1, 0)), (17, 30, (2, 0, 0, 1)), (12, 12, (0, 0, 0, 0)),
+                                        (9, 40, (1, 2, 2, 1))])
+def test_winograd_reads_padding_in_place(h, w, pads):
+    """F(4x4) reads its input where it is: uneven padding, none, and maps whose tiles run past the edge."""
+    rng = np.random.default_rng(h * w)
+    x = rng.standard_normal((1, 16, h, w)).astype(np.float32)
+    wt = (rng.standard_normal((24, 16, 3, 3)) / 12).astype(np.float32)
+    b = rng.standard_normal(24).astype(np.float32)
+    ref, got = _conv(x, wt, b, pads=pads, act=0)
+    close(ref, got, 1e-4)
+
+
+@needs_avx512
 @pytest.mark.parametrize("cin, cout, h, k, stride, pads, dilation", [
     (3, 64, 64, 7, 2, (3, 3, 3, 3), 1), (64, 128, 28, 3, 2, (1, 1, 1, 1), 1), (256, 512, 14, 3, 2, (1, 1, 1, 1), 1),
     (5, 7, 11, 3, 1, (0, 1, 2, 0), 1), (16, 24, 20, 3, 1, (2, 2, 2, 2), 2), (6, 10, 13, 5, 3, (1, 2, 0, 1), 1),

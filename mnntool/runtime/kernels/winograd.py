@@ -42,19 +42,26 @@ def _bt2(d0, d1, d2, d3, k):
 
 
 @njit(parallel=True, cache=True, fastmath=True)
-def input_transform4(xp, th, tw, v):
-    """xp (C, 4*th+2, 4*tw+2) -> v (36, C, th*tw) = B^T d B per 6x6 tile."""
-    C, Hp, Wp = xp.shape
+def input_transform4(x, t, l, th, tw, v):
+    """x (C, H, W), padded by t rows on top and l columns on the left (zeros, also past the bottom and
+    right edges, read as such: no padded copy) -> v (36, C, th*tw) = B^T d B per 6x6 tile."""
+    C, H, W = x.shape
+    Wp = 4 * tw + 2
     tiles = th * tw
-    vf, xf = v.reshape(-1), xp.reshape(-1)
+    vf, xf = v.reshape(-1), x.reshape(-1)
     span = max(Wp, 64 * ((tw + 15) // 16) + 16)      # bt4_tiles reads 80 floats from a group's start
     for c in prange(C):
         t1 = np.empty((6, span), np.float32)
         tf = t1.reshape(-1)
         for ty in range(th):
-            row0 = (c * Hp + ty * 4) * Wp
+            y0 = 4 * ty - t                           # the input row of the tile row's first padded row
+            rows = 0
+            for k in range(6):
+                if 0 <= y0 + k < H:
+                    rows |= 1 << k
             for x0 in range(0, Wp, 16):       # B^T down the columns, 16 at a time
-                bt4_cols(xf, row0 + x0, Wp, Wp - x0, tf, x0, span)
+                # padded column x0 + lane is input column x0 + lane - l
+                bt4_cols(xf, (c * H + y0) * W + x0 - l, W, l - x0, W + l - x0, rows, Wp - x0, tf, x0, span)
             s = ty * tw
             for a in range(6):
                 for tx0 in range(0, tw, 16):
@@ -158,7 +165,7 @@ class Winograd:
         self.wp = np.concatenate([pack(u[k]) for k in range(a2)])
         tiles = self.th * self.tw
         self.h, self.w, self.t, self.l, self.cin = h, w, t, l, cin
-        self.padded = np.zeros((cin, self.th * m + 2, self.tw * m + 2), np.float32)
+        self.padded = np.zeros((cin, self.th * m + 2, self.tw * m + 2), np.float32) if m == 2 else None
         self.bias, self.act, self.grid = np.asarray(bias, np.float32), act, grid
         self.out_epf, self.on_grid = epilogue(act, grid), 1 if grid[1] > 0 else 0
         self.epf = epilogue(0, (1, 0, 0, 0))
@@ -171,13 +178,16 @@ class Winograd:
         self.inv = sized(output_transform4 if m == 4 else output_transform2, cout * oh * ow * 8)
 
     def __call__(self, x, y):
-        p = self.padded
-        hh = min(self.h, p.shape[1] - self.t)
-        ww = min(self.w, p.shape[2] - self.l)
-        p[:, self.t:self.t + hh, self.l:self.l + ww] = x[:, :hh, :ww]
         cin, tiles, rows, a2 = self.cin, self.tiles, self.nob * OCB, self.a2
         v, mm = scratch("winograd_in", (a2, cin, tiles)), scratch("winograd_out", (a2, rows, tiles))
-        self.fwd(p, self.th, self.tw, v)
+        if self.m == 4:         # reads the input in place, padding as zeros
+            self.fwd(np.ascontiguousarray(x), self.t, self.l, self.th, self.tw, v)
+        else:
+            p = self.padded
+            hh = min(self.h, p.shape[1] - self.t)
+            ww = min(self.w, p.shape[2] - self.l)
+            p[:, self.t:self.t + hh, self.l:self.l + ww] = x[:, :hh, :ww]
+            self.fwd(p, self.th, self.tw, v)
         if self.oc:
             self.gemm(v.reshape(-1), tiles, cin * tiles, tiles, self.wp, self.wp.size // a2, cin, self.cout,
                       self.zero_bias, self.epf, 0, mm.reshape(-1), tiles, rows * tiles, a2)

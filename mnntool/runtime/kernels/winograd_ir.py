@@ -41,27 +41,35 @@ def _bt4(builder, ir, d):
 
 
 @intrinsic
-def bt4_cols(typingctx, x, xo, xs, n, t, to, ts):
-    """The column pass for 16 columns (lanes < n): d_k = x[xo + k*xs + lane], k = 0..5, and
-    t[to + k*ts + lane] = (B^T d)_k. Numba left 18- and 30-wide rows (14x14 and 28x28 maps) scalar."""
+def bt4_cols(typingctx, x, xo, xs, lo, hi, rows, n, t, to, ts):
+    """The column pass for 16 padded columns: d_k = x[xo + k*xs + lane], k = 0..5, read for lanes
+    lo <= lane < hi of the rows whose bit k is set in `rows` and zero elsewhere (the padding, so the
+    input needs no padded copy), and t[to + k*ts + lane] = (B^T d)_k for lanes < n. Numba had left
+    18- and 30-wide rows (14x14 and 28x28 maps) scalar."""
     from llvmlite import ir
-    sig = types.void(x, types.intp, types.intp, types.intp, t, types.intp, types.intp)
+    sig = types.void(x, types.intp, types.intp, types.intp, types.intp, types.intp, types.intp, t, types.intp,
+                     types.intp)
 
     def codegen(context, builder, sig, args):
-        xa, xo_, xs_, n_, ta, to_, ts_ = args
+        xa, xo_, xs_, lo_, hi_, rows_, n_, ta, to_, ts_ = args
         i32, i64 = ir.IntType(32), ir.IntType(64)
         f16, m16 = ir.VectorType(ir.FloatType(), 16), ir.VectorType(ir.IntType(1), 16)
         xp = builder.gep(data_of(context, builder, sig.args[0], xa), [xo_])
-        tp = builder.gep(data_of(context, builder, sig.args[4], ta), [to_])
+        tp = builder.gep(data_of(context, builder, sig.args[7], ta), [to_])
         mload = declare(builder, "llvm.masked.load.v16f32.p0", f16, f16.as_pointer(), i32, m16, f16)
         mstore = declare(builder, "llvm.masked.store.v16f32.p0", ir.VoidType(), f16, f16.as_pointer(), i32, m16)
-        mask = _masks(builder, ir, n_)
+        cols = builder.and_(_masks(builder, ir, hi_), builder.not_(_masks(builder, ir, lo_)))
+        none = ir.Constant(m16, [0] * 16)
         zero = ir.Constant(f16, [0.0] * 16)
         at = lambda base, stride, k: builder.bitcast(builder.gep(base, [builder.mul(stride, ir.Constant(i64, k))]),  # noqa: E731
                                                      f16.as_pointer())
-        d = [builder.call(mload, [at(xp, xs_, k), ir.Constant(i32, 4), mask, zero]) for k in range(6)]
+        d = []
+        for k in range(6):
+            used = builder.icmp_signed("!=", builder.and_(rows_, ir.Constant(i64, 1 << k)), ir.Constant(i64, 0))
+            d.append(builder.call(mload, [at(xp, xs_, k), ir.Constant(i32, 4), builder.select(used, cols, none), zero]))
+        keep = _masks(builder, ir, n_)
         for k, v in enumerate(_bt4(builder, ir, d)):
-            builder.call(mstore, [v, at(tp, ts_, k), ir.Constant(i32, 4), mask])
+            builder.call(mstore, [v, at(tp, ts_, k), ir.Constant(i32, 4), keep])
         return context.get_dummy_value()
     return sig, codegen
 
