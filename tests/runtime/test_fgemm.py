@@ -129,9 +129,15 @@ def test_convolution_without_im2col_matches_torch(cin, cout, h, k, stride, pads,
 
 @pytest.mark.parametrize("h, ceil, pad", [(112, False, 1), (9, True, 1), (10, False, 1), (15, True, 1),
                                          (4, False, 1), (3, True, 1), (10, True, 0), (9, False, 0), (16, True, 0)])
-def test_max_pool_3x3_stride2_matches_torch(h, ceil, pad):
-    """Pooling reads the input where it is: padding, and ceil-mode windows past the end, are -inf."""
+@pytest.mark.parametrize("avx512", [True, False])
+def test_max_pool_3x3_stride2_matches_torch(monkeypatch, h, ceil, pad, avx512):
+    """Pooling reads the input where it is: padding, and ceil-mode windows past the end, are -inf. With
+    AVX-512 the depthwise IR row kernel does it with max for FMA; without, a Numba row kernel."""
+    from mnntool.runtime.kernels import dw3
     from mnntool.runtime.kernels.pool import pooling
+    if avx512 and not dw3.HAS_AVX512:
+        pytest.skip("this CPU has no AVX-512")
+    monkeypatch.setattr(dw3, "HAS_AVX512", avx512)
     rng = np.random.default_rng(h)
     x = rng.standard_normal((2, 5, h, h + 1)).astype(np.float32)
     ref = F.max_pool2d(torch.from_numpy(x), 3, 2, pad, ceil_mode=ceil).numpy()

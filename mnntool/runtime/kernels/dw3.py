@@ -8,6 +8,7 @@ by shuffles; nine FMAs, then bias, activation and the int8 grid before a masked 
 """
 from __future__ import annotations
 
+import numpy as np
 from numba import njit, prange, types
 from numba.extending import intrinsic
 
@@ -16,12 +17,13 @@ from .llvmir import Finish, data_of, declare, host_has, splat as splat_
 HAS_AVX512 = host_has("avx512f")
 
 
-def _make_row(stride: int):
+def _make_row(stride: int, pool: bool = False):
     @intrinsic
     def row_kernel(typingctx, x, r0, r1, r2, valid, W, base0, ow, w, wo, bias, out, oo, epf, on_grid):
         """out[oo + p] for p < ow = finish(bias + sum_rj w[wo + 3r + j] * x[r_r + stride*p + base0 + j]),
         where a tap outside [0, W) of its row, or on a row whose bit in `valid` is 0, reads as zero. 16
-        pixels per step; steps with every tap inside the image take plain loads."""
+        pixels per step; steps with every tap inside the image take plain loads. With `pool`, the 3x3
+        max pooling of the same taps instead (outside taps read as -inf; w and bias unused)."""
         from llvmlite import ir
         sig = types.void(x, types.intp, types.intp, types.intp, types.intp, types.intp, types.intp, types.intp,
                          w, types.intp, types.float32, out, types.intp, epf, types.intp)
@@ -41,6 +43,8 @@ def _make_row(stride: int):
             mload = fn("llvm.masked.load.v16f32.p0", f16, f16.as_pointer(), i32, m16, f16)
             mstore = fn("llvm.masked.store.v16f32.p0", ir.VoidType(), f16, f16.as_pointer(), i32, m16)
             fzero, none = ir.Constant(f16, [0.0] * 16), ir.Constant(m16, [0] * 16)
+            fill = ir.Constant(f16, [float("-inf")] * 16) if pool else fzero    # what a tap outside reads
+            vmax = lambda a, b: builder.select(builder.fcmp_ordered(">", a, b), a, b)  # noqa: E731
 
             def bits(lo, hi):
                 """The mask of lanes lo <= lane < hi (clamped to 0..16), built in a scalar register."""
@@ -59,7 +63,7 @@ def _make_row(stride: int):
             rows = [builder.gep(xp, [r]) for r in (r0_, r1_, r2_)]
             oks = [builder.icmp_signed("!=", builder.and_(va_, const(1 << r)), const(0)) for r in range(3)]
             all_rows = builder.and_(builder.and_(oks[0], oks[1]), oks[2])
-            wv = [splat(builder.load(builder.gep(wp, [const(k)])), f16) for k in range(9)]
+            wv = None if pool else [splat(builder.load(builder.gep(wp, [const(k)])), f16) for k in range(9)]
             bv = splat(bias_, f16)
             finish = Finish(builder, epfa, builder.icmp_signed("!=", grid_, const(0)))
             if stride == 2:
@@ -74,7 +78,7 @@ def _make_row(stride: int):
                     ptr = builder.bitcast(builder.gep(row, [start]), f16.as_pointer())
                     if mask is None:
                         return builder.load(ptr, align=4)
-                    return builder.call(mload, [ptr, ir.Constant(i32, 4), mask, fzero])
+                    return builder.call(mload, [ptr, ir.Constant(i32, 4), mask, fill])
                 if not masked:
                     masks = [None] * 3
                 elif stride == 1:       # tap j is a load at base + j
@@ -94,12 +98,17 @@ def _make_row(stride: int):
                             last = load(rows[r], builder.add(base, const(32)), take[2])
                         else:
                             last = builder.insert_element(
-                                fzero, builder.load(builder.gep(rows[r], [builder.add(base, const(32))])),
+                                fill, builder.load(builder.gep(rows[r], [builder.add(base, const(32))])),
                                 ir.Constant(i32, 0))
                         e = builder.shuffle_vector(v[0], v[1], evens)
                         taps = [e, builder.shuffle_vector(v[0], v[1], odds), builder.shuffle_vector(e, last, shift)]
                     for j in range(3):
-                        accs[r] = builder.call(fma, [taps[j], wv[3 * r + j], accs[r]])
+                        if pool:
+                            accs[r] = taps[j] if j == 0 else vmax(accs[r], taps[j])
+                        else:
+                            accs[r] = builder.call(fma, [taps[j], wv[3 * r + j], accs[r]])
+                if pool:
+                    return vmax(vmax(accs[0], accs[1]), accs[2])
                 return builder.fadd(builder.fadd(accs[0], accs[1]), accs[2])
 
             entry = builder.block
@@ -138,6 +147,25 @@ def _make_row(stride: int):
 
 
 _row1, _row2 = _make_row(1), _make_row(2)
+_pool2 = _make_row(2, pool=True)
+
+
+@njit(parallel=True, cache=True)
+def max_pool3x3_s2(x, t, l, epf, out):
+    """3x3 stride-2 max pooling of x (C, H, W) into out (C, oh, ow), padding t/l (and any past the
+    bottom/right edge, as in ceil mode) read as -inf: the depthwise row kernel with max for FMA (Numba
+    had left 56-wide rows to its scalar remainder). epf: identity bounds."""
+    C, H, W = x.shape
+    oh, ow = out.shape[1], out.shape[2]
+    xf = x.reshape(-1)
+    dummy = np.zeros(9, np.float32)
+    for c in prange(C):
+        of = out[c].reshape(-1)
+        for y in range(oh):
+            iy = 2 * y - t
+            valid = (1 if 0 <= iy < H else 0) | (2 if 0 <= iy + 1 < H else 0) | (4 if 0 <= iy + 2 < H else 0)
+            at = (c * H + iy) * W
+            _pool2(xf, at, at + W, at + 2 * W, valid, W, -l, ow, dummy, 0, np.float32(0), of, y * ow, epf, 0)
 
 
 @njit(parallel=True, cache=True)
