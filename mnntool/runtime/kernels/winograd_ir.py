@@ -179,3 +179,99 @@ def at4_block(typingctx, m, mo, ms, n, out, oo, os_, nrow, ncol, four_wide, bias
                                       keep])
         return context.get_dummy_value()
     return sig, codegen
+
+
+def _gather_ptrs(builder, ir, base, idx_ptr):
+    """The 16 float pointers base + idx[lane] (idx: 16 int64 at idx_ptr)."""
+    i64 = ir.IntType(64)
+    l16 = ir.VectorType(i64, 16)
+    idx = builder.load(builder.bitcast(idx_ptr, l16.as_pointer()), align=8)
+    addr = builder.add(splat_(builder, builder.ptrtoint(base, i64), l16), builder.shl(idx, splat_(builder, ir.Constant(i64, 2), l16)))
+    return builder.inttoptr(addr, ir.VectorType(ir.FloatType().as_pointer(), 16))
+
+
+def _lane_bits(builder, ir, word_ptr):
+    """A 16-lane mask from the low 16 bits of an int64 in memory."""
+    return builder.bitcast(builder.trunc(builder.load(word_ptr), ir.IntType(16)), ir.VectorType(ir.IntType(1), 16))
+
+
+@intrinsic
+def f2_in(typingctx, x, xo, idx, io, masks, mo, v, vo, vs, n):
+    """Winograd F(2x2) input transform of 16 tiles (lanes < n stored): tap (i, j) of each tile's 4x4
+    patch is a masked gather at x + xo + idx[io + 16*(4i+j) + lane] (masks[mo + 4i + j]: the lanes
+    inside the image, the rest read as zero padding), and v[vo + (4a+b)*vs + lane] = (B^T d B)[a, b].
+    For maps of 7x7 and less, where a tile row is 4 tiles: Numba had left these passes scalar."""
+    from llvmlite import ir
+    sig = types.void(x, types.intp, idx, types.intp, masks, types.intp, v, types.intp, types.intp, types.intp)
+
+    def codegen(context, builder, sig, args):
+        xa, xo_, ia, io_, ma, mo_, va, vo_, vs_, n_ = args
+        i32, i64 = ir.IntType(32), ir.IntType(64)
+        f16, m16 = ir.VectorType(ir.FloatType(), 16), ir.VectorType(ir.IntType(1), 16)
+        pv = ir.VectorType(ir.FloatType().as_pointer(), 16)
+        gather = declare(builder, "llvm.masked.gather.v16f32.v16p0", f16, pv, i32, m16, f16)
+        mstore = declare(builder, "llvm.masked.store.v16f32.p0", ir.VoidType(), f16, f16.as_pointer(), i32, m16)
+        a = sig.args
+        xp = builder.gep(data_of(context, builder, a[0], xa), [xo_])
+        ip = builder.gep(data_of(context, builder, a[2], ia), [io_])
+        mp = builder.gep(data_of(context, builder, a[4], ma), [mo_])
+        vp = builder.gep(data_of(context, builder, a[6], va), [vo_])
+        zero = ir.Constant(f16, [0.0] * 16)
+        c = lambda k: ir.Constant(i64, k)  # noqa: E731
+        d = [builder.call(gather, [_gather_ptrs(builder, ir, xp, builder.gep(ip, [c(16 * k)])), ir.Constant(i32, 4),
+                                   _lane_bits(builder, ir, builder.gep(mp, [c(k)])), zero]) for k in range(16)]
+        flags = ("fast",)
+        add = lambda p, q: builder.fadd(p, q, flags=flags)  # noqa: E731
+        sub = lambda p, q: builder.fsub(p, q, flags=flags)  # noqa: E731
+        bt2 = lambda e: [sub(e[0], e[2]), add(e[1], e[2]), sub(e[2], e[1]), sub(e[1], e[3])]  # noqa: E731
+        cols = [bt2([d[4 * i + j] for i in range(4)]) for j in range(4)]     # B^T down each column j
+        keep = _masks(builder, ir, n_)
+        for a_ in range(4):
+            for b_, val in enumerate(bt2([cols[j][a_] for j in range(4)])):     # then B across
+                at = builder.gep(vp, [builder.mul(vs_, c(4 * a_ + b_))])
+                builder.call(mstore, [val, builder.bitcast(at, f16.as_pointer()), ir.Constant(i32, 4), keep])
+        return context.get_dummy_value()
+    return sig, codegen
+
+
+@intrinsic
+def f2_out(typingctx, m, mo, ms, n, out, oo, idx, io, masks, mk, bias, epf, on_grid):
+    """Winograd F(2x2) output transform of 16 tiles (lanes < n): s_k = m[mo + k*ms + lane], Y = A^T s A,
+    and out[oo + idx[io + 16*(2r+q) + lane]] = finish(Y[r, q] + bias) for the lanes in masks[mk + 2r + q]
+    (the crop at the map's edge), as scatters."""
+    from llvmlite import ir
+    sig = types.void(m, types.intp, types.intp, types.intp, out, types.intp, idx, types.intp, masks, types.intp,
+                     types.float32, epf, types.intp)
+
+    def codegen(context, builder, sig, args):
+        ma, mo_, ms_, n_, oa, oo_, ia, io_, ka, mk_, bias_, epfa, grid_ = args
+        i32, i64 = ir.IntType(32), ir.IntType(64)
+        f16, m16 = ir.VectorType(ir.FloatType(), 16), ir.VectorType(ir.IntType(1), 16)
+        pv = ir.VectorType(ir.FloatType().as_pointer(), 16)
+        mload = declare(builder, "llvm.masked.load.v16f32.p0", f16, f16.as_pointer(), i32, m16, f16)
+        scatter = declare(builder, "llvm.masked.scatter.v16f32.v16p0", ir.VoidType(), f16, pv, i32, m16)
+        a = sig.args
+        mp = builder.gep(data_of(context, builder, a[0], ma), [mo_])
+        op = builder.gep(data_of(context, builder, a[4], oa), [oo_])
+        ip = builder.gep(data_of(context, builder, a[6], ia), [io_])
+        kp = builder.gep(data_of(context, builder, a[8], ka), [mk_])
+        c = lambda k: ir.Constant(i64, k)  # noqa: E731
+        keep = _masks(builder, ir, n_)
+        zero = ir.Constant(f16, [0.0] * 16)
+        s = [builder.call(mload, [builder.bitcast(builder.gep(mp, [builder.mul(ms_, c(k))]), f16.as_pointer()),
+                                  ir.Constant(i32, 4), keep, zero]) for k in range(16)]
+        flags = ("fast",)
+        add = lambda p, q: builder.fadd(p, q, flags=flags)  # noqa: E731
+        sub = lambda p, q: builder.fsub(p, q, flags=flags)  # noqa: E731
+        at2 = lambda e: [add(add(e[0], e[1]), e[2]), sub(sub(e[1], e[2]), e[3])]  # noqa: E731
+        cols = [at2([s[4 * i + j] for i in range(4)]) for j in range(4)]     # A^T down each column j
+        finish = Finish(builder, epfa, builder.icmp_signed("!=", grid_, c(0)))
+        bv = splat_(builder, bias_, f16)
+        for r in range(2):
+            for q, val in enumerate(at2([cols[j][r] for j in range(4)])):     # then A across
+                k = 2 * r + q
+                ptrs = _gather_ptrs(builder, ir, op, builder.gep(ip, [c(16 * k)]))
+                builder.call(scatter, [finish(add(val, bv)), ptrs, ir.Constant(i32, 4),
+                                       _lane_bits(builder, ir, builder.gep(kp, [c(k)]))])
+        return context.get_dummy_value()
+    return sig, codegen
