@@ -63,8 +63,14 @@ def _make_tile(np_: int):
                 phi.add_incoming(saved[i], load_b)
                 init.append(phi)
 
+            ahead = builder.extract_value(fla, 2)
+            prefetch = declare(builder, "llvm.prefetch.p0", ir.VoidType(), ir.IntType(8).as_pointer(), i32, i32, i32)
+
             def step(kk, accs):
                 wrow = builder.gep(wp, [builder.mul(kk, const(OCB))])
+                for h in range(2):      # the same k of the next channel block's weights (flags[2] on)
+                    at = builder.bitcast(builder.gep(wrow, [builder.add(ahead, const(16 * h))]), ir.IntType(8).as_pointer())
+                    builder.call(prefetch, [at, ir.Constant(i32, 0), ir.Constant(i32, 2), ir.Constant(i32, 1)])
                 wv = [builder.load(builder.bitcast(builder.gep(wrow, [const(16 * h)]), f16.as_pointer()), align=4)
                       for h in range(2)]
                 xrow = builder.gep(xp, [builder.mul(kk, xs_)])
@@ -151,8 +157,10 @@ def ocgemm(x, xs, xstride, P, wp, wstride, K, O, bias, epf, grid, out, os_, ostr
         part = np.empty(P * OCB, np.float32)
         for k0 in range(0, K, K_BLOCK):
             kn = min(K_BLOCK, K - k0)
-            flags = (1 if k0 > 0 else 0, 1 if k0 + kn >= K else 0)
             for p0 in range(0, P, step):
+                # the first tile also asks for the next channel block's weights (they come from memory)
+                ahead = K * OCB if p0 == 0 and ob + 1 < nob else 0
+                flags = (1 if k0 > 0 else 0, 1 if k0 + kn >= K else 0, ahead)
                 _tile(min(step, P - p0), x, b * xstride + k0 * xs + p0, xs, wp, b * wstride + ob * K * OCB + k0 * OCB,
                       kn, out, b * ostride + o0 * os_ + p0, os_, O - o0, bias, o0, epf, grid, part, p0 * OCB, flags)
 
