@@ -1,4 +1,6 @@
-"""Convolutions: 1x1 and im2col convolutions on BLAS sgemm, depthwise and col2im loops in Numba."""
+"""Convolutions: picks the kernel for each layer at prepare (with AVX-512: `fgemm`/`ocgemm` for 1x1 and
+im2col-free convolutions, `winograd` for 3x3 stride 1, `dw3` for 3x3 depthwise; elsewhere BLAS sgemm
+and the Numba loops here), and the Numba depthwise, im2col and col2im kernels."""
 from __future__ import annotations
 
 from typing import NamedTuple

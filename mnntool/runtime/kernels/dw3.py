@@ -1,10 +1,12 @@
-"""3x3 depthwise convolution (stride 1 or 2) with an AVX-512 LLVM-IR row kernel.
+"""3x3 depthwise convolution (stride 1 or 2) and 3x3 stride-2 max pooling as AVX-512 LLVM IR.
 
 Numba leaves a short row (7 or 14 pixels) to its scalar remainder loop and does not vectorize the
 stride-2 reads, and a padded copy of the input costs a pass of its own. Here one call makes 16 output
 pixels of a row: per tap row three masked loads (lanes outside the input row or the image read as
 zero, so there is no padded copy), and for stride 2 two loads per row split into even and odd pixels
-by shuffles; nine FMAs, then bias, activation and the int8 grid before a masked store.
+by shuffles; nine FMAs, then bias, activation and the int8 grid before a masked store. Small stride-1
+maps run flat (16 pixels across rows per step, per-lane tap masks from a table); max pooling is the
+row kernel with max for FMA and -inf for the taps outside.
 """
 from __future__ import annotations
 

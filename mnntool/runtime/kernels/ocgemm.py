@@ -4,8 +4,10 @@
 position of a 7x7 map (16 tiles) needs one broadcast weight per FMA, so both run at 60-80 GFLOP/s.
 Here a tile is 32 output channels (two zmm of packed weights, [O/32][K][32]) x NP <= 8 pixels: per k
 two weight loads, NP pixel broadcasts and 2*NP FMAs. 49 pixels are seven tiles of 7, 16 are two of 8.
-The epilogue adds the bias, applies the activation and int8 grid and scatters each pixel's 32 channels
-into the NCHW rows (masked past O).
+k runs in blocks of 128 (a channel block's weights stay in L1) with the partial sums channels-last in
+a small buffer; the last block adds the bias, applies the activation and int8 grid and scatters each
+pixel's 32 channels into the NCHW rows (masked past O). A block's first tile prefetches the next
+block's weights, which come from memory.
 """
 from __future__ import annotations
 
