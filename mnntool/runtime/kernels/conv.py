@@ -349,10 +349,9 @@ def convolution_float(node, ins, outs, weight, bias, grid=NO_GRID):
     if group == cin == cout and group > 1:
         wd = np.ascontiguousarray(weight.reshape(cout, kh, kw))
         from . import dw3
-        from .fgemm import epilogue as epilogue_bounds
+        from .fgemm import epilogue_of
         if kh == kw == 3 and sh == sw and sh in (1, 2) and dh == dw == 1 and dw3.HAS_AVX512:
-            w9, epf = wd.reshape(-1), epilogue_bounds(act, grid)
-            on_grid = 1 if grid[1] > 0 else 0
+            w9, (epf, on_grid) = wd.reshape(-1), epilogue_of(act, grid)
             if sh == 1 and (oh, ow) == (h, w) and h * w <= 1024:
                 # small maps as one flat run per channel (short rows would leave most lanes idle)
                 masks, offs = dw3.flat_masks(h, w, t, l)

@@ -14,7 +14,7 @@ import numpy as np
 from numba import njit, prange, types
 from numba.extending import intrinsic
 
-from .llvmir import Finish, data_of, declare, host_has, splat as splat_
+from .llvmir import Finish, data_of, declare, first_lanes, host_has, lane_bits, lanes, splat as splat_
 
 HAS_AVX512 = host_has("avx512f")
 
@@ -32,12 +32,12 @@ def _make_row(stride: int, pool: bool = False):
 
         def codegen(context, builder, sig, args):
             xa, r0_, r1_, r2_, va_, W_, base0_, ow_, wa, wo_, bias_, oa, oo_, epfa, grid_ = args
-            i1, i16, i32, i64, f32 = ir.IntType(1), ir.IntType(16), ir.IntType(32), ir.IntType(64), ir.FloatType()
+            i1, i32, i64, f32 = ir.IntType(1), ir.IntType(32), ir.IntType(64), ir.FloatType()
             f16, m16 = ir.VectorType(f32, 16), ir.VectorType(i1, 16)
             a = sig.args
             xp = data_of(context, builder, a[0], xa)
-            wp = builder.gep(data_of(context, builder, a[8], wa), [wo_])
-            op = builder.gep(data_of(context, builder, a[11], oa), [oo_])
+            wp = data_of(context, builder, a[8], wa, wo_)
+            op = data_of(context, builder, a[11], oa, oo_)
             const = lambda v: ir.Constant(i64, v)   # noqa: E731
             fn = lambda name, ret, *t: declare(builder, name, ret, *t)  # noqa: E731
             splat = lambda value, vt: splat_(builder, value, vt)  # noqa: E731
@@ -48,18 +48,9 @@ def _make_row(stride: int, pool: bool = False):
             fill = ir.Constant(f16, [float("-inf")] * 16) if pool else fzero    # what a tap outside reads
             vmax = lambda a, b: builder.select(builder.fcmp_ordered(">", a, b), a, b)  # noqa: E731
 
-            def bits(lo, hi):
-                """The mask of lanes lo <= lane < hi (clamped to 0..16), built in a scalar register."""
-                lo = builder.select(builder.icmp_signed("<", lo, const(0)), const(0), lo)
-                hi = builder.select(builder.icmp_signed(">", hi, const(16)), const(16), hi)
-                hi = builder.select(builder.icmp_signed("<", hi, lo), lo, hi)
-                ones = lambda n: builder.sub(builder.shl(const(1), n), const(1))  # noqa: E731
-                m = builder.xor(ones(hi), ones(lo))
-                return builder.bitcast(builder.trunc(m, i16), m16)
-
             def in_row(start):
                 """Lanes whose index start + lane lies in [0, W)."""
-                return bits(builder.neg(start), builder.sub(W_, start))
+                return lanes(builder, builder.neg(start), builder.sub(W_, start))
 
             # loop invariants: the rows, the nine weights, the epilogue's bounds (all in registers)
             rows = [builder.gep(xp, [r]) for r in (r0_, r1_, r2_)]
@@ -138,7 +129,7 @@ def _make_row(stride: int, pool: bool = False):
             acc.add_incoming(s_edge, edge_b)
             fin = finish(acc)
             dst = builder.bitcast(builder.gep(op, [x0]), f16.as_pointer())
-            builder.call(mstore, [fin, dst, ir.Constant(i32, 4), bits(const(0), builder.sub(ow_, x0))])
+            builder.call(mstore, [fin, dst, ir.Constant(i32, 4), first_lanes(builder, builder.sub(ow_, x0))])
             nxt = builder.add(x0, const(16))
             x0.add_incoming(nxt, tail)
             builder.cbranch(builder.icmp_signed("<", nxt, ow_), head, done)
@@ -198,14 +189,14 @@ def _flat_step(typingctx, x, xo, masks, mo, offs, lanes, w, wo, bias, out, oo, e
 
     def codegen(context, builder, sig, args):
         xa, xo_, ma, mo_, oa_, lanes_, wa, wo_, bias_, outa, oo_, epfa, grid_ = args
-        i1, i16, i32, i64, f32 = ir.IntType(1), ir.IntType(16), ir.IntType(32), ir.IntType(64), ir.FloatType()
+        i1, i32, i64, f32 = ir.IntType(1), ir.IntType(32), ir.IntType(64), ir.FloatType()
         f16, m16 = ir.VectorType(f32, 16), ir.VectorType(i1, 16)
         a = sig.args
-        xp = builder.gep(data_of(context, builder, a[0], xa), [xo_])
-        mp = builder.gep(data_of(context, builder, a[2], ma), [mo_])
+        xp = data_of(context, builder, a[0], xa, xo_)
+        mp = data_of(context, builder, a[2], ma, mo_)
         op_ = data_of(context, builder, a[4], oa_)
-        wp = builder.gep(data_of(context, builder, a[6], wa), [wo_])
-        outp = builder.gep(data_of(context, builder, a[9], outa), [oo_])
+        wp = data_of(context, builder, a[6], wa, wo_)
+        outp = data_of(context, builder, a[9], outa, oo_)
         mload = declare(builder, "llvm.masked.load.v16f32.p0", f16, f16.as_pointer(), i32, m16, f16)
         mstore = declare(builder, "llvm.masked.store.v16f32.p0", ir.VoidType(), f16, f16.as_pointer(), i32, m16)
         fma = declare(builder, "llvm.fma.v16f32", f16, f16, f16, f16)
@@ -213,15 +204,14 @@ def _flat_step(typingctx, x, xo, masks, mo, offs, lanes, w, wo, bias, out, oo, e
         fzero = ir.Constant(f16, [0.0] * 16)
         accs = [splat_(builder, bias_, f16), fzero, fzero]
         for k in range(9):
-            mask = builder.bitcast(builder.trunc(builder.load(builder.gep(mp, [const(k)])), i16), m16)
+            mask = lane_bits(builder, builder.load(builder.gep(mp, [const(k)])))
             at = builder.gep(xp, [builder.load(builder.gep(op_, [const(k)]))])
             v = builder.call(mload, [builder.bitcast(at, f16.as_pointer()), ir.Constant(i32, 4), mask, fzero])
             wv = splat_(builder, builder.load(builder.gep(wp, [const(k)])), f16)
             accs[k // 3] = builder.call(fma, [v, wv, accs[k // 3]])
         acc = builder.fadd(builder.fadd(accs[0], accs[1]), accs[2])
         fin = Finish(builder, epfa, builder.icmp_signed("!=", grid_, const(0)))(acc)
-        n = builder.select(builder.icmp_signed(">", lanes_, const(16)), const(16), lanes_)
-        keep = builder.bitcast(builder.trunc(builder.sub(builder.shl(const(1), n), const(1)), i16), m16)
+        keep = first_lanes(builder, lanes_)
         builder.call(mstore, [fin, builder.bitcast(outp, f16.as_pointer()), ir.Constant(i32, 4), keep])
         return context.get_dummy_value()
     return sig, codegen

@@ -17,7 +17,7 @@ import numpy as np
 from numba import njit, prange, types
 from numba.extending import intrinsic
 
-from .llvmir import Finish, data_of, declare, host_has, k_loop, splat as splat_
+from .llvmir import Finish, data_of, declare, first_lanes, host_has, k_loop, splat as splat_
 
 OCB = 8          # output channels per tile
 WEIGHT_BLOCK = 128 * 1024   # floats: the weights one pass over the output streams per tile, kept in L2
@@ -56,9 +56,9 @@ def _make_tile(nv: int, ocb: int = OCB):
             i1, i32, i64, f32 = ir.IntType(1), ir.IntType(32), ir.IntType(64), ir.FloatType()
             f16, m16 = ir.VectorType(f32, 16), ir.VectorType(i1, 16)
             a = sig.args
-            xp = builder.gep(data_of(context, builder, a[0], xa), [xo])
-            wp = builder.gep(data_of(context, builder, a[3], wa), [wo])
-            op = builder.gep(data_of(context, builder, a[6], oa), [oo])
+            xp = data_of(context, builder, a[0], xa, xo)
+            wp = data_of(context, builder, a[3], wa, wo)
+            op = data_of(context, builder, a[6], oa, oo)
             bp = data_of(context, builder, a[11], ba)
             const = lambda v: ir.Constant(i64, v)   # noqa: E731
             fn = lambda name, ret, *t: declare(builder, name, ret, *t)  # noqa: E731
@@ -68,9 +68,7 @@ def _make_tile(nv: int, ocb: int = OCB):
             fzero = ir.Constant(f16, [0.0] * 16)
             splat = lambda value, vt: splat_(builder, value, vt)  # noqa: E731
 
-            lanes = ir.Constant(ir.VectorType(i64, 16), list(range(16)))
-            masks = [builder.icmp_signed("<", lanes, splat(builder.sub(left_, const(16 * v)), ir.VectorType(i64, 16)))
-                     for v in range(nv)]
+            masks = [first_lanes(builder, builder.sub(left_, const(16 * v))) for v in range(nv)]
             accumulate = builder.icmp_signed("!=", builder.extract_value(fla, 0), const(0))
             final = builder.icmp_signed("!=", builder.extract_value(fla, 1), const(0))
             on_grid = builder.icmp_signed("!=", builder.extract_value(fla, 2), const(0))
@@ -337,6 +335,14 @@ def epilogue(act: int, grid) -> tuple:
     return (lo, hi, f32(grid[0]), f32(grid[1]), f32(grid[2]), f32(grid[3]))
 
 
+def epilogue_of(act: int, grid) -> tuple:
+    """(epf, on_grid): the bounds the IR kernels finish with, and 1 when they round to the int8 grid."""
+    return epilogue(act, grid), 1 if grid[1] > 0 else 0
+
+
+IDENTITY = epilogue(0, (1, 0, 0, 0))     # no activation, no grid: what a kernel leaves as it is
+
+
 def tile_count(pixels: int) -> int:
     """The pixel tiles `gemm` and `conv_im2col` run for `pixels` output pixels."""
     return _tiles(pixels)[0]
@@ -352,8 +358,7 @@ class PackedGemm:
         self.wp = pack_weights(weight)
         self.bias = np.zeros(self.nob * OCB, np.float32)
         self.bias[:o] = bias
-        self.epf = epilogue(act, grid)
-        self.grid = 1 if grid[1] > 0 else 0
+        self.epf, self.grid = epilogue_of(act, grid)
         self.tiles = tile_count(pixels)
         self.kc = k_block(k, self.rows(), self.tiles)
         self.by_block = k * pixels <= BY_BLOCK_X

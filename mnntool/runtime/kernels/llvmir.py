@@ -16,15 +16,52 @@ def host_has(feature: str) -> bool:
     return f"+{feature}" in features.split(",") and config.CPU_NAME in (None, "host")
 
 
-def data_of(context, builder, ty, value):
-    """The data pointer of a Numba array value inside generated IR."""
-    return cgutils.create_struct_proxy(ty)(context, builder, value=value).data
+def data_of(context, builder, ty, value, offset=None):
+    """The data pointer of a Numba array value inside generated IR, moved by `offset` elements."""
+    data = cgutils.create_struct_proxy(ty)(context, builder, value=value).data
+    return data if offset is None else builder.gep(data, [offset])
 
 
 def declare(builder, name: str, ret, *args):
     """The intrinsic `name` (ret(*args)) in the builder's module."""
     from llvmlite import ir
     return cgutils.get_or_insert_function(builder.module, ir.FunctionType(ret, list(args)), name)
+
+
+def lanes(builder, lo, hi):
+    """The 16-lane mask of lanes lo <= lane < hi (i64 values, clamped to 0..16), built in a scalar
+    register: a k-register move, where a vector compare of 16 i64 lanes takes four instructions."""
+    from llvmlite import ir
+    i64 = ir.IntType(64)
+    zero, sixteen = ir.Constant(i64, 0), ir.Constant(i64, 16)
+    clamp = lambda v: builder.select(builder.icmp_signed("<", v, zero), zero,  # noqa: E731
+                                     builder.select(builder.icmp_signed(">", v, sixteen), sixteen, v))
+    lo, hi = clamp(lo), clamp(hi)
+    hi = builder.select(builder.icmp_signed("<", hi, lo), lo, hi)
+    ones = lambda n: builder.sub(builder.shl(ir.Constant(i64, 1), n), ir.Constant(i64, 1))  # noqa: E731
+    return lane_bits(builder, builder.xor(ones(hi), ones(lo)))
+
+
+def first_lanes(builder, n):
+    """The mask of lanes < n (clamped to 0..16)."""
+    from llvmlite import ir
+    return lanes(builder, ir.Constant(ir.IntType(64), 0), n)
+
+
+def lane_bits(builder, word):
+    """A 16-lane mask from the low 16 bits of an integer value."""
+    from llvmlite import ir
+    return builder.bitcast(builder.trunc(word, ir.IntType(16)), ir.VectorType(ir.IntType(1), 16))
+
+
+def pointers(builder, base, offsets):
+    """The 16 float pointers base + offsets[lane] (offsets: <16 x i64> in elements), for gathers and
+    scatters (llvmlite's gep takes no vector index)."""
+    from llvmlite import ir
+    i64 = ir.IntType(64)
+    l16 = ir.VectorType(i64, 16)
+    addr = builder.add(splat(builder, builder.ptrtoint(base, i64), l16), builder.shl(offsets, splat(builder, ir.Constant(i64, 2), l16)))
+    return builder.inttoptr(addr, ir.VectorType(ir.FloatType().as_pointer(), 16))
 
 
 def splat(builder, value, vt):

@@ -15,7 +15,7 @@ import numpy as np
 from numba import njit, prange, types
 from numba.extending import intrinsic
 
-from .llvmir import Finish, data_of, declare, host_has, k_loop, splat as splat_
+from .llvmir import Finish, data_of, declare, host_has, k_loop, pointers, splat as splat_
 
 OCB = 32
 HAS_AVX512 = host_has("avx512f")
@@ -38,16 +38,16 @@ def _make_tile(np_: int):
             f16, m16 = ir.VectorType(f32, 16), ir.VectorType(i1, 16)
             fp = f32.as_pointer()
             a = sig.args
-            xp = builder.gep(data_of(context, builder, a[0], xa), [xo])
-            wp = builder.gep(data_of(context, builder, a[3], wa), [wo])
-            op = builder.gep(data_of(context, builder, a[6], oa), [oo])
-            bp = builder.gep(data_of(context, builder, a[10], ba), [bo])
+            xp = data_of(context, builder, a[0], xa, xo)
+            wp = data_of(context, builder, a[3], wa, wo)
+            op = data_of(context, builder, a[6], oa, oo)
+            bp = data_of(context, builder, a[10], ba, bo)
             const = lambda v: ir.Constant(i64, v)   # noqa: E731
             fma = declare(builder, "llvm.fma.v16f32", f16, f16, f16, f16)
             pv = ir.VectorType(fp, 16)
             scatter = declare(builder, "llvm.masked.scatter.v16f32.v16p0", ir.VoidType(), f16, pv, i32, m16)
             zero = ir.Constant(f16, [0.0] * 16)
-            pp = builder.gep(data_of(context, builder, a[14], pa), [po_])
+            pp = data_of(context, builder, a[14], pa, po_)
             part_at = lambda p, h: builder.bitcast(builder.gep(pp, [const(32 * p + 16 * h)]), f16.as_pointer())  # noqa: E731
             resume = builder.icmp_signed("!=", builder.extract_value(fla, 0), const(0))
             final = builder.icmp_signed("!=", builder.extract_value(fla, 1), const(0))
@@ -93,7 +93,6 @@ def _make_tile(np_: int):
             builder.position_at_end(fin_b)
             finish = Finish(builder, epfa, builder.icmp_signed("!=", grid_, const(0)))
             lanes = ir.Constant(ir.VectorType(i64, 16), list(range(16)))
-            base = splat_(builder, builder.ptrtoint(op, i64), ir.VectorType(i64, 16))    # byte address
             for h in range(2):
                 bv = builder.load(builder.bitcast(builder.gep(bp, [const(16 * h)]), f16.as_pointer()), align=4)
                 chan = builder.add(lanes, splat_(builder, const(16 * h), ir.VectorType(i64, 16)))
@@ -102,8 +101,7 @@ def _make_tile(np_: int):
                 for p in range(np_):
                     v = finish(builder.fadd(result[2 * p + h], bv))
                     at = builder.add(rowoff, splat_(builder, const(p), ir.VectorType(i64, 16)))
-                    addr = builder.add(base, builder.shl(at, splat_(builder, const(2), ir.VectorType(i64, 16))))
-                    ptrs = builder.inttoptr(addr, pv)
+                    ptrs = pointers(builder, op, at)
                     builder.call(scatter, [v, ptrs, ir.Constant(i32, 4), keep])
             builder.branch(end_b)
             builder.position_at_end(end_b)
@@ -187,13 +185,13 @@ class OcGemm:
 
     def __init__(self, weight: np.ndarray, bias: np.ndarray, act: int, grid, pixels: int):
         from . import sized
-        from .fgemm import epilogue
+        from .fgemm import epilogue_of
         o, k = weight.shape
         self.o, self.k, self.pixels = o, k, pixels
         self.wp = pack32(weight)
         self.bias = np.zeros(self.wp.size // k, np.float32)
         self.bias[:o] = bias
-        self.epf, self.grid = epilogue(act, grid), 1 if grid[1] > 0 else 0
+        self.epf, self.grid = epilogue_of(act, grid)
         self.fn = sized(ocgemm, o * k * pixels // 16)
 
     def __call__(self, x: np.ndarray, xs: int, out: np.ndarray, os_: int) -> None:

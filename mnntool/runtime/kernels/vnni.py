@@ -17,7 +17,7 @@ import numpy as np
 from numba import njit, prange, types
 from numba.extending import intrinsic
 
-from .llvmir import Finish, data_of, declare, host_has, k_loop, splat as splat_
+from .llvmir import Finish, data_of, declare, first_lanes, host_has, k_loop, splat as splat_
 
 PIX, OCB = 32, 8          # tile: pixels x output channels
 
@@ -44,9 +44,9 @@ def _tile(typingctx, x, xoff, w, woff, k4, out, ooff, ostride, left, rows, ep, e
         i1, i32, i64, f32 = ir.IntType(1), ir.IntType(32), ir.IntType(64), ir.FloatType()
         v16, f16 = ir.VectorType(i32, 16), ir.VectorType(f32, 16)
         a = sig.args
-        xp = builder.gep(data_of(context, builder, a[0], xa), [xo])
-        wp = builder.gep(data_of(context, builder, a[2], wa), [wo])
-        op = builder.gep(data_of(context, builder, a[5], oa), [oo])
+        xp = data_of(context, builder, a[0], xa, xo)
+        wp = data_of(context, builder, a[2], wa, wo)
+        op = data_of(context, builder, a[5], oa, oo)
         const = lambda v: ir.Constant(i64, v)   # noqa: E731
         fn = lambda name, ret, *t: declare(builder, name, ret, *t)  # noqa: E731
         dpbusd = fn("llvm.x86.avx512.vpdpbusd.512", v16, v16, v16, v16)
@@ -70,11 +70,9 @@ def _tile(typingctx, x, xoff, w, woff, k4, out, ooff, ostride, left, rows, ep, e
         ept = [builder.extract_value(epa, k) for k in range(3)]
         rows = [data_of(context, builder, sig.args[10].types[k], ept[k]) for k in range(3)]
         finish = Finish(builder, epfa, True)
-        lanes = ir.Constant(v16, list(range(16)))
         none = ir.Constant(ir.VectorType(i1, 16), [0] * 16)
         for v in range(2):
-            rem = builder.trunc(builder.sub(left_, const(16 * v)), i32)
-            mask = builder.icmp_signed("<", lanes, splat(rem, v16))
+            mask = first_lanes(builder, builder.sub(left_, const(16 * v)))
             for o in range(OCB):
                 off = builder.load(builder.gep(rows[0], [const(o)]))
                 sc = builder.load(builder.gep(rows[1], [const(o)]))

@@ -14,8 +14,8 @@ import numpy as np
 from numba import njit, prange
 
 from . import scratch, sized
-from .fgemm import OCB, epilogue, gemm_batched, k_block, pack_weights, tile_count
-from .ocgemm import ocgemm, pack32, suits
+from .fgemm import IDENTITY, OCB, epilogue_of, gemm_batched, k_block, pack_weights, tile_count
+from .ocgemm import OCB as OC_BLOCK, ocgemm, pack32, suits
 from .winograd_ir import at4_block, bt4_cols, bt4_tiles, f2_in, f2_out
 
 G4 = np.array([[1 / 4, 0, 0], [-1 / 6, -1 / 6, -1 / 6], [-1 / 6, 1 / 6, -1 / 6], [1 / 24, 1 / 12, 1 / 6],
@@ -81,7 +81,7 @@ def f2_tables(h, w, oh, ow, t, l, th, tw):
 
 
 @njit(parallel=True, cache=True)
-def input_transform2_ir(x, in_idx, in_mask, tiles, v):
+def input_transform2(x, in_idx, in_mask, tiles, v):
     """x (C, H, W) read in place -> v (16, C, tiles), 16 tiles per gather step (`f2_tables`)."""
     C, H, W = x.shape
     xf, vf = x.reshape(-1), v.reshape(-1)
@@ -92,7 +92,7 @@ def input_transform2_ir(x, in_idx, in_mask, tiles, v):
 
 
 @njit(parallel=True, cache=True)
-def output_transform2_ir(m, out_idx, out_mask, bias, epf, grid, out):
+def output_transform2(m, out_idx, out_mask, bias, epf, grid, out):
     """m (16, O', tiles) -> out (O, H, W) with bias, activation and grid, 16 tiles per scatter step."""
     O, oh, ow = out.shape
     rows, tiles = m.shape[1], m.shape[2]
@@ -148,15 +148,14 @@ class Winograd:
         if m == 2:      # gathers and scatters through index tables, 16 tiles a step
             self.in_idx, self.in_mask, self.out_idx, self.out_mask = f2_tables(h, w, oh, ow, t, l, self.th, self.tw)
         self.bias = np.asarray(bias, np.float32)
-        self.out_epf, self.on_grid = epilogue(act, grid), 1 if grid[1] > 0 else 0
-        self.epf = epilogue(0, (1, 0, 0, 0))
-        self.zero_bias = np.zeros(-(-cout // 32) * 32 if self.oc else self.nob * OCB, np.float32)
+        self.out_epf, self.on_grid = epilogue_of(act, grid)
+        self.zero_bias = np.zeros(-(-cout // OC_BLOCK) * OC_BLOCK if self.oc else self.nob * OCB, np.float32)
         self.a2, self.tiles = a2, tiles
         self.kc = k_block(cin, self.nob * OCB, tile_count(tiles))
-        self.fwd = sized(input_transform4 if m == 4 else input_transform2_ir, a2 * cin * tiles * 4)
+        self.fwd = sized(input_transform4 if m == 4 else input_transform2, a2 * cin * tiles * 4)
         self.gemm = sized(ocgemm if self.oc else gemm_batched, a2 * self.nob * OCB * cin * tiles // 16)
         self.cout = cout
-        self.inv = sized(output_transform4 if m == 4 else output_transform2_ir, cout * oh * ow * 8)
+        self.inv = sized(output_transform4 if m == 4 else output_transform2, cout * oh * ow * 8)
 
     def __call__(self, x, y):
         cin, tiles, rows, a2 = self.cin, self.tiles, self.nob * OCB, self.a2
@@ -168,10 +167,10 @@ class Winograd:
             self.fwd(x, self.in_idx, self.in_mask, tiles, v)
         if self.oc:
             self.gemm(v.reshape(-1), tiles, cin * tiles, tiles, self.wp, self.wp.size // a2, cin, self.cout,
-                      self.zero_bias, self.epf, 0, mm.reshape(-1), tiles, rows * tiles, a2)
+                      self.zero_bias, IDENTITY, 0, mm.reshape(-1), tiles, rows * tiles, a2)
         else:
             self.gemm(v.reshape(-1), tiles, cin * tiles, tiles, self.wp, rows * cin, cin, self.kc, self.nob,
-                      self.zero_bias, self.epf, mm.reshape(-1), tiles, rows * tiles, a2)
+                      self.zero_bias, IDENTITY, mm.reshape(-1), tiles, rows * tiles, a2)
         if self.m == 4:
             self.inv(mm, self.th, self.tw, self.bias, self.out_epf, self.on_grid, y)
         else:

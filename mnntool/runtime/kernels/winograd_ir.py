@@ -10,16 +10,7 @@ from __future__ import annotations
 from numba import types
 from numba.extending import intrinsic
 
-from .llvmir import Finish, data_of, declare, splat as splat_
-
-
-def _masks(builder, ir, n):
-    """The mask of lanes < n (n clamped to 0..16)."""
-    i64 = ir.IntType(64)
-    n = builder.select(builder.icmp_signed(">", n, ir.Constant(i64, 16)), ir.Constant(i64, 16), n)
-    n = builder.select(builder.icmp_signed("<", n, ir.Constant(i64, 0)), ir.Constant(i64, 0), n)
-    m = builder.sub(builder.shl(ir.Constant(i64, 1), n), ir.Constant(i64, 1))
-    return builder.bitcast(builder.trunc(m, ir.IntType(16)), ir.VectorType(ir.IntType(1), 16))
+from .llvmir import Finish, data_of, declare, first_lanes, lane_bits, lanes, pointers, splat as splat_
 
 
 def _bt4(builder, ir, d):
@@ -54,11 +45,11 @@ def bt4_cols(typingctx, x, xo, xs, lo, hi, rows, n, t, to, ts):
         xa, xo_, xs_, lo_, hi_, rows_, n_, ta, to_, ts_ = args
         i32, i64 = ir.IntType(32), ir.IntType(64)
         f16, m16 = ir.VectorType(ir.FloatType(), 16), ir.VectorType(ir.IntType(1), 16)
-        xp = builder.gep(data_of(context, builder, sig.args[0], xa), [xo_])
-        tp = builder.gep(data_of(context, builder, sig.args[7], ta), [to_])
+        xp = data_of(context, builder, sig.args[0], xa, xo_)
+        tp = data_of(context, builder, sig.args[7], ta, to_)
         mload = declare(builder, "llvm.masked.load.v16f32.p0", f16, f16.as_pointer(), i32, m16, f16)
         mstore = declare(builder, "llvm.masked.store.v16f32.p0", ir.VoidType(), f16, f16.as_pointer(), i32, m16)
-        cols = builder.and_(_masks(builder, ir, hi_), builder.not_(_masks(builder, ir, lo_)))
+        cols = lanes(builder, lo_, hi_)
         none = ir.Constant(m16, [0] * 16)
         zero = ir.Constant(f16, [0.0] * 16)
         at = lambda base, stride, k: builder.bitcast(builder.gep(base, [builder.mul(stride, ir.Constant(i64, k))]),  # noqa: E731
@@ -67,7 +58,7 @@ def bt4_cols(typingctx, x, xo, xs, lo, hi, rows, n, t, to, ts):
         for k in range(6):
             used = builder.icmp_signed("!=", builder.and_(rows_, ir.Constant(i64, 1 << k)), ir.Constant(i64, 0))
             d.append(builder.call(mload, [at(xp, xs_, k), ir.Constant(i32, 4), builder.select(used, cols, none), zero]))
-        keep = _masks(builder, ir, n_)
+        keep = first_lanes(builder, n_)
         for k, v in enumerate(_bt4(builder, ir, d)):
             builder.call(mstore, [v, at(tp, ts_, k), ir.Constant(i32, 4), keep])
         return context.get_dummy_value()
@@ -85,8 +76,8 @@ def bt4_tiles(typingctx, row, ro, n, v, vo, vs):
         ra, ro_, n_, va, vo_, vs_ = args
         i32, f32 = ir.IntType(32), ir.FloatType()
         f16 = ir.VectorType(f32, 16)
-        rp = builder.gep(data_of(context, builder, sig.args[0], ra), [ro_])
-        vp = builder.gep(data_of(context, builder, sig.args[3], va), [vo_])
+        rp = data_of(context, builder, sig.args[0], ra, ro_)
+        vp = data_of(context, builder, sig.args[3], va, vo_)
         mstore = declare(builder, "llvm.masked.store.v16f32.p0", ir.VoidType(), f16, f16.as_pointer(), i32,
                          ir.VectorType(ir.IntType(1), 16))
         idx = lambda vals: ir.Constant(ir.VectorType(i32, 16), vals)  # noqa: E731
@@ -104,7 +95,7 @@ def bt4_tiles(typingctx, row, ro, n, v, vo, vs):
         d4 = builder.shuffle_vector(d0, ld[4], idx(list(range(1, 16)) + [16]))     # row[4t + 4] = d0 a lane on
         d5 = builder.shuffle_vector(d1, ld[4], idx(list(range(1, 16)) + [17]))
         outs = _bt4(builder, ir, [d0, d1, d2, d3, d4, d5])
-        mask = _masks(builder, ir, n_)
+        mask = first_lanes(builder, n_)
         for k, o in enumerate(outs):
             at = builder.gep(vp, [builder.mul(vs_, ir.Constant(ir.IntType(64), k))])
             builder.call(mstore, [o, builder.bitcast(at, f16.as_pointer()), ir.Constant(i32, 4), mask])
@@ -138,8 +129,8 @@ def at4_block(typingctx, m, mo, ms, n, out, oo, os_, nrow, ncol, four_wide, bias
         ma, mo_, ms_, n_, oa, oo_, os__, nrow_, ncol_, four_, bias_, epfa, grid_ = args
         i32, i64, f32 = ir.IntType(32), ir.IntType(64), ir.FloatType()
         f16, m16 = ir.VectorType(f32, 16), ir.VectorType(ir.IntType(1), 16)
-        mp = builder.gep(data_of(context, builder, sig.args[0], ma), [mo_])
-        op = builder.gep(data_of(context, builder, sig.args[4], oa), [oo_])
+        mp = data_of(context, builder, sig.args[0], ma, mo_)
+        op = data_of(context, builder, sig.args[4], oa, oo_)
         mload = declare(builder, "llvm.masked.load.v16f32.p0", f16, f16.as_pointer(), i32, m16, f16)
         mstore = declare(builder, "llvm.masked.store.v16f32.p0", ir.VoidType(), f16, f16.as_pointer(), i32, m16)
         flags = ("fast",)
@@ -153,7 +144,7 @@ def at4_block(typingctx, m, mo, ms, n, out, oo, os_, nrow, ncol, four_wide, bias
             p12, m12, p34, m34 = add(s[1], s[2]), sub(s[1], s[2]), add(s[3], s[4]), sub(s[3], s[4])
             return [add(add(s[0], p12), p34), add(m12, mul(two, m34)), add(p12, mul(four, p34)),
                     add(add(m12, mul(eight, m34)), s[5])]
-        mask = _masks(builder, ir, n_)
+        mask = first_lanes(builder, n_)
         zero = ir.Constant(f16, [0.0] * 16)
         s = [[builder.call(mload, [builder.bitcast(builder.gep(mp, [builder.mul(ms_, ir.Constant(i64, 6 * i + k))]),
                                                    f16.as_pointer()), ir.Constant(i32, 4), mask, zero])
@@ -174,25 +165,17 @@ def at4_block(typingctx, m, mo, ms, n, out, oo, os_, nrow, ncol, four_wide, bias
                                     builder.add(builder.mul(os__, ir.Constant(i64, r)), ir.Constant(i64, 16 * j)))
                 y_ = builder.select(rows4, ir.Constant(i64, 4 * j + r), ir.Constant(i64, r))
                 cols_left = builder.select(rows4, ncol_, builder.sub(ncol_, ir.Constant(i64, 16 * j)))
-                keep = builder.select(builder.icmp_signed("<", y_, nrow_), _masks(builder, ir, cols_left), none)
+                keep = builder.select(builder.icmp_signed("<", y_, nrow_), first_lanes(builder, cols_left), none)
                 builder.call(mstore, [v, builder.bitcast(builder.gep(op, [at]), f16.as_pointer()), ir.Constant(i32, 4),
                                       keep])
         return context.get_dummy_value()
     return sig, codegen
 
 
-def _gather_ptrs(builder, ir, base, idx_ptr):
-    """The 16 float pointers base + idx[lane] (idx: 16 int64 at idx_ptr)."""
-    i64 = ir.IntType(64)
-    l16 = ir.VectorType(i64, 16)
-    idx = builder.load(builder.bitcast(idx_ptr, l16.as_pointer()), align=8)
-    addr = builder.add(splat_(builder, builder.ptrtoint(base, i64), l16), builder.shl(idx, splat_(builder, ir.Constant(i64, 2), l16)))
-    return builder.inttoptr(addr, ir.VectorType(ir.FloatType().as_pointer(), 16))
-
-
-def _lane_bits(builder, ir, word_ptr):
-    """A 16-lane mask from the low 16 bits of an int64 in memory."""
-    return builder.bitcast(builder.trunc(builder.load(word_ptr), ir.IntType(16)), ir.VectorType(ir.IntType(1), 16))
+def _table_ptrs(builder, ir, base, idx_ptr):
+    """The 16 float pointers base + idx[lane], idx: 16 int64 in a table at idx_ptr."""
+    l16 = ir.VectorType(ir.IntType(64), 16)
+    return pointers(builder, base, builder.load(builder.bitcast(idx_ptr, l16.as_pointer()), align=8))
 
 
 @intrinsic
@@ -212,20 +195,20 @@ def f2_in(typingctx, x, xo, idx, io, masks, mo, v, vo, vs, n):
         gather = declare(builder, "llvm.masked.gather.v16f32.v16p0", f16, pv, i32, m16, f16)
         mstore = declare(builder, "llvm.masked.store.v16f32.p0", ir.VoidType(), f16, f16.as_pointer(), i32, m16)
         a = sig.args
-        xp = builder.gep(data_of(context, builder, a[0], xa), [xo_])
-        ip = builder.gep(data_of(context, builder, a[2], ia), [io_])
-        mp = builder.gep(data_of(context, builder, a[4], ma), [mo_])
-        vp = builder.gep(data_of(context, builder, a[6], va), [vo_])
+        xp = data_of(context, builder, a[0], xa, xo_)
+        ip = data_of(context, builder, a[2], ia, io_)
+        mp = data_of(context, builder, a[4], ma, mo_)
+        vp = data_of(context, builder, a[6], va, vo_)
         zero = ir.Constant(f16, [0.0] * 16)
         c = lambda k: ir.Constant(i64, k)  # noqa: E731
-        d = [builder.call(gather, [_gather_ptrs(builder, ir, xp, builder.gep(ip, [c(16 * k)])), ir.Constant(i32, 4),
-                                   _lane_bits(builder, ir, builder.gep(mp, [c(k)])), zero]) for k in range(16)]
+        d = [builder.call(gather, [_table_ptrs(builder, ir, xp, builder.gep(ip, [c(16 * k)])), ir.Constant(i32, 4),
+                                   lane_bits(builder, builder.load(builder.gep(mp, [c(k)]))), zero]) for k in range(16)]
         flags = ("fast",)
         add = lambda p, q: builder.fadd(p, q, flags=flags)  # noqa: E731
         sub = lambda p, q: builder.fsub(p, q, flags=flags)  # noqa: E731
         bt2 = lambda e: [sub(e[0], e[2]), add(e[1], e[2]), sub(e[2], e[1]), sub(e[1], e[3])]  # noqa: E731
         cols = [bt2([d[4 * i + j] for i in range(4)]) for j in range(4)]     # B^T down each column j
-        keep = _masks(builder, ir, n_)
+        keep = first_lanes(builder, n_)
         for a_ in range(4):
             for b_, val in enumerate(bt2([cols[j][a_] for j in range(4)])):     # then B across
                 at = builder.gep(vp, [builder.mul(vs_, c(4 * a_ + b_))])
@@ -251,12 +234,12 @@ def f2_out(typingctx, m, mo, ms, n, out, oo, idx, io, masks, mk, bias, epf, on_g
         mload = declare(builder, "llvm.masked.load.v16f32.p0", f16, f16.as_pointer(), i32, m16, f16)
         scatter = declare(builder, "llvm.masked.scatter.v16f32.v16p0", ir.VoidType(), f16, pv, i32, m16)
         a = sig.args
-        mp = builder.gep(data_of(context, builder, a[0], ma), [mo_])
-        op = builder.gep(data_of(context, builder, a[4], oa), [oo_])
-        ip = builder.gep(data_of(context, builder, a[6], ia), [io_])
-        kp = builder.gep(data_of(context, builder, a[8], ka), [mk_])
+        mp = data_of(context, builder, a[0], ma, mo_)
+        op = data_of(context, builder, a[4], oa, oo_)
+        ip = data_of(context, builder, a[6], ia, io_)
+        kp = data_of(context, builder, a[8], ka, mk_)
         c = lambda k: ir.Constant(i64, k)  # noqa: E731
-        keep = _masks(builder, ir, n_)
+        keep = first_lanes(builder, n_)
         zero = ir.Constant(f16, [0.0] * 16)
         s = [builder.call(mload, [builder.bitcast(builder.gep(mp, [builder.mul(ms_, c(k))]), f16.as_pointer()),
                                   ir.Constant(i32, 4), keep, zero]) for k in range(16)]
@@ -270,8 +253,8 @@ def f2_out(typingctx, m, mo, ms, n, out, oo, idx, io, masks, mk, bias, epf, on_g
         for r in range(2):
             for q, val in enumerate(at2([cols[j][r] for j in range(4)])):     # then A across
                 k = 2 * r + q
-                ptrs = _gather_ptrs(builder, ir, op, builder.gep(ip, [c(16 * k)]))
+                ptrs = _table_ptrs(builder, ir, op, builder.gep(ip, [c(16 * k)]))
                 builder.call(scatter, [finish(add(val, bv)), ptrs, ir.Constant(i32, 4),
-                                       _lane_bits(builder, ir, builder.gep(kp, [c(k)]))])
+                                       lane_bits(builder, builder.load(builder.gep(kp, [c(k)])))])
         return context.get_dummy_value()
     return sig, codegen
