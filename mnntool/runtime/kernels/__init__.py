@@ -56,6 +56,26 @@ def sized(fn, work: int):
     return fn if numba.get_num_threads() <= 1 or work >= PARALLEL_MIN_WORK else serial(fn)
 
 
+CACHE_LINE = 64
+
+
+def aligned_empty(count: int, dtype=np.float32) -> np.ndarray:
+    """A flat array of `count` elements starting on a cache line (NumPy's own start 16 bytes into one, so
+    every zmm access of a kernel would straddle two lines: the 16->96 pointwise layer at 112x112 ran
+    0.61 ms on such buffers, 0.55 ms aligned)."""
+    dtype = np.dtype(dtype)
+    raw = np.empty(count * dtype.itemsize + CACHE_LINE, np.uint8)
+    start = -raw.ctypes.data % CACHE_LINE
+    return raw[start:start + count * dtype.itemsize].view(dtype)
+
+
+def aligned_copy(a: np.ndarray) -> np.ndarray:
+    """`a`, C-contiguous, in an array of the same shape that starts on a cache line."""
+    out = aligned_empty(a.size, a.dtype).reshape(a.shape)
+    out[...] = a
+    return out
+
+
 _SCRATCH = threading.local()
 
 
@@ -68,7 +88,7 @@ def scratch(name: str, shape: tuple) -> np.ndarray:
         size *= d
     buf = _SCRATCH.__dict__.get(name)
     if buf is None or buf.size < size:
-        buf = _SCRATCH.__dict__[name] = np.empty(size, np.float32)
+        buf = _SCRATCH.__dict__[name] = aligned_empty(size)
     return buf[:size].reshape(shape)
 
 

@@ -39,6 +39,51 @@ def _silu(x):
     return x / (1.0 + math.exp(-x))
 
 
+# erf as x P(x^2) / Q(x^2) on [-4, 4] (beyond, erf is +-1 in float32): Eigen's fast float erf. No exp,
+# so LLVM vectorizes it, where math.erf is a scalar libm call: GELU on 128x1024, 1319 -> 56 us. Max abs error
+# 4.2e-7 against math.erf (tests/runtime/test_small_ops.py).
+_ERF_P = tuple(np.float32(c) for c in (-2.72614225801306e-10, 2.77068142495902e-08, -2.10102402082508e-06,
+                                        -5.69250639462346e-05, -7.34990630326855e-04, -2.95459980854025e-03,
+                                        -1.60960333262415e-02))
+_ERF_Q = tuple(np.float32(c) for c in (-1.45660718464996e-05, -2.13374055278905e-04, -1.68282697438203e-03,
+                                        -7.37332916720468e-03, -1.42647390514189e-02))
+P0, P1, P2, P3, P4, P5, P6 = _ERF_P
+Q0, Q1, Q2, Q3, Q4 = _ERF_Q
+ERF_CHUNK = 4096
+
+
+@njit(cache=True, fastmath=True, inline="always")
+def erf32(x):
+    x = min(max(x, np.float32(-4)), np.float32(4))
+    x2 = x * x
+    p = ((((((P0 * x2 + P1) * x2 + P2) * x2 + P3) * x2 + P4) * x2 + P5) * x2 + P6) * x
+    q = (((Q0 * x2 + Q1) * x2 + Q2) * x2 + Q3) * x2 + Q4
+    return p / q
+
+
+@njit(parallel=True, cache=True, fastmath=True)
+def erf_flat(x, out, gelu):
+    """out = erf(x), or GELU's 0.5 x (1 + erf(x / sqrt 2)) when gelu, over flat float32 arrays."""
+    n = x.shape[0]
+    half, root = np.float32(0.5), np.float32(0.7071067811865476)
+    for c in prange((n + ERF_CHUNK - 1) // ERF_CHUNK):
+        # slices from the chunk's start: indices are then the loop variable, which Numba knows is not
+        # negative, so it drops its wrap-around select and LLVM vectorizes (1.95 -> 0.43 ns an element)
+        src, dst = x[c * ERF_CHUNK:min(n, (c + 1) * ERF_CHUNK)], out[c * ERF_CHUNK:min(n, (c + 1) * ERF_CHUNK)]
+        if gelu:
+            for i in range(src.shape[0]):
+                v = src[i]
+                dst[i] = half * v * (np.float32(1) + erf32(v * root))
+        else:
+            for i in range(src.shape[0]):
+                dst[i] = erf32(src[i])
+
+
+def _erf_kernel(size: int, gelu: bool):
+    fn = sized(erf_flat, size * 16)
+    return writes(lambda i, o: fn(np.ascontiguousarray(i[0]).reshape(-1), o[0].reshape(-1), gelu))
+
+
 def _rsqrt(x, out):
     np.sqrt(x, out=out)
     np.reciprocal(out, out=out)
@@ -99,9 +144,26 @@ def relu6(node, ins, outs):
     return writes(lambda i, o: np.clip(i[0], lo, hi, out=o[0]))
 
 
+@njit(cache=True, fastmath=True)
+def sigmoid_flat(x, out):
+    """The logistic function over flat arrays, stable for large |x|. A plain function: a Numba ufunc
+    costs 1.8 us a call on a 64-wide LSTM gate, this 0.7."""
+    for i in range(x.shape[0]):
+        v = x[i]
+        if v >= 0:
+            out[i] = np.float32(1) / (np.float32(1) + np.exp(-v))
+        else:
+            e = np.exp(v)
+            out[i] = e / (np.float32(1) + e)
+
+
+def _sigmoid_into(x, out):
+    sigmoid_flat(x.reshape(-1), out.reshape(-1))
+
+
 @kernel("Sigmoid")
 def sigmoid(node, ins, outs):
-    return writes(lambda i, o: _sigmoid(i[0], out=o[0]))
+    return writes(lambda i, o: _sigmoid_into(i[0], o[0]))
 
 
 @kernel("TanH")
@@ -139,6 +201,10 @@ def unary(node, ins, outs):
     if op not in UNARY:
         raise _unsupported(node, f"UnaryOp {op}")
     fn = UNARY[op]
+    if op == "SIGMOID" and ins[0].dtype == "float32":
+        return writes(lambda i, o: _sigmoid_into(i[0], o[0]))
+    if op in ("ERF", "GELU_STANDARD") and ins[0].dtype == "float32" and outs[0].shape is not None:
+        return _erf_kernel(int(np.prod(outs[0].shape)), op == "GELU_STANDARD")
     if ins[0].dtype != "float32" and op not in ("ABS", "NEG", "SQUARE", "SIGN"):
         return returns(lambda i: [fn(i[0].astype(np.float32)).astype(i[0].dtype)])
     return writes(lambda i, o: fn(i[0], out=o[0]))
@@ -159,6 +225,9 @@ def add_relu(a, b, out, relu):
                 z[i] = x[i] + y[i]
 
 
+SMALL = 4096    # elements: below this a same-shape add is numpy's (the fused Numba pass costs 2.5 us a call, np.add 0.4)
+
+
 @kernel("BinaryOp")
 def binary(node, ins, outs):
     op = node.param.get("opType")
@@ -170,7 +239,7 @@ def binary(node, ins, outs):
     shapes = [v.shape for v in ins + outs]
     if (op == "ADD" and len(ins) == 2 and all(np.dtype(v.dtype) == np.float32 for v in ins + outs)
             and shapes[0] is not None and len(shapes[0]) >= 2 and all(isinstance(d, int) for d in shapes[0])
-            and all(sh == shapes[0] for sh in shapes)):
+            and all(sh == shapes[0] for sh in shapes) and int(np.prod(shapes[0])) >= SMALL):
         rows = int(np.prod(shapes[0][:2]))
         fused = sized(add_relu, int(np.prod(shapes[0])))
 

@@ -322,9 +322,10 @@ def pack_weights(w: np.ndarray, block: int = OCB) -> np.ndarray:
     """(O, K) -> flat [O/block][K][block] float32, the rows past O zero."""
     o, k = w.shape
     rows = -(-o // block) * block
+    from . import aligned_copy
     full = np.zeros((rows, k), np.float32)
     full[:o] = w
-    return np.ascontiguousarray(full.reshape(rows // block, block, k).transpose(0, 2, 1)).reshape(-1)
+    return aligned_copy(full.reshape(rows // block, block, k).transpose(0, 2, 1)).reshape(-1)
 
 
 def epilogue(act: int, grid) -> tuple:

