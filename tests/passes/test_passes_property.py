@@ -23,7 +23,7 @@ def build(path, ops, channels, seed):
     def name(base):
         nonlocal k
         k += 1
-        return f"{base}{k}"
+        return f"{base}_{k}"     # a separator: "s2"+"6" and "s"+"26" were one name
     for op in ops:
         out = name("t")
         if op in ("conv3", "conv1", "depthwise"):
