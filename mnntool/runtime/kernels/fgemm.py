@@ -320,9 +320,9 @@ def tap_offsets(cin, kh, kw, sh, sw, dh, dw, hq, wq) -> np.ndarray:
 
 def pack_weights(w: np.ndarray, block: int = OCB) -> np.ndarray:
     """(O, K) -> flat [O/block][K][block] float32, the rows past O zero."""
+    from . import aligned_copy
     o, k = w.shape
     rows = -(-o // block) * block
-    from . import aligned_copy
     full = np.zeros((rows, k), np.float32)
     full[:o] = w
     return aligned_copy(full.reshape(rows // block, block, k).transpose(0, 2, 1)).reshape(-1)
