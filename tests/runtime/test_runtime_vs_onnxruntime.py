@@ -89,13 +89,17 @@ def test_wrong_feed_shape_is_a_clear_error(tmp_path, fixture_model):
                                             ((7, 34), 2, [0, 0, 1, 1]), ((5, 40), 3, [1, 1, 1, 1]),
                                             ((9, 33), 2, [2, 2, 0, 0]), ((7, 7), 1, [0, 0, 0, 0]),
                                             ((7, 7), 1, [1, 1, 1, 1]), ((14, 14), 1, [1, 1, 1, 1]),
-                                            ((5, 9), 1, [2, 0, 0, 2]), ((1, 1), 1, [1, 1, 1, 1])])
+                                            ((5, 9), 1, [2, 0, 0, 2]), ((1, 1), 1, [1, 1, 1, 1]),
+                                            ((19, 30), 1, [1, 1, 1, 1]), ((21, 29), 2, [1, 1, 1, 1]),
+                                            ((17, 33), 2, [2, 0, 1, 2]), ((9, 70), 1, [1, 1, 1, 1]),
+                                            ((10, 131), 2, [1, 1, 1, 1])])
 @pytest.mark.parametrize("avx512", [True, False])
 def test_depthwise_3x3_kernel_edges(tmp_path, monkeypatch, hw, stride, pads, avx512):
     """Depthwise kernels read padding as zeros at every border, for odd sizes and strides 1-3. With
-    AVX-512, strides 1 and 2 take the IR row kernel (masked 16-pixel steps at the borders and the row
-    end), and stride-1 maps of the input's size up to 1024 pixels the flat one (16-pixel steps across
-    rows, per-lane tap masks). Without it, stride 1 outputs wider than 6 take the padded-plane kernel, other outputs up to 16
+    AVX-512, strides 1 and 2 take the IR strip kernel (16 columns down blocks of 8 rows, masks set up
+    per strip; 19 and 21 rows end blocks part way) on inputs under 64 wide, the IR row kernel (masked
+    16-pixel steps at the borders and the row end) on wider ones, and stride-1 maps of the input's
+    size up to 8 wide the flat one (16-pixel steps across rows, per-lane tap masks). Without it, stride 1 outputs wider than 6 take the padded-plane kernel, other outputs up to 16
     wide the channels-innermost kernel, wider stride-2 ones the border-checking row kernel; stride 3
     always takes the general row kernel."""
     from mnntool.runtime.kernels import dw3

@@ -352,8 +352,8 @@ def convolution_float(node, ins, outs, weight, bias, grid=NO_GRID):
         from .fgemm import epilogue_of
         if kh == kw == 3 and sh == sw and sh in (1, 2) and dh == dw == 1 and dw3.HAS_AVX512:
             w9, (epf, on_grid) = wd.reshape(-1), epilogue_of(act, grid)
-            if sh == 1 and (oh, ow) == (h, w) and h * w <= 1024:
-                # small maps as one flat run per channel (short rows would leave most lanes idle)
+            if sh == 1 and (oh, ow) == (h, w) and ow <= 8:
+                # tiny maps as one flat run per channel (a 7-wide strip would leave 9 of 16 lanes idle)
                 masks, offs = dw3.flat_masks(h, w, t, l)
                 flat = sized(dw3.depthwise3x3_flat, out_size * 9)
 
@@ -361,12 +361,19 @@ def convolution_float(node, ins, outs, weight, bias, grid=NO_GRID):
                     for i in range(n):
                         flat(inputs[0][i], w9, bias, masks, offs, epf, on_grid, outputs[0][i])
                 return writes(run_dw3_flat)
-            rows = sized(dw3.depthwise3x3, out_size * 9)
+            if w >= dw3.ROWS_FROM_WIDTH:
+                rows = sized(dw3.depthwise3x3, out_size * 9)
 
-            def run_dw3_avx512(inputs, outputs):
+                def run_dw3_rows(inputs, outputs):
+                    for i in range(n):
+                        rows(inputs[0][i], w9, bias, sh, t, l, epf, on_grid, outputs[0][i])
+                return writes(run_dw3_rows)
+            strips, zrow = sized(dw3.depthwise3x3_strips, out_size * 9), np.zeros(w, np.float32)
+
+            def run_dw3_strips(inputs, outputs):
                 for i in range(n):
-                    rows(inputs[0][i], w9, bias, sh, t, l, epf, on_grid, outputs[0][i])
-            return writes(run_dw3_avx512)
+                    strips(inputs[0][i], w9, bias, sh, t, l, epf, on_grid, zrow, dw3.STRIP_ROWS, outputs[0][i])
+            return writes(run_dw3_strips)
         if kh == kw == 3 and sh == sw == 1 and dh == dw == 1 and max(t, l, b, r) <= 2 and ow > 6:
             xp = np.zeros((cin, max(h + t + b, oh + 2), max(w + l + r, ow + 2)), np.float32)
             dw3 = sized(depthwise3x3_s1, out_size * 9)
