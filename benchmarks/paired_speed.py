@@ -1,0 +1,75 @@
+"""mnntool's runtime vs onnxruntime and MNN at 1 thread, the three taking turns run by run in one process.
+
+    python benchmarks/paired_speed.py [--runs 200] [--repeats 3] [--models mobilenetv2 resnet18 ...]
+
+`runtime_speed.py` times each backend for a second in its own process; on this shared VM other
+tenants slow whole seconds by 20-70%, so one round's ratio ranged 0.47-1.70 for the same build. Here
+every run of mnntool sits between a run of MNN and one of onnxruntime (the order turns each run), so a
+slow spell hits all three alike and the ratio of medians holds still to a few percent. One thread
+only: at two, MNN's and OpenMP's worker pools in one process take each other's cores (see
+`isolated.py`). Every backend runs after the others have used the caches, as a model does inside an
+application, so times are above `runtime_speed`'s.
+"""
+from __future__ import annotations
+
+import statistics
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from fixtures.models import build  # noqa: E402
+from mnntool.api import convert  # noqa: E402
+from mnntool.bench import _Runner  # noqa: E402
+from mnntool.inputs import random_feeds  # noqa: E402
+from benchmarks.isolated import save_rows  # noqa: E402
+
+
+def paired(mnn_path: Path, onnx_path: Path, runs: int) -> dict:
+    runners = {"mnntool": _Runner(mnn_path, "numba", 1, {}), "ort": _Runner(onnx_path, "onnxruntime", 1, {}),
+               "mnn": _Runner(mnn_path, "mnn", 1, {})}
+    feeds = random_feeds(runners["mnntool"].graph, None)
+    for r in runners.values():
+        for _ in range(10):
+            r.run(feeds)
+    names = list(runners)
+    times = {n: [] for n in names}
+    for i in range(runs):
+        for n in names[i % 3:] + names[:i % 3]:
+            t0 = time.perf_counter()
+            runners[n].run(feeds)
+            times[n].append((time.perf_counter() - t0) * 1e3)
+    med = {n: statistics.median(v) for n, v in times.items()}
+    return {**{f"{n}_ms": med[n] for n in names}, "vs_ort": med["mnntool"] / med["ort"],
+            "vs_mnn": med["mnntool"] / med["mnn"]}
+
+
+def main():
+    import argparse
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--runs", type=int, default=200)
+    ap.add_argument("--repeats", type=int, default=3, help="independent measurements per model")
+    ap.add_argument("--models", nargs="+", default=["resnet18", "mobilenetv2", "bert", "lstm"])
+    ap.add_argument("--json", type=str, default=None)
+    args = ap.parse_args()
+    import tempfile
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for name in args.models:
+            src = build(name, ROOT / "build" / "fixtures")
+            dst = Path(tmp) / f"{name}.mnn"
+            convert(src, dst)
+            reps = [paired(dst, src, args.runs) for _ in range(args.repeats)]
+            row = {"model": name, "threads": 1, "runs": args.runs, "repeats": reps,
+                   **{k: statistics.median(r[k] for r in reps) for k in reps[0]}}
+            rows.append(row)
+            print(f"{name:12s} t=1  mnntool {row['mnntool_ms']:7.2f} ms  ort {row['ort_ms']:7.2f} ms  "
+                  f"mnn {row['mnn_ms']:7.2f} ms  x ort {row['vs_ort']:.3f}  x mnn {row['vs_mnn']:.3f}  "
+                  f"repeats x mnn {[round(r['vs_mnn'], 3) for r in reps]}", flush=True)
+    save_rows(args.json, rows)
+
+
+if __name__ == "__main__":
+    main()
