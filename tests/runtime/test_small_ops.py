@@ -92,3 +92,19 @@ def test_erf_and_gelu_against_math_erf(op, shape, threads):
     erf = np.vectorize(math.erf)
     ref = erf(xd) if op == "ERF" else 0.5 * xd * (1 + erf(xd / math.sqrt(2)))
     np.testing.assert_allclose(got, ref, rtol=0, atol=5e-7 * max(1.0, float(np.abs(xd).max())) if op != "ERF" else 5e-7)
+
+
+@pytest.mark.parametrize("shape,axis", [((2, 4, 16, 128), -1), ((3, 7), 1), ((5, 1), -1), ((2, 6, 5), 1)])
+def test_softmax_matches_float64(shape, axis):
+    """The last axis takes the one-pass-per-step Numba kernel (its own exp), other axes NumPy; scores
+    include a row max far above the rest (exp of -200 underflows to the floor) and large spreads.
+    Tolerance: 1e-6 absolute on probabilities."""
+    nodes = [Node("Softmax", ["x"], ["y"], "sm", {"axis": axis})]
+    g = _graph(nodes, [("x", shape)], ["y"])
+    rng = np.random.default_rng(len(shape))
+    x = (rng.standard_normal(shape) * 10).astype(np.float32)
+    x.reshape(-1)[:2] = [90.0, -200.0]
+    got = Session(g, threads=2).run({"x": x})["y"]
+    x64 = x.astype(np.float64)
+    e = np.exp(x64 - x64.max(axis=axis, keepdims=True))
+    np.testing.assert_allclose(got, e / e.sum(axis=axis, keepdims=True), rtol=0, atol=1e-6)

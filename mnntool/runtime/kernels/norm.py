@@ -2,8 +2,9 @@
 from __future__ import annotations
 
 import numpy as np
+from numba import njit, prange
 
-from . import kernel, returns, writes
+from . import kernel, returns, sized, writes
 
 
 @kernel("Scale")
@@ -48,9 +49,51 @@ def layer_norm(node, ins, outs):
     return writes(run)
 
 
+LOG2E, LN2_HI, LN2_LO = np.float32(1.4426950408889634), np.float32(0.693359375), np.float32(-2.12194440e-4)
+EXP_FLOOR = np.float32(-87.0)   # exp below this is under 2^-125: kept normal, and nothing next to a row's max
+
+
+@njit(parallel=True, cache=True, fastmath=True)
+def softmax_rows(x, out):
+    """out[r] = softmax(x[r]) over rows of (R, N), three passes a row and no temporaries: exp(t) for
+    t = x - max <= 0 is 2^k * e^f with k = round(t / ln 2), |f| <= ln2 / 2 (degree-6 Taylor, relative
+    error 1.2e-7); 2^k is written as its bits into out first, so both loops vectorize (NumPy's five
+    passes took 142 us on BERT's (4, 128, 128) scores)."""
+    for r in prange(x.shape[0]):
+        src, dst = x[r], out[r]
+        bits = dst.view(np.int32)
+        m = src[0]
+        for j in range(src.shape[0]):
+            m = max(m, src[j])
+        for j in range(src.shape[0]):
+            k = np.floor(max(src[j] - m, EXP_FLOOR) * LOG2E + np.float32(0.5))
+            bits[j] = (np.int32(k) + 127) << 23
+        total = np.float32(0)
+        for j in range(src.shape[0]):
+            t = max(src[j] - m, EXP_FLOOR)
+            k = np.floor(t * LOG2E + np.float32(0.5))
+            f = t - k * LN2_HI - k * LN2_LO
+            p = np.float32(1) + f * (np.float32(1) + f * (np.float32(0.5) + f * (np.float32(1 / 6) + f * (
+                np.float32(1 / 24) + f * (np.float32(1 / 120) + f * np.float32(1 / 720))))))
+            e = dst[j] * p
+            dst[j] = e
+            total += e
+        inv = np.float32(1) / total
+        for j in range(src.shape[0]):
+            dst[j] *= inv
+
+
 @kernel("Softmax")
 def softmax(node, ins, outs):
+    shape = ins[0].shape
     axis = int(node.param.get("axis", -1))
+    if shape is not None and len(shape) and axis % len(shape) == len(shape) - 1 and shape[-1] > 0:
+        rows = sized(softmax_rows, int(np.prod(shape)) * 8)
+
+        def run_rows(i, o):     # the last axis: rows in place
+            n = shape[-1]
+            rows(np.ascontiguousarray(i[0], np.float32).reshape(-1, n), o[0].reshape(-1, n))
+        return writes(run_rows)
 
     def run(i, o):
         np.subtract(i[0], np.max(i[0], axis=axis, keepdims=True), out=o[0])
