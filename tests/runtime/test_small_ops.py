@@ -108,3 +108,30 @@ def test_softmax_matches_float64(shape, axis):
     x64 = x.astype(np.float64)
     e = np.exp(x64 - x64.max(axis=axis, keepdims=True))
     np.testing.assert_allclose(got, e / e.sum(axis=axis, keepdims=True), rtol=0, atol=1e-6)
+
+
+@pytest.mark.parametrize("rms", [False, True])
+@pytest.mark.parametrize("affine", [False, True])
+@pytest.mark.parametrize("shape", [(1, 128, 256), (3, 5, 7)])
+def test_layer_norm_rows_match_float64(shape, affine, rms):
+    """LayerNorm over the last axis (the Numba row kernel), on rows with a mean of 1000 and unit spread
+    (float32 one-pass sums would lose the variance). Tolerance: 2e-4 absolute on values of order 1
+    (float32 inputs at 1000 carry 6e-5)."""
+    n = shape[-1]
+    rng = np.random.default_rng(n)
+    param = {"axis": [-1], "epsilon": 1e-5, "useRMSNorm": rms}
+    gamma, beta = rng.standard_normal(n).astype(np.float32), rng.standard_normal(n).astype(np.float32)
+    if affine:
+        param.update(gamma=gamma, beta=beta)
+    g = _graph([Node("LayerNorm", ["x"], ["y"], "ln", param)], [("x", shape)], ["y"])
+    x = (1000 + rng.standard_normal(shape)).astype(np.float32)
+    got = Session(g, threads=2).run({"x": x})["y"]
+    x64 = x.astype(np.float64)
+    if rms:
+        ref = x64 / np.sqrt(np.mean(x64 ** 2, axis=-1, keepdims=True) + 1e-5)
+    else:
+        d = x64 - x64.mean(axis=-1, keepdims=True)
+        ref = d / np.sqrt(np.mean(d ** 2, axis=-1, keepdims=True) + 1e-5)
+    if affine:
+        ref = ref * gamma + beta
+    np.testing.assert_allclose(got, ref, rtol=0, atol=2e-4)

@@ -21,6 +21,29 @@ def scale(node, ins, outs):
     return writes(run)
 
 
+@njit(parallel=True, cache=True, fastmath=True)
+def layer_norm_rows(x, gamma, beta, eps, rms, out):
+    """out[r] = (x[r] - mean) / sqrt(var + eps) * gamma + beta (rms: no mean, mean square for var) over
+    rows of (R, N): two passes a row, sums in float64 as NumPy's pairwise float32 sums are about as exact
+    (NumPy's five passes and temporaries took 125 us a call on BERT's (128, 256) rows)."""
+    for r in prange(x.shape[0]):
+        src, dst = x[r], out[r]
+        n = src.shape[0]
+        mean = 0.0
+        if not rms:
+            for j in range(n):
+                mean += src[j]
+            mean /= n
+        var = 0.0
+        for j in range(n):
+            d = src[j] - mean
+            var += d * d
+        inv = 1.0 / np.sqrt(var / n + eps)
+        m32, i32 = np.float32(mean), np.float32(inv)
+        for j in range(n):
+            dst[j] = (src[j] - m32) * i32 * gamma[j] + beta[j]
+
+
 @kernel("LayerNorm")
 def layer_norm(node, ins, outs):
     rank = len(ins[0].shape)
@@ -31,6 +54,16 @@ def layer_norm(node, ins, outs):
     g = np.asarray(gamma, np.float32).reshape(tail) if gamma is not None and len(gamma) else None
     bt = np.asarray(beta, np.float32).reshape(tail) if beta is not None and len(beta) else None
     rms = bool(node.param.get("useRMSNorm"))
+    if axes == (rank - 1,) and tail[0] > 0:
+        n = tail[0]
+        gv = g if g is not None else np.ones(n, np.float32)
+        bv = bt if bt is not None else np.zeros(n, np.float32)
+        rows = sized(layer_norm_rows, int(np.prod(ins[0].shape)) * 4)
+
+        def run_rows(i, o):     # the last axis: one kernel, rows in parallel
+            rows(np.ascontiguousarray(i[0], np.float32).reshape(-1, n), gv, bv, np.float32(eps), rms,
+                 o[0].reshape(-1, n))
+        return writes(run_rows)
 
     def run(i, o):
         x = i[0]
