@@ -14,7 +14,7 @@ import numpy as np
 from numba import njit, prange, types
 from numba.extending import intrinsic
 
-from .llvmir import Finish, data_of, declare, first_lanes, host_has, lane_bits, lanes, splat as splat_
+from .llvmir import Finish, data_of, vector_ops, first_lanes, host_has, lane_bits, lanes, splat as splat_
 
 HAS_AVX512 = host_has("avx512f")
 # Strips (16 columns down a block of rows, set up once) beat one call per row 1.1-2x on maps up to 56
@@ -43,11 +43,8 @@ def _make_row(stride: int, pool: bool = False):
             wp = data_of(context, builder, a[8], wa, wo_)
             op = data_of(context, builder, a[11], oa, oo_)
             const = lambda v: ir.Constant(i64, v)   # noqa: E731
-            fn = lambda name, ret, *t: declare(builder, name, ret, *t)  # noqa: E731
             splat = lambda value, vt: splat_(builder, value, vt)  # noqa: E731
-            fma = fn("llvm.fma.v16f32", f16, f16, f16, f16)
-            mload = fn("llvm.masked.load.v16f32.p0", f16, f16.as_pointer(), i32, m16, f16)
-            mstore = fn("llvm.masked.store.v16f32.p0", ir.VoidType(), f16, f16.as_pointer(), i32, m16)
+            fma, mload, mstore = vector_ops(builder)
             fzero, none = ir.Constant(f16, [0.0] * 16), ir.Constant(m16, [0] * 16)
             fill = ir.Constant(f16, [float("-inf")] * 16) if pool else fzero    # what a tap outside reads
             vmax = lambda a, b: builder.select(builder.fcmp_ordered(">", a, b), a, b)  # noqa: E731
@@ -169,10 +166,7 @@ def _make_strip(stride: int):
             zp = data_of(context, builder, a[14], za)
             op = data_of(context, builder, a[15], oa, builder.add(oo_, x0_))
             const = lambda v: ir.Constant(i64, v)   # noqa: E731
-            fn = lambda name, ret, *t: declare(builder, name, ret, *t)  # noqa: E731
-            fma = fn("llvm.fma.v16f32", f16, f16, f16, f16)
-            mload = fn("llvm.masked.load.v16f32.p0", f16, f16.as_pointer(), i32, m16, f16)
-            mstore = fn("llvm.masked.store.v16f32.p0", ir.VoidType(), f16, f16.as_pointer(), i32, m16)
+            fma, mload, mstore = vector_ops(builder)
             fzero = ir.Constant(f16, [0.0] * 16)
             wv = [splat_(builder, builder.load(builder.gep(wp, [const(k)])), f16) for k in range(9)]
             bv = splat_(builder, bias_, f16)
@@ -300,9 +294,7 @@ def _flat_step(typingctx, x, xo, masks, mo, offs, lanes, w, wo, bias, out, oo, e
         op_ = data_of(context, builder, a[4], oa_)
         wp = data_of(context, builder, a[6], wa, wo_)
         outp = data_of(context, builder, a[9], outa, oo_)
-        mload = declare(builder, "llvm.masked.load.v16f32.p0", f16, f16.as_pointer(), i32, m16, f16)
-        mstore = declare(builder, "llvm.masked.store.v16f32.p0", ir.VoidType(), f16, f16.as_pointer(), i32, m16)
-        fma = declare(builder, "llvm.fma.v16f32", f16, f16, f16, f16)
+        fma, mload, mstore = vector_ops(builder)
         const = lambda v: ir.Constant(i64, v)   # noqa: E731
         fzero = ir.Constant(f16, [0.0] * 16)
         accs = [splat_(builder, bias_, f16), fzero, fzero]

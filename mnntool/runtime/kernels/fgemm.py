@@ -17,7 +17,7 @@ import numpy as np
 from numba import njit, prange, types
 from numba.extending import intrinsic
 
-from .llvmir import Finish, data_of, declare, first_lanes, host_has, k_loop, splat as splat_
+from .llvmir import Finish, data_of, vector_ops, first_lanes, host_has, k_loop, splat as splat_
 
 OCB = 8          # output channels per tile
 WEIGHT_BLOCK = 128 * 1024   # floats: the weights one pass over the output streams per tile, kept in L2
@@ -61,10 +61,7 @@ def _make_tile(nv: int, ocb: int = OCB):
             op = data_of(context, builder, a[6], oa, oo)
             bp = data_of(context, builder, a[11], ba)
             const = lambda v: ir.Constant(i64, v)   # noqa: E731
-            fn = lambda name, ret, *t: declare(builder, name, ret, *t)  # noqa: E731
-            fma = fn("llvm.fma.v16f32", f16, f16, f16, f16)
-            mload = fn("llvm.masked.load.v16f32.p0", f16, f16.as_pointer(), i32, m16, f16)
-            mstore = fn("llvm.masked.store.v16f32.p0", ir.VoidType(), f16, f16.as_pointer(), i32, m16)
+            fma, mload, mstore = vector_ops(builder)
             fzero = ir.Constant(f16, [0.0] * 16)
             splat = lambda value, vt: splat_(builder, value, vt)  # noqa: E731
 

@@ -28,6 +28,16 @@ def declare(builder, name: str, ret, *args):
     return cgutils.get_or_insert_function(builder.module, ir.FunctionType(ret, list(args)), name)
 
 
+def vector_ops(builder):
+    """(fma, masked load, masked store) on <16 x float>: the three intrinsics every micro-kernel calls."""
+    from llvmlite import ir
+    f32, i32 = ir.FloatType(), ir.IntType(32)
+    f16, m16 = ir.VectorType(f32, 16), ir.VectorType(ir.IntType(1), 16)
+    return (declare(builder, "llvm.fma.v16f32", f16, f16, f16, f16),
+            declare(builder, "llvm.masked.load.v16f32.p0", f16, f16.as_pointer(), i32, m16, f16),
+            declare(builder, "llvm.masked.store.v16f32.p0", ir.VoidType(), f16, f16.as_pointer(), i32, m16))
+
+
 def lanes(builder, lo, hi):
     """The 16-lane mask of lanes lo <= lane < hi (i64 values, clamped to 0..16), built in a scalar
     register: a k-register move, where a vector compare of 16 i64 lanes takes four instructions."""
