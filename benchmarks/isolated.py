@@ -11,6 +11,7 @@ import json
 import subprocess
 import sys
 from pathlib import Path
+from typing import Iterator
 
 
 def bench(path, backend: str, threads: int, warmup: int = 5, runs: int = 30) -> dict:
@@ -20,6 +21,18 @@ def bench(path, backend: str, threads: int, warmup: int = 5, runs: int = 30) -> 
     if done.returncode != 0:
         raise RuntimeError(f"{' '.join(cmd)}: {done.stderr.strip().splitlines()[-1] if done.stderr.strip() else done.returncode}")
     return json.loads(done.stdout)
+
+
+def converted(models: list[str], tmp) -> "Iterator[tuple[str, Path, Path]]":
+    """(name, source .onnx, .mnn in tmp) for each fixture model, built if missing and converted."""
+    from fixtures.models import build
+    from mnntool.api import convert
+    root = Path(__file__).resolve().parents[1]
+    for name in models:
+        src = build(name, root / "build" / "fixtures")
+        dst = Path(tmp) / f"{name}.mnn"
+        convert(src, dst)
+        yield name, src, dst
 
 
 def speed_args(models: list[str], rounds: bool = False) -> argparse.Namespace:

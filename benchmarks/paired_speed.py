@@ -20,11 +20,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from fixtures.models import build  # noqa: E402
-from mnntool.api import convert  # noqa: E402
 from mnntool.bench import _Runner  # noqa: E402
 from mnntool.inputs import random_feeds  # noqa: E402
-from benchmarks.isolated import save_rows  # noqa: E402
+from benchmarks.isolated import converted, save_rows  # noqa: E402
 
 
 def paired(mnn_path: Path, onnx_path: Path, runs: int) -> dict:
@@ -57,10 +55,7 @@ def main():
     import tempfile
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
-        for name in args.models:
-            src = build(name, ROOT / "build" / "fixtures")
-            dst = Path(tmp) / f"{name}.mnn"
-            convert(src, dst)
+        for name, src, dst in converted(args.models, tmp):
             reps = [paired(dst, src, args.runs) for _ in range(args.repeats)]
             row = {"model": name, "threads": 1, "runs": args.runs, "repeats": reps,
                    **{k: statistics.median(r[k] for r in reps) for k in reps[0]}}

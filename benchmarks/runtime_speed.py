@@ -18,19 +18,14 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from fixtures.models import build  # noqa: E402
-from mnntool.api import convert  # noqa: E402
-from benchmarks.isolated import bench, save_rows, speed_args  # noqa: E402
+from benchmarks.isolated import bench, converted, save_rows, speed_args  # noqa: E402
 
 
 def main():
     args = speed_args(["resnet18", "mobilenetv2", "bert", "lstm"], rounds=True)
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
-        for name in args.models:
-            src = build(name, ROOT / "build" / "fixtures")
-            dst = Path(tmp) / f"{name}.mnn"
-            convert(src, dst)
+        for name, src, dst in converted(args.models, tmp):
             for t in args.threads:
                 rounds = []
                 for _ in range(args.rounds):
