@@ -408,7 +408,7 @@ def convolution_float(node, ins, outs, weight, bias, grid=NO_GRID):
             regrid(y)
         return writes(run_dw)
 
-    from .fgemm import HAS_AVX512, PackedGemm
+    from .fgemm import HAS_AVX512, PackedGemm, epilogue
     if kh == kw == 3 and sh == sw == 1 and dh == dw == 1 and group == 1 and cin >= 8 and cout >= 8 and HAS_AVX512:
         from .winograd import Winograd
         wino = Winograd(weight, bias, cin, h, w, oh, ow, t, l, act, grid)
@@ -418,6 +418,17 @@ def convolution_float(node, ins, outs, weight, bias, grid=NO_GRID):
                 wino(inputs[0][i], outputs[0][i])
         return writes(run_wino)
 
+    if kh == kw == 1 and h == w == oh == ow == 1 and group == 1 and n == 1 and HAS_AVX512:
+        from .gemv import matvec      # a batch-1 fully connected layer: weights streamed from memory
+        w2 = np.ascontiguousarray(weight.reshape(cout, cin))
+        lo, hi = epilogue(act, NO_GRID)[:2]
+        mv = sized(matvec, cout * cin)
+
+        def run_matvec(inputs, outputs):
+            y = outputs[0].reshape(cout)
+            mv(w2, inputs[0].reshape(cin), bias, lo, hi, y)
+            regrid(y)
+        return writes(run_matvec)
     if kh == kw == 1 and h == w == oh == ow == 1 and group == 1:
         wt = np.ascontiguousarray(weight.T)          # rows of a matmul written as a 1x1 convolution
 
