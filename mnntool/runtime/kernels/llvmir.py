@@ -141,3 +141,36 @@ class Finish:
         g = b.call(self.rint, [b.fmul(v, self.inv)])
         g = b.fmul(self.min(self.max(g, self.q_lo), self.q_hi), self.step)
         return g if self.on_grid is True else b.select(self.on_grid, g, v)
+
+
+def columns_to_rows(builder, vecs):
+    """The 16 x 8 transpose: from up to 8 <16 x float> (one per column j, lane i = row i) the 16
+    <8 x float> rows (lane j = column j; columns past len(vecs) zero). Three rounds of pairwise
+    interleaving shuffles, 48 in all, where a scatter of the same 16 x 8 (one per column) cost about
+    40 cycles each here. Each lane's row is tracked alongside, to hand the rows back in order."""
+    from llvmlite import ir
+    i32, f32 = ir.IntType(32), ir.FloatType()
+    f16 = ir.VectorType(f32, 16)
+    cols = list(vecs) + [ir.Constant(f16, [0.0] * 16)] * (8 - len(vecs))
+    rows_of = [list(range(16)) for _ in cols]    # the row each lane belongs to
+    width = 1       # adjacent lanes of one row in the current vectors
+    while width < 8:
+        nxt, nxt_rows = [], []
+        for k in range(0, len(cols), 2):
+            a, b, ra, rb = cols[k], cols[k + 1], rows_of[k], rows_of[k + 1]
+            groups = 16 // width        # row groups of `width` lanes; merge group g of a with g of b
+            for half in range(2):
+                idx = []
+                for g in range(half * groups // 2, (half + 1) * groups // 2):
+                    idx += [g * width + t for t in range(width)] + [16 + g * width + t for t in range(width)]
+                nxt.append(builder.shuffle_vector(a, b, ir.Constant(ir.VectorType(i32, 16), idx)))
+                nxt_rows.append([(ra + rb)[i] for i in idx])
+        # the next round pairs vectors holding the same rows: half 0 of pair k with half 0 of pair k+1
+        order = [k + h for h in range(2) for k in range(0, len(nxt), 2)]
+        cols, rows_of = [nxt[k] for k in order], [nxt_rows[k] for k in order]
+        width *= 2
+    rows = [None] * 16
+    for v, r in zip(cols, rows_of):      # each holds two rows of 8 lanes
+        for h in range(2):
+            rows[r[8 * h]] = builder.shuffle_vector(v, v, ir.Constant(ir.VectorType(i32, 8), [8 * h + t for t in range(8)]))
+    return rows
