@@ -429,6 +429,13 @@ def convolution_float(node, ins, outs, weight, bias, grid=NO_GRID):
             mv(w2, inputs[0].reshape(cin), bias, lo, hi, y)
             regrid(y)
         return writes(run_matvec)
+    if kh == kw == 1 and h == w == oh == ow == 1 and group == 1 and HAS_AVX512:
+        from .linear import RowGemm     # rows of a matmul written as a 1x1 convolution (a transformer's)
+        rows = RowGemm(weight.reshape(cout, cin).T, bias, act, grid, n)
+
+        def run_row_gemm(inputs, outputs):
+            rows(inputs[0].reshape(n, cin), outputs[0].reshape(n, cout))
+        return writes(run_row_gemm)
     if kh == kw == 1 and h == w == oh == ow == 1 and group == 1:
         wt = np.ascontiguousarray(weight.T)          # rows of a matmul written as a 1x1 convolution
 

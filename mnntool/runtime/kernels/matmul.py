@@ -1,4 +1,6 @@
-"""MatMul on BLAS, with a constant right-hand side packed (transposed, contiguous) at prepare time."""
+"""MatMul: on `linear`'s fgemm drivers for float32 on AVX-512 (a constant right-hand side packed with
+the bias slot at prepare; equal batch dims of two activations as one batched GEMM), else on BLAS
+with a constant right-hand side packed (transposed, contiguous) at prepare time."""
 from __future__ import annotations
 
 import numpy as np
@@ -6,14 +8,38 @@ import numpy as np
 from . import kernel, writes
 
 
+def _float32(*vals) -> bool:
+    return all(v.dtype == "float32" and v.shape is not None for v in vals)
+
+
 @kernel("MatMul", "BatchMatMul")
 def matmul(node, ins, outs):
+    from .fgemm import HAS_AVX512
     ta = bool(node.param.get("transposeA") or node.param.get("adjX"))
     tb = bool(node.param.get("transposeB") or node.param.get("adjY"))
     const_b = ins[1].value
     if const_b is not None:
         b = np.asarray(const_b, np.float32)
         b = np.ascontiguousarray(np.swapaxes(b, -1, -2) if tb and b.ndim > 1 else b)
+        if HAS_AVX512 and b.ndim == 2 and not ta and _float32(ins[0], outs[0]) and len(ins[0].shape) >= 2:
+            from .conv import NO_GRID
+            from .linear import RowGemm
+            k, n = b.shape
+            m = int(np.prod(ins[0].shape[:-1]))
+            if m == 1:      # one row (a recurrent step): the matrix-vector kernel, one call
+                from . import sized
+                from .gemv import matvec
+                bt, zero, inf = np.ascontiguousarray(b.T), np.zeros(n, np.float32), np.float32(np.inf)
+                mv = sized(matvec, n * k)
+
+                def run_vector(i, o):
+                    mv(bt, i[0].reshape(k), zero, -inf, inf, o[0].reshape(n))
+                return writes(run_vector)
+            rows = RowGemm(b, None, 0, NO_GRID, m)
+
+            def run_rows(i, o):         # batch dims folded into rows: one GEMM
+                rows(i[0].reshape(m, k), o[0].reshape(m, n))
+            return writes(run_rows)
         if len(ins[0].shape) > 2 and b.ndim == 2 and not ta:
             a_shape = ins[0].shape
 
@@ -25,6 +51,17 @@ def matmul(node, ins, outs):
             a = np.swapaxes(i[0], -1, -2) if ta else i[0]
             np.matmul(a, b, out=o[0])
         return writes(run_const)
+
+    sa, sb = ins[0].shape, ins[1].shape
+    if (HAS_AVX512 and not ta and not tb and _float32(ins[0], ins[1], outs[0]) and len(sa) == len(sb) >= 3
+            and tuple(sa[:-2]) == tuple(sb[:-2])):
+        from .linear import BatchedMatMul
+        batches, (m, k), n = int(np.prod(sa[:-2])), sa[-2:], sb[-1]
+        bmm = BatchedMatMul(batches, m, k, n)
+
+        def run_batched(i, o):
+            bmm(i[0].reshape(batches, m, k), np.ascontiguousarray(i[1]).reshape(batches, k, n), o[0])
+        return writes(run_batched)
 
     def run(i, o):
         a = np.swapaxes(i[0], -1, -2) if ta else i[0]

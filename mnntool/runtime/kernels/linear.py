@@ -1,0 +1,137 @@
+"""GEMMs whose left operand is an activation: fully connected layers over many rows (a transformer's
+linear layers, 128 tokens) and batched MatMul (attention's scores and context).
+
+They ran on OpenBLAS. At 1 thread `fgemm` is faster (128x256 @ 256x1024: 0.84 -> 0.70 ms), and at 2
+threads OpenBLAS's pool and Numba's take each other's cores whenever the two alternate: a BERT-like
+model ran no faster on 2 threads than on 1. Here the activation rows are packed per call as fgemm's
+"weights" ([M/8][K][8], a pass over M x K, small against the M x K x N multiply) and the right
+operand is read in place as its pixel rows; a bias rides along as one more k (a row of ones in the
+packed rows, the bias as the last row of the constant operand), since fgemm's epilogue adds a bias
+per output row, not per column.
+"""
+from __future__ import annotations
+
+import numpy as np
+from numba import njit, prange, types
+from numba.extending import intrinsic
+
+from . import aligned_empty, sized
+from .llvmir import columns_to_rows, data_of, first_lanes, vector_ops
+from .fgemm import BY_BLOCK_X, HAS_AVX512, OCB, _gemm_body, _tiles, epilogue_of, gemm, k_block, tile_count  # noqa: F401
+
+
+@intrinsic
+def _pack16(typingctx, a, ao, lda, rows, kn, out, oo):
+    """out[oo + 8k + r] = a[ao + r*lda + k] for k < kn (<= 16), r < 8; rows r >= `rows` as zeros. Eight
+    masked row loads, the 16 x 8 transpose in registers, sixteen 8-float stores (a scalar loop
+    over the same took 1-2 cycles an element)."""
+    from llvmlite import ir
+    sig = types.void(a, types.intp, types.intp, types.intp, types.intp, out, types.intp)
+
+    def codegen(context, builder, sig, args):
+        aa, ao_, lda_, rows_, kn_, oa, oo_ = args
+        i32, i64, f32 = ir.IntType(32), ir.IntType(64), ir.FloatType()
+        f16, f8 = ir.VectorType(f32, 16), ir.VectorType(f32, 8)
+        _, mload, _ = vector_ops(builder)
+        ap = data_of(context, builder, sig.args[0], aa, ao_)
+        op = data_of(context, builder, sig.args[5], oa, oo_)
+        ks = first_lanes(builder, kn_)
+        none = ir.Constant(ks.type, [0] * 16)
+        zero = ir.Constant(f16, [0.0] * 16)
+        cols = []
+        for r in range(OCB):
+            mask = builder.select(builder.icmp_signed("<", ir.Constant(i64, r), rows_), ks, none)
+            at = builder.bitcast(builder.gep(ap, [builder.mul(ir.Constant(i64, r), lda_)]), f16.as_pointer())
+            cols.append(builder.call(mload, [at, ir.Constant(i32, 4), mask, zero]))
+        for k, row in enumerate(columns_to_rows(builder, cols)):
+            # k rows past kn hold zeros from the masked loads; stored only while inside the block
+            inside = builder.icmp_signed("<", ir.Constant(i64, k), kn_)
+            with builder.if_then(inside):
+                builder.store(row, builder.bitcast(builder.gep(op, [ir.Constant(i64, 8 * k)]), f8.as_pointer()), align=4)
+        return context.get_dummy_value()
+    return sig, codegen
+
+
+@njit(parallel=True, cache=True)
+def pack_rows(a, ones, out):
+    """a (B, M, K) C-contiguous -> out flat [B][M/8][K + ones][8]: rows past M zero; with `ones`, a
+    last k of 1.0."""
+    nb, M, K = a.shape
+    kp = K + ones
+    nob = (M + OCB - 1) // OCB
+    af = a.reshape(-1)
+    for j in prange(nb * nob):
+        b, ob = j // nob, j % nob
+        base = j * kp * OCB
+        rows = min(OCB, M - ob * OCB)
+        for k0 in range(0, K, 16):
+            _pack16(af, (b * M + ob * OCB) * K + k0, K, rows, min(16, K - k0), out, base + k0 * OCB)
+        if ones:
+            at = base + K * OCB
+            for r in range(OCB):
+                out[at + r] = 1.0 if r < rows else 0.0
+
+
+@njit(parallel=True, cache=True)
+def gemm_rows_batched(x, xs, xstride, P, wp, wstride, K, kc, O, bias, epf, grid, out, os_, ostride, batches, by_block):
+    """`batches` GEMMs out_b[:O, :P] = x_b rows combined by packed rows wp_b (fgemm.gemm per batch,
+    every batch's tiles in one parallel loop)."""
+    nob = (O + OCB - 1) // OCB
+    per = _tiles(P)[0] * nob
+    for k0 in range(0, K, kc):
+        kn = min(kc, K - k0)
+        flags = (1 if k0 > 0 else 0, 1 if k0 + kn >= K else 0, grid)
+        for j in prange(batches * per):
+            b, idx = j // per, j % per
+            _gemm_body(x, b * xstride, xs, P, wp, b * wstride, K, O, nob, bias, epf, out, b * ostride, os_, idx, k0,
+                       kn, flags, by_block)
+
+
+class RowGemm:
+    """y (M, N) = finish(a (M, K) @ b (K, N) + bias) for a constant b; a is packed on every call."""
+
+    def __init__(self, b: np.ndarray, bias, act: int, grid, m: int):
+        k, n = b.shape
+        self.m, self.n, self.ones = m, n, 1 if bias is not None else 0
+        self.kp = k + self.ones
+        self.right = aligned_empty(self.kp * n)
+        self.right.reshape(self.kp, n)[:k] = b
+        if self.ones:
+            self.right.reshape(self.kp, n)[k] = bias
+        nob = -(-m // OCB)
+        self.packed = aligned_empty(nob * self.kp * OCB)
+        self.zero = np.zeros(nob * OCB, np.float32)
+        self.kc = k_block(self.kp, nob * OCB, tile_count(n))
+        self.by_block = self.kp * n <= BY_BLOCK_X
+        self.epf, self.grid = epilogue_of(act, grid)
+        self.pack = sized(pack_rows, m * self.kp)
+        self.fn = sized(gemm, nob * OCB * n * self.kp // 16)
+
+    def __call__(self, a: np.ndarray, y: np.ndarray) -> None:
+        """a (M, K) rows (any strides), y (M, N) C-contiguous."""
+        self.pack(np.ascontiguousarray(a).reshape(1, self.m, -1), self.ones, self.packed)
+        self.fn(self.right, self.n, self.n, self.packed, self.kp, self.kc, self.m, self.zero, self.epf, self.grid,
+                y.reshape(-1), self.n, self.by_block)
+
+
+class BatchedMatMul:
+    """out (B, M, N) = a (B, M, K) @ b (B, K, N), both activations, b C-contiguous."""
+
+    def __init__(self, batches: int, m: int, k: int, n: int):
+        from .fgemm import IDENTITY
+        self.shape = (batches, m, k, n)
+        nob = -(-m // OCB)
+        self.wstride = nob * k * OCB
+        self.packed = aligned_empty(batches * self.wstride)
+        self.zero = np.zeros(nob * OCB, np.float32)
+        self.kc = k_block(k, nob * OCB, tile_count(n))
+        self.by_block = k * n <= BY_BLOCK_X
+        self.epf = IDENTITY
+        self.pack = sized(pack_rows, batches * m * k)
+        self.fn = sized(gemm_rows_batched, batches * nob * OCB * n * k // 16)
+
+    def __call__(self, a: np.ndarray, b: np.ndarray, out: np.ndarray) -> None:
+        nb, m, k, n = self.shape
+        self.pack(np.ascontiguousarray(a), 0, self.packed)
+        self.fn(b.reshape(-1), n, k * n, n, self.packed, self.wstride, k, self.kc, m, self.zero, self.epf, 0,
+                out.reshape(-1), n, m * n, nb, self.by_block)
