@@ -8,6 +8,18 @@ from ..ir.graph import Graph, Node
 from .util import sole_user
 
 
+def _bias_of(g: Graph, add: Node, y: str, n_out: int):
+    """The bias an Add puts on every row of the product y: a float constant of n_out values along the
+    last axis, on either side (PyTorch exports Linear as Add(bias, MatMul)); else None."""
+    if add.op != "BinaryOp" or add.param.get("opType") != "ADD" or len(add.inputs) != 2 or y not in add.inputs:
+        return None
+    other = add.inputs[1] if add.inputs[0] == y else add.inputs[0]
+    c = g.constants.get(other)
+    if c is None or c.dtype.kind != "f" or c.size != n_out or (c.ndim and c.shape[-1] != n_out):
+        return None
+    return c.reshape(-1).astype(np.float32)
+
+
 class MatMulToConvPass:
     name = "matmul_to_conv"
 
@@ -28,10 +40,9 @@ class MatMulToConvPass:
             bias = np.zeros(n_out, np.float32)
             last, relu = mm, False
             add = sole_user(g, mm)
-            if add is not None and add.op == "BinaryOp" and add.param.get("opType") == "ADD" and \
-                    add.inputs[0] == mm.outputs[0] and add.inputs[1] in g.constants and \
-                    g.constants[add.inputs[1]].size == n_out and g.constants[add.inputs[1]].dtype.kind == "f":
-                bias = g.constants[add.inputs[1]].reshape(-1).astype(np.float32)
+            b = _bias_of(g, add, mm.outputs[0], n_out) if add is not None else None
+            if b is not None:
+                bias = b
                 last, relu = add, int(add.param.get("activationType", 0)) == 1   # a ReLU fused into the add
             out = last.outputs[0]
             rows = int(np.prod(a.shape[:-1]))

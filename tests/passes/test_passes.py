@@ -120,13 +120,22 @@ def test_remove_noops_and_dead_code(tmp_path):
     assert "UnaryOp" not in [n.op for n in g2.nodes]
 
 
-def test_matmul_to_conv_matches_mnn(tmp_path):
-    nodes = [h.make_node("MatMul", ["x", "w"], ["m"]), h.make_node("Add", ["m", "b"], ["y"])]
+@pytest.mark.parametrize("add_inputs", [["m", "b"], ["b", "m"]])     # PyTorch's Linear exports Add(bias, MatMul)
+def test_matmul_to_conv_matches_mnn(tmp_path, add_inputs):
+    nodes = [h.make_node("MatMul", ["x", "w"], ["m"]), h.make_node("Add", add_inputs, ["y"])]
     feeds = save(tmp_path / "m.onnx", nodes, [("x", [2, 5, 16])], {"w": f32(16, 7), "b": f32(7)})
     g, _ = check_pass(tmp_path / "m.onnx", feeds, "matmul_to_conv")
     assert [n.op for n in g.nodes] == ["Reshape", "Convolution", "Reshape"]
     api.convert(tmp_path / "m.onnx", tmp_path / "m.mnn")
     assert_close(ort_run(tmp_path / "m.onnx", feeds)["y"], mnn_run(tmp_path / "m.mnn", ["x"], ["y"], feeds)["y"])
+
+
+def test_matmul_to_conv_keeps_an_add_that_is_not_a_row_bias(tmp_path):
+    """A (5, 1) constant has the conv's 5 output channels' count but broadcasts down the rows."""
+    nodes = [h.make_node("MatMul", ["x", "w"], ["m"]), h.make_node("Add", ["b", "m"], ["y"])]
+    feeds = save(tmp_path / "m.onnx", nodes, [("x", [5, 16])], {"w": f32(16, 5), "b": f32(5, 1)})
+    g, _ = check_pass(tmp_path / "m.onnx", feeds, "matmul_to_conv")
+    assert [n.op for n in g.nodes] == ["Reshape", "Convolution", "Reshape", "BinaryOp"]
 
 
 def test_O0_keeps_the_graph_as_imported(fixture_model, tmp_path):
