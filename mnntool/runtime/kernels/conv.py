@@ -429,7 +429,8 @@ def convolution_float(node, ins, outs, weight, bias, grid=NO_GRID):
             mv(w2, inputs[0].reshape(cin), bias, lo, hi, y)
             regrid(y)
         return writes(run_matvec)
-    if kh == kw == 1 and h == w == oh == ow == 1 and group == 1 and HAS_AVX512:
+    from .linear import SMALL_GEMM
+    if kh == kw == 1 and h == w == oh == ow == 1 and group == 1 and HAS_AVX512 and n * cin * cout >= SMALL_GEMM:
         from .linear import RowGemm     # rows of a matmul written as a 1x1 convolution (a transformer's)
         rows = RowGemm(weight.reshape(cout, cin).T, bias, act, grid, n)
 

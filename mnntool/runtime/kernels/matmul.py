@@ -23,10 +23,12 @@ def matmul(node, ins, outs):
         b = np.ascontiguousarray(np.swapaxes(b, -1, -2) if tb and b.ndim > 1 else b)
         if HAS_AVX512 and b.ndim == 2 and not ta and _float32(ins[0], outs[0]) and len(ins[0].shape) >= 2:
             from .conv import NO_GRID
-            from .linear import RowGemm
+            from .linear import SMALL_GEMM, RowGemm
             k, n = b.shape
             m = int(np.prod(ins[0].shape[:-1]))
-            if m == 1:      # one row (a recurrent step): the matrix-vector kernel, one call
+            if m == 1 and k * n >= 65536:
+                # one row with weights past L2: the matrix-vector kernel's 16 streams (below, np.dot's
+                # call costs less: 1.6 against 2.1 us at 64x256, an unrolled LSTM's recurrence)
                 from . import sized
                 from .gemv import matvec
                 bt, zero, inf = np.ascontiguousarray(b.T), np.zeros(n, np.float32), np.float32(np.inf)
@@ -35,11 +37,12 @@ def matmul(node, ins, outs):
                 def run_vector(i, o):
                     mv(bt, i[0].reshape(k), zero, -inf, inf, o[0].reshape(n))
                 return writes(run_vector)
-            rows = RowGemm(b, None, 0, NO_GRID, m)
+            if m > 1 and m * k * n >= SMALL_GEMM:
+                rows = RowGemm(b, None, 0, NO_GRID, m)
 
-            def run_rows(i, o):         # batch dims folded into rows: one GEMM
-                rows(i[0].reshape(m, k), o[0].reshape(m, n))
-            return writes(run_rows)
+                def run_rows(i, o):         # batch dims folded into rows: one GEMM
+                    rows(i[0].reshape(m, k), o[0].reshape(m, n))
+                return writes(run_rows)
         if len(ins[0].shape) > 2 and b.ndim == 2 and not ta:
             a_shape = ins[0].shape
 
@@ -53,8 +56,9 @@ def matmul(node, ins, outs):
         return writes(run_const)
 
     sa, sb = ins[0].shape, ins[1].shape
+    from .linear import SMALL_GEMM
     if (HAS_AVX512 and not ta and not tb and _float32(ins[0], ins[1], outs[0]) and len(sa) == len(sb) >= 3
-            and tuple(sa[:-2]) == tuple(sb[:-2])):
+            and tuple(sa[:-2]) == tuple(sb[:-2]) and np.prod(sa, dtype=np.int64) * sb[-1] >= SMALL_GEMM):
         from .linear import BatchedMatMul
         batches, (m, k), n = int(np.prod(sa[:-2])), sa[-2:], sb[-1]
         bmm = BatchedMatMul(batches, m, k, n)
