@@ -16,6 +16,7 @@ from ..ir.graph import Graph
 from ..ir.ops import Val
 from ..ir.shape_inference import infer_shapes
 from .kernels import KERNELS, Kernel, aligned_empty
+from .kernels.program import Programs, runs_here
 
 
 @dataclass
@@ -98,12 +99,12 @@ class Session:
             slot(name)
         steps: list[Step] = []
         grids: dict[str, float] = {}
-        for node in g.nodes:
+        programs, run = Programs(), []      # run: consecutive small elementwise nodes (see kernels.program)
+
+        def build(node, ins, outs):
             factory = KERNELS.get(node.op)
             if factory is None:
                 raise MnnToolError(f"op {node.op} ('{node.name}') is not supported by the runtime")
-            ins = [replace(vals.get(i, Val(None)), grid=grids.get(i)) for i in node.inputs]
-            outs = [vals.get(o, Val(None)) for o in node.outputs]
             try:
                 k = factory(node, ins, outs)
             except MnnToolError:
@@ -116,6 +117,32 @@ class Session:
                 grids[node.outputs[0]] = k.out_grid
             steps.append(Step(node.name, node.op, k, [slot(i) if i else -1 for i in node.inputs],
                               [slot(o) for o in node.outputs]))
+
+        def emit(nodes, externals, outputs, k):
+            name = nodes[0].name + (f" (+{len(nodes) - 1} ops)" if len(nodes) > 1 else "")
+            steps.append(Step(name, "Program", k, [slot(i) for i in externals], [slot(o) for o in outputs]))
+
+        def flush():
+            if len(run) > 1:
+                for item in run:
+                    if programs.nodes and not programs.fits(item[0]):
+                        emit(*programs.close())
+                    programs.add(*item)
+                emit(*programs.close())
+            else:
+                for item in run:
+                    build(*item)
+            run.clear()
+        for node in g.nodes:
+            ins = [replace(vals.get(i, Val(None)), grid=grids.get(i)) for i in node.inputs]
+            outs = [vals.get(o, Val(None)) for o in node.outputs]
+            if runs_here(node, ins, outs):
+                run.append((node, ins, outs))
+                continue
+            flush()
+            build(node, ins, outs)
+        flush()
+        programs.finish()
         slots: list = [None] * (len(names) + 1)     # the last stays None: what an absent input (-1) reads
         for name, value in g.constants.items():
             slots[index[name]] = value

@@ -72,8 +72,9 @@ def test_buffers_start_on_a_cache_line():
     np.testing.assert_array_equal(packed.reshape(1, 6, 8)[0, :, :5], w.T)
     nodes = [Node("BinaryOp", ["a", "a"], ["s"], "add", {"opType": "ADD"}),
              Node("BinaryOp", ["s", "a"], ["y"], "mul", {"opType": "MUL"})]
-    sess = Session(_graph(nodes, [("a", (3, 5, 7))], ["y"]), threads=1)
-    plan = sess.prepare({"a": (3, 5, 7)})
+    # past kernels.program's LIMIT, so the adds get pool buffers of their own
+    sess = Session(_graph(nodes, [("a", (3, 50, 170))], ["y"]), threads=1)
+    plan = sess.prepare({"a": (3, 50, 170)})
     views = [v for s in plan.steps for v in s.out_views]
     assert views and all(v.ctypes.data % CACHE_LINE == 0 for v in views)
 

@@ -55,8 +55,8 @@ def concat(node, ins, outs):
                                               axis=axis, out=o[0]))
 
 
-@kernel("Slice")
-def split(node, ins, outs):
+def split_bounds(node, ins, outs) -> tuple[int, list[int]]:
+    """A Slice's axis and the piece boundaries along it ([0, ..., size])."""
     shape = ins[0].shape
     axis = int(node.param.get("axis", 0)) % len(shape)
     points = node.param.get("slicePoints")
@@ -66,9 +66,14 @@ def split(node, ins, outs):
         sizes = _ints(ins[1].value) if len(ins) > 1 else (_ints(points) if points is not None and len(points) else
                                                          [shape[axis] // len(outs)] * len(outs))
         cuts = list(np.cumsum(sizes)[:-1])
+    return axis, [0] + [int(c) for c in cuts] + [shape[axis]]
+
+
+@kernel("Slice")
+def split(node, ins, outs):
     # the pieces as precomputed index tuples: np.split costs 4 us a call, these 0.6 (an LSTM splits its
     # gates once per time step)
-    bounds = [0] + [int(c) for c in cuts] + [shape[axis]]
+    axis, bounds = split_bounds(node, ins, outs)
     pieces = [(slice(None),) * axis + (slice(lo, hi),) for lo, hi in zip(bounds[:-1], bounds[1:])]
     return returns(lambda i: [i[0][p] for p in pieces])
 

@@ -1,0 +1,79 @@
+"""Runs of small elementwise ops as one program (`kernels.program`): every op `execute` has, scalar
+broadcast, a fused ReLU, a Slice's pieces as ranges, programs split at five outside inputs and at an
+op that is not theirs, and every tensor readable with keep_all. Reference: numpy in float64;
+tolerance 1e-6 absolute on values of order 1."""
+import numpy as np
+
+from mnntool.ir.graph import Graph, Node, TensorInfo
+from mnntool.runtime.session import Session
+
+
+def _graph(nodes, inputs, outputs, consts=None):
+    g = Graph(nodes=nodes, inputs=[n for n, _ in inputs], outputs=outputs)
+    for name, shape in inputs:
+        g.tensors[name] = TensorInfo(name, "float32", shape)
+    for name, value in (consts or {}).items():
+        g.constants[name] = value
+        g.tensors[name] = TensorInfo(name, str(value.dtype), value.shape)
+    return g
+
+
+def bop(kind, a, b, y, relu=0):
+    return Node("BinaryOp", [a, b], [y], y, {"opType": kind, "activationType": relu})
+
+
+def uop(kind, x, y):
+    return Node("UnaryOp", [x], [y], y, {"opType": kind})
+
+
+def test_every_op_and_the_splits_match_numpy():
+    n = 48
+    nodes = [bop("ADD", "a", "b", "s"),
+             Node("Slice", ["s"], ["p", "q", "r"], "split", {"axis": 2, "slicePoints": [16, 32], "sourceType": "CAFFE"}),
+             uop("SIGMOID", "p", "sp"), Node("Sigmoid", ["q"], ["sq"], "sq"), Node("TanH", ["r"], ["tr"], "tr"),
+             uop("TANH", "q", "tq"), Node("ReLU", ["p"], ["rp"], "rp"), uop("NEG", "q", "nq"), uop("EXP", "sp", "ep"),
+             uop("ABS", "r", "ar"), bop("SUB", "sp", "sq", "d"), bop("MUL", "d", "half", "m"),
+             bop("REALDIV", "ep", "two", "dv"), bop("MAXIMUM", "tr", "nq", "mx"), bop("MINIMUM", "tq", "ar", "mn"),
+             bop("ADD", "mx", "mn", "z", relu=1),
+             # outside inputs: c, e, f, h with a, b above -> the program splits before five
+             bop("ADD", "z", "c", "z1"), bop("ADD", "z1", "e", "z2"), bop("ADD", "z2", "f", "z3"), bop("ADD", "z3", "h", "z4"),
+             Node("Concat", ["z4", "m"], ["cat"], "cat", {"axis": 2}),     # not a program op: a new run after it
+             bop("MUL", "cat", "cat", "sq2"), uop("TANH", "sq2", "y")]
+    shape = (1, 1, n)
+    small = (1, 1, 16)
+    consts = {"half": np.array([0.5], np.float32), "two": np.array(2.0, np.float32)}
+    g = _graph(nodes, [("a", shape), ("b", shape), ("c", small), ("e", small), ("f", small), ("h", small)],
+               ["y", "dv", "rp"], consts)
+    rng = np.random.default_rng(0)
+    feeds = {k: rng.standard_normal(v.shape).astype(np.float32) * 2 for k, v in g.tensors.items() if k in g.inputs}
+    sess = Session(g, threads=1)
+    got = sess.run(feeds, keep_all=True)
+    assert [s.op for s in sess.plan.steps].count("Program") >= 3
+
+    f = {k: v.astype(np.float64) for k, v in feeds.items()}
+    sig = lambda v: 1 / (1 + np.exp(-v))  # noqa: E731
+    s = f["a"] + f["b"]
+    p, q, r = s[..., :16], s[..., 16:32], s[..., 32:]
+    sp, sq, tr, tq = sig(p), sig(q), np.tanh(r), np.tanh(q)
+    m = (sp - sq) * 0.5
+    z = np.maximum(np.maximum(tr, -q) + np.minimum(tq, np.abs(r)), 0)
+    z4 = z + f["c"] + f["e"] + f["f"] + f["h"]
+    cat = np.concatenate([z4, m], axis=2)
+    want = {"s": s, "p": p, "r": r, "sp": sp, "sq": sq, "rp": np.maximum(p, 0), "ep": np.exp(sp), "dv": np.exp(sp) / 2,
+            "m": m, "z": z, "z4": z4, "cat": cat, "y": np.tanh(cat * cat)}
+    for name, ref in want.items():
+        np.testing.assert_allclose(got[name], ref, rtol=0, atol=1e-6, err_msg=name)
+    again = sess.run(feeds)      # a second run reuses the arena and reloads the outside inputs
+    np.testing.assert_allclose(again["y"], want["y"], rtol=0, atol=1e-6)
+
+
+def test_programs_are_left_for_large_or_broadcast_tensors():
+    """A (4, 1) + (1, 4) broadcast and a tensor past LIMIT keep their own kernels."""
+    nodes = [bop("ADD", "a", "b", "s"), uop("TANH", "s", "t"), bop("MUL", "big", "big", "bb"), uop("NEG", "bb", "nb")]
+    g = _graph(nodes, [("a", (4, 1)), ("b", (1, 4)), ("big", (200, 100))], ["t", "nb"])
+    feeds = {"a": np.ones((4, 1), np.float32), "b": np.arange(4, dtype=np.float32)[None], "big": np.ones((200, 100), np.float32)}
+    sess = Session(g, threads=1)
+    got = sess.run(feeds)
+    assert "Program" not in [s.op for s in sess.plan.steps]
+    np.testing.assert_allclose(got["t"], np.tanh(1 + np.arange(4))[None].repeat(4, 0), atol=1e-6)
+    np.testing.assert_array_equal(got["nb"], -np.ones((200, 100)))
