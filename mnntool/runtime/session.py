@@ -16,7 +16,7 @@ from ..ir.graph import Graph
 from ..ir.ops import Val
 from ..ir.shape_inference import infer_shapes
 from .kernels import KERNELS, Kernel, aligned_empty
-from .kernels.program import Programs, runs_here
+from .kernels.program import Programs
 
 
 @dataclass
@@ -99,7 +99,7 @@ class Session:
             slot(name)
         steps: list[Step] = []
         grids: dict[str, float] = {}
-        programs, run = Programs(), []      # run: consecutive small elementwise nodes (see kernels.program)
+        programs, run = Programs(g.constants), []   # run: consecutive small elementwise nodes (kernels.program)
 
         def build(node, ins, outs):
             factory = KERNELS.get(node.op)
@@ -136,7 +136,7 @@ class Session:
         for node in g.nodes:
             ins = [replace(vals.get(i, Val(None)), grid=grids.get(i)) for i in node.inputs]
             outs = [vals.get(o, Val(None)) for o in node.outputs]
-            if runs_here(node, ins, outs):
+            if programs.accepts(node, ins, outs):
                 run.append((node, ins, outs))
                 continue
             flush()

@@ -77,3 +77,35 @@ def test_programs_are_left_for_large_or_broadcast_tensors():
     assert "Program" not in [s.op for s in sess.plan.steps]
     np.testing.assert_allclose(got["t"], np.tanh(1 + np.arange(4))[None].repeat(4, 0), atol=1e-6)
     np.testing.assert_array_equal(got["nb"], -np.ones((200, 100)))
+
+
+def test_a_recurrent_step_runs_as_one_program():
+    """An unrolled RNN's pieces: a time step's row of the inputs (a contiguous StridedSlice), the
+    one-row MatMul with a constant (plain and transposeB, weights past 16 rows and with a tail of k),
+    a constant initial state; a strided (non-contiguous) slice keeps its own kernel."""
+    k, n = 37, 50
+    rng = np.random.default_rng(1)
+    w, wt = rng.standard_normal((k, n)).astype(np.float32), rng.standard_normal((n, n)).astype(np.float32)
+    h0 = rng.standard_normal((1, 1, k)).astype(np.float32)
+    i32 = lambda *v: np.array(v, np.int32)  # noqa: E731
+    ss = {"fromType": 1}     # ONNX Slice semantics: starts, ends, axes
+    nodes = [Node("StridedSlice", ["xs", "s1", "e1", "ax"], ["x1"], "x1", ss),
+             Node("MatMul", ["h0", "w"], ["hw"], "hw", {}),
+             bop("ADD", "x1", "hw", "g"), uop("TANH", "g", "h1"),
+             Node("MatMul", ["h1", "wt"], ["hw2"], "hw2", {"transposeB": True}),
+             Node("StridedSlice", ["xs", "s2", "e2", "ax"], ["x2"], "x2", ss),
+             bop("ADD", "x2", "hw2", "g2"), Node("Sigmoid", ["g2"], ["y"], "y"),
+             Node("StridedSlice", ["xs", "s0", "e0", "ax2"], ["cols"], "cols", {"fromType": 1})]
+    consts = {"w": w, "wt": wt, "h0": h0, "s1": i32(0), "e1": i32(1), "s2": i32(1), "e2": i32(2), "ax": i32(0),
+              "s0": i32(0), "e0": i32(3), "ax2": i32(2)}
+    g = _graph(nodes, [("xs", (2, 1, n))], ["y", "h1", "cols"], consts)
+    xs = rng.standard_normal((2, 1, n)).astype(np.float32)
+    sess = Session(g, threads=1)
+    got = sess.run({"xs": xs}, keep_all=True)
+    ops = [s.op for s in sess.plan.steps]
+    assert ops.count("Program") == 1 and "MatMul" not in ops and ops.count("StridedSlice") == 1
+    h1 = np.tanh(xs[0:1].astype(np.float64) + h0 @ w.astype(np.float64))
+    y = 1 / (1 + np.exp(-(xs[1:2] + h1 @ wt.T.astype(np.float64))))
+    np.testing.assert_allclose(got["h1"], h1, rtol=0, atol=1e-6)
+    np.testing.assert_allclose(got["y"], y, rtol=0, atol=1e-6)
+    np.testing.assert_array_equal(got["cols"], xs[:, :, :3])

@@ -19,22 +19,22 @@ ROWS = 16
 
 
 @intrinsic
-def _dot16(typingctx, w, wo, ws, x, k, out, oo, n):
-    """out[oo + r] = sum_j w[wo + r*ws + j] * x[j] over j < k, for rows r < n (n <= 16): 16 lanes of k
+def _dot16(typingctx, w, wo, ws, x, xo, k, out, oo, n):
+    """out[oo + r] = sum_j w[wo + r*ws + j] * x[xo + j] over j < k, for rows r < n (n <= 16): 16 lanes of k
     per step for every row at once, a masked step for the last k % 16, then one vector of 16 sums by a
     transposing add tree, stored masked to the first n lanes."""
     from llvmlite import ir
-    sig = types.void(w, types.intp, types.intp, x, types.intp, out, types.intp, types.intp)
+    sig = types.void(w, types.intp, types.intp, x, types.intp, types.intp, out, types.intp, types.intp)
 
     def codegen(context, builder, sig, args):
-        wa, wo_, ws_, xa, k_, oa, oo_, n_ = args
+        wa, wo_, ws_, xa, xo_, k_, oa, oo_, n_ = args
         i32, i64, f32 = ir.IntType(32), ir.IntType(64), ir.FloatType()
         f16 = ir.VectorType(f32, 16)
         fma, mload, mstore = vector_ops(builder)
         const = lambda v: ir.Constant(i64, v)   # noqa: E731
         wp = data_of(context, builder, sig.args[0], wa, wo_)
-        xp = data_of(context, builder, sig.args[3], xa)
-        op = data_of(context, builder, sig.args[5], oa, oo_)
+        xp = data_of(context, builder, sig.args[3], xa, xo_)
+        op = data_of(context, builder, sig.args[6], oa, oo_)
         zero = ir.Constant(f16, [0.0] * 16)
         # rows past n read row 0 again (in bounds) and are never stored
         row_at = [builder.gep(wp, [builder.select(builder.icmp_signed("<", const(r), n_), builder.mul(const(r), ws_),
@@ -76,6 +76,6 @@ def matvec(w, x, bias, lo, hi, y):
     for blk in prange((O + ROWS - 1) // ROWS):
         o = blk * ROWS
         n = min(ROWS, O - o)
-        _dot16(wf, o * K, K, x, K, y, o, n)
+        _dot16(wf, o * K, K, x, 0, K, y, o, n)
         for r in range(o, o + n):
             y[r] = min(max(y[r] + bias[r], lo), hi)

@@ -87,6 +87,20 @@ LOG2E, LN2_HI, LN2_LO = np.float32(1.4426950408889634), np.float32(0.693359375),
 EXP_FLOOR = np.float32(-87.0)   # exp below this is under 2^-125: kept normal, and nothing next to a row's max
 
 
+@njit(cache=True, fastmath=True, inline="always")
+def exp_split(t):
+    """t = k ln2 + f with k = round(t / ln 2), |f| <= ln2 / 2: k as a float and f."""
+    k = np.floor(t * LOG2E + np.float32(0.5))
+    return k, t - k * LN2_HI - k * LN2_LO
+
+
+@njit(cache=True, fastmath=True, inline="always")
+def exp_poly(f):
+    """e^f for |f| <= ln2 / 2: degree-6 Taylor, relative error 1.2e-7."""
+    return np.float32(1) + f * (np.float32(1) + f * (np.float32(0.5) + f * (np.float32(1 / 6) + f * (
+        np.float32(1 / 24) + f * (np.float32(1 / 120) + f * np.float32(1 / 720))))))
+
+
 @njit(parallel=True, cache=True, fastmath=True)
 def softmax_rows(x, out):
     """out[r] = softmax(x[r]) over rows of (R, N), four loops a row and no temporaries: exp(t) for
@@ -100,16 +114,12 @@ def softmax_rows(x, out):
         for j in range(src.shape[0]):
             m = max(m, src[j])
         for j in range(src.shape[0]):
-            k = np.floor(max(src[j] - m, EXP_FLOOR) * LOG2E + np.float32(0.5))
+            k, _ = exp_split(max(src[j] - m, EXP_FLOOR))
             bits[j] = (np.int32(k) + 127) << 23
         total = np.float32(0)
         for j in range(src.shape[0]):
-            t = max(src[j] - m, EXP_FLOOR)
-            k = np.floor(t * LOG2E + np.float32(0.5))
-            f = t - k * LN2_HI - k * LN2_LO
-            p = np.float32(1) + f * (np.float32(1) + f * (np.float32(0.5) + f * (np.float32(1 / 6) + f * (
-                np.float32(1 / 24) + f * (np.float32(1 / 120) + f * np.float32(1 / 720))))))
-            e = dst[j] * p
+            _, f = exp_split(max(src[j] - m, EXP_FLOOR))
+            e = dst[j] * exp_poly(f)
             dst[j] = e
             total += e
         inv = np.float32(1) / total
