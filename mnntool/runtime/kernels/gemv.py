@@ -8,7 +8,6 @@ the memory latency overlaps) with one zmm accumulator per row: 0.17 ms on the sa
 """
 from __future__ import annotations
 
-import numpy as np
 from numba import njit, prange, types
 from numba.extending import intrinsic
 

@@ -35,8 +35,7 @@ def _make_tile(np_: int):
         def codegen(context, builder, sig, args):
             xa, xo, xs_, wa, wo, nk_, oa, oo, ostr, rows_, ba, bo, epfa, grid_, pa, po_, fla = args
             i1, i32, i64, f32 = ir.IntType(1), ir.IntType(32), ir.IntType(64), ir.FloatType()
-            f16, m16 = ir.VectorType(f32, 16), ir.VectorType(i1, 16)
-            fp = f32.as_pointer()
+            f16 = ir.VectorType(f32, 16)
             a = sig.args
             xp = data_of(context, builder, a[0], xa, xo)
             wp = data_of(context, builder, a[3], wa, wo)
