@@ -408,7 +408,7 @@ def convolution_float(node, ins, outs, weight, bias, grid=NO_GRID):
             regrid(y)
         return writes(run_dw)
 
-    from .fgemm import HAS_AVX512, PackedGemm, epilogue
+    from .fgemm import HAS_AVX512, PackedGemm
     if kh == kw == 3 and sh == sw == 1 and dh == dw == 1 and group == 1 and cin >= 8 and cout >= 8 and HAS_AVX512:
         from .winograd import Winograd
         wino = Winograd(weight, bias, cin, h, w, oh, ow, t, l, act, grid)
@@ -418,27 +418,26 @@ def convolution_float(node, ins, outs, weight, bias, grid=NO_GRID):
                 wino(inputs[0][i], outputs[0][i])
         return writes(run_wino)
 
-    if kh == kw == 1 and h == w == oh == ow == 1 and group == 1 and n == 1 and HAS_AVX512:
-        from .gemv import matvec      # a batch-1 fully connected layer: weights streamed from memory
-        w2 = np.ascontiguousarray(weight.reshape(cout, cin))
-        lo, hi = epilogue(act, NO_GRID)[:2]
-        mv = sized(matvec, cout * cin)
+    fully_connected = kh == kw == 1 and h == w == oh == ow == 1 and group == 1     # a matmul's rows as a 1x1 conv
+    if fully_connected and n == 1 and HAS_AVX512:
+        from .gemv import MatVec      # batch 1: weights streamed from memory
+        mv = MatVec(weight.reshape(cout, cin), bias, act)
 
         def run_matvec(inputs, outputs):
             y = outputs[0].reshape(cout)
-            mv(w2, inputs[0].reshape(cin), bias, lo, hi, y)
+            mv(inputs[0].reshape(cin), y)
             regrid(y)
         return writes(run_matvec)
     from .linear import SMALL_GEMM
-    if kh == kw == 1 and h == w == oh == ow == 1 and group == 1 and HAS_AVX512 and n * cin * cout >= SMALL_GEMM:
-        from .linear import RowGemm     # rows of a matmul written as a 1x1 convolution (a transformer's)
+    if fully_connected and HAS_AVX512 and n * cin * cout >= SMALL_GEMM:
+        from .linear import RowGemm     # many rows (a transformer's tokens)
         rows = RowGemm(weight.reshape(cout, cin).T, bias, act, grid, n)
 
         def run_row_gemm(inputs, outputs):
             rows(inputs[0].reshape(n, cin), outputs[0].reshape(n, cout))
         return writes(run_row_gemm)
-    if kh == kw == 1 and h == w == oh == ow == 1 and group == 1:
-        wt = np.ascontiguousarray(weight.T)          # rows of a matmul written as a 1x1 convolution
+    if fully_connected:
+        wt = np.ascontiguousarray(weight.T)
 
         def run_rows(inputs, outputs):
             y = outputs[0].reshape(n, cout)

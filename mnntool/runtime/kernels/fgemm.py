@@ -185,18 +185,18 @@ def gemm(x, xs, P, wp, K, kc, O, bias, epf, grid, out, os_, by_block):
 
 
 @njit(parallel=True, cache=True)
-def gemm_batched(x, xs, xstride, P, wp, wstride, K, kc, nob, bias, epf, out, os_, ostride, batches):
-    """`batches` independent GEMMs (Winograd positions): x, weights and out advance by their strides;
-    bias/activation off (epf is an identity range)."""
-    ntile = _tiles(P)[0]
-    per = ntile * nob
+def gemm_batched(x, xs, xstride, P, wp, wstride, K, kc, O, bias, epf, grid, out, os_, ostride, batches, by_block):
+    """`batches` independent GEMMs (Winograd positions, batched MatMul) as `gemm`, every batch's tiles in
+    one parallel loop: x, packed weights and out advance by their strides."""
+    nob = (O + OCB - 1) // OCB
+    per = _tiles(P)[0] * nob
     for k0 in range(0, K, kc):
         kn = min(kc, K - k0)
-        flags = (1 if k0 > 0 else 0, 1, 0)
+        flags = (1 if k0 > 0 else 0, 1 if k0 + kn >= K else 0, grid)
         for j in prange(batches * per):
             b, idx = j // per, j % per
-            _gemm_body(x, b * xstride, xs, P, wp, b * wstride, K, nob * OCB, nob, bias, epf, out, b * ostride, os_,
-                       idx, k0, kn, flags, False)
+            _gemm_body(x, b * xstride, xs, P, wp, b * wstride, K, O, nob, bias, epf, out, b * ostride, os_, idx, k0,
+                       kn, flags, by_block)
 
 
 @njit(parallel=True, cache=True, fastmath=True)

@@ -18,7 +18,7 @@ ROWS = 16
 
 
 @intrinsic
-def _dot16(typingctx, w, wo, ws, x, xo, k, out, oo, n):
+def dot16(typingctx, w, wo, ws, x, xo, k, out, oo, n):
     """out[oo + r] = sum_j w[wo + r*ws + j] * x[xo + j] over j < k, for rows r < n (n <= 16): 16 lanes of k
     per step for every row at once, a masked step for the last k % 16, then one vector of 16 sums by a
     transposing add tree, stored masked to the first n lanes."""
@@ -75,6 +75,26 @@ def matvec(w, x, bias, lo, hi, y):
     for blk in prange((O + ROWS - 1) // ROWS):
         o = blk * ROWS
         n = min(ROWS, O - o)
-        _dot16(wf, o * K, K, x, 0, K, y, o, n)
+        dot16(wf, o * K, K, x, 0, K, y, o, n)
         for r in range(o, o + n):
             y[r] = min(max(y[r] + bias[r], lo), hi)
+
+
+class MatVec:
+    """y = clip(w @ x + bias, activation bounds) for a constant w (O, K): the weights contiguous, the
+    serial or parallel kernel chosen at prepare."""
+
+    def __init__(self, w, bias=None, act: int = 0):
+        import numpy as np
+
+        from . import sized
+        from .conv import NO_GRID
+        from .fgemm import epilogue
+        self.w = np.ascontiguousarray(w, np.float32)
+        self.bias = np.zeros(self.w.shape[0], np.float32) if bias is None else np.ascontiguousarray(bias, np.float32)
+        self.lo, self.hi = epilogue(act, NO_GRID)[:2]
+        self.fn = sized(matvec, self.w.size)
+
+    def __call__(self, x, y) -> None:
+        """x (K,), y (O,) C-contiguous."""
+        self.fn(self.w, x, self.bias, self.lo, self.hi, y)

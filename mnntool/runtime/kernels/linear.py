@@ -17,7 +17,7 @@ from numba.extending import intrinsic
 
 from . import aligned_empty, sized
 from .llvmir import columns_to_rows, data_of, first_lanes, vector_ops
-from .fgemm import BY_BLOCK_X, HAS_AVX512, OCB, _gemm_body, _tiles, epilogue_of, gemm, k_block, tile_count  # noqa: F401
+from .fgemm import BY_BLOCK_X, HAS_AVX512, OCB, epilogue_of, gemm, gemm_batched, k_block, tile_count  # noqa: F401
 
 
 # multiply-adds below which one BLAS call costs less than a pack and a gemm call (1 thread: 16x32x256
@@ -77,21 +77,6 @@ def pack_rows(a, ones, out):
                 out[at + r] = 1.0 if r < rows else 0.0
 
 
-@njit(parallel=True, cache=True)
-def gemm_rows_batched(x, xs, xstride, P, wp, wstride, K, kc, O, bias, epf, grid, out, os_, ostride, batches, by_block):
-    """`batches` GEMMs out_b[:O, :P] = x_b rows combined by packed rows wp_b (fgemm.gemm per batch,
-    every batch's tiles in one parallel loop)."""
-    nob = (O + OCB - 1) // OCB
-    per = _tiles(P)[0] * nob
-    for k0 in range(0, K, kc):
-        kn = min(kc, K - k0)
-        flags = (1 if k0 > 0 else 0, 1 if k0 + kn >= K else 0, grid)
-        for j in prange(batches * per):
-            b, idx = j // per, j % per
-            _gemm_body(x, b * xstride, xs, P, wp, b * wstride, K, O, nob, bias, epf, out, b * ostride, os_, idx, k0,
-                       kn, flags, by_block)
-
-
 class RowGemm:
     """y (M, N) = finish(a (M, K) @ b (K, N) + bias) for a constant b; a is packed on every call."""
 
@@ -133,7 +118,7 @@ class BatchedMatMul:
         self.by_block = k * n <= BY_BLOCK_X
         self.epf = IDENTITY
         self.pack = sized(pack_rows, batches * m * k)
-        self.fn = sized(gemm_rows_batched, batches * nob * OCB * n * k // 16)
+        self.fn = sized(gemm_batched, batches * nob * OCB * n * k // 16)
 
     def __call__(self, a: np.ndarray, b: np.ndarray, out: np.ndarray) -> None:
         nb, m, k, n = self.shape

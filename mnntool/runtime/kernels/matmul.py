@@ -29,13 +29,11 @@ def matmul(node, ins, outs):
             if m == 1 and k * n >= 65536:
                 # one row with weights past L2: the matrix-vector kernel's 16 streams (below, np.dot's
                 # call costs less: 1.6 against 2.1 us at 64x256, an unrolled LSTM's recurrence)
-                from . import sized
-                from .gemv import matvec
-                bt, zero, inf = np.ascontiguousarray(b.T), np.zeros(n, np.float32), np.float32(np.inf)
-                mv = sized(matvec, n * k)
+                from .gemv import MatVec
+                mv = MatVec(b.T)
 
                 def run_vector(i, o):
-                    mv(bt, i[0].reshape(k), zero, -inf, inf, o[0].reshape(n))
+                    mv(i[0].reshape(k), o[0].reshape(n))
                 return writes(run_vector)
             if m > 1 and m * k * n >= SMALL_GEMM:
                 rows = RowGemm(b, None, 0, NO_GRID, m)

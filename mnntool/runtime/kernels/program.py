@@ -17,7 +17,7 @@ import numpy as np
 from numba import njit
 
 from . import Kernel, aligned_empty
-from .gemv import _dot16
+from .gemv import dot16
 from .norm import EXP_FLOOR, exp_poly, exp_split
 from .tensor import split_bounds
 
@@ -56,7 +56,7 @@ def execute(prog, arena, e0, e1, e2, e3):
         elif code == MATVEC:     # the matrix stored (n, k): gemv's 16 dot products at a time
             k = prog[r, 5]
             for o in range(0, prog[r, 4], 16):
-                _dot16(arena, prog[r, 3] + o * k, k, arena, prog[r, 2], k, arena, prog[r, 1] + o, min(16, prog[r, 4] - o))
+                dot16(arena, prog[r, 3] + o * k, k, arena, prog[r, 2], k, arena, prog[r, 1] + o, min(16, prog[r, 4] - o))
         elif code == SIGMOID or code == TANH:
             # e = exp(-|x|) (tanh: exp(-2|x|)) in (0, 1] as norm's exp: 2^k written as float bits,
             # then times e^f; libm's expf and tanhf would be calls in the loop

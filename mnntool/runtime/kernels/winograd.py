@@ -169,8 +169,8 @@ class Winograd:
             self.gemm(v.reshape(-1), tiles, cin * tiles, tiles, self.wp, self.wp.size // a2, cin, self.cout,
                       self.zero_bias, IDENTITY, 0, mm.reshape(-1), tiles, rows * tiles, a2)
         else:
-            self.gemm(v.reshape(-1), tiles, cin * tiles, tiles, self.wp, rows * cin, cin, self.kc, self.nob,
-                      self.zero_bias, IDENTITY, mm.reshape(-1), tiles, rows * tiles, a2)
+            self.gemm(v.reshape(-1), tiles, cin * tiles, tiles, self.wp, rows * cin, cin, self.kc, self.nob * OCB,
+                      self.zero_bias, IDENTITY, 0, mm.reshape(-1), tiles, rows * tiles, a2, False)
         if self.m == 4:
             self.inv(mm, self.th, self.tw, self.bias, self.out_epf, self.on_grid, y)
         else:
