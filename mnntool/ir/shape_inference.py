@@ -4,7 +4,34 @@ from __future__ import annotations
 import numpy as np
 
 from .graph import Graph
-from .ops import REGISTRY, Val, values
+from .ops import REGISTRY, Val
+
+SMALL_VALUE = 64    # elements: values this small are carried along (shape arithmetic), larger ones are not
+
+
+def infer_node(node, ins: list[Val]) -> list[Val]:
+    """The node's output Vals; unknown (shape None) where its definition cannot tell. Small outputs of
+    small known inputs get their values too (shape arithmetic)."""
+    outs = [Val(None)] * len(node.outputs)
+    opdef = REGISTRY.get(node.op)
+    if opdef is None:
+        return outs
+    if all(v.shape is not None for v in ins):
+        try:
+            inferred = list(opdef.infer(node, ins))
+            outs = inferred + outs[len(inferred):]
+        except (ValueError, KeyError, IndexError, TypeError, ZeroDivisionError, AttributeError):
+            outs = [Val(None)] * len(node.outputs)
+    if (node.op != "Input" and outs and all(v.value is None for v in outs) and ins
+            and all(v.value is not None and np.size(v.value) <= SMALL_VALUE for v in ins)):
+        try:
+            with np.errstate(all="ignore"):
+                values = opdef.evaluate(node, [np.asarray(v.value) for v in ins])
+        except (ValueError, IndexError, TypeError, KeyError, ZeroDivisionError, AttributeError):
+            values = None
+        if values is not None and len(values) == len(node.outputs) and all(v.size <= SMALL_VALUE for v in values):
+            outs = [Val(tuple(v.shape), str(v.dtype), v) for v in values]
+    return outs
 
 
 def infer_shapes(g: Graph) -> dict[str, Val]:
@@ -17,22 +44,7 @@ def infer_shapes(g: Graph) -> dict[str, Val]:
         vals[name] = Val(tuple(value.shape), str(value.dtype), value)
     for node in g.nodes:
         ins = [vals.get(i, Val(None)) for i in node.inputs]
-        outs = [Val(None)] * len(node.outputs)
-        opdef = REGISTRY.get(node.op)
-        if opdef is not None and all(v.shape is not None for v in ins):
-            try:
-                outs = opdef.infer(node, ins)
-            except (ValueError, KeyError, IndexError, TypeError, ZeroDivisionError):
-                outs = [Val(None)] * len(node.outputs)
-        if outs and outs[0].value is None and ins and all(v.value is not None and np.size(v.value) <= 64 for v in ins):
-            try:
-                out = values.value(node, [np.asarray(v.value) for v in ins])
-            except (ValueError, IndexError, TypeError):
-                out = None
-            if out is not None:
-                out = np.asarray(out)
-                outs = [Val(tuple(out.shape), str(out.dtype), out)] + list(outs[1:])
-        for name, v in zip(node.outputs, outs):
+        for name, v in zip(node.outputs, infer_node(node, ins)):
             vals[name] = v
             t = g.info(name)
             t.shape = tuple(v.shape) if v.shape is not None else None
@@ -45,7 +57,7 @@ def flops(g: Graph, vals: dict[str, Val] | None = None) -> int:
     total = 0
     for node in g.nodes:
         opdef = REGISTRY.get(node.op)
-        if opdef is None or opdef.flops is None:
+        if opdef is None:
             continue
         ins = [vals.get(i, Val(None)) for i in node.inputs]
         outs = [vals.get(o, Val(None)) for o in node.outputs]

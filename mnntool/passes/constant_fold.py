@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..ir.graph import Graph
-from ..ir.ops import Val
+from ..ir.ops import REGISTRY, Val, numel
 from ..ir.shape_inference import infer_shapes
 
 MAX_FOLDED = 1 << 22     # elements; larger results stay computed at run time (file size)
@@ -13,19 +13,13 @@ KEEP = {"Input"}
 
 
 def _evaluate(node, ins: list[Val], outs: list[Val]):
-    from ..runtime.kernels import KERNELS
-    factory = KERNELS.get(node.op)
-    if factory is None:
+    """The outputs from the op's own definition (ir/ops), or None when it has none or they would be
+    larger than MAX_FOLDED."""
+    opdef = REGISTRY.get(node.op)
+    if opdef is None or any(v.shape is not None and numel(v.shape) > MAX_FOLDED for v in outs):
         return None
-    k = factory(node, ins, outs)
-    args = [np.asarray(v.value) for v in ins]
-    if k.writes_out:
-        if any(v.shape is None for v in outs):
-            return None
-        res = [np.empty(v.shape, np.dtype(v.dtype)) for v in outs]
-        k.fn(args, res)
-        return res
-    return [np.asarray(r) for r in k.fn(args)]
+    with np.errstate(all="ignore"):
+        return opdef.evaluate(node, [np.asarray(v.value) for v in ins])
 
 
 class ConstantFoldPass:

@@ -8,14 +8,15 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field, replace
+from dataclasses import replace as copy_info
 
 import numpy as np
 
 from ..errors import MnnToolError
 from ..ir.graph import Graph
-from ..ir.ops import Val
-from ..ir.shape_inference import infer_shapes
-from .kernels import KERNELS, Kernel, aligned_empty
+from ..ir.ops import REGISTRY, Val
+from ..ir.shape_inference import infer_node, infer_shapes
+from .kernels import KERNELS, Kernel, aligned_empty, returns
 from .kernels.program import Programs
 
 
@@ -54,6 +55,35 @@ def set_threads(n: int | None):
     return threadpool_limits(limits=int(n), user_api="blas")
 
 
+def generic_kernel(node) -> Kernel:
+    """The op's own definition (ir/ops) as its kernel: numpy, for ops and variants no fast kernel covers."""
+    opdef = REGISTRY.get(node.op)
+    if opdef is None:
+        raise MnnToolError(f"op {node.op} ('{node.name}') is not supported by the runtime")
+    return returns(lambda i: opdef.evaluate(node, i))
+
+
+def kernel_for(node, ins, outs) -> Kernel:
+    """The fast kernel of the op where it has one that takes this case, else its definition's compute."""
+    factory = KERNELS.get(node.op)
+    if factory is None:
+        return generic_kernel(node)
+    try:
+        return factory(node, ins, outs)
+    except MnnToolError:
+        if node.op in REGISTRY:
+            return generic_kernel(node)
+        raise
+    except Exception as e:
+        if node.op in REGISTRY:
+            return generic_kernel(node)
+        raise MnnToolError(f"{node.op} '{node.name}': cannot prepare ({type(e).__name__}: {e})") from None
+
+
+SMALL_OPERAND = 1 << 12     # elements: run-time operands up to this size are passed to factories as values
+MAX_PLANS = 8               # plans kept per session, one per distinct set of input shapes
+
+
 class Session:
     def __init__(self, graph: Graph, threads: int | None = None):
         self.graph = graph
@@ -61,6 +91,8 @@ class Session:
         self.threads = threads
         self.plan: Plan | None = None
         self._plan_key = None
+        self._plans: dict = {}
+        self._dynamic: dict = {}      # kernels of the eager path, by (node index, operand shapes/values)
 
     @property
     def input_names(self) -> list[str]:
@@ -71,8 +103,10 @@ class Session:
         return list(self.graph.outputs)
 
     # ------------------------------------------------------------------------------------- prepare
-    def prepare(self, shapes: dict[str, tuple] | None = None, keep_all: bool = False) -> Plan:
-        g = self.graph
+    def _shaped(self, shapes: dict | None) -> Graph:
+        """The graph with these input shapes, its tensor facts copied: prepare never writes into the
+        graph it was given."""
+        g = replace(self.graph, tensors={k: copy_info(v) for k, v in self.graph.tensors.items()})
         for name, shape in (shapes or {}).items():
             if name not in g.inputs:
                 raise MnnToolError(f"input '{name}' is not an input of the model ({', '.join(g.inputs)})")
@@ -84,9 +118,24 @@ class Session:
             g.tensors[name].shape = tuple(int(s) for s in shape)
         for name in g.inputs:
             shape = g.tensors[name].shape
-            if shape is None or not all(isinstance(d, int) and d > 0 for d in shape):
+            if shape is None or not all(isinstance(d, int) and d >= 0 for d in shape):
                 raise MnnToolError(f"input '{name}' has an unknown shape {shape}; give it with --input-shape")
+        return g
+
+    def prepare(self, shapes: dict[str, tuple] | None = None, keep_all: bool = False) -> Plan:
+        g = self._shaped(shapes)
+        key = (tuple((n, tuple(g.tensors[n].shape)) for n in g.inputs), keep_all)
+        if key in self._plans:
+            self.plan, self._plan_key = self._plans[key], key
+            return self.plan
         vals = infer_shapes(g)
+        if any(vals.get(o) is None or vals[o].shape is None or not all(isinstance(d, int) for d in vals[o].shape)
+               for n in g.nodes for o in n.outputs if o):
+            # an output shape depends on values known only at run time: run op by op (see _run_eager)
+            self.plan = Plan([], [], {n: 0 for n in g.inputs}, {n: np.dtype(g.tensors[n].dtype) for n in g.inputs},
+                             {}, [], 0, {n: g.tensors[n].shape for n in g.inputs}, None)
+            self._remember(key)
+            return self.plan
         names: list[str] = []
         index: dict[str, int] = {}
 
@@ -102,15 +151,7 @@ class Session:
         programs, run = Programs(g.constants), []   # run: consecutive small elementwise nodes (kernels.program)
 
         def build(node, ins, outs):
-            factory = KERNELS.get(node.op)
-            if factory is None:
-                raise MnnToolError(f"op {node.op} ('{node.name}') is not supported by the runtime")
-            try:
-                k = factory(node, ins, outs)
-            except MnnToolError:
-                raise
-            except Exception as e:
-                raise MnnToolError(f"{node.op} '{node.name}': cannot prepare ({type(e).__name__}: {e})") from None
+            k = kernel_for(node, ins, outs)
             if k.writes_out and any(v.shape is None or not all(isinstance(d, int) for d in v.shape) for v in outs):
                 raise MnnToolError(f"{node.op} '{node.name}': output shape unknown at prepare time")
             if k.out_grid:
@@ -158,8 +199,14 @@ class Session:
                          {n: np.dtype(g.tensors[n].dtype) for n in g.inputs}, {n: index[n] for n in g.outputs},
                          names, pool_bytes, {n: vals[n].shape for n in names if n in vals}, calls)
         # a run with these shapes uses this plan (without it the first run after prepare() prepared again)
-        self._plan_key = (tuple((n, tuple(g.tensors[n].shape)) for n in g.inputs), keep_all)
+        self._remember(key)
         return self.plan
+
+    def _remember(self, key) -> None:
+        self._plan_key = key
+        self._plans[key] = self.plan
+        while len(self._plans) > MAX_PLANS:
+            self._plans.pop(next(iter(self._plans)))
 
     @staticmethod
     def _plan_memory(steps, names, vals, output_slots, keep_all) -> int:
@@ -225,12 +272,59 @@ class Session:
     def _ensure(self, feeds, keep_all=False) -> Plan:
         key = (tuple((n, tuple(np.shape(feeds[n]))) for n in self.graph.inputs if n in feeds), keep_all)
         if self.plan is None or self._plan_key != key:
+            for name in self.graph.inputs:
+                if name not in feeds:
+                    raise MnnToolError(f"missing input '{name}' (inputs: {', '.join(self.graph.inputs)})")
             self.prepare({n: tuple(np.shape(v)) for n, v in feeds.items()}, keep_all=keep_all)
         return self.plan
+
+    def _run_eager(self, feeds, keep_all: bool) -> dict:
+        """Op by op with the values at hand: for graphs whose shapes depend on run-time values (a
+        Reshape to a computed shape, NonZero). Kernels are cached by their operands' shapes and small
+        values, so a repeated run builds nothing."""
+        g = self.graph
+        env = dict(g.constants)
+        for name in g.inputs:
+            env[name] = np.ascontiguousarray(np.asarray(feeds[name]), dtype=np.dtype(g.tensors[name].dtype))
+        for k, node in enumerate(g.nodes):
+            xs = [env[i] if i else None for i in node.inputs]
+            small = [x is not None and x.size <= SMALL_OPERAND for x in xs]
+            key = (k,) + tuple((x.shape, x.dtype.str, x.tobytes() if sm else None) if x is not None else None
+                               for x, sm in zip(xs, small))
+            built = self._dynamic.get(key)
+            if built is None:
+                ins = [Val(x.shape, str(x.dtype), x if sm else None) if x is not None else Val(None)
+                       for x, sm in zip(xs, small)]
+                outs = infer_node(node, ins)
+                if any(v.shape is None or not all(isinstance(d, int) for d in v.shape) for v in outs):
+                    built = (generic_kernel(node), outs)
+                else:
+                    built = (kernel_for(node, ins, outs), outs)
+                if len(self._dynamic) > 20000:
+                    self._dynamic.clear()
+                self._dynamic[key] = built
+            kern, outs = built
+            try:
+                if kern.writes_out:
+                    res = [np.empty(v.shape, np.dtype(v.dtype)) for v in outs]
+                    kern.fn(xs, res)
+                else:
+                    res = kern.fn(xs)
+            except MnnToolError:
+                raise
+            except Exception as e:
+                raise MnnToolError(f"{node.op} '{node.name}': {type(e).__name__}: {e}") from None
+            for name, v in zip(node.outputs, res):
+                if name:
+                    env[name] = np.asarray(v)
+        names = env if keep_all else g.outputs
+        return {n: np.array(env[n]) for n in names if n in env}
 
     def run(self, feeds: dict[str, np.ndarray], keep_all: bool = False, profile: list | None = None) -> dict:
         """Outputs by name (copies); every tensor when keep_all; per-step seconds appended to `profile`."""
         plan = self._ensure(feeds, keep_all)
+        if plan.calls is None:
+            return self._run_eager(feeds, keep_all)
         self._feed(plan, feeds)
         slots = plan.slots
         timer = time.perf_counter

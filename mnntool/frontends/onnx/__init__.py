@@ -5,12 +5,13 @@ from pathlib import Path
 
 import numpy as np
 import onnx
-from onnx import numpy_helper, shape_inference
+from onnx import numpy_helper
 
 from ...errors import MnnToolError
 from ...ir.graph import Graph, TensorInfo
 from . import math, rnn, tensor  # noqa: F401  (registration)
 from .context import Ctx, attrs_of, to_int32
+from .fold import fold, shapes_of
 from .nn import CONVERTERS
 from .tensor import ONNX_DTYPES
 
@@ -57,24 +58,11 @@ def _fix_input_shapes(path, model, input_shapes: dict) -> None:
             d.dim_value = int(w)
 
 
-def _shapes(model) -> dict:
-    try:
-        inferred = shape_inference.infer_shapes(model, strict_mode=False)
-    except Exception:
-        inferred = model
-    out = {}
-    for vi in list(inferred.graph.value_info) + list(inferred.graph.input) + list(inferred.graph.output):
-        tt = vi.type.tensor_type
-        if tt.HasField("shape"):
-            out[vi.name] = tuple(d.dim_value if d.HasField("dim_value") else (d.dim_param or None)
-                                 for d in tt.shape.dim)
-    return out
-
-
 def load_onnx(path, input_shapes: dict) -> Graph:
     path = Path(path)
     model = _read(path)
     _fix_input_shapes(path, model, input_shapes)
+    fold(model)
     unsupported = {}
     for n in model.graph.node:
         if n.domain not in ("", "ai.onnx") or n.op_type not in CONVERTERS:
@@ -85,7 +73,7 @@ def load_onnx(path, input_shapes: dict) -> Graph:
                            for op, names in sorted(unsupported.items()))
         raise MnnToolError(f"{path}: unsupported ONNX ops: {listed}")
     g = Graph(source="ONNX", name=path.stem)
-    ctx = Ctx(g, str(path), _shapes(model))
+    ctx = Ctx(g, str(path), shapes_of(model))
     for init in model.graph.initializer:
         value = numpy_helper.to_array(init)
         value = value.astype(np.float32) if value.dtype == np.float64 else to_int32(value)

@@ -1,9 +1,14 @@
 """Elementwise ops: one output shaped like the (broadcast) inputs."""
 from __future__ import annotations
 
-from . import Val, numel, register
+import math
+
+import numpy as np
+
+from . import Val, define, out_size, same
 
 COMPARE = {"GREATER", "GREATER_EQUAL", "LESS", "LESS_EQUAL", "EQUAL", "NOTEQUAL"}
+LOGICAL = {"LOGICALOR", "LOGICALXOR"}
 
 
 def broadcast(*shapes):
@@ -24,34 +29,300 @@ def broadcast(*shapes):
     return tuple(out)
 
 
-def _same(node, ins):
-    return [Val(ins[0].shape, ins[0].dtype)]
+def _f32(fn):
+    """A float function applied in float32 to any input type, the result cast back (MNN computes unary
+    math on floats)."""
+    def run(x):
+        if x.dtype.kind == "f":
+            return fn(x)
+        return fn(x.astype(np.float32)).astype(x.dtype)
+    return run
 
 
-def _flops_out(node, ins, outs):
-    return numel(outs[0].shape)
+def _sigmoid(x):
+    with np.errstate(over="ignore"):
+        return (1.0 / (1.0 + np.exp(-x.astype(np.float64)))).astype(x.dtype)
 
 
-for _name, _param in [("ReLU", "Relu"), ("ReLU6", "Relu6"), ("PReLU", "PRelu"), ("Sigmoid", None),
-                      ("TanH", None), ("UnaryOp", "UnaryOp"), ("Scale", "Scale"), ("ELU", "ELU"),
-                      ("Softmax", "Axis"), ("LayerNorm", "LayerNorm")]:
-    register(_name, _param, flops=_flops_out)(_same)
-for _name, _param in [("Dropout", None), ("Identity", None), ("ConvertTensor", "TensorConvertInfo")]:
-    register(_name, _param)(_same)   # data movement: no arithmetic
+def _erf(x):
+    return np.vectorize(math.erf, otypes=[np.float64])(x).astype(x.dtype) if x.size else x
 
 
-@register("BinaryOp", "BinaryOp", flops=_flops_out)
-def _binary(node, ins):
-    dtype = "bool" if node.param.get("opType") in COMPARE else ins[0].dtype
-    return [Val(broadcast(ins[0].shape, ins[1].shape), dtype)]
+def _gelu_erf(x):
+    return (0.5 * x * (1.0 + _erf(x.astype(np.float64) / math.sqrt(2.0)))).astype(x.dtype)
 
 
-@register("Select", None, flops=_flops_out)
-def _select(node, ins):
-    return [Val(broadcast(ins[0].shape, ins[1].shape, ins[2].shape), ins[1].dtype)]
+def _gelu_tanh(x):
+    return (0.5 * x * (1 + np.tanh(0.7978845608028654 * (x + 0.044715 * x ** 3)))).astype(x.dtype)
 
 
-@register("Cast", "CastParam")
-def _cast(node, ins):
-    from ...format.dtypes import from_mnn
-    return [Val(ins[0].shape, from_mnn(node.param.get("dstT", "DT_FLOAT")))]
+UNARY = {
+    "ABS": np.abs, "NEG": np.negative, "FLOOR": np.floor, "CEIL": np.ceil, "SQUARE": np.square,
+    "SQRT": np.sqrt, "RSQRT": lambda x: 1 / np.sqrt(x), "EXP": np.exp, "LOG": np.log, "SIN": np.sin,
+    "COS": np.cos, "TAN": np.tan, "ASIN": np.arcsin, "ACOS": np.arccos, "ATAN": np.arctan,
+    "RECIPROCAL": np.reciprocal, "LOG1P": np.log1p, "BNLL": lambda x: np.logaddexp(0, x), "ACOSH": np.arccosh,
+    "SINH": np.sinh, "ASINH": np.arcsinh, "ATANH": np.arctanh, "SIGN": np.sign, "ROUND": np.rint,
+    "COSH": np.cosh, "ERF": _erf, "ERFC": lambda x: 1 - _erf(x), "EXPM1": np.expm1, "SIGMOID": _sigmoid,
+    "TANH": np.tanh, "HARDSWISH": lambda x: x * np.clip(x + 3, 0, 6) / 6, "GELU": _gelu_tanh,
+    "GELU_STANDARD": _gelu_erf, "SILU": lambda x: x * _sigmoid(x),
+}
+KEEP_TYPE = {"ABS", "NEG", "SQUARE", "SIGN"}   # exact on integers, no float round trip
+
+
+def _int_div(a, b):
+    """Integer division truncating toward zero (C, ONNX and MNN), 0 where b is 0."""
+    safe = np.where(b == 0, 1, b)
+    q = np.abs(a) // np.abs(safe)
+    return np.where((a < 0) != (safe < 0), -q, q).astype(np.result_type(a, b))
+
+
+def _div(a, b):
+    if a.dtype.kind in "iu" and b.dtype.kind in "iu":
+        return _int_div(a, b)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        return np.true_divide(a, b)
+
+
+def _floordiv(a, b):
+    if a.dtype.kind in "iu" and b.dtype.kind in "iu":
+        return np.floor_divide(a, np.where(b == 0, 1, b))
+    with np.errstate(divide="ignore", invalid="ignore"):
+        return np.floor(a / b)
+
+
+def _fmod(a, b):
+    """The remainder with the dividend's sign (C fmod; ONNX Mod fmod=1)."""
+    if a.dtype.kind in "iu" and b.dtype.kind in "iu":
+        safe = np.where(b == 0, 1, b)
+        return (a - _int_div(a, safe) * safe).astype(np.result_type(a, b))
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return np.fmod(a, b)
+
+
+def _floormod(a, b):
+    """The remainder with the divisor's sign (Python %, ONNX Mod fmod=0)."""
+    if a.dtype.kind in "iu" and b.dtype.kind in "iu":
+        return np.mod(a, np.where(b == 0, 1, b))
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return np.mod(a, b)
+
+
+def _pow(a, b):
+    if a.dtype.kind in "iu" and b.dtype.kind in "iu":
+        return np.power(a.astype(np.float64), b).astype(a.dtype)
+    with np.errstate(all="ignore"):
+        return np.power(a, b.astype(a.dtype) if a.dtype.kind == "f" else b)
+
+
+def _shift(left):
+    def run(a, b):
+        b = np.asarray(b).astype(a.dtype)
+        return np.left_shift(a, b) if left else np.right_shift(a, b)
+    return run
+
+
+BINARY = {
+    "ADD": np.add, "SUB": np.subtract, "MUL": np.multiply, "REALDIV": _div, "DIV": _div, "POW": _pow,
+    "MAXIMUM": np.maximum, "MINIMUM": np.minimum, "MAX_TEMP": np.maximum, "MIN_TEMP": np.minimum,
+    "EQUAL": np.equal, "NOTEQUAL": np.not_equal, "GREATER": np.greater, "GREATER_EQUAL": np.greater_equal,
+    "LESS": np.less, "LESS_EQUAL": np.less_equal, "FLOORDIV": _floordiv, "FLOORMOD": _floormod, "MOD": _fmod,
+    "SquaredDifference": lambda a, b: np.square(a - b), "ATAN2": np.arctan2,
+    "LOGICALOR": lambda a, b: np.logical_or(a, b).astype(np.int32),
+    "LOGICALXOR": lambda a, b: np.logical_xor(a, b).astype(np.int32),
+    "BITWISE_AND": np.bitwise_and, "BITWISE_OR": np.bitwise_or, "BITWISE_XOR": np.bitwise_xor,
+    "LEFTSHIFT": _shift(True), "RIGHTSHIFT": _shift(False),
+}
+
+
+def binary_value(op: str, a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """MNN's BinaryOp on numpy arrays; comparisons give bool, everything else the inputs' type."""
+    a, b = np.asarray(a), np.asarray(b)
+    if a.dtype != b.dtype and op not in ("LEFTSHIFT", "RIGHTSHIFT"):
+        t = np.result_type(a, b) if a.dtype.kind == b.dtype.kind else (a.dtype if a.dtype.kind == "f" else b.dtype)
+        a, b = a.astype(t), b.astype(t)
+    with np.errstate(all="ignore"):
+        out = BINARY[op](a, b)
+    return out if out.dtype == np.bool_ or op in LOGICAL else out.astype(a.dtype, copy=False)
+
+
+@define("ReLU", param="Relu")
+class ReLU:
+    """x, or x times `slope` where x < 0 (LeakyReLU)."""
+    infer = same
+    flops = out_size
+
+    def compute(node, xs):
+        x, slope = xs[0], node.param.get("slope", 0.0)
+        return np.where(x > 0, x, x * np.asarray(slope, x.dtype)) if slope else np.maximum(x, 0)
+
+
+@define("ReLU6", param="Relu6")
+class ReLU6:
+    """x clipped to [minValue, maxValue] (ONNX Clip with constant bounds)."""
+    infer = same
+    flops = out_size
+
+    def compute(node, xs):
+        lo, hi = node.param.get("minValue", 0.0), node.param.get("maxValue", 6.0)
+        x = xs[0]
+        if x.dtype.kind in "iu":
+            info = np.iinfo(x.dtype)
+            lo, hi = max(math.ceil(lo), info.min), min(math.floor(hi), info.max)
+        return np.clip(x, np.asarray(lo).astype(x.dtype), np.asarray(hi).astype(x.dtype))
+
+
+@define("PReLU", param="PRelu")
+class PReLU:
+    """x, or x times its channel's slope where x < 0."""
+    infer = same
+    flops = out_size
+
+    def compute(node, xs):
+        x = xs[0]
+        s = np.asarray(node.param["slope"], np.float32).reshape(-1)
+        s = s.reshape((1, -1) + (1,) * (x.ndim - 2)) if s.size > 1 else s.reshape(())
+        return np.where(x > 0, x, x * s).astype(x.dtype)
+
+
+@define("Sigmoid")
+class Sigmoid:
+    infer = same
+    flops = out_size
+
+    def compute(node, xs):
+        return _sigmoid(xs[0])
+
+
+@define("TanH")
+class TanH:
+    infer = same
+    flops = out_size
+
+    def compute(node, xs):
+        return np.tanh(xs[0])
+
+
+@define("ELU", param="ELU")
+class ELU:
+    infer = same
+    flops = out_size
+
+    def compute(node, xs):
+        x = xs[0]
+        return np.where(x > 0, x, np.float32(node.param.get("alpha", 1.0)) * np.expm1(np.minimum(x, 0))).astype(x.dtype)
+
+
+@define("Selu", param="Selu")
+class Selu:
+    infer = same
+    flops = out_size
+
+    def compute(node, xs):
+        x, p = xs[0], node.param
+        scale, alpha = np.float32(p.get("scale", 1.0507)), np.float32(p.get("alpha", 1.6733))
+        return (scale * np.where(x > 0, x, alpha * np.expm1(np.minimum(x, 0)))).astype(x.dtype)
+
+
+@define("UnaryOp", param="UnaryOp")
+class UnaryOp:
+    """opType names the function (UnaryOpOperation)."""
+    infer = same
+    flops = out_size
+
+    def compute(node, xs):
+        op, x = node.param.get("opType"), xs[0]
+        fn = UNARY[op]
+        with np.errstate(all="ignore"):
+            return fn(x) if op in KEEP_TYPE else _f32(fn)(x)
+
+
+@define("BinaryOp", param="BinaryOp", inputs=("a", "b"))
+class BinaryOp:
+    """opType names the operation (BinaryOpOperation); activationType 1 applies ReLU after it."""
+    flops = out_size
+
+    def infer(node, ins):
+        op = node.param.get("opType")
+        dtype = "bool" if op in COMPARE else ("int32" if op in LOGICAL else ins[0].dtype)
+        if op not in COMPARE | LOGICAL and ins[0].dtype != ins[1].dtype and ins[1].dtype.startswith("float"):
+            dtype = ins[1].dtype
+        return [Val(broadcast(ins[0].shape, ins[1].shape), dtype)]
+
+    def compute(node, xs):
+        out = binary_value(node.param.get("opType"), xs[0], xs[1])
+        if int(node.param.get("activationType", 0)) == 1:
+            out = np.maximum(out, 0)
+        return out
+
+
+@define("Select", inputs=("condition", "a", "b"))
+class Select:
+    flops = out_size
+
+    def infer(node, ins):
+        return [Val(broadcast(ins[0].shape, ins[1].shape, ins[2].shape), ins[1].dtype)]
+
+    def compute(node, xs):
+        return np.where(xs[0].astype(bool), xs[1], xs[2])
+
+
+@define("Cast", param="CastParam")
+class Cast:
+    """To dstT; MNN has no int64 or bool tensors, so those are int32 here."""
+    def infer(node, ins):
+        from ...format.dtypes import from_mnn
+        return [Val(ins[0].shape, from_mnn(node.param.get("dstT", "DT_FLOAT")))]
+
+    def compute(node, xs):
+        from ...format.dtypes import from_mnn
+        dtype = np.dtype(from_mnn(node.param.get("dstT", "DT_FLOAT")))
+        x = xs[0]
+        if dtype.kind in "iu" and x.dtype.kind == "f":
+            with np.errstate(invalid="ignore"):
+                x = np.trunc(np.nan_to_num(x, nan=0.0, posinf=np.iinfo(dtype).max, neginf=np.iinfo(dtype).min))
+                x = np.clip(x, np.iinfo(dtype).min, np.iinfo(dtype).max)
+        return x.astype(dtype)
+
+
+@define("Identity", "Dropout")
+class Identity:
+    infer = same
+
+    def compute(node, xs):
+        return xs[0]
+
+
+@define("ConvertTensor", param="TensorConvertInfo")
+class ConvertTensor:
+    """A layout change (NCHW <-> NC4HW4) for MNN; the values, and so this runtime's arrays, are the same."""
+    infer = same
+
+    def compute(node, xs):
+        return xs[0]
+
+
+@define("Scale", param="Scale")
+class Scale:
+    """x times scaleData plus biasData, per channel (axis 1): folded BatchNorm."""
+    infer = same
+    flops = out_size
+
+    def compute(node, xs):
+        x = xs[0]
+        shape = (1, -1) + (1,) * (x.ndim - 2)
+        s = np.asarray(node.param["scaleData"], np.float32).reshape(shape)
+        b = node.param.get("biasData")
+        out = x * s
+        return (out + np.asarray(b, np.float32).reshape(shape) if b is not None and len(b) else out).astype(x.dtype)
+
+
+@define("Softmax", param="Axis")
+class Softmax:
+    infer = same
+    flops = out_size
+
+    def compute(node, xs):
+        x = xs[0].astype(np.float64)
+        axis = node.param.get("axis", -1)
+        e = np.exp(x - x.max(axis=axis, keepdims=True)) if x.size else x
+        return (e / e.sum(axis=axis, keepdims=True)).astype(xs[0].dtype) if x.size else xs[0]

@@ -4,169 +4,357 @@ from __future__ import annotations
 import numpy as np
 
 from ...format.dtypes import from_mnn
-from . import Val, numel, register
+from . import Val, define, ints, known, numel, same
 from .elementwise import broadcast
 
 
-def _known(v: Val, what: str, node):
-    if v.value is None:
-        raise ValueError(f"{node.op} '{node.name}': {what} must be known when shapes are inferred")
-    return [int(x) for x in np.asarray(v.value).reshape(-1)]
+@define("Input", param="Input", inputs=())
+class Input:
+    def infer(node, ins):
+        dims = node.param.get("dims")
+        return [Val(tuple(int(d) if d >= 0 else f"d{i}" for i, d in enumerate(dims)) if dims is not None else None,
+                    from_mnn(node.param.get("dtype", "DT_FLOAT")))]
+
+    def compute(node, xs):
+        raise ValueError("an Input has no value of its own")
 
 
-@register("Input", "Input")
-def _input(node, ins):
-    dims = node.param.get("dims")
-    return [Val(tuple(int(d) if d >= 0 else f"d{i}" for i, d in enumerate(dims)) if dims is not None else None,
-                from_mnn(node.param.get("dtype", "DT_FLOAT")))]
+@define("Concat", param="Axis", inputs=("*xs",))
+class Concat:
+    def infer(node, ins):
+        rank = len(ins[0].shape)
+        axis = node.param.get("axis", 0) % rank
+        out = list(ins[0].shape)
+        total = 0
+        for v in ins:
+            d = v.shape[axis]
+            if not isinstance(d, int):
+                total = d
+                break
+            total += d
+        out[axis] = total
+        return [Val(tuple(out), ins[0].dtype)]
+
+    def compute(node, xs):
+        return np.concatenate([np.atleast_1d(v) for v in xs], axis=node.param.get("axis", 0))
 
 
-@register("Concat", "Axis")
-def _concat(node, ins):
-    rank = len(ins[0].shape)
-    axis = node.param.get("axis", 0) % rank
-    out = list(ins[0].shape)
-    total = 0
-    for v in ins:
-        d = v.shape[axis]
-        if not isinstance(d, int):
-            total = d
-            break
-        total += d
-    out[axis] = total
-    return [Val(tuple(out), ins[0].dtype)]
-
-
-@register("Slice", "Slice")
-def _split(node, ins):
-    """Caffe-style split: cut points along one axis, one output per piece."""
-    shape = list(ins[0].shape)
+def split_points(node, shape, sizes=None) -> tuple[int, list[int]]:
+    """A Slice's axis and its piece boundaries [0, ..., size]."""
     axis = node.param.get("axis", 0) % len(shape)
-    points = [0] + [int(p) for p in node.param.get("slicePoints", [])] + [shape[axis]]
-    outs = []
-    for a, b in zip(points[:-1], points[1:]):
-        s = list(shape)
-        s[axis] = b - a
-        outs.append(Val(tuple(s), ins[0].dtype))
-    return outs
+    points = node.param.get("slicePoints")
+    n_out = len(node.outputs)
+    if sizes is not None:
+        cuts = list(np.cumsum(ints(sizes))[:-1])
+    elif points is not None and len(points):
+        cuts = ints(points)
+    else:
+        step = -(-shape[axis] // n_out)
+        cuts = [step * k for k in range(1, n_out)]
+    return axis, [0] + [min(int(c), shape[axis]) for c in cuts] + [shape[axis]]
 
 
-@register("StridedSlice", "StridedSliceParam")
-def _strided_slice(node, ins):
-    """ONNX-style slice (fromType 1): inputs data, starts, ends, axes[, steps]."""
-    shape = list(ins[0].shape)
-    starts, ends = _known(ins[1], "starts", node), _known(ins[2], "ends", node)
-    axes = _known(ins[3], "axes", node) if len(ins) > 3 else list(range(len(starts)))
-    steps = _known(ins[4], "steps", node) if len(ins) > 4 else [1] * len(starts)
+@define("Slice", param="Slice", inputs=("x", "sizes?"))
+class Slice:
+    """Caffe-style split: cut points along one axis (or the sizes input), one output per piece."""
+    def infer(node, ins):
+        shape = list(ins[0].shape)
+        sizes = known(ins[1], "split sizes", node) if len(ins) > 1 else None
+        axis, bounds = split_points(node, shape, sizes)
+        outs = []
+        for a, b in zip(bounds[:-1], bounds[1:]):
+            s = list(shape)
+            s[axis] = b - a if isinstance(b, int) and isinstance(a, int) else None
+            outs.append(Val(tuple(s), ins[0].dtype))
+        return outs
+
+    def compute(node, xs):
+        axis, bounds = split_points(node, xs[0].shape, xs[1] if len(xs) > 1 else None)
+        sl = (slice(None),) * axis
+        return [xs[0][sl + (slice(a, b),)] for a, b in zip(bounds[:-1], bounds[1:])]
+
+
+def onnx_slices(rank, starts, ends, axes, steps):
+    sl = [slice(None)] * rank
     for s, e, a, st in zip(starts, ends, axes, steps):
-        a %= len(shape)
-        if isinstance(shape[a], int):
-            shape[a] = len(range(*slice(s, e, st).indices(shape[a])))
-    return [Val(tuple(shape), ins[0].dtype)]
+        sl[int(a) % rank] = slice(int(s), int(e), int(st))
+    return tuple(sl)
 
 
-@register("GatherV2", "GatherV2")
-def _gather(node, ins):
-    axis = _known(ins[2], "axis", node)[0] if len(ins) > 2 else 0
-    shape = ins[0].shape
-    axis %= len(shape)
-    return [Val(tuple(shape[:axis]) + tuple(ins[1].shape) + tuple(shape[axis + 1:]), ins[0].dtype)]
+def tf_slices(rank, begin, end, strides, p):
+    """TensorFlow StridedSlice with begin/end/shrink/new-axis/ellipsis masks, as an index tuple."""
+    bm, em, sm = p.get("beginMask", 0), p.get("endMask", 0), p.get("shrinkAxisMask", 0)
+    nm, el = p.get("newAxisMask", 0), p.get("ellipsisMask", 0)
+    sl: list = []
+    for k in range(len(begin)):
+        if el >> k & 1:
+            sl.append(Ellipsis)
+        elif nm >> k & 1:
+            sl.append(None)
+        elif sm >> k & 1:
+            sl.append(int(begin[k]))
+        else:
+            sl.append(slice(None if bm >> k & 1 else int(begin[k]), None if em >> k & 1 else int(end[k]),
+                            int(strides[k])))
+    return tuple(sl)
 
 
-def reshape_dims(in_shape, dims):
+def strided_index(node, rank, operands):
+    """The index tuple of a StridedSlice from its operand values (starts, ends[, axes][, steps])."""
+    vals = [ints(v) for v in operands]
+    if node.param.get("fromType", 0) == 1:
+        starts, ends = vals[0], vals[1]
+        axes = vals[2] if len(vals) > 2 else list(range(len(starts)))
+        steps = vals[3] if len(vals) > 3 else [1] * len(starts)
+        if any(s == 0 for s in steps):
+            raise ValueError("slice step 0")
+        return onnx_slices(rank, starts, ends, axes, steps)
+    strides = vals[2] if len(vals) > 2 else [1] * len(vals[0])
+    return tf_slices(rank, vals[0], vals[1], strides, node.param)
+
+
+@define("StridedSlice", param="StridedSliceParam", inputs=("x", "begin", "end", "axes?", "steps?"))
+class StridedSlice:
+    """fromType 1: ONNX Slice (starts, ends, axes, steps); else TensorFlow's with its masks."""
+    def infer(node, ins):
+        operands = [known(v, "slice bounds", node) for v in ins[1:]]
+        shape = ins[0].shape
+        if not all(isinstance(d, int) for d in shape):
+            if node.param.get("fromType", 0) != 1:
+                raise ValueError("symbolic dims")
+            out = list(shape)
+            idx = strided_index(node, len(shape), operands)
+            for a, s in enumerate(idx):
+                if s != slice(None) and isinstance(shape[a], int):
+                    out[a] = len(range(*s.indices(shape[a])))
+                elif s != slice(None):
+                    out[a] = None
+            return [Val(tuple(out), ins[0].dtype)]
+        dummy = np.empty(shape, np.uint8) if numel(shape) <= 1 << 24 else None
+        if dummy is None:
+            raise ValueError("too large to infer by example")
+        return [Val(dummy[strided_index(node, len(shape), operands)].shape, ins[0].dtype)]
+
+    def compute(node, xs):
+        return np.ascontiguousarray(xs[0][strided_index(node, xs[0].ndim, xs[1:])])
+
+
+@define("SliceTf", param="SliceTf", inputs=("x", "begin", "size"))
+class SliceTf:
+    """TensorFlow slice: begin and size (-1 = to the end)."""
+    def infer(node, ins):
+        begin, size = known(ins[1], "begin", node), known(ins[2], "size", node)
+        shape = tuple(s if s >= 0 else (d - b if isinstance(d, int) else d)
+                      for d, b, s in zip(ins[0].shape, begin, size)) + tuple(ins[0].shape[len(begin):])
+        return [Val(shape, ins[0].dtype)]
+
+    def compute(node, xs):
+        begin, size = ints(xs[1]), ints(xs[2])
+        return xs[0][tuple(slice(b, None if s < 0 else b + s) for b, s in zip(begin, size))]
+
+
+def _gather_axis(node, operand):
+    if operand is not None:
+        return ints(operand)[0]
+    return int(node.param.get("axis", 0))
+
+
+@define("GatherV2", "Gather", param="GatherV2", inputs=("x", "indices", "axis?"))
+class GatherV2:
+    """np.take along axis (the 3rd input, default 0); negative indices count from the end."""
+    def infer(node, ins):
+        axis = _gather_axis(node, known(ins[2], "axis", node) if len(ins) > 2 else None)
+        shape = ins[0].shape
+        axis %= len(shape)
+        return [Val(tuple(shape[:axis]) + tuple(ins[1].shape) + tuple(shape[axis + 1:]), ins[0].dtype)]
+
+    def compute(node, xs):
+        x = xs[0]
+        axis = _gather_axis(node, xs[2] if len(xs) > 2 else None) % x.ndim
+        idx = np.asarray(xs[1]).astype(np.int64)
+        idx = np.where(idx < 0, idx + x.shape[axis], idx)
+        if idx.size and (idx.min() < 0 or idx.max() >= x.shape[axis]):
+            raise IndexError(f"{node.op} '{node.name}': index out of range for axis of size {x.shape[axis]}")
+        return np.take(x, idx, axis=axis)
+
+
+def reshape_dims(in_shape, dims, allow_zero=False):
     dims = list(dims)
-    for i, d in enumerate(dims):
-        if d == 0 and i < len(in_shape):
-            dims[i] = in_shape[i]
+    if not allow_zero:
+        for i, d in enumerate(dims):
+            if d == 0 and i < len(in_shape):
+                dims[i] = in_shape[i]
     if -1 in dims:
-        known = numel([d for d in dims if d != -1])
+        known_ = numel([d for d in dims if d != -1])
         total = numel(in_shape)
         if all(isinstance(d, int) for d in in_shape):
-            dims[dims.index(-1)] = total // max(known, 1)
+            dims[dims.index(-1)] = total // max(known_, 1) if known_ else 0
         else:
             dims[dims.index(-1)] = "d?"
     return tuple(dims)
 
 
-@register("Reshape", "Reshape")
-def _reshape(node, ins):
-    dims = node.param.get("dims")
-    if dims is None or len(ins) > 1:
-        dims = _known(ins[1], "target shape", node)
-    return [Val(reshape_dims(ins[0].shape, [int(d) for d in dims]), ins[0].dtype)]
+@define("Reshape", param="Reshape", inputs=("x", "shape?"))
+class Reshape:
+    """dims or the shape input; 0 copies the input's dim, -1 is inferred."""
+    def infer(node, ins):
+        dims = node.param.get("dims")
+        if dims is None or len(dims) == 0 or len(ins) > 1:
+            dims = known(ins[1], "target shape", node)
+        return [Val(reshape_dims(ins[0].shape, [int(d) for d in dims]), ins[0].dtype)]
+
+    def compute(node, xs):
+        dims = ints(xs[1]) if len(xs) > 1 else ints(node.param["dims"])
+        return xs[0].reshape(reshape_dims(xs[0].shape, dims))
 
 
-@register("Flatten", "Flatten")
-def _flatten(node, ins):
-    shape = ins[0].shape
-    axis = node.param.get("axis", 1) % max(len(shape), 1)
-    return [Val((numel(shape[:axis]), numel(shape[axis:])), ins[0].dtype)]
+@define("Flatten", param="Flatten")
+class Flatten:
+    def infer(node, ins):
+        shape = ins[0].shape
+        axis = node.param.get("axis", 1) % max(len(shape), 1)
+        return [Val((numel(shape[:axis]), numel(shape[axis:])), ins[0].dtype)]
+
+    def compute(node, xs):
+        x = xs[0]
+        axis = node.param.get("axis", 1) % max(x.ndim, 1)
+        return x.reshape(int(np.prod(x.shape[:axis])), -1) if x.size else x.reshape(int(np.prod(x.shape[:axis])), int(np.prod(x.shape[axis:])))
 
 
-@register("Permute", "Permute")
-def _permute(node, ins):
-    perm = [int(p) for p in node.param["dims"]]
-    return [Val(tuple(ins[0].shape[p] for p in perm), ins[0].dtype)]
+@define("Permute", param="Permute")
+class Permute:
+    def infer(node, ins):
+        return [Val(tuple(ins[0].shape[p] for p in ints(node.param["dims"])), ins[0].dtype)]
+
+    def compute(node, xs):
+        return np.ascontiguousarray(xs[0].transpose(ints(node.param["dims"])))
 
 
-@register("Squeeze", "SqueezeParam")
-def _squeeze(node, ins):
-    shape = ins[0].shape
+@define("Transpose", param="Transpose", inputs=("x", "perm"))
+class Transpose:
+    def infer(node, ins):
+        return [Val(tuple(ins[0].shape[p] for p in known(ins[1], "perm", node)), ins[0].dtype)]
+
+    def compute(node, xs):
+        return np.ascontiguousarray(xs[0].transpose(ints(xs[1])))
+
+
+def _squeeze_axes(node, shape, operand):
     dims = node.param.get("squeezeDims")
-    if (dims is None or len(dims) == 0) and len(ins) > 1:
-        dims = _known(ins[1], "axes", node)
+    if (dims is None or len(dims) == 0) and operand is not None:
+        dims = ints(operand)
     if dims is None or len(dims) == 0:
-        axes = {i for i, d in enumerate(shape) if d == 1}
-    else:
-        axes = {int(d) % len(shape) for d in dims}
-    return [Val(tuple(d for i, d in enumerate(shape) if i not in axes), ins[0].dtype)]
+        return {i for i, d in enumerate(shape) if d == 1}
+    return {int(d) % len(shape) for d in dims}
 
 
-@register("Unsqueeze", "SqueezeParam")
-def _unsqueeze(node, ins):
-    shape = list(ins[0].shape)
+@define("Squeeze", param="SqueezeParam", inputs=("x", "axes?"))
+class Squeeze:
+    def infer(node, ins):
+        axes = _squeeze_axes(node, ins[0].shape, known(ins[1], "axes", node) if len(ins) > 1 else None)
+        return [Val(tuple(d for i, d in enumerate(ins[0].shape) if i not in axes), ins[0].dtype)]
+
+    def compute(node, xs):
+        axes = _squeeze_axes(node, xs[0].shape, xs[1] if len(xs) > 1 else None)
+        return xs[0].reshape(tuple(d for i, d in enumerate(xs[0].shape) if i not in axes))
+
+
+def _unsqueezed(node, shape, operand):
     dims = node.param.get("squeezeDims")
-    dims = [int(d) for d in (dims if dims is not None and len(dims) else _known(ins[1], "axes", node))]
+    if dims is None or len(dims) == 0:
+        dims = node.param.get("axis")
+        dims = [dims] if isinstance(dims, int) else dims
+    if dims is None or len(dims) == 0:
+        dims = ints(operand)
+    out = list(shape)
     rank = len(shape) + len(dims)
-    for d in sorted(x % rank for x in dims):
-        shape.insert(d, 1)
-    return [Val(tuple(shape), ins[0].dtype)]
+    for d in sorted(int(x) % rank for x in dims):
+        out.insert(d, 1)
+    return tuple(out)
 
 
-@register("Shape", None)
-def _shape(node, ins):
-    shape = ins[0].shape
-    value = np.array(shape, dtype=np.int32) if all(isinstance(d, int) for d in shape) else None
-    return [Val((len(shape),), "int32", value)]
+@define("Unsqueeze", "ExpandDims", param="SqueezeParam", inputs=("x", "axes?"))
+class Unsqueeze:
+    def infer(node, ins):
+        operand = known(ins[1], "axes", node) if len(ins) > 1 else None
+        return [Val(_unsqueezed(node, ins[0].shape, operand), ins[0].dtype)]
+
+    def compute(node, xs):
+        return xs[0].reshape(_unsqueezed(node, xs[0].shape, xs[1] if len(xs) > 1 else None))
 
 
-@register("Rank", None)
-def _rank(node, ins):
-    return [Val((), "int32", np.array(len(ins[0].shape), dtype=np.int32))]
+@define("Shape")
+class Shape:
+    def infer(node, ins):
+        shape = ins[0].shape
+        value = np.array(shape, dtype=np.int32) if all(isinstance(d, int) for d in shape) else None
+        return [Val((len(shape),), "int32", value)]
+
+    def compute(node, xs):
+        return np.array(xs[0].shape, np.int32)
 
 
-@register("BroadcastTo", None)
-def _broadcast_to(node, ins):
-    return [Val(broadcast(ins[0].shape, tuple(_known(ins[1], "target shape", node))), ins[0].dtype)]
+@define("Rank")
+class Rank:
+    def infer(node, ins):
+        return [Val((), "int32", np.array(len(ins[0].shape), dtype=np.int32))]
+
+    def compute(node, xs):
+        return np.array(xs[0].ndim, np.int32)
 
 
-@register("Fill", None)
-def _fill(node, ins):
-    return [Val(tuple(_known(ins[0], "shape", node)), ins[1].dtype)]
+@define("Size", param="Size")
+class Size:
+    def infer(node, ins):
+        shape = ins[0].shape
+        value = np.array(numel(shape), np.int32) if all(isinstance(d, int) for d in shape) else None
+        return [Val((), "int32", value)]
+
+    def compute(node, xs):
+        return np.array(xs[0].size, np.int32)
 
 
-@register("Padding", "PadParam", )
-def _padding(node, ins):
-    pads = _known(ins[1], "pads", node)
-    shape = tuple(d + pads[2 * i] + pads[2 * i + 1] if isinstance(d, int) else d
-                  for i, d in enumerate(ins[0].shape))
-    return [Val(shape, ins[0].dtype)]
+@define("BroadcastTo", inputs=("x", "shape"))
+class BroadcastTo:
+    """ONNX Expand: the input broadcast with the target shape (either may be larger)."""
+    def infer(node, ins):
+        return [Val(broadcast(ins[0].shape, tuple(known(ins[1], "target shape", node))), ins[0].dtype)]
+
+    def compute(node, xs):
+        shape = np.broadcast_shapes(xs[0].shape, tuple(ints(xs[1])))
+        return np.ascontiguousarray(np.broadcast_to(xs[0], shape))
 
 
-@register("SliceTf", "SliceTf")
-def _slice_tf(node, ins):
-    """TensorFlow slice: inputs data, begin, size (-1 = to the end)."""
-    begin, size = _known(ins[1], "begin", node), _known(ins[2], "size", node)
-    shape = tuple(s if s >= 0 else (d - b if isinstance(d, int) else d)
-                  for d, b, s in zip(ins[0].shape, begin, size)) + tuple(ins[0].shape[len(begin):])
-    return [Val(shape, ins[0].dtype)]
+@define("Fill", inputs=("shape", "value"))
+class Fill:
+    def infer(node, ins):
+        return [Val(tuple(known(ins[0], "shape", node)), ins[1].dtype)]
+
+    def compute(node, xs):
+        value = np.asarray(xs[1])
+        return np.full(ints(xs[0]), value.reshape(-1)[0] if value.size else 0, dtype=value.dtype)
+
+
+PAD_MODES = {"CONSTANT": "constant", "REFLECT": "reflect", "SYMMETRIC": "symmetric", "EDGE": "edge"}
+
+
+@define("Padding", param="PadParam", inputs=("x", "pads", "value?"))
+class Padding:
+    """pads as [begin0, end0, begin1, end1, ...]; negative pads crop; the 3rd input is the fill value."""
+    def infer(node, ins):
+        pads = known(ins[1], "pads", node)
+        shape = tuple(d + pads[2 * i] + pads[2 * i + 1] if isinstance(d, int) and 2 * i + 1 < len(pads) else d
+                      for i, d in enumerate(ins[0].shape))
+        return [Val(shape, ins[0].dtype)]
+
+    def compute(node, xs):
+        x = xs[0]
+        pads = ints(xs[1]) + [0] * (2 * x.ndim - len(ints(xs[1])))
+        crop = tuple(slice(max(-pads[2 * i], 0), x.shape[i] - max(-pads[2 * i + 1], 0)) for i in range(x.ndim))
+        x = x[crop]
+        width = [(max(pads[2 * i], 0), max(pads[2 * i + 1], 0)) for i in range(x.ndim)]
+        mode = PAD_MODES[node.param.get("mode", "CONSTANT")]
+        if mode == "constant":
+            value = np.asarray(xs[2]).reshape(-1)[0] if len(xs) > 2 and xs[2] is not None and np.size(xs[2]) else 0
+            return np.pad(x, width, mode="constant", constant_values=value)
+        return np.pad(x, width, mode=mode)

@@ -1,0 +1,2 @@
+"""Control flow: ops whose bodies are subgraphs."""
+from __future__ import annotations
