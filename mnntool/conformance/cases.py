@@ -38,6 +38,23 @@ def group_of(name: str, model) -> str:
     return ops[0] if len(ops) == 1 else ("expanded" if "expanded" in name else (ops[0] if ops else "?"))
 
 
+def as_array(v) -> np.ndarray:
+    """A data set's tensor as a numpy array numpy can save: TensorProtos decoded; bfloat16, float8 and
+    float4 (ml_dtypes) carried as float32, int4/uint4 as int8/uint8 (MNN has none of these types)."""
+    import onnx
+    if isinstance(v, onnx.TensorProto):
+        from onnx import numpy_helper
+        v = numpy_helper.to_array(v)
+    a = np.asarray(v)
+    if a.dtype.kind == "V" or a.dtype.name in ("bfloat16",) or "float8" in a.dtype.name or "float4" in a.dtype.name:
+        return a.astype(np.float32)
+    if a.dtype.name in ("int4", "int2"):
+        return a.astype(np.int8)
+    if a.dtype.name in ("uint4", "uint2"):
+        return a.astype(np.uint8)
+    return a
+
+
 def materialize(root: Path, only: list[str] | None = None) -> list[dict]:
     """Write every applicable node case under root/<name>/ (once) and return their index entries."""
     root = Path(root)
@@ -61,8 +78,8 @@ def materialize(root: Path, only: list[str] | None = None) -> list[dict]:
         for k, (ins, outs) in enumerate(case.data_sets):
             names_in = [i.name for i in case.model.graph.input]
             names_out = [o.name for o in case.model.graph.output]
-            np.savez(d / f"data_{k}.npz", **{f"in:{n}": np.asarray(v) for n, v in zip(names_in, ins)},
-                     **{f"out:{n}": np.asarray(v) for n, v in zip(names_out, outs)})
+            np.savez(d / f"data_{k}.npz", **{f"in:{n}": as_array(v) for n, v in zip(names_in, ins)},
+                     **{f"out:{n}": as_array(v) for n, v in zip(names_out, outs)})
         entries.append({"name": case.name, "op": group_of(case.name, case.model),
                         "opset": max((o.version for o in case.model.opset_import if o.domain in DOMAINS), default=0),
                         "data_sets": len(case.data_sets), "rtol": case.rtol, "atol": case.atol})

@@ -16,7 +16,7 @@ from ..errors import MnnToolError
 from ..ir.graph import Graph
 from ..ir.ops import REGISTRY, Val
 from ..ir.shape_inference import infer_node, infer_shapes
-from .kernels import KERNELS, Kernel, aligned_empty, returns
+from .kernels import KERNELS, Kernel, aligned_empty, by_definition
 from .kernels.program import Programs
 
 
@@ -55,12 +55,7 @@ def set_threads(n: int | None):
     return threadpool_limits(limits=int(n), user_api="blas")
 
 
-def generic_kernel(node) -> Kernel:
-    """The op's own definition (ir/ops) as its kernel: numpy, for ops and variants no fast kernel covers."""
-    opdef = REGISTRY.get(node.op)
-    if opdef is None:
-        raise MnnToolError(f"op {node.op} ('{node.name}') is not supported by the runtime")
-    return returns(lambda i: opdef.evaluate(node, i))
+generic_kernel = by_definition
 
 
 def kernel_for(node, ins, outs) -> Kernel:

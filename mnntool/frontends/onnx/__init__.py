@@ -73,7 +73,8 @@ def load_onnx(path, input_shapes: dict) -> Graph:
                            for op, names in sorted(unsupported.items()))
         raise MnnToolError(f"{path}: unsupported ONNX ops: {listed}")
     g = Graph(source="ONNX", name=path.stem)
-    ctx = Ctx(g, str(path), shapes_of(model))
+    dtypes: dict = {}
+    ctx = Ctx(g, str(path), shapes_of(model, dtypes), dtypes)
     for init in model.graph.initializer:
         value = numpy_helper.to_array(init)
         value = value.astype(np.float32) if value.dtype == np.float64 else to_int32(value)

@@ -9,10 +9,19 @@ from ...ir.graph import Graph, Node
 
 
 class Ctx:
-    def __init__(self, graph: Graph, path: str, shapes: dict):
+    def __init__(self, graph: Graph, path: str, shapes: dict, dtypes: dict | None = None):
         self.g = graph
         self.path = path
         self.shapes = shapes   # ONNX shape inference: tensor name -> tuple (may hold None dims)
+        self.dtypes = dtypes if dtypes is not None else {}   # ONNX element types as numpy names
+
+    def dtype(self, name: str) -> str:
+        """The ONNX element type of a tensor (numpy name, e.g. 'int64'), 'float32' when unknown."""
+        if name in self.dtypes:
+            return self.dtypes[name]
+        if name in self.g.constants:
+            return str(self.g.constants[name].dtype)
+        return self.g.tensors[name].dtype if name in self.g.tensors else "float32"
 
     def const(self, name: str):
         """The value of a constant input, or None when it is computed at run time."""

@@ -26,8 +26,9 @@ def _static(shape) -> bool:
     return shape is not None and all(isinstance(d, int) and d >= 0 for d in shape)
 
 
-def shapes_of(model) -> dict:
-    """Tensor name -> shape tuple (ints, or the dim_param name / None where unknown)."""
+def shapes_of(model, dtypes: dict | None = None) -> dict:
+    """Tensor name -> shape tuple (ints, or the dim_param name / None where unknown); fills `dtypes`
+    (name -> numpy type name) when given."""
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
@@ -37,9 +38,22 @@ def shapes_of(model) -> dict:
     out = {}
     for vi in list(inferred.graph.value_info) + list(inferred.graph.input) + list(inferred.graph.output):
         tt = vi.type.tensor_type
-        if vi.type.WhichOneof("value") == "tensor_type" and tt.HasField("shape"):
+        if vi.type.WhichOneof("value") != "tensor_type":
+            continue
+        if tt.HasField("shape"):
             out[vi.name] = tuple(d.dim_value if d.HasField("dim_value") else (d.dim_param or None)
                                  for d in tt.shape.dim)
+        if dtypes is not None and tt.elem_type:
+            try:
+                dtypes[vi.name] = helper.tensor_dtype_to_np_dtype(tt.elem_type).name
+            except (KeyError, TypeError, ValueError):
+                pass
+    for init in model.graph.initializer:
+        if dtypes is not None:
+            try:
+                dtypes.setdefault(init.name, helper.tensor_dtype_to_np_dtype(init.data_type).name)
+            except (KeyError, TypeError, ValueError):
+                pass
     return out
 
 

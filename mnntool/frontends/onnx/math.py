@@ -33,8 +33,11 @@ def binary_op(ctx, node, a):
     if node.op_type in ("Max", "Min") and len(node.input) != 2:
         raise MnnToolError(f"{ctx.path}: {node.op_type} '{node.name}': only two inputs are supported")
     op = BINARY[node.op_type]
-    if op == "REALDIV" and ctx.g.info(node.input[0]).dtype.startswith("int"):
-        op = "DIV"
+    if node.op_type == "Mod":
+        # MNN's MOD and FLOORMOD swap meaning between floats and integers (ir/ops/elementwise)
+        integer = ctx.dtype(node.input[0]).startswith(("int", "uint"))
+        c_fmod = bool(a.get("fmod", 0))
+        op = "FLOORMOD" if c_fmod == integer else "MOD"
     binary(ctx, node.input[0], node.input[1], node.output[0], op, node.name)
 
 

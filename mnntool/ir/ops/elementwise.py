@@ -90,7 +90,7 @@ def _floordiv(a, b):
         return np.floor(a / b)
 
 
-def _fmod(a, b):
+def _c_fmod(a, b):
     """The remainder with the dividend's sign (C fmod; ONNX Mod fmod=1)."""
     if a.dtype.kind in "iu" and b.dtype.kind in "iu":
         safe = np.where(b == 0, 1, b)
@@ -99,12 +99,22 @@ def _fmod(a, b):
         return np.fmod(a, b)
 
 
-def _floormod(a, b):
+def _py_mod(a, b):
     """The remainder with the divisor's sign (Python %, ONNX Mod fmod=0)."""
     if a.dtype.kind in "iu" and b.dtype.kind in "iu":
         return np.mod(a, np.where(b == 0, 1, b))
     with np.errstate(invalid="ignore", divide="ignore"):
         return np.mod(a, b)
+
+
+def _mnn_mod(a, b):
+    """MNN's MOD (measured in MNN 3.6): C fmod on floats, but Python's floor mod on integers."""
+    return _py_mod(a, b) if a.dtype.kind in "iu" else _c_fmod(a, b)
+
+
+def _mnn_floormod(a, b):
+    """MNN's FLOORMOD: floor mod on floats, C fmod on integers (MOD's mirror image)."""
+    return _c_fmod(a, b) if a.dtype.kind in "iu" else _py_mod(a, b)
 
 
 def _pow(a, b):
@@ -125,7 +135,7 @@ BINARY = {
     "ADD": np.add, "SUB": np.subtract, "MUL": np.multiply, "REALDIV": _div, "DIV": _div, "POW": _pow,
     "MAXIMUM": np.maximum, "MINIMUM": np.minimum, "MAX_TEMP": np.maximum, "MIN_TEMP": np.minimum,
     "EQUAL": np.equal, "NOTEQUAL": np.not_equal, "GREATER": np.greater, "GREATER_EQUAL": np.greater_equal,
-    "LESS": np.less, "LESS_EQUAL": np.less_equal, "FLOORDIV": _floordiv, "FLOORMOD": _floormod, "MOD": _fmod,
+    "LESS": np.less, "LESS_EQUAL": np.less_equal, "FLOORDIV": _floordiv, "FLOORMOD": _mnn_floormod, "MOD": _mnn_mod,
     "SquaredDifference": lambda a, b: np.square(a - b), "ATAN2": np.arctan2,
     "LOGICALOR": lambda a, b: np.logical_or(a, b).astype(np.int32),
     "LOGICALXOR": lambda a, b: np.logical_xor(a, b).astype(np.int32),

@@ -92,6 +92,17 @@ def scratch(name: str, shape: tuple) -> np.ndarray:
     return buf[:size].reshape(shape)
 
 
+def by_definition(node) -> Kernel:
+    """The op's own definition (ir/ops) as its kernel: numpy, for the ops and variants (integer types,
+    run-time operands) that no fast kernel covers."""
+    from ...errors import MnnToolError
+    from ...ir.ops import REGISTRY
+    opdef = REGISTRY.get(node.op)
+    if opdef is None:
+        raise MnnToolError(f"op {node.op} ('{node.name}') is not supported by the runtime")
+    return Kernel(lambda i: opdef.evaluate(node, i), False)
+
+
 def returns(fn) -> Kernel:
     return Kernel(fn, False)
 

@@ -6,7 +6,7 @@ import math
 import numpy as np
 from numba import njit, prange, vectorize
 
-from . import kernel, returns, sized, writes
+from . import by_definition, kernel, returns, sized, writes
 
 
 @vectorize(["float32(float32)"], cache=True)
@@ -111,7 +111,7 @@ def _sqdiff(a, b, out):
     np.square(out, out=out)
 
 
-BINARY = {
+FLOAT_BINARY = {
     "ADD": np.add, "SUB": np.subtract, "MUL": np.multiply, "REALDIV": _div, "DIV": _div, "POW": np.power,
     "MAXIMUM": np.maximum, "MINIMUM": np.minimum, "MAX_TEMP": np.maximum, "MIN_TEMP": np.minimum,
     "EQUAL": np.equal, "NOTEQUAL": np.not_equal, "GREATER": np.greater, "GREATER_EQUAL": np.greater_equal,
@@ -198,8 +198,8 @@ def prelu(node, ins, outs):
 @kernel("UnaryOp")
 def unary(node, ins, outs):
     op = node.param.get("opType")
-    if op not in UNARY:
-        raise _unsupported(node, f"UnaryOp {op}")
+    if op not in UNARY or ins[0].dtype != "float32":
+        return by_definition(node)
     fn = UNARY[op]
     if op == "SIGMOID" and ins[0].dtype == "float32":
         return _sigmoid_kernel()
@@ -231,9 +231,9 @@ SMALL = 4096    # elements: below this a same-shape add is numpy's (the fused Nu
 @kernel("BinaryOp")
 def binary(node, ins, outs):
     op = node.param.get("opType")
-    if op not in BINARY:
-        raise _unsupported(node, f"BinaryOp {op}")
-    fn = BINARY[op]
+    if op not in FLOAT_BINARY or any(v.dtype != "float32" for v in ins):
+        return by_definition(node)      # integer and boolean math: MNN's meaning, in ir/ops/elementwise
+    fn = FLOAT_BINARY[op]
     dtype = np.dtype(outs[0].dtype)
     fused_relu = int(node.param.get("activationType", 0)) == 1   # MNN's converter fuses ReLU this way
     shapes = [v.shape for v in ins + outs]
