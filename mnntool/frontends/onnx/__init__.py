@@ -9,11 +9,11 @@ from onnx import numpy_helper
 
 from ...errors import MnnToolError
 from ...ir.graph import Graph, TensorInfo
-from . import math, rnn, tensor  # noqa: F401  (registration)
-from .context import Ctx, attrs_of, to_int32
+from . import index, logic, math, norm, rnn, tensor  # noqa: F401  (registration)
+from .context import Ctx, attrs_of, ir_value
 from .fold import fold, shapes_of
 from .nn import CONVERTERS
-from .tensor import ONNX_DTYPES
+from .tensor import ir_dtype
 
 
 def supported_ops() -> list[str]:
@@ -76,8 +76,7 @@ def load_onnx(path, input_shapes: dict) -> Graph:
     dtypes: dict = {}
     ctx = Ctx(g, str(path), shapes_of(model, dtypes), dtypes)
     for init in model.graph.initializer:
-        value = numpy_helper.to_array(init)
-        value = value.astype(np.float32) if value.dtype == np.float64 else to_int32(value)
+        value = ir_value(numpy_helper.to_array(init))
         g.constants[init.name] = value
         g.tensors[init.name] = TensorInfo(init.name, str(value.dtype), tuple(value.shape))
     for inp in model.graph.input:
@@ -86,9 +85,12 @@ def load_onnx(path, input_shapes: dict) -> Graph:
         tt = inp.type.tensor_type
         shape = tuple(d.dim_value if d.HasField("dim_value") else (d.dim_param or f"{inp.name}_d{k}")
                       for k, d in enumerate(tt.shape.dim))
-        dtype = ONNX_DTYPES.get(tt.elem_type, "float32")
+        dtype = ir_dtype(tt.elem_type)
+        if dtype is None:
+            raise MnnToolError(f"{path}: input '{inp.name}' has type {onnx.TensorProto.DataType.Name(tt.elem_type)}, "
+                               "which MNN cannot carry")
         g.inputs.append(inp.name)
-        g.tensors[inp.name] = TensorInfo(inp.name, "int32" if dtype in ("int64", "bool") else dtype, shape)
+        g.tensors[inp.name] = TensorInfo(inp.name, dtype, shape)
     for k, n in enumerate(model.graph.node):
         if not n.name:
             n.name = f"{n.op_type}_{k}"

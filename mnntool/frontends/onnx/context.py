@@ -65,6 +65,16 @@ def attrs_of(node) -> dict:
     return {a.name: helper.get_attribute_value(a) for a in node.attribute}
 
 
+def ir_value(arr: np.ndarray) -> np.ndarray:
+    """A constant as the IR carries it: floats as float32, integers and booleans as int32."""
+    arr = np.asarray(arr)
+    if arr.dtype.kind == "f" or arr.dtype.name in ("bfloat16",) or "float8" in arr.dtype.name:
+        return arr.astype(np.float32)
+    if arr.dtype.kind in "iub":
+        return to_int32(arr.astype(np.int64)) if arr.dtype.kind != "b" else arr.astype(np.int32)
+    return arr
+
+
 def to_int32(arr: np.ndarray) -> np.ndarray:
     if arr.dtype == np.int64:
         return np.clip(arr, -2**31, 2**31 - 1).astype(np.int32)

@@ -8,10 +8,12 @@ from .nn import converts
 
 UNARY = {"Sigmoid": "SIGMOID", "Tanh": "TANH", "Sqrt": "SQRT", "Exp": "EXP", "Log": "LOG", "Abs": "ABS",
          "Neg": "NEG", "Reciprocal": "RECIPROCAL", "Floor": "FLOOR", "Ceil": "CEIL", "Erf": "ERF",
-         "HardSwish": "HARDSWISH", "Sin": "SIN", "Cos": "COS", "Round": "ROUND", "Sign": "SIGN"}
+         "HardSwish": "HARDSWISH", "Sin": "SIN", "Cos": "COS", "Round": "ROUND", "Sign": "SIGN", "Tan": "TAN",
+         "Asin": "ASIN", "Acos": "ACOS", "Atan": "ATAN", "Sinh": "SINH", "Cosh": "COSH", "Asinh": "ASINH",
+         "Acosh": "ACOSH", "Atanh": "ATANH"}
 BINARY = {"Add": "ADD", "Sub": "SUB", "Mul": "MUL", "Div": "REALDIV", "Pow": "POW", "Equal": "EQUAL",
           "Greater": "GREATER", "Less": "LESS", "GreaterOrEqual": "GREATER_EQUAL", "LessOrEqual": "LESS_EQUAL",
-          "Max": "MAXIMUM", "Min": "MINIMUM", "Mod": "MOD"}
+          "Max": "MAXIMUM", "Min": "MINIMUM", "Mod": "MOD", "Sum": "ADD", "Mean": "ADD"}
 FLT_MAX = 3.4028234663852886e38
 
 
@@ -28,11 +30,30 @@ def unary_op(ctx, node, a):
     unary(ctx, node.input[0], node.output[0], UNARY[node.op_type], node.name)
 
 
+def _variadic(ctx, node, op):
+    """Sum/Mean/Max/Min of N inputs as a chain of broadcasting BinaryOps (Mean: the sum times 1/N)."""
+    ins = [i for i in node.input if i]
+    out = node.output[0]
+    if len(ins) == 1:
+        ctx.emit("Identity", ins, [out], {}, node.name)
+        return
+    acc = ins[0]
+    last = len(ins) - 1 if node.op_type != "Mean" else len(ins)
+    for k, x in enumerate(ins[1:], 1):
+        dst = out if k == last else ctx.tmp(f"{out}_{k}")
+        binary(ctx, acc, x, dst, op, f"{node.name}_{k}" if dst != out else node.name)
+        acc = dst
+    if node.op_type == "Mean":
+        binary(ctx, acc, ctx.float_const(node.name + "_inv", 1.0 / len(ins)), out, "MUL", node.name)
+
+
 @converts(*BINARY)
 def binary_op(ctx, node, a):
-    if node.op_type in ("Max", "Min") and len(node.input) != 2:
-        raise MnnToolError(f"{ctx.path}: {node.op_type} '{node.name}': only two inputs are supported")
     op = BINARY[node.op_type]
+    if node.op_type in ("Max", "Min", "Sum", "Mean") and len([i for i in node.input if i]) != 2 or \
+            node.op_type == "Mean":
+        _variadic(ctx, node, op)
+        return
     if node.op_type == "Mod":
         # MNN's MOD and FLOORMOD swap meaning between floats and integers (ir/ops/elementwise)
         integer = ctx.dtype(node.input[0]).startswith(("int", "uint"))
@@ -60,12 +81,29 @@ def leaky_relu(ctx, node, a):
 
 @converts("Clip")
 def clip(ctx, node, a):
-    lo, hi = a.get("min", -FLT_MAX), a.get("max", FLT_MAX)
-    if len(node.input) > 1 and node.input[1]:
-        lo = float(ctx.need_const(node, 1, "min"))
-    if len(node.input) > 2 and node.input[2]:
-        hi = float(ctx.need_const(node, 2, "max"))
-    ctx.emit("ReLU6", [node.input[0]], [node.output[0]], {"minValue": float(lo), "maxValue": float(hi)}, node.name)
+    """ReLU6 with the bounds when they are float constants; else MAXIMUM/MINIMUM with the bound tensors
+    (run-time bounds, integer inputs), as MNN's converter does."""
+    x, out = node.input[0], node.output[0]
+    bounds = [node.input[k] if len(node.input) > k and node.input[k] else None for k in (1, 2)]
+    values = [ctx.const(b) if b else None for b in bounds]
+    integer = ctx.dtype(x).startswith(("int", "uint"))
+    if not integer and all(b is None or v is not None for b, v in zip(bounds, values)):
+        lo = float(values[0]) if bounds[0] else a.get("min", -FLT_MAX)
+        hi = float(values[1]) if bounds[1] else a.get("max", FLT_MAX)
+        ctx.emit("ReLU6", [x], [out], {"minValue": float(lo), "maxValue": float(hi)}, node.name)
+        return
+    if bounds == [None, None] and ("min" in a or "max" in a):    # opset 6 attributes on an integer input
+        bounds = [ctx.float_const(node.name + "_min", a["min"]) if "min" in a else None,
+                  ctx.float_const(node.name + "_max", a["max"]) if "max" in a else None]
+    steps = [(b, op) for b, op in zip(bounds, ("MAXIMUM", "MINIMUM")) if b]
+    if not steps:
+        ctx.emit("Identity", [x], [out], {}, node.name)
+        return
+    acc = x
+    for k, (b, op) in enumerate(steps):
+        dst = out if k == len(steps) - 1 else ctx.tmp(out + "_lo")
+        binary(ctx, acc, b, dst, op, node.name if dst == out else node.name + "_lo")
+        acc = dst
 
 
 @converts("HardSigmoid")
@@ -118,18 +156,142 @@ def where(ctx, node, a):
 
 
 REDUCE = {"ReduceMean": "MEAN", "ReduceSum": "SUM", "ReduceMax": "MAXIMUM", "ReduceMin": "MINIMUM",
-          "ReduceProd": "PROD", "ReduceSumSquare": "SUMSQ"}
+          "ReduceProd": "PROD", "ReduceSumSquare": "SUMSQ", "ReduceL1": "ASUM", "ReduceL2": "SUMSQ",
+          "ReduceLogSum": "SUM", "ReduceLogSumExp": "SUM"}
 
 
 @converts(*REDUCE)
 def reduce(ctx, node, a):
+    """Reduction with constant axes in the table, or the axes tensor as a 2nd input (MNN reads it at run
+    time); L2, LogSum and LogSumExp add their square root, log and exp around it."""
+    x, out = node.input[0], node.output[0]
+    axes_in = node.input[1] if len(node.input) > 1 and node.input[1] else None
     axes = a.get("axes")
-    if axes is None and len(node.input) > 1 and node.input[1]:
-        axes = ctx.need_const(node, 1, "axes").reshape(-1).tolist()
-    param = {"operation": REDUCE[node.op_type], "keepDims": bool(a.get("keepdims", 1)), "dType": "DT_FLOAT"}
-    if axes:
-        param["dim"] = [int(x) for x in axes]
-    elif a.get("noop_with_empty_axes", 0):
-        ctx.emit("Identity", [node.input[0]], [node.output[0]], {}, node.name)
+    if axes is None and axes_in is not None and ctx.const(axes_in) is not None:
+        axes = ctx.const(axes_in).reshape(-1).tolist()
+        axes_in = None
+    keep = bool(a.get("keepdims", 1))
+    noop = a.get("noop_with_empty_axes", 0)
+    if axes is not None and len(axes) == 0 and axes_in is None and noop:
+        axes = None
+        if node.op_type in ("ReduceL1", "ReduceL2", "ReduceSumSquare", "ReduceLogSum", "ReduceLogSumExp"):
+            pre = {"ReduceL1": "ABS", "ReduceL2": "ABS", "ReduceSumSquare": "SQUARE", "ReduceLogSum": None,
+                   "ReduceLogSumExp": None}[node.op_type]
+            if node.op_type == "ReduceLogSum":
+                unary(ctx, x, out, "LOG", node.name)
+            elif pre:
+                unary(ctx, x, out, pre, node.name)
+            else:
+                ctx.emit("Identity", [x], [out], {}, node.name)
+            return
+        ctx.emit("Identity", [x], [out], {}, node.name)
         return
-    ctx.emit("Reduction", [node.input[0]], [node.output[0]], param, node.name)
+    param = {"operation": REDUCE[node.op_type], "keepDims": keep, "dType": "DT_FLOAT"}
+    if axes:
+        param["dim"] = [int(v) for v in axes]
+    src = x
+    if node.op_type == "ReduceLogSumExp":
+        src = ctx.tmp(out + "_exp")
+        unary(ctx, x, src, "EXP", node.name + "_exp")
+    post = {"ReduceL2": "SQRT", "ReduceLogSum": "LOG", "ReduceLogSumExp": "LOG"}.get(node.op_type)
+    red = ctx.tmp(out + "_red") if post else out
+    ins = [src] + ([axes_in] if axes_in else [])
+    ctx.emit("Reduction", ins, [red], param, node.name if not post else node.name + "_red")
+    if post:
+        unary(ctx, red, out, post, node.name)
+
+def _chain(ctx, node, steps):
+    """Emit ops given as (op, inputs, param) with inputs naming earlier results by index ('$0') or
+    tensors; the last writes the node's output."""
+    names = []
+    for k, (op, ins, param) in enumerate(steps):
+        out = node.output[0] if k == len(steps) - 1 else ctx.tmp(f"{node.output[0]}_{k}")
+        ins = [names[int(i[1:])] if isinstance(i, str) and i.startswith("$") else i for i in ins]
+        ctx.emit(op, ins, [out], param, node.name if out == node.output[0] else f"{node.name}_{k}")
+        names.append(out)
+
+
+def _u(op):
+    return {"opType": op, "T": "DT_FLOAT"}
+
+
+def _b(op):
+    return {"opType": op, "T": "DT_FLOAT", "activationType": 0}
+
+
+@converts("Softplus")
+def softplus(ctx, node, a):
+    _chain(ctx, node, [("UnaryOp", [node.input[0]], _u("EXP")),
+                       ("BinaryOp", ["$0", ctx.float_const(node.name + "_one", 1.0)], _b("ADD")),
+                       ("UnaryOp", ["$1"], _u("LOG"))])
+
+
+@converts("Softsign")
+def softsign(ctx, node, a):
+    _chain(ctx, node, [("UnaryOp", [node.input[0]], _u("ABS")),
+                       ("BinaryOp", ["$0", ctx.float_const(node.name + "_one", 1.0)], _b("ADD")),
+                       ("BinaryOp", [node.input[0], "$1"], _b("REALDIV"))])
+
+
+@converts("Mish")
+def mish(ctx, node, a):
+    _chain(ctx, node, [("UnaryOp", [node.input[0]], _u("EXP")),
+                       ("BinaryOp", ["$0", ctx.float_const(node.name + "_one", 1.0)], _b("ADD")),
+                       ("UnaryOp", ["$1"], _u("LOG")), ("UnaryOp", ["$2"], _u("TANH")),
+                       ("BinaryOp", [node.input[0], "$3"], _b("MUL"))])
+
+
+@converts("Swish")
+def swish(ctx, node, a):
+    x = node.input[0]
+    alpha = float(a.get("alpha", 1.0))
+    if alpha == 1.0:
+        _chain(ctx, node, [("Sigmoid", [x], {}), ("BinaryOp", [x, "$0"], _b("MUL"))])
+        return
+    _chain(ctx, node, [("BinaryOp", [x, ctx.float_const(node.name + "_alpha", alpha)], _b("MUL")),
+                       ("Sigmoid", ["$0"], {}), ("BinaryOp", [x, "$1"], _b("MUL"))])
+
+
+@converts("Elu")
+def elu(ctx, node, a):
+    ctx.emit("ELU", [node.input[0]], [node.output[0]], {"alpha": float(a.get("alpha", 1.0))}, node.name)
+
+
+@converts("Selu")
+def selu(ctx, node, a):
+    ctx.emit("Selu", [node.input[0]], [node.output[0]],
+             {"scale": float(a.get("gamma", 1.0507009873554805)), "alpha": float(a.get("alpha", 1.6732632423543772))},
+             node.name)
+
+
+@converts("Celu")
+def celu(ctx, node, a):
+    x = node.input[0]
+    alpha = float(a.get("alpha", 1.0))
+    _chain(ctx, node, [("BinaryOp", [x, ctx.float_const(node.name + "_zero", 0.0)], _b("LESS")),
+                       ("BinaryOp", [x, ctx.float_const(node.name + "_inv", 1.0 / alpha)], _b("MUL")),
+                       ("UnaryOp", ["$1"], _u("EXP")),
+                       ("BinaryOp", ["$2", ctx.float_const(node.name + "_one", 1.0)], _b("SUB")),
+                       ("BinaryOp", ["$3", ctx.float_const(node.name + "_alpha", alpha)], _b("MUL")),
+                       ("Select", ["$0", "$4", x], {})])
+
+
+@converts("ThresholdedRelu")
+def thresholded_relu(ctx, node, a):
+    x = node.input[0]
+    _chain(ctx, node, [("BinaryOp", [x, ctx.float_const(node.name + "_alpha", float(a.get("alpha", 1.0)))], _b("GREATER")),
+                       ("Select", ["$0", x, ctx.float_const(node.name + "_zero", 0.0)], {})])
+
+
+@converts("Shrink")
+def shrink(ctx, node, a):
+    x = node.input[0]
+    lambd, bias = float(a.get("lambd", 0.5)), float(a.get("bias", 0.0))
+    integer = ctx.dtype(x).startswith(("int", "uint"))
+    c = ctx.int_const if integer else ctx.float_const
+    _chain(ctx, node, [("BinaryOp", [x, c(node.name + "_l", lambd)], _b("GREATER")),
+                       ("BinaryOp", [x, c(node.name + "_nl", -lambd)], _b("LESS")),
+                       ("BinaryOp", [x, c(node.name + "_b", bias)], _b("SUB")),
+                       ("BinaryOp", [x, c(node.name + "_b2", bias)], _b("ADD")),
+                       ("Select", ["$1", "$3", c(node.name + "_zero", 0)], {}),
+                       ("Select", ["$0", "$2", "$4"], {})])

@@ -139,24 +139,6 @@ def gemm(ctx, node, a):
                  node.name + "_bias")
 
 
-@converts("LayerNormalization")
-def layer_norm(ctx, node, a):
-    rank = ctx.rank(node.input[0])
-    axis = int(a.get("axis", -1))
-    if axis >= 0:
-        if rank is None:
-            raise MnnToolError(f"{ctx.path}: LayerNormalization '{node.name}': input rank unknown")
-        axis -= rank
-    gamma = ctx.need_const(node, 1, "scale").astype(np.float32).reshape(-1)
-    beta = ctx.need_const(node, 2, "bias").astype(np.float32).reshape(-1) if len(node.input) > 2 and node.input[2] \
-        else np.zeros_like(gamma)
-    if len([o for o in node.output if o]) > 1:
-        raise MnnToolError(f"{ctx.path}: LayerNormalization '{node.name}': Mean/InvStdDev outputs are not supported")
-    ctx.emit("LayerNorm", [node.input[0]], [node.output[0]],
-             {"axis": list(range(axis, 0)), "epsilon": float(a.get("epsilon", 1e-5)), "gamma": gamma,
-              "beta": beta, "group": 1, "useRMSNorm": False}, node.name)
-
-
 @converts("Resize", "Upsample")
 def resize(ctx, node, a):
     mode = a.get("mode", b"nearest")

@@ -6,11 +6,22 @@ from onnx import numpy_helper
 
 from ...errors import MnnToolError
 from ...format.dtypes import to_mnn
-from .context import to_int32
+from .context import ir_value, to_int32
 from .nn import converts
 
-ONNX_DTYPES = {1: "float32", 2: "uint8", 3: "int8", 5: "int16", 6: "int32", 7: "int64", 9: "bool", 10: "float16",
-               11: "float64"}
+ONNX_DTYPES = {1: "float32", 2: "uint8", 3: "int8", 4: "uint16", 5: "int16", 6: "int32", 7: "int64", 9: "bool",
+               10: "float16", 11: "float64", 12: "uint32", 13: "uint64", 16: "bfloat16", 17: "float8", 18: "float8",
+               19: "float8", 20: "float8", 21: "uint4", 22: "int4", 23: "float4", 25: "uint2", 26: "int2"}
+
+
+def ir_dtype(onnx_type: int) -> str | None:
+    """The type a tensor of this ONNX type has in the IR and in MNN: every float type is carried as
+    float32 (MNN computes in float32; float16/bfloat16/float8 values are exact in it), every integer and
+    boolean type as int32 (MNN's integer type). None for strings and complex numbers."""
+    name = ONNX_DTYPES.get(int(onnx_type))
+    if name is None:
+        return None
+    return "float32" if name.startswith(("float", "bfloat")) else "int32"
 
 
 def _axis(ctx, node, a, default=0):
@@ -157,13 +168,34 @@ def expand(ctx, node, a):
     ctx.emit("BroadcastTo", [node.input[0], target], [node.output[0]], {}, node.name)
 
 
+def emit_cast(ctx, node, x, out, onnx_type: int):
+    dst = ir_dtype(onnx_type)
+    if dst is None:
+        raise MnnToolError(f"{ctx.path}: {node.op_type} '{node.name}': target type {onnx_type} "
+                           f"({ONNX_DTYPES.get(int(onnx_type), 'string or complex')}) has no MNN type")
+    if ONNX_DTYPES.get(int(onnx_type)) == "bool":     # any non-zero is true
+        zero = ctx.float_const(node.name + "_zero", 0.0) if ctx.dtype(x).startswith(("float", "bfloat")) \
+            else ctx.int_const(node.name + "_zero", 0)
+        ctx.emit("BinaryOp", [x, zero], [out], {"opType": "NOTEQUAL", "T": "DT_FLOAT"}, node.name)
+        return
+    ctx.g.info(out).dtype = dst
+    ctx.emit("Cast", [x], [out], {"dstT": to_mnn(dst)}, node.name)
+
+
 @converts("Cast")
 def cast(ctx, node, a):
-    dst = ONNX_DTYPES.get(int(a["to"]))
-    if dst is None:
-        raise MnnToolError(f"{ctx.path}: Cast '{node.name}': target type {a['to']} is not supported")
-    ctx.g.info(node.output[0]).dtype = "int32" if dst in ("int64", "bool") else dst
-    ctx.emit("Cast", [node.input[0]], [node.output[0]], {"dstT": to_mnn(dst)}, node.name)
+    emit_cast(ctx, node, node.input[0], node.output[0], int(a["to"]))
+
+
+@converts("CastLike")
+def cast_like(ctx, node, a):
+    from onnx import helper
+    like = ctx.dtype(node.input[1])
+    try:
+        onnx_type = helper.np_dtype_to_tensor_dtype(np.dtype(like))
+    except (TypeError, KeyError):
+        onnx_type = 1
+    emit_cast(ctx, node, node.input[0], node.output[0], onnx_type)
 
 
 @converts("Pad")
@@ -213,9 +245,7 @@ def _attr_value(a):
 @converts("Constant")
 def constant(ctx, node, a):
     value = _attr_value(a)
-    value = to_int32(value) if value.dtype != np.bool_ else value.astype(np.int32)
-    if value.dtype == np.float64:
-        value = value.astype(np.float32)
+    value = ir_value(value)
     ctx.g.constants[node.output[0]] = value
     ctx.g.info(node.output[0]).shape = tuple(value.shape)
     ctx.g.info(node.output[0]).dtype = str(value.dtype)
@@ -224,7 +254,7 @@ def constant(ctx, node, a):
 @converts("ConstantOfShape")
 def constant_of_shape(ctx, node, a):
     value = numpy_helper.to_array(a["value"]).reshape(-1) if "value" in a else np.zeros(1, np.float32)
-    value = to_int32(value)
+    value = ir_value(value)
     shp = ctx.const(node.input[0])
     if shp is not None:
         ctx.g.constants[node.output[0]] = np.full([int(s) for s in shp.reshape(-1)], value[0], value.dtype)

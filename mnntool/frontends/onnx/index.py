@@ -1,0 +1,236 @@
+"""ONNX index, selection and generator ops -> IR (MNN's ArgMax, TopKV2, CumSum, GatherElements, GatherND,
+ScatterElements, ScatterNd, Where, OneHot, EyeLike, Tile, Range, Size)."""
+from __future__ import annotations
+
+import numpy as np
+
+from ...errors import MnnToolError
+from .math import binary
+from .nn import converts
+
+
+def _rank(ctx, node, name=None):
+    rank = ctx.rank(name or node.input[0])
+    if rank is None:
+        raise MnnToolError(f"{ctx.path}: {node.op_type} '{node.name}': the input's rank is unknown")
+    return rank
+
+
+def _opt(node, k):
+    return node.input[k] if len(node.input) > k and node.input[k] else None
+
+
+def _flip(ctx, node, x, axis, rank, out):
+    """x reversed along axis: a StridedSlice with step -1."""
+    ins = [x] + [ctx.int_const(f"{out}_{k}", [v]) for k, v in (("s", -1), ("e", -2**31), ("a", axis), ("st", -1))]
+    ctx.emit("StridedSlice", ins, [out], {"fromType": 1}, out)
+
+
+@converts("ArgMax", "ArgMin")
+def arg_max(ctx, node, a):
+    """MNN's ArgMax takes the first of equal values; select_last_index flips the axis first and maps the
+    index back (size - 1 - i)."""
+    rank = _rank(ctx, node)
+    axis = int(a.get("axis", 0)) % rank
+    keep = int(a.get("keepdims", 1))
+    last = int(a.get("select_last_index", 0))
+    x, out = node.input[0], node.output[0]
+    if last:
+        shape = ctx.shape(x)
+        if shape is None or not isinstance(shape[axis], int):
+            raise MnnToolError(f"{ctx.path}: {node.op_type} '{node.name}': select_last_index needs a known axis size")
+        flipped = ctx.tmp(out + "_flip")
+        _flip(ctx, node, x, axis, rank, flipped)
+        x = flipped
+    idx = ctx.tmp(out + "_idx") if (keep or last) else out
+    ctx.emit(node.op_type, [x], [idx], {"axis": axis, "topK": 1, "outMaxVal": 0}, node.name + "_arg" if idx != out else node.name)
+    if last:
+        back = ctx.tmp(out + "_back") if keep else out
+        binary(ctx, ctx.int_const(node.name + "_last", int(ctx.shape(node.input[0])[axis]) - 1), idx, back, "SUB",
+               node.name + "_back" if keep else node.name)
+        idx = back
+    if keep:
+        ctx.emit("Unsqueeze", [idx], [out], {"squeezeDims": [axis]}, node.name)
+
+
+@converts("Hardmax")
+def hardmax(ctx, node, a):
+    rank = _rank(ctx, node)
+    axis = int(a.get("axis", -1)) % rank
+    shape = ctx.shape(node.input[0])
+    if shape is None or not isinstance(shape[axis], int):
+        raise MnnToolError(f"{ctx.path}: Hardmax '{node.name}': needs a known size of the axis")
+    idx = ctx.tmp(node.output[0] + "_idx")
+    ctx.emit("ArgMax", [node.input[0]], [idx], {"axis": axis, "topK": 1}, node.name + "_arg")
+    ctx.emit("OneHot", [idx, ctx.int_const(node.name + "_depth", shape[axis]), ctx.float_const(node.name + "_on", 1.0),
+                        ctx.float_const(node.name + "_off", 0.0)], [node.output[0]], {"axis": axis, "dType": "DT_FLOAT"},
+             node.name)
+
+
+@converts("TopK")
+def top_k(ctx, node, a):
+    """TopKV2 works on the last axis: other axes are moved there and back."""
+    rank = _rank(ctx, node)
+    axis = int(a.get("axis", -1)) % rank
+    param = {"T": "DT_FLOAT", "sorted": True, "largest": bool(a.get("largest", 1))}
+    k = node.input[1]
+    kc = ctx.const(k)
+    if kc is not None:
+        k = ctx.int_const(node.name + "_k", np.asarray(kc).reshape(-1)[:1])
+    if axis == rank - 1:
+        ctx.emit("TopKV2", [node.input[0], k], list(node.output), param, node.name)
+        return
+    perm = list(range(rank))
+    perm[axis], perm[-1] = perm[-1], perm[axis]
+    xt = ctx.tmp(node.output[0] + "_t")
+    ctx.emit("Permute", [node.input[0]], [xt], {"dims": perm}, node.name + "_in")
+    vt, it = ctx.tmp(node.output[0] + "_vt"), ctx.tmp(node.output[1] + "_it")
+    ctx.emit("TopKV2", [xt, k], [vt, it], param, node.name)
+    ctx.emit("Permute", [vt], [node.output[0]], {"dims": perm}, node.name + "_v")
+    ctx.emit("Permute", [it], [node.output[1]], {"dims": perm}, node.name + "_i")
+
+
+@converts("CumSum", "CumProd")
+def cumsum(ctx, node, a):
+    axis = ctx.const(node.input[1])
+    ax = ctx.int_const(node.name + "_axis", np.asarray(axis).reshape(-1)[:1]) if axis is not None else node.input[1]
+    ctx.emit(node.op_type, [node.input[0], ax], [node.output[0]],
+             {"exclusive": bool(a.get("exclusive", 0)), "reverse": bool(a.get("reverse", 0))}, node.name)
+
+
+@converts("GatherElements")
+def gather_elements(ctx, node, a):
+    axis = int(a.get("axis", 0)) % _rank(ctx, node)
+    ctx.emit("GatherElements", [node.input[0], node.input[1], ctx.int_const(node.name + "_axis", [axis])],
+             [node.output[0]], {}, node.name)
+
+
+@converts("GatherND")
+def gather_nd(ctx, node, a):
+    b = int(a.get("batch_dims", 0))
+    ctx.emit("GatherND", [node.input[0], node.input[1]], [node.output[0]], {"axis": b}, node.name)
+
+
+@converts("ScatterElements", "Scatter")
+def scatter_elements(ctx, node, a):
+    axis = int(a.get("axis", 0)) % _rank(ctx, node)
+    red = a.get("reduction", b"none")
+    red = red.decode() if isinstance(red, bytes) else red
+    op = {"none": -1, "add": "ADD", "mul": "MUL", "max": "MAXIMUM", "min": "MINIMUM"}[red]
+    ctx.emit("ScatterElements", [node.input[0], node.input[1], node.input[2], ctx.int_const(node.name + "_axis", [axis])],
+             [node.output[0]], {"opType": op, "T": "DT_FLOAT"}, node.name)
+
+
+@converts("ScatterND")
+def scatter_nd(ctx, node, a):
+    red = a.get("reduction", b"none")
+    red = red.decode() if isinstance(red, bytes) else red
+    op = {"none": -1, "add": "ADD", "mul": "MUL", "max": "MAXIMUM", "min": "MINIMUM"}[red]
+    shape = ctx.tmp(node.output[0] + "_shape")
+    ctx.emit("Shape", [node.input[0]], [shape], {}, node.name + "_shape", fmt="NCHW")
+    ctx.emit("ScatterNd", [node.input[1], node.input[2], shape, node.input[0]], [node.output[0]],
+             {"opType": op, "T": "DT_FLOAT"}, node.name)
+
+
+@converts("NonZero")
+def non_zero(ctx, node, a):
+    zero = ctx.float_const(node.name + "_zero", 0.0) if ctx.dtype(node.input[0]).startswith("float") \
+        else ctx.int_const(node.name + "_zero", 0)
+    nz, coords = ctx.tmp(node.output[0] + "_nz"), ctx.tmp(node.output[0] + "_coords")
+    binary(ctx, node.input[0], zero, nz, "NOTEQUAL", node.name + "_nz")
+    ctx.emit("Where", [nz], [coords], {}, node.name + "_where")
+    ctx.emit("Transpose", [coords, ctx.int_const(node.name + "_perm", [1, 0])], [node.output[0]], {}, node.name)
+
+
+@converts("Compress")
+def compress(ctx, node, a):
+    coords, flat = ctx.tmp(node.output[0] + "_coords"), ctx.tmp(node.output[0] + "_idx")
+    ctx.emit("Where", [node.input[1]], [coords], {}, node.name + "_where")
+    ctx.emit("Reshape", [coords, ctx.int_const(node.name + "_m1", [-1])], [flat], {"dimType": "NCHW"}, node.name + "_flat")
+    x = node.input[0]
+    if "axis" not in a:
+        xf = ctx.tmp(node.output[0] + "_x")
+        ctx.emit("Reshape", [x, ctx.int_const(node.name + "_xm1", [-1])], [xf], {"dimType": "NCHW"}, node.name + "_x")
+        x, axis = xf, 0
+    else:
+        axis = int(a["axis"]) % _rank(ctx, node)
+    ctx.emit("GatherV2", [x, flat, ctx.int_const(node.name + "_axis", [axis])], [node.output[0]], {}, node.name)
+
+
+@converts("Unique")
+def unique(ctx, node, a):
+    if "axis" in a or int(a.get("sorted", 1)):
+        raise MnnToolError(f"{ctx.path}: Unique '{node.name}': only sorted=0 without axis has an MNN op "
+                           "(values in order of appearance)")
+    ctx.emit("Unique", [node.input[0]], [o for o in node.output], {}, node.name)
+
+
+@converts("OneHot")
+def one_hot(ctx, node, a):
+    values = ctx.const(node.input[2])
+    depth = ctx.const(node.input[1])
+    depth_name = ctx.int_const(node.name + "_depth", [int(np.asarray(depth).reshape(-1)[0])]) if depth is not None \
+        else node.input[1]
+    if values is not None:
+        off, on = (ctx.g.add_const(f"{node.name}_{k}", np.asarray(v).reshape(())) for k, v in
+                   (("off", values.reshape(-1)[0]), ("on", values.reshape(-1)[1])))
+    else:
+        off, on = ctx.tmp(node.output[0] + "_off"), ctx.tmp(node.output[0] + "_on")
+        ctx.emit("Slice", [node.input[2]], [off, on], {"axis": 0, "slicePoints": [1], "sourceType": "CAFFE"},
+                 node.name + "_values")
+    ctx.emit("OneHot", [node.input[0], depth_name, on, off], [node.output[0]],
+             {"axis": int(a.get("axis", -1)), "dType": "DT_FLOAT"}, node.name)
+
+
+@converts("EyeLike")
+def eye_like(ctx, node, a):
+    x = node.input[0]
+    if "dtype" in a:
+        from .tensor import ir_dtype
+        dst = ir_dtype(int(a["dtype"]))
+        if dst != ctx.g.info(x).dtype and dst is not None:
+            cast = ctx.tmp(node.output[0] + "_like")
+            ctx.emit("Cast", [x], [cast], {"dstT": "DT_FLOAT" if dst == "float32" else "DT_INT32"}, node.name + "_like")
+            x = cast
+    ctx.emit("EyeLike", [x, ctx.int_const(node.name + "_k", [int(a.get("k", 0))])], [node.output[0]], {}, node.name)
+
+
+@converts("Tile")
+def tile(ctx, node, a):
+    reps = ctx.const(node.input[1])
+    r = ctx.int_const(node.name + "_reps", reps.reshape(-1)) if reps is not None else node.input[1]
+    ctx.emit("Tile", [node.input[0], r], [node.output[0]], {}, node.name)
+
+
+@converts("Range")
+def range_(ctx, node, a):
+    ins = []
+    for k, name in enumerate(node.input[:3]):
+        v = ctx.const(name)
+        ins.append(ctx.g.add_const(f"{node.name}_{k}", np.asarray(v).reshape(())) if v is not None else name)
+    ctx.emit("Range", ins, [node.output[0]], {}, node.name)
+
+
+@converts("Size")
+def size(ctx, node, a):
+    ctx.emit("Size", [node.input[0]], [node.output[0]], {}, node.name)
+
+
+@converts("Trilu")
+def trilu(ctx, node, a):
+    """x where the (row, column) mask of the k-th diagonal holds, 0 elsewhere; the mask is a constant
+    when the last two dims are known, else built from Range and a comparison at run time."""
+    upper = int(a.get("upper", 1))
+    shape = ctx.shape(node.input[0])
+    kc = ctx.const(node.input[1]) if _opt(node, 1) else np.zeros(1, np.int32)
+    x, out = node.input[0], node.output[0]
+    zero = ctx.int_const(node.name + "_zero", 0) if ctx.dtype(x).startswith(("int", "uint", "bool")) \
+        else ctx.float_const(node.name + "_zero", 0.0)
+    if shape is not None and all(isinstance(d, int) for d in shape[-2:]) and kc is not None:
+        n, m = shape[-2:]
+        k = int(np.asarray(kc).reshape(-1)[0])
+        rows, cols = np.arange(n)[:, None], np.arange(m)[None, :]
+        mask = (cols - rows >= k) if upper else (cols - rows <= k)
+        ctx.emit("Select", [ctx.int_const(node.name + "_mask", mask.astype(np.int32)), x, zero], [out], {}, node.name)
+        return
+    raise MnnToolError(f"{ctx.path}: Trilu '{node.name}': needs known matrix dims and a constant k")
