@@ -40,6 +40,9 @@ class MnnSession:
             else:
                 vs.append(expr.const(v.astype(np.float32), list(v.shape), expr.NCHW, expr.float))
         outs = self.module.forward(vs)
+        if len(outs) < len(self.outputs):     # MNN prints why ("Create execution error") and returns nothing
+            raise MnnToolError(f"the MNN runtime could not run the model (it returned {len(outs)} of "
+                               f"{len(self.outputs)} outputs)")
         result = {}
         for name, o in zip(self.outputs, outs):
             if o.data_format == expr.NC4HW4:

@@ -11,6 +11,7 @@ from ...errors import MnnToolError
 from ...ir.graph import Graph, TensorInfo
 from . import index, logic, math, norm, rnn, tensor  # noqa: F401  (registration)
 from .context import Ctx, attrs_of, ir_value
+from .expand import expand_functions
 from .fold import fold, shapes_of
 from .nn import CONVERTERS
 from .tensor import ir_dtype
@@ -62,6 +63,7 @@ def load_onnx(path, input_shapes: dict) -> Graph:
     path = Path(path)
     model = _read(path)
     _fix_input_shapes(path, model, input_shapes)
+    expand_functions(model, set(CONVERTERS))
     fold(model)
     unsupported = {}
     for n in model.graph.node:

@@ -156,8 +156,10 @@ def where(ctx, node, a):
 
 
 REDUCE = {"ReduceMean": "MEAN", "ReduceSum": "SUM", "ReduceMax": "MAXIMUM", "ReduceMin": "MINIMUM",
-          "ReduceProd": "PROD", "ReduceSumSquare": "SUMSQ", "ReduceL1": "ASUM", "ReduceL2": "SUMSQ",
+          "ReduceProd": "PROD", "ReduceSumSquare": "SUM", "ReduceL1": "SUM", "ReduceL2": "SUM",
           "ReduceLogSum": "SUM", "ReduceLogSumExp": "SUM"}
+# MNN's CPU Reduction has no ASUM/SUMSQ kernels ("Create execution error"): |x| and x^2 go first
+REDUCE_PRE = {"ReduceL1": "ABS", "ReduceL2": "SQUARE", "ReduceSumSquare": "SQUARE", "ReduceLogSumExp": "EXP"}
 
 
 @converts(*REDUCE)
@@ -190,9 +192,9 @@ def reduce(ctx, node, a):
     if axes:
         param["dim"] = [int(v) for v in axes]
     src = x
-    if node.op_type == "ReduceLogSumExp":
-        src = ctx.tmp(out + "_exp")
-        unary(ctx, x, src, "EXP", node.name + "_exp")
+    if node.op_type in REDUCE_PRE:
+        src = ctx.tmp(out + "_pre")
+        unary(ctx, x, src, REDUCE_PRE[node.op_type], node.name + "_pre")
     post = {"ReduceL2": "SQRT", "ReduceLogSum": "LOG", "ReduceLogSumExp": "LOG"}.get(node.op_type)
     red = ctx.tmp(out + "_red") if post else out
     ins = [src] + ([axes_in] if axes_in else [])

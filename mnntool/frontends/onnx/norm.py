@@ -163,14 +163,14 @@ def lp_norm(ctx, node, a):
     p = int(a.get("p", 2))
     x, out, name = node.input[0], node.output[0], node.name
     norm, safe = ctx.tmp(out + "_norm"), ctx.tmp(out + "_safe")
-    if p == 2:
-        ss = ctx.tmp(out + "_ss")
-        ctx.emit("Reduction", [x], [ss], {"operation": "SUMSQ", "dim": [axis], "keepDims": True}, name + "_ss")
-        unary(ctx, ss, norm, "SQRT", name + "_sqrt")
-    elif p == 1:
-        ctx.emit("Reduction", [x], [norm], {"operation": "ASUM", "dim": [axis], "keepDims": True}, name + "_l1")
-    else:
+    if p not in (1, 2):
         raise MnnToolError(f"{ctx.path}: LpNormalization '{name}': p={p} (only 1 and 2 are defined)")
+    pre, total = ctx.tmp(out + "_pre"), ctx.tmp(out + "_sum")
+    unary(ctx, x, pre, "SQUARE" if p == 2 else "ABS", name + "_pre")
+    ctx.emit("Reduction", [pre], [total] if p == 2 else [norm], {"operation": "SUM", "dim": [axis], "keepDims": True},
+             name + "_sum")
+    if p == 2:
+        unary(ctx, total, norm, "SQRT", name + "_sqrt")
     binary(ctx, norm, ctx.float_const(name + "_tiny", 1e-30), safe, "MAXIMUM", name + "_safe")
     binary(ctx, x, safe, out, "REALDIV", name)
 
