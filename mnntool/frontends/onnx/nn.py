@@ -12,56 +12,145 @@ CONVERTERS = {}
 converts = registrar(CONVERTERS)
 
 
-def _common(ctx, node, a, kh, kw, cout, cin, group):
-    pads = list(a.get("pads", [0, 0, 0, 0]))
-    strides = list(a.get("strides", [1, 1]))
-    dil = list(a.get("dilations", [1, 1]))
-    auto = a.get("auto_pad", b"NOTSET")
-    auto = auto.decode() if isinstance(auto, bytes) else auto
-    mode = {"SAME_UPPER": "SAME", "SAME_LOWER": "SAME", "VALID": "VALID"}.get(auto, "CAFFE")
-    if mode == "SAME" and auto == "SAME_LOWER":
-        raise MnnToolError(f"{ctx.path}: {node.op_type} '{node.name}': auto_pad SAME_LOWER is not supported")
-    if len(pads) != 4:
-        raise MnnToolError(f"{ctx.path}: {node.op_type} '{node.name}': only 2-D convolutions are supported")
-    return {"padX": int(pads[1]), "padY": int(pads[0]), "kernelX": int(kw), "kernelY": int(kh),
+def _s(v):
+    return v.decode() if isinstance(v, bytes) else v
+
+
+def spatial(ctx, node, a, kernel, x=None):
+    """Kernel, stride, dilation and pads of a 1-D or 2-D window op as 2-D values (a 1-D op runs on
+    [N, C, L, 1]), with auto_pad turned into explicit pads where the input size is known.
+    Returns (kernel, strides, dilations, pads (t, l, b, r), padMode)."""
+    rank = len(kernel)
+    if rank not in (1, 2):
+        raise MnnToolError(f"{ctx.path}: {node.op_type} '{node.name}': {rank}-D windows are not supported yet "
+                           "(1-D and 2-D are)")
+    strides = [int(v) for v in a.get("strides", [1] * rank)]
+    dil = [int(v) for v in a.get("dilations", [1] * rank)]
+    pads = [int(v) for v in a.get("pads", [0] * (2 * rank))]
+    auto = _s(a.get("auto_pad", b"NOTSET"))
+    mode = "CAFFE"
+    if auto in ("SAME_UPPER", "SAME_LOWER"):
+        shape = ctx.shape(x or node.input[0])
+        sizes = list(shape[2:]) if shape is not None else [None] * rank
+        if all(isinstance(d, int) for d in sizes):
+            pads = [0] * (2 * rank)
+            for i, (n, k, st, d) in enumerate(zip(sizes, kernel, strides, dil)):
+                out = -(-n // st)
+                total = max((out - 1) * st + (k - 1) * d + 1 - n, 0)
+                small, big = total // 2, total - total // 2
+                pads[i], pads[i + rank] = (small, big) if auto == "SAME_UPPER" else (big, small)
+        elif auto == "SAME_UPPER":
+            mode = "SAME"
+        else:
+            raise MnnToolError(f"{ctx.path}: {node.op_type} '{node.name}': auto_pad SAME_LOWER needs a known input size")
+    elif auto == "VALID":
+        pads = [0] * (2 * rank)
+    if rank == 1:
+        return [int(kernel[0]), 1], [strides[0], 1], [dil[0], 1], (pads[0], 0, pads[1], 0), mode
+    return [int(k) for k in kernel], strides, dil, (pads[0], pads[1], pads[2], pads[3]), mode
+
+
+def conv_common(kernel, strides, dil, pads, mode, cout, cin, group) -> dict:
+    t, l, b, r = pads
+    return {"padX": int(l), "padY": int(t), "kernelX": int(kernel[1]), "kernelY": int(kernel[0]),
             "strideX": int(strides[1]), "strideY": int(strides[0]), "dilateX": int(dil[1]),
             "dilateY": int(dil[0]), "padMode": mode, "group": int(group), "outputCount": int(cout),
-            "inputCount": int(cin), "relu": False, "relu6": False, "pads": [int(p) for p in pads]}
+            "inputCount": int(cin), "relu": False, "relu6": False, "pads": [int(t), int(l), int(b), int(r)]}
+
+
+def lift_1d(ctx, node, name, tag):
+    """[N, C, L] -> [N, C, L, 1] for a 1-D op run as 2-D."""
+    out = ctx.tmp(f"{node.name}_{tag}4d")
+    ctx.emit("Unsqueeze", [name], [out], {"squeezeDims": [3]}, out)
+    return out
+
+
+def _window_op(ctx, node, a, kind: str):
+    """Conv or ConvTranspose with constant weights in the table or run-time weights as inputs."""
+    w_name = node.input[1]
+    w = ctx.const(w_name)
+    w_shape = tuple(w.shape) if w is not None else ctx.shape(w_name)
+    if w_shape is None or not all(isinstance(d, int) for d in w_shape):
+        raise MnnToolError(f"{ctx.path}: {node.op_type} '{node.name}': the weight's shape is unknown")
+    rank = len(w_shape) - 2
+    group = int(a.get("group", 1))
+    kernel = list(a.get("kernel_shape", w_shape[2:]))
+    x, out = node.input[0], node.output[0]
+    if kind == "Convolution":
+        cout, cin = w_shape[0], w_shape[1] * group
+    else:
+        cin, cout = w_shape[0], w_shape[1] * group
+    if kind == "Deconvolution":
+        kernel_, strides, dil, pads, mode = spatial(ctx, node, {k: v for k, v in a.items() if k != "auto_pad"}, kernel)
+        pads = _deconv_pads(ctx, node, a, kernel_, strides, dil, pads, rank)
+    else:
+        kernel_, strides, dil, pads, mode = spatial(ctx, node, a, kernel)
+    common = conv_common(kernel_, strides, dil, pads, mode, cout, cin, group)
+    if kind == "Deconvolution":
+        op_pad = [int(v) for v in a.get("output_padding", [0] * rank)]
+        common["outPads"] = op_pad + [0] if rank == 1 else op_pad
+        extra = getattr(ctx, "_deconv_extra", None)
+        if extra:
+            common["outPads"] = [p + e for p, e in zip(common["outPads"], extra)]
+    depthwise = group > 1 and group == cin == cout
+    op = kind + ("Depthwise" if depthwise else "")
+    b_name = node.input[2] if len(node.input) > 2 and node.input[2] else None
+    b = ctx.const(b_name) if b_name else None
+    x_in = lift_1d(ctx, node, x, "x") if rank == 1 else x
+    y = ctx.tmp(out + "_4d") if rank == 1 else out
+    if w is not None and (b_name is None or b is not None):
+        wv = np.asarray(w, np.float32)
+        if rank == 1:
+            wv = wv[..., None]
+        bias = np.asarray(b, np.float32).reshape(-1) if b is not None else np.zeros(cout, np.float32)
+        ctx.emit(op, [x_in], [y], {"common": common, "weight": wv.reshape(-1), "bias": bias}, node.name)
+    else:
+        w_in = lift_1d(ctx, node, w_name, "w") if rank == 1 else w_name
+        ins = [x_in, w_in] + ([b_name] if b_name else [])
+        ctx.emit(op, ins, [y], {"common": common}, node.name)
+    if rank == 1:
+        ctx.emit("Squeeze", [y], [out], {"squeezeDims": [3]}, node.name + "_1d")
+
+
+def _deconv_pads(ctx, node, a, kernel, strides, dil, pads, rank):
+    """ConvTranspose's pads from auto_pad or output_shape where given (ONNX's formula); any output
+    beyond what pads can give goes to output padding (ctx._deconv_extra)."""
+    ctx._deconv_extra = None
+    auto = _s(a.get("auto_pad", b"NOTSET"))
+    out_shape = a.get("output_shape")
+    if out_shape is None and auto not in ("SAME_UPPER", "SAME_LOWER"):
+        return pads
+    shape = ctx.shape(node.input[0])
+    sizes = list(shape[2:]) if shape is not None else []
+    if len(sizes) != rank or not all(isinstance(d, int) for d in sizes):
+        raise MnnToolError(f"{ctx.path}: ConvTranspose '{node.name}': output_shape/auto_pad need a known input size")
+    op_pad = [int(v) for v in a.get("output_padding", [0] * rank)]
+    targets = list(out_shape)[-rank:] if out_shape is not None else [n * s for n, s in zip(sizes, strides)]
+    begin, end, extra = [], [], []
+    for i in range(rank):
+        full = strides[i] * (sizes[i] - 1) + op_pad[i] + (kernel[i] - 1) * dil[i] + 1
+        total = full - int(targets[i])
+        if total < 0:
+            begin.append(0), end.append(0), extra.append(-total)
+            continue
+        small, big = total // 2, total - total // 2
+        b_, e_ = (small, big) if auto == "SAME_UPPER" else (big, small)
+        begin.append(b_), end.append(e_), extra.append(0)
+    if any(extra):
+        ctx._deconv_extra = extra + ([0] if rank == 1 else [])
+    if rank == 1:
+        return begin[0], 0, end[0], 0
+    return begin[0], begin[1], end[0], end[1]
 
 
 @converts("Conv")
 def conv(ctx, node, a):
-    w = ctx.need_const(node, 1, "the weight").astype(np.float32)
-    if w.ndim != 4:
-        raise MnnToolError(f"{ctx.path}: Conv '{node.name}': only 2-D convolutions are supported (weight rank {w.ndim})")
-    cout, cin_g, kh, kw = w.shape
-    group = int(a.get("group", 1))
-    bias = ctx.need_const(node, 2, "the bias").astype(np.float32) if len(node.input) > 2 and node.input[2] \
-        else np.zeros(cout, np.float32)
-    cin = cin_g * group
-    depthwise = group > 1 and group == cin == cout
-    common = _common(ctx, node, a, kh, kw, cout, cin, group)
-    ctx.emit("ConvolutionDepthwise" if depthwise else "Convolution", [node.input[0]], [node.output[0]],
-             {"common": common, "weight": w.reshape(-1), "bias": bias.reshape(-1)}, node.name)
+    _window_op(ctx, node, a, "Convolution")
 
 
 @converts("ConvTranspose")
 def conv_transpose(ctx, node, a):
-    w = ctx.need_const(node, 1, "the weight").astype(np.float32)
-    if w.ndim != 4:
-        raise MnnToolError(f"{ctx.path}: ConvTranspose '{node.name}': only 2-D is supported")
-    if "output_shape" in a:
-        raise MnnToolError(f"{ctx.path}: ConvTranspose '{node.name}': output_shape is not supported; use pads")
-    cin, cout_g, kh, kw = w.shape
-    group = int(a.get("group", 1))
-    cout = cout_g * group
-    bias = ctx.need_const(node, 2, "the bias").astype(np.float32) if len(node.input) > 2 and node.input[2] \
-        else np.zeros(cout, np.float32)
-    common = _common(ctx, node, a, kh, kw, cout, cin, group)
-    common["outPads"] = [int(p) for p in a.get("output_padding", [0, 0])]
-    depthwise = group > 1 and group == cin == cout
-    ctx.emit("DeconvolutionDepthwise" if depthwise else "Deconvolution", [node.input[0]], [node.output[0]],
-             {"common": common, "weight": w.reshape(-1), "bias": bias.reshape(-1)}, node.name)
+    _window_op(ctx, node, a, "Deconvolution")
 
 
 @converts("BatchNormalization")
@@ -74,23 +163,38 @@ def batch_norm(ctx, node, a):
               "biasData": (bias - mean * s).astype(np.float32)}, node.name)
 
 
-def _pool(ctx, node, a, kind):
+def _pool(ctx, node, a, kind, x=None, out=None, name=None):
+    """Max/average pooling on 1-D or 2-D windows. ceil_mode becomes explicit end padding where the size is
+    known (MNN and ONNX disagree on the last window's rule), except for averages that count padding."""
+    x, out, name = x or node.input[0], out or node.output[0], name or node.name
     k = list(a["kernel_shape"])
-    if len(k) != 2:
-        raise MnnToolError(f"{ctx.path}: {node.op_type} '{node.name}': only 2-D pooling is supported")
-    pads = [int(p) for p in a.get("pads", [0, 0, 0, 0])]
-    strides = list(a.get("strides", [1, 1]))
-    auto = a.get("auto_pad", b"NOTSET")
-    auto = auto.decode() if isinstance(auto, bytes) else auto
-    if list(a.get("dilations", [1, 1])) != [1, 1]:
+    if any(int(d) != 1 for d in a.get("dilations", [1] * len(k))):
         raise MnnToolError(f"{ctx.path}: {node.op_type} '{node.name}': dilated pooling is not supported")
+    kernel, strides, _, pads, mode = spatial(ctx, node, a, k, x)
+    t, l, b, r = pads
     include = bool(a.get("count_include_pad", 0))
-    param = {"padX": pads[1], "padY": pads[0], "isGlobal": False, "kernelX": int(k[1]), "kernelY": int(k[0]),
-             "strideX": int(strides[1]), "strideY": int(strides[0]), "type": kind,
-             "padType": {"SAME_UPPER": "SAME", "VALID": "VALID"}.get(auto, "CAFFE"), "dataType": "DT_FLOAT",
-             "ceilModel": bool(a.get("ceil_mode", 0)), "pads": pads,
-             "countType": "INCLUDE_PADDING" if include else ("EXCLUDE_PADDING" if any(pads) else "DEFAULT")}
-    ctx.emit("Pooling", [node.input[0]], [node.output[0]], param, node.name)
+    ceil = bool(a.get("ceil_mode", 0))
+    shape = ctx.shape(x)
+    sizes = list(shape[2:]) + [1] * (4 - len(shape)) if shape is not None else None
+    if ceil and not include and sizes is not None and all(isinstance(d, int) for d in sizes[:2]) and mode == "CAFFE":
+        ends = []
+        for n, kk, st, p0, p1 in zip(sizes[:2], kernel, strides, (t, l), (b, r)):
+            o = -(-(n + p0 + p1 - kk) // st) + 1
+            if (o - 1) * st >= n + p0:
+                o -= 1
+            ends.append(max(p1, (o - 1) * st + kk - n - p0))
+        b, r = ends
+        ceil = False
+    param = {"padX": l, "padY": t, "isGlobal": False, "kernelX": kernel[1], "kernelY": kernel[0],
+             "strideX": strides[1], "strideY": strides[0], "type": kind, "padType": mode, "dataType": "DT_FLOAT",
+             "ceilModel": ceil, "pads": [t, l, b, r],
+             "countType": "INCLUDE_PADDING" if include else ("EXCLUDE_PADDING" if any((t, l, b, r)) else "DEFAULT")}
+    if len(k) == 1:
+        x4, y4 = lift_1d(ctx, node, x, "x"), ctx.tmp(out + "_4d")
+        ctx.emit("Pooling", [x4], [y4], param, name)
+        ctx.emit("Squeeze", [y4], [out], {"squeezeDims": [3]}, name + "_1d")
+    else:
+        ctx.emit("Pooling", [x], [out], param, name)
 
 
 @converts("MaxPool")
@@ -105,12 +209,43 @@ def avg_pool(ctx, node, a):
     _pool(ctx, node, a, "AVEPOOL")
 
 
-@converts("GlobalAveragePool", "GlobalMaxPool")
+@converts("LpPool")
+def lp_pool(ctx, node, a):
+    """(sum over the window of |x|^p)^(1/p): an average pool counting padding, times the window size."""
+    p = float(a.get("p", 2))
+    x, out, name = node.input[0], node.output[0], node.name
+    from .math import binary, unary
+    absx, powx, avg, total = (ctx.tmp(out + s) for s in ("_abs", "_pow", "_avg", "_sum"))
+    unary(ctx, x, absx, "ABS", name + "_abs")
+    binary(ctx, absx, ctx.float_const(name + "_p", p), powx, "POW", name + "_pow")
+    _pool(ctx, node, dict(a, count_include_pad=1), "AVEPOOL", powx, avg, name + "_avg")
+    binary(ctx, avg, ctx.float_const(name + "_n", float(np.prod(a["kernel_shape"]))), total, "MUL", name + "_sum")
+    binary(ctx, total, ctx.float_const(name + "_inv", 1.0 / p), out, "POW", name)
+
+
+@converts("GlobalAveragePool", "GlobalMaxPool", "GlobalLpPool")
 def global_pool(ctx, node, a):
-    kind = "AVEPOOL" if node.op_type == "GlobalAveragePool" else "MAXPOOL"
-    ctx.emit("Pooling", [node.input[0]], [node.output[0]],
-             {"isGlobal": True, "type": kind, "padType": "CAFFE", "kernelX": 1, "kernelY": 1, "strideX": 1,
-              "strideY": 1, "ceilModel": False}, node.name)
+    rank = ctx.rank(node.input[0])
+    if rank == 4 and node.op_type != "GlobalLpPool":
+        kind = "AVEPOOL" if node.op_type == "GlobalAveragePool" else "MAXPOOL"
+        ctx.emit("Pooling", [node.input[0]], [node.output[0]],
+                 {"isGlobal": True, "type": kind, "padType": "CAFFE", "kernelX": 1, "kernelY": 1, "strideX": 1,
+                  "strideY": 1, "ceilModel": False}, node.name)
+        return
+    if rank is None:
+        raise MnnToolError(f"{ctx.path}: {node.op_type} '{node.name}': the input's rank is unknown")
+    axes = list(range(2, rank))
+    if node.op_type == "GlobalLpPool":
+        from .math import binary, unary
+        p = float(a.get("p", 2))
+        absx, powx, total = (ctx.tmp(node.output[0] + s) for s in ("_abs", "_pow", "_sum"))
+        unary(ctx, node.input[0], absx, "ABS", node.name + "_abs")
+        binary(ctx, absx, ctx.float_const(node.name + "_p", p), powx, "POW", node.name + "_pow")
+        ctx.emit("Reduction", [powx], [total], {"operation": "SUM", "dim": axes, "keepDims": True}, node.name + "_sum")
+        binary(ctx, total, ctx.float_const(node.name + "_inv", 1.0 / p), node.output[0], "POW", node.name)
+        return
+    op = "MEAN" if node.op_type == "GlobalAveragePool" else "MAXIMUM"
+    ctx.emit("Reduction", [node.input[0]], [node.output[0]], {"operation": op, "dim": axes, "keepDims": True}, node.name)
 
 
 @converts("MatMul")
@@ -163,21 +298,55 @@ def resize(ctx, node, a):
     param = {"resizeType": rtype, "alignCorners": ctm == "align_corners",
              "halfPixelCenters": ctm in ("half_pixel", "pytorch_half_pixel"), "ctm": ctm_enum,
              "cubicCoeffA": float(a.get("cubic_coeff_a", -0.75))}
+    for flag in ("antialias", "exclude_outside"):
+        if int(a.get(flag, 0)):
+            raise MnnToolError(f"{ctx.path}: Resize '{node.name}': {flag}=1 has no MNN equivalent")
+    if ctm == "tf_crop_and_resize":
+        raise MnnToolError(f"{ctx.path}: Resize '{node.name}': tf_crop_and_resize is not supported")
     inputs = list(node.input)
-    scales = sizes = None
+    x, out = inputs[0], node.output[0]
+    rank = ctx.rank(x)
+    axes = a.get("axes")
+    if rank is not None and rank != 4:
+        raise MnnToolError(f"{ctx.path}: Resize '{node.name}': only 4-D (NCHW) inputs are supported (rank {rank})")
     if node.op_type == "Upsample":
-        scales = ctx.need_const(node, 1, "scales")
+        operand = inputs[1] if len(inputs) > 1 else None
+        is_scales = True
+        if operand is None:
+            scales_attr = a.get("scales")
+            operand = ctx.float_const(node.name + "_scales", scales_attr)
     else:
-        if len(inputs) > 2 and inputs[2]:
-            scales = ctx.const(inputs[2])
-        if len(inputs) > 3 and inputs[3]:
-            sizes = ctx.const(inputs[3])
-    if sizes is not None and sizes.size:
-        param.update(outputHeight=int(sizes[-2]), outputWidth=int(sizes[-1]))
-        ctx.emit("Interp", [inputs[0]], [node.output[0]], param, node.name, fmt="NCHW")
-    elif scales is not None and scales.size:
-        param.update(heightScale=float(scales[-2]), widthScale=float(scales[-1]))
-        ctx.emit("Interp", [inputs[0], ctx.float_const(node.name + "_scales", scales)], [node.output[0]], param,
-                 node.name, fmt="NCHW")
+        sizes_in = inputs[3] if len(inputs) > 3 and inputs[3] else None
+        scales_in = inputs[2] if len(inputs) > 2 and inputs[2] else None
+        if sizes_in is not None and (ctx.const(sizes_in) is None or ctx.const(sizes_in).size):
+            operand, is_scales = sizes_in, False
+        elif scales_in is not None:
+            operand, is_scales = scales_in, True
+        else:
+            raise MnnToolError(f"{ctx.path}: Resize '{node.name}': neither scales nor sizes given")
+    value = ctx.const(operand)
+    if value is not None and axes is not None:      # opset 18 axes: the rest stay as they are
+        full = np.ones(4, np.float32) if is_scales else np.array(ctx.shape(x), np.int64)
+        for ax, v in zip(axes, np.asarray(value).reshape(-1)):
+            full[int(ax) % 4] = v
+        value = full
+    elif axes is not None:
+        raise MnnToolError(f"{ctx.path}: Resize '{node.name}': axes with run-time scales/sizes are not supported")
+    policy = _s(a.get("keep_aspect_ratio_policy", b"stretch"))
+    if value is not None and not is_scales and policy != "stretch":
+        shape = ctx.shape(x)
+        if shape is None or not all(isinstance(d, int) for d in shape[2:]):
+            raise MnnToolError(f"{ctx.path}: Resize '{node.name}': keep_aspect_ratio_policy needs known sizes")
+        ratio = [float(v) / d for v, d in zip(np.asarray(value).reshape(-1)[2:], shape[2:])]
+        r = min(ratio) if policy == "not_larger" else max(ratio)
+        value = np.array(list(shape[:2]) + [int(np.floor(d * r + 0.5)) for d in shape[2:]], np.int64)
+    if value is not None and not is_scales:
+        sz = np.asarray(value).reshape(-1)
+        param.update(outputHeight=int(sz[-2]), outputWidth=int(sz[-1]))
+        ctx.emit("Interp", [x], [out], param, node.name, fmt="NCHW")
+    elif value is not None:
+        sc = np.asarray(value, np.float32).reshape(-1)
+        param.update(heightScale=float(sc[-2]), widthScale=float(sc[-1]))
+        ctx.emit("Interp", [x, ctx.float_const(node.name + "_scales", sc)], [out], param, node.name, fmt="NCHW")
     else:
-        raise MnnToolError(f"{ctx.path}: Resize '{node.name}': scales or sizes must be constants")
+        ctx.emit("Interp", [x, operand], [out], param, node.name, fmt="NCHW")

@@ -24,6 +24,10 @@ def ir_dtype(onnx_type: int) -> str | None:
     return "float32" if name.startswith(("float", "bfloat")) else "int32"
 
 
+def _s(v):
+    return v.decode() if isinstance(v, bytes) else v
+
+
 def _axis(ctx, node, a, default=0):
     axis = int(a.get("axis", default))
     if axis < 0:
@@ -43,8 +47,17 @@ def concat(ctx, node, a):
 def split(ctx, node, a):
     axis = _axis(ctx, node, a)
     sizes = a.get("split")
+    run_time = None
     if sizes is None and len(node.input) > 1 and node.input[1]:
-        sizes = ctx.need_const(node, 1, "split").reshape(-1).tolist()
+        v = ctx.const(node.input[1])
+        if v is None:
+            run_time = node.input[1]
+        else:
+            sizes = v.reshape(-1).tolist()
+    if run_time is not None:      # MNN's Slice reads the sizes from its 2nd input (sourceType TORCH)
+        ctx.emit("Slice", [node.input[0], run_time], list(node.output), {"axis": axis, "sourceType": "TORCH"},
+                 node.name)
+        return
     if sizes is None:
         shape = ctx.shape(node.input[0])
         dim = shape[axis] if shape else None
@@ -60,18 +73,31 @@ def split(ctx, node, a):
 
 @converts("Slice")
 def slice_(ctx, node, a):
+    """StridedSlice (ONNX form) with starts/ends/axes/steps as inputs: constants where they are, the
+    run-time tensors otherwise; absent axes/steps default to 0..n-1 and ones."""
     if "starts" in a:   # opset < 10
-        starts, ends = a["starts"], a["ends"]
-        axes = a.get("axes", list(range(len(starts))))
-        steps = [1] * len(starts)
-    else:
-        starts = ctx.need_const(node, 1, "starts").reshape(-1)
-        ends = ctx.need_const(node, 2, "ends").reshape(-1)
-        axes = ctx.const(node.input[3]).reshape(-1) if len(node.input) > 3 and node.input[3] else range(len(starts))
-        steps = ctx.const(node.input[4]).reshape(-1) if len(node.input) > 4 and node.input[4] else [1] * len(starts)
-    ins = [node.input[0]] + [ctx.int_const(f"{node.name}_{k}", to_int32(np.asarray(v, np.int64)))
-                             for k, v in (("starts", starts), ("ends", ends), ("axes", list(axes)),
-                                          ("steps", list(steps)))]
+        vals = [a["starts"], a["ends"], a.get("axes", list(range(len(a["starts"])))), [1] * len(a["starts"])]
+        ins = [node.input[0]] + [ctx.int_const(f"{node.name}_{k}", to_int32(np.asarray(v, np.int64)))
+                                 for k, v in zip(("starts", "ends", "axes", "steps"), vals)]
+        ctx.emit("StridedSlice", ins, [node.output[0]], {"fromType": 1, "T": "DT_FLOAT"}, node.name)
+        return
+    names = [node.input[k] if len(node.input) > k and node.input[k] else None for k in range(1, 5)]
+    n = None
+    for nm in names[:2]:
+        v = ctx.const(nm)
+        shape = v.shape if v is not None else ctx.shape(nm)
+        if shape is not None and len(shape) == 1 and isinstance(shape[0], int):
+            n = shape[0]
+    ins = [node.input[0]]
+    for k, (nm, label) in enumerate(zip(names, ("starts", "ends", "axes", "steps"))):
+        if nm is None:
+            if n is None:
+                raise MnnToolError(f"{ctx.path}: Slice '{node.name}': the number of sliced axes is unknown")
+            ins.append(ctx.int_const(f"{node.name}_{label}", list(range(n)) if label == "axes" else [1] * n))
+            continue
+        v = ctx.const(nm)
+        ins.append(ctx.int_const(f"{node.name}_{label}", to_int32(np.asarray(v, np.int64).reshape(-1)))
+                   if v is not None else nm)
     ctx.emit("StridedSlice", ins, [node.output[0]], {"fromType": 1, "T": "DT_FLOAT"}, node.name)
 
 
@@ -129,22 +155,29 @@ def transpose(ctx, node, a):
     ctx.emit("Permute", [node.input[0]], [node.output[0]], {"dims": [int(p) for p in perm]}, node.name)
 
 
-def _axes_of(ctx, node, a):
+def _axes_operand(ctx, node, a):
+    """(constant axes list or None, run-time axes tensor or None)."""
     axes = a.get("axes")
     if axes is None and len(node.input) > 1 and node.input[1]:
-        axes = ctx.need_const(node, 1, "axes").reshape(-1).tolist()
-    return [int(x) for x in axes] if axes is not None else None
+        v = ctx.const(node.input[1])
+        if v is None:
+            return None, node.input[1]
+        axes = v.reshape(-1).tolist()
+    return ([int(x) for x in axes] if axes is not None else None), None
 
 
 @converts("Squeeze")
 def squeeze(ctx, node, a):
-    axes = _axes_of(ctx, node, a)
-    ctx.emit("Squeeze", [node.input[0]], [node.output[0]], {"squeezeDims": axes or []}, node.name)
+    axes, run_time = _axes_operand(ctx, node, a)
+    ins = [node.input[0]] + ([run_time] if run_time else [])
+    ctx.emit("Squeeze", ins, [node.output[0]], {"squeezeDims": axes or []}, node.name)
 
 
 @converts("Unsqueeze")
 def unsqueeze(ctx, node, a):
-    ctx.emit("Unsqueeze", [node.input[0]], [node.output[0]], {"squeezeDims": _axes_of(ctx, node, a)}, node.name)
+    axes, run_time = _axes_operand(ctx, node, a)
+    ins = [node.input[0]] + ([run_time] if run_time else [])
+    ctx.emit("Unsqueeze", ins, [node.output[0]], {"squeezeDims": axes or []}, node.name)
 
 
 @converts("Shape")
@@ -200,22 +233,49 @@ def cast_like(ctx, node, a):
 
 @converts("Pad")
 def pad(ctx, node, a):
-    mode = a.get("mode", b"constant")
-    mode = mode.decode() if isinstance(mode, bytes) else mode
+    """Padding with MNN's interleaved pads [b0, e0, b1, e1, ...] (ONNX lists begins then ends): reordered
+    at convert time when constant, by Reshape/Transpose at run time (as MNN's converter does) when not;
+    the constant value as a 3rd input. `wrap` and run-time axes have no MNN form."""
+    mode = _s(a.get("mode", b"constant"))
+    if mode not in ("constant", "reflect", "edge"):
+        raise MnnToolError(f"{ctx.path}: Pad '{node.name}': mode {mode} is not supported")
+    x, out = node.input[0], node.output[0]
+    rank = ctx.rank(x)
+    pads_name = node.input[1] if len(node.input) > 1 and node.input[1] else None
     pads = a.get("pads")
-    if pads is None:
-        pads = ctx.need_const(node, 1, "pads").reshape(-1).tolist()
-    value = a.get("value", 0.0)
-    if len(node.input) > 2 and node.input[2]:
-        value = float(ctx.need_const(node, 2, "constant_value"))
-    if len(node.input) > 3 and node.input[3]:
-        raise MnnToolError(f"{ctx.path}: Pad '{node.name}': the axes input is not supported")
-    if mode == "constant" and value != 0.0:
-        raise MnnToolError(f"{ctx.path}: Pad '{node.name}': constant_value {value} (only 0) is not supported")
-    rank = len(pads) // 2
-    interleaved = [int(p) for i in range(rank) for p in (pads[i], pads[i + rank])]
-    ctx.emit("Padding", [node.input[0], ctx.int_const(node.name + "_pads", interleaved)], [node.output[0]],
-             {"mode": {"constant": "CONSTANT", "reflect": "REFLECT", "edge": "EDGE"}[mode]}, node.name)
+    if pads is None and pads_name is not None and ctx.const(pads_name) is not None:
+        pads = ctx.const(pads_name).reshape(-1).tolist()
+    axes_name = node.input[3] if len(node.input) > 3 and node.input[3] else None
+    if axes_name is not None:
+        axes = ctx.const(axes_name)
+        if axes is None or pads is None or rank is None:
+            raise MnnToolError(f"{ctx.path}: Pad '{node.name}': the axes input needs constant pads and axes")
+        full = [0] * (2 * rank)
+        axes = [int(v) % rank for v in axes.reshape(-1)]
+        for i, ax in enumerate(axes):
+            full[ax], full[ax + rank] = int(pads[i]), int(pads[i + len(axes)])
+        pads = full
+    ins = [x]
+    if pads is not None:
+        r = len(pads) // 2
+        ins.append(ctx.int_const(node.name + "_pads", [int(p) for i in range(r) for p in (pads[i], pads[i + r])]))
+    else:
+        pr, pt = ctx.tmp(out + "_pads2"), ctx.tmp(out + "_padsT")
+        flat = ctx.tmp(out + "_pads")
+        ctx.emit("Reshape", [pads_name, ctx.int_const(node.name + "_2m1", [2, -1])], [pr], {"dimType": "NCHW"}, pr)
+        ctx.emit("Transpose", [pr, ctx.int_const(node.name + "_perm", [1, 0])], [pt], {}, pt)
+        ctx.emit("Reshape", [pt, ctx.int_const(node.name + "_m1", [-1])], [flat], {"dimType": "NCHW"}, flat)
+        ins.append(flat)
+    value_name = node.input[2] if len(node.input) > 2 and node.input[2] else None
+    if mode == "constant":
+        if value_name is not None:
+            v = ctx.const(value_name)
+            if v is None or float(np.asarray(v).reshape(-1)[0]) != 0.0:
+                ins.append(value_name if v is None else ctx.g.add_const(node.name + "_value", np.asarray(v).reshape(())))
+        elif float(a.get("value", 0.0)) != 0.0:
+            ins.append(ctx.float_const(node.name + "_value", np.float32(a["value"])))
+    ctx.emit("Padding", ins, [out], {"mode": {"constant": "CONSTANT", "reflect": "REFLECT", "edge": "EDGE"}[mode]},
+             node.name)
 
 
 @converts("Dropout")
