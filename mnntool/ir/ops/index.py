@@ -78,7 +78,9 @@ class GatherElements:
     def compute(node, xs):
         x = xs[0]
         axis = _axis_of(xs[2] if len(xs) > 2 else None) % x.ndim
-        return np.take_along_axis(x, _wrap(xs[1], x.shape[axis]), axis=axis)
+        idx = _wrap(xs[1], x.shape[axis])
+        x = x[tuple(slice(None) if a == axis else slice(0, n) for a, n in enumerate(idx.shape))]
+        return np.take_along_axis(x, idx, axis=axis)
 
 
 @define("GatherND", param="Axis", inputs=("x", "indices"))
