@@ -19,7 +19,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from mnntool.conformance import materialize  # noqa: E402
+from mnntool.conformance import materialize, materialize_models  # noqa: E402
 from mnntool.conformance.report import markdown, summarize  # noqa: E402
 from mnntool.conformance.runner import run_cases  # noqa: E402
 
@@ -32,11 +32,14 @@ def main():
     ap.add_argument("--timeout", type=float, default=120.0)
     ap.add_argument("--match", default=None, help="only cases whose name matches this regex")
     ap.add_argument("--out", default=str(ROOT / "build" / "conformance"))
+    ap.add_argument("--nodes-only", action="store_true", help="skip the stored model groups (light CNNs, pytorch-*)")
     ap.add_argument("--write-expected", default=None, help="write mnntool's passing cases to this file")
     args = ap.parse_args()
     out = Path(args.out)
     cases = out / "cases"
-    entries = materialize(cases)
+    entries = [dict(e, group="node") for e in materialize(cases)]
+    if not args.nodes_only:
+        entries += materialize_models(cases)
     if args.match:
         entries = [e for e in entries if re.search(args.match, e["name"])]
     results = {}

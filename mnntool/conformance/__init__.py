@@ -5,4 +5,4 @@ folder (model.onnx and one .npz per data set) and run by child processes, so tha
 a runtime costs one case, not the run. `report` turns the results into counts per op and group and
 failures grouped by cause.
 """
-from .cases import applicable, materialize, tolerance  # noqa: F401
+from .cases import applicable, materialize, materialize_models, tolerance  # noqa: F401

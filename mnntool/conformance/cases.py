@@ -88,6 +88,60 @@ def materialize(root: Path, only: list[str] | None = None) -> list[dict]:
     return entries
 
 
+MODEL_GROUPS = ("light", "pytorch-converted", "pytorch-operator", "simple")
+
+
+def _light_input(vi) -> np.ndarray:
+    """The input onnx's own runner feeds the 'light' models (arange / n in the input's shape)."""
+    shape = tuple(d.dim_value if d.HasField("dim_value") else 1 for d in vi.type.tensor_type.shape.dim)
+    n = int(np.prod(shape))
+    return (np.arange(n).reshape(shape) / n).astype(np.float32)
+
+
+def materialize_models(root: Path) -> list[dict]:
+    """The stored model groups of the onnx package (the nine 'light' CNNs and the pytorch-converted,
+    pytorch-operator and simple models), written like node cases as root/<group>__<name>/."""
+    import onnx
+    from onnx import numpy_helper
+    data = Path(onnx.__file__).parent / "backend" / "test" / "data"
+    entries = []
+    for group in MODEL_GROUPS:
+        gdir = data / group
+        if not gdir.is_dir():
+            continue
+        items = sorted(gdir.glob("*.onnx")) if group == "light" else sorted(p for p in gdir.iterdir() if p.is_dir())
+        for item in items:
+            name = f"{group}__{item.stem if group == 'light' else item.name}"
+            d = Path(root) / name
+            model_path = item if group == "light" else item / "model.onnx"
+            try:
+                model = onnx.load(str(model_path))
+            except Exception:  # noqa: BLE001
+                continue
+            init = {i.name for i in model.graph.initializer}
+            ins = [i for i in model.graph.input if i.name not in init]
+            outs = [o.name for o in model.graph.output]
+            sets = []
+            if group == "light":
+                exp = [numpy_helper.to_array(onnx.load_tensor(str(item.with_name(f"{item.stem}_output_{k}.pb"))))
+                       for k in range(len(outs))]
+                sets.append(([_light_input(i) for i in ins], exp))
+            else:
+                for ds in sorted(item.glob("test_data_set_*")):
+                    xs = [numpy_helper.to_array(onnx.load_tensor(str(ds / f"input_{k}.pb"))) for k in range(len(ins))]
+                    ys = [numpy_helper.to_array(onnx.load_tensor(str(ds / f"output_{k}.pb"))) for k in range(len(outs))]
+                    sets.append((xs, ys))
+            if not sets or not _tensor_io(model):
+                continue
+            d.mkdir(parents=True, exist_ok=True)
+            onnx.save(model, str(d / "model.onnx"))
+            for k, (xs, ys) in enumerate(sets):
+                np.savez(d / f"data_{k}.npz", **{f"in:{i.name}": as_array(v) for i, v in zip(ins, xs)},
+                         **{f"out:{n}": as_array(v) for n, v in zip(outs, ys)})
+            entries.append({"name": name, "op": group, "group": group, "data_sets": len(sets)})
+    return entries
+
+
 def tolerance(expected: np.ndarray) -> tuple[float, float]:
     """allclose(rtol, atol) for float outputs: rtol 1e-3, atol 1e-4 x max(1, max|expected|) (the
     float32 rounding of a runtime that sums in another order); integers and booleans must be exact."""

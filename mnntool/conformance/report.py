@@ -22,7 +22,10 @@ def cause_of(result: dict) -> str:
 
 def summarize(entries: list[dict], results: dict[str, dict[str, dict]]) -> dict:
     """results: {runtime: {case: result}} -> totals, per-op counts and causes per runtime."""
-    out = {"total": len(entries), "runtimes": {}}
+    out = {"total": len(entries), "runtimes": {}, "groups": {}}
+    for e in entries:
+        out["groups"].setdefault(e.get("group", "node"), 0)
+        out["groups"][e.get("group", "node")] += 1
     for runtime, res in results.items():
         passed = sorted(n for n, r in res.items() if r.get("status") == "pass")
         per_op: dict = defaultdict(lambda: [0, 0])
@@ -36,8 +39,14 @@ def summarize(entries: list[dict], results: dict[str, dict[str, dict]]) -> dict:
             c = cause_of(r)
             if c != "pass":
                 examples.setdefault(c, []).append(n)
+        per_group: dict = defaultdict(lambda: [0, 0])
+        for e in entries:
+            if e["name"] in res:
+                per_group[e.get("group", "node")][1] += 1
+                per_group[e.get("group", "node")][0] += res[e["name"]].get("status") == "pass"
         out["runtimes"][runtime] = {
             "ran": len(res), "passed": len(passed), "passed_cases": passed,
+            "per_group": {g: {"passed": p, "total": t} for g, (p, t) in per_group.items()},
             "per_op": {op: {"passed": p, "total": t} for op, (p, t) in sorted(per_op.items())},
             "causes": [{"cause": c, "count": k, "examples": examples[c][:5]} for c, k in causes.most_common()],
         }
@@ -45,10 +54,13 @@ def summarize(entries: list[dict], results: dict[str, dict[str, dict]]) -> dict:
 
 
 def markdown(summary: dict, top: int = 40) -> str:
-    lines = [f"# ONNX backend node tests: {summary['total']} applicable cases", "",
-             "| runtime | passed | ran |", "|---|---|---|"]
+    groups = list(summary.get("groups", {}))
+    lines = [f"# ONNX backend tests: {summary['total']} applicable cases", "",
+             "| runtime | passed | ran | " + " | ".join(groups) + " |", "|---|---|---|" + "---|" * len(groups)]
     for rt, s in summary["runtimes"].items():
-        lines.append(f"| {rt} | {s['passed']} | {s['ran']} |")
+        cells = [f"{s['per_group'].get(g, {}).get('passed', 0)}/{s['per_group'].get(g, {}).get('total', 0)}"
+                 for g in groups]
+        lines.append(f"| {rt} | {s['passed']} | {s['ran']} | " + " | ".join(cells) + " |")
     for rt, s in summary["runtimes"].items():
         lines += ["", f"## {rt}: failures by cause", "", "| count | cause | examples |", "|---|---|---|"]
         for c in s["causes"][:top]:

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from mnntool.conformance import materialize
+from mnntool.conformance import materialize, materialize_models
 from mnntool.conformance.runner import run_cases
 
 HERE = Path(__file__).parent
@@ -23,7 +23,7 @@ def _expected(name):
 @pytest.fixture(scope="module")
 def node_cases():
     root = ROOT / "build" / "conformance" / "cases"
-    return root, materialize(root)
+    return root, materialize(root) + materialize_models(root)
 
 
 def test_no_regression_in_mnntool_runtime(node_cases, tmp_path):

@@ -12,7 +12,7 @@ from ...ir.graph import Graph, TensorInfo
 from . import index, logic, math, norm, rnn, tensor  # noqa: F401  (registration)
 from .context import Ctx, attrs_of, ir_value
 from .expand import expand_functions
-from .fold import fold, shapes_of
+from .fold import _opset, fold, shapes_of
 from .nn import CONVERTERS
 from .tensor import ir_dtype
 
@@ -77,6 +77,7 @@ def load_onnx(path, input_shapes: dict) -> Graph:
     g = Graph(source="ONNX", name=path.stem)
     dtypes: dict = {}
     ctx = Ctx(g, str(path), shapes_of(model, dtypes), dtypes)
+    ctx.opset = _opset(model)
     for init in model.graph.initializer:
         value = ir_value(numpy_helper.to_array(init))
         g.constants[init.name] = value

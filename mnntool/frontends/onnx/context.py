@@ -14,6 +14,7 @@ class Ctx:
         self.path = path
         self.shapes = shapes   # ONNX shape inference: tensor name -> tuple (may hold None dims)
         self.dtypes = dtypes if dtypes is not None else {}   # ONNX element types as numpy names
+        self.opset = 13           # the model's default-domain opset (set by the loader)
 
     def dtype(self, name: str) -> str:
         """The ONNX element type of a tensor (numpy name, e.g. 'int64'), 'float32' when unknown."""

@@ -55,16 +55,25 @@ def arg_max(ctx, node, a):
 
 @converts("Hardmax")
 def hardmax(ctx, node, a):
+    from .math import _restore, coerced_2d
     rank = _rank(ctx, node)
-    axis = int(a.get("axis", -1)) % rank
     shape = ctx.shape(node.input[0])
-    if shape is None or not isinstance(shape[axis], int):
+    x, axis, like = coerced_2d(ctx, node, a)
+    axis = axis % rank if like is None else 1
+    depth = int(np.prod(shape[axis:])) if like is not None and shape and all(isinstance(d, int) for d in shape[
+        int(a.get("axis", 1)) % rank:]) else (shape[axis] if shape and like is None else None)
+    if like is not None:
+        depth = int(np.prod(shape[int(a.get("axis", 1)) % rank:])) if shape and all(
+            isinstance(d, int) for d in shape[int(a.get("axis", 1)) % rank:]) else None
+    if not isinstance(depth, int):
         raise MnnToolError(f"{ctx.path}: Hardmax '{node.name}': needs a known size of the axis")
     idx = ctx.tmp(node.output[0] + "_idx")
-    ctx.emit("ArgMax", [node.input[0]], [idx], {"axis": axis, "topK": 1}, node.name + "_arg")
-    ctx.emit("OneHot", [idx, ctx.int_const(node.name + "_depth", shape[axis]), ctx.float_const(node.name + "_on", 1.0),
-                        ctx.float_const(node.name + "_off", 0.0)], [node.output[0]], {"axis": axis, "dType": "DT_FLOAT"},
-             node.name)
+    y = ctx.tmp(node.output[0] + "_hm") if like else node.output[0]
+    ctx.emit("ArgMax", [x], [idx], {"axis": axis, "topK": 1}, node.name + "_arg")
+    ctx.emit("OneHot", [idx, ctx.int_const(node.name + "_depth", depth), ctx.float_const(node.name + "_on", 1.0),
+                        ctx.float_const(node.name + "_off", 0.0)], [y], {"axis": axis, "dType": "DT_FLOAT"}, node.name)
+    if like:
+        _restore(ctx, node, y, like)
 
 
 @converts("TopK")

@@ -118,6 +118,11 @@ def hard_sigmoid(ctx, node, a):
 @converts("PRelu")
 def prelu(ctx, node, a):
     slope = ctx.const(node.input[1])
+    rank = ctx.rank(node.input[0])
+    if slope is not None and ctx.opset < 7 and slope.ndim == 1 and slope.size > 1 and rank and rank > 2:
+        # before opset 7 a 1-D slope is per channel (axis 1), not broadcast from the right
+        slope = slope.reshape((-1,) + (1,) * (rank - 2))
+        node.input[1] = ctx.float_const(node.name + "_slope", slope)
     if slope is not None and ctx.rank(node.input[0]) == 4 and slope.size in (1,) + tuple(
             [s for s in [ctx.shape(node.input[0])[1]] if isinstance(s, int)]):
         channels = ctx.shape(node.input[0])[1]
@@ -132,15 +137,50 @@ def prelu(ctx, node, a):
     ctx.emit("Select", [neg, prod, node.input[0]], [node.output[0]], {}, node.name)
 
 
+def coerced_2d(ctx, node, a):
+    """Before opset 13, Softmax, LogSoftmax and Hardmax (default axis 1) work on the input flattened to
+    [prod(dims before axis), prod(dims from axis)]. Returns (input to use, axis, output to restore or None):
+    the flattening is a Reshape, undone after, unless the axis is already the last."""
+    rank = ctx.rank(node.input[0])
+    if ctx.opset >= 13:
+        return node.input[0], int(a.get("axis", -1)), None
+    axis = int(a.get("axis", 1))
+    if rank is None:
+        raise MnnToolError(f"{ctx.path}: {node.op_type} '{node.name}': opset {ctx.opset} needs the input's rank")
+    axis %= rank
+    if axis == rank - 1:
+        return node.input[0], -1, None
+    flat = ctx.tmp(node.output[0] + "_2d")
+    ctx.emit("Reshape", [node.input[0], ctx.int_const(node.name + "_2d", [0] * axis + [-1] if axis else [1, -1])],
+             [flat], {"dimType": "NCHW"}, node.name + "_2d")
+    return flat, -1, node.input[0]
+
+
+def _restore(ctx, node, y, like):
+    shape = ctx.tmp(node.output[0] + "_shape")
+    ctx.emit("Shape", [like], [shape], {}, node.name + "_shape", fmt="NCHW")
+    ctx.emit("Reshape", [y, shape], [node.output[0]], {"dimType": "NCHW"}, node.name + "_back")
+
+
 @converts("Softmax")
 def softmax(ctx, node, a):
-    ctx.emit("Softmax", [node.input[0]], [node.output[0]], {"axis": int(a.get("axis", -1))}, node.name)
+    x, axis, like = coerced_2d(ctx, node, a)
+    y = ctx.tmp(node.output[0] + "_sm") if like else node.output[0]
+    ctx.emit("Softmax", [x], [y], {"axis": axis}, node.name)
+    if like:
+        _restore(ctx, node, y, like)
 
 
 @converts("LogSoftmax")
 def log_softmax(ctx, node, a):
-    axis = int(a.get("axis", -1))
-    x, out = node.input[0], node.output[0]
+    x, axis, like = coerced_2d(ctx, node, a)
+    out = ctx.tmp(node.output[0] + "_lsm") if like else node.output[0]
+    _log_softmax(ctx, node, x, axis, out)
+    if like:
+        _restore(ctx, node, out, like)
+
+
+def _log_softmax(ctx, node, x, axis, out):
     mx, sub, ex, sm, lg = (ctx.tmp(out + s) for s in ("_max", "_sub", "_exp", "_sum", "_log"))
     ctx.emit("Reduction", [x], [mx], {"operation": "MAXIMUM", "dim": [axis], "keepDims": True}, node.name + "_max")
     binary(ctx, x, mx, sub, "SUB", node.name + "_sub")

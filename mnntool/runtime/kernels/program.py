@@ -18,8 +18,14 @@ from numba import njit
 
 from . import Kernel, aligned_empty
 from .gemv import dot16
+from ...ir.ops.tensor import split_points
 from .norm import EXP_FLOOR, exp_poly, exp_split
-from .tensor import split_bounds
+
+
+def split_bounds(node, ins, outs):
+    if len(ins) > 1 and ins[1].value is None:
+        raise ValueError("run-time split sizes")
+    return split_points(node, ins[0].shape, ins[1].value if len(ins) > 1 else None)
 
 LIMIT = 16384       # elements: larger tensors keep their own (vectorized, parallel) kernels
 EXTERNAL = 4        # inputs from outside one program: one argument each
@@ -121,12 +127,12 @@ def _known(v) -> bool:
 def _range_of(node, ins, outs):
     """A StridedSlice's output as (first element, count) of its input when it is one contiguous range
     (a time step of an unrolled RNN's inputs), else None."""
-    from .tensor import _ints, _slice_for
+    from ...ir.ops.tensor import strided_index
     if any(v.value is None for v in ins[1:]):
         return None
     try:
         picked = np.arange(_size(ins[0].shape)).reshape(ins[0].shape)[
-            _slice_for(node, len(ins[0].shape), ins[0].shape, [_ints(v.value) for v in ins[1:]])].reshape(-1)
+            strided_index(node, len(ins[0].shape), [v.value for v in ins[1:]])].reshape(-1)
     except Exception:
         return None
     if picked.size != _size(outs[0].shape) or picked.size == 0 or \
