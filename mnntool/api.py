@@ -52,8 +52,9 @@ def convert(src, dst, framework: str | None = None, input_shapes: dict | None = 
     if not dst.parent.is_dir():     # fail before the (slow) conversion, not only at the write
         raise MnnToolError(f"{dst}: directory {dst.parent} does not exist")
     g = load_graph(src, framework, input_shapes)
-    if passes is not None:      # MNN needs the layout pass, last, whatever else was chosen
-        passes = [p for p in passes if p != "layout"] + ["layout"]
+    if passes is not None:      # MNN needs these, last, whatever else was chosen
+        from .passes import REQUIRED
+        passes = [p for p in passes if p not in REQUIRED] + REQUIRED
     report = run_pipeline(g, optimize, passes)
     size = writer.save(g, dst, biz_code)
     return {"source": str(src), "output": str(dst), "ops": len(g.nodes), "params": g.param_count(),

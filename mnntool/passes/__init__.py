@@ -16,11 +16,12 @@ from .fuse_pad import FusePadIntoConvPass
 from .fuse_patterns import FuseGeluPass, FuseLayerNormPass
 from .layout import LayoutPass
 from .matmul_to_conv import MatMulToConvPass
+from .mnn_workarounds import MnnWorkaroundsPass
 from .remove_noops import RemoveNoopsPass
 
 ALL = {p.name: p for p in (RemoveNoopsPass, ConstantFoldPass, FuseGeluPass, FuseLayerNormPass, FusePadIntoConvPass,
                            FoldAffineIntoConvPass, FuseReluIntoConvPass, FuseReluIntoBinaryPass, MatMulToConvPass, DeadCodePass,
-                           LayoutPass)}
+                           MnnWorkaroundsPass, LayoutPass)}
 def _doc(cls) -> str:
     import sys
     text = cls.__doc__ or sys.modules[cls.__module__].__doc__ or ""
@@ -31,7 +32,8 @@ DOCS = {name: _doc(cls) for name, cls in ALL.items()}
 OPTIMIZING = ["remove_noops", "constant_fold", "fuse_gelu", "fuse_layer_norm", "fuse_pad_into_conv",
               "fold_affine_into_conv",
               "fuse_relu_into_conv", "fuse_relu_into_binary", "matmul_to_conv", "dead_code"]
-PIPELINES = {0: ["layout"], 1: OPTIMIZING + ["layout"], 2: OPTIMIZING + ["layout"]}
+REQUIRED = ["mnn_workarounds", "layout"]      # what every written file needs, whatever was chosen
+PIPELINES = {0: list(REQUIRED), 1: OPTIMIZING + REQUIRED, 2: OPTIMIZING + REQUIRED}
 
 
 def resolve(level: int = 1, passes: list[str] | None = None) -> list[str]:
@@ -53,7 +55,7 @@ def run_pipeline(g: Graph, level: int = 1, passes: list[str] | None = None) -> d
     for r in range(rounds):
         changed_any = False
         for name in names:
-            if name == "layout" and r < rounds - 1:
+            if name in REQUIRED and r < rounds - 1:
                 continue
             before = Counter(n.op for n in g.nodes)
             if ALL[name]()(g):

@@ -99,8 +99,55 @@ def top_k(ctx, node, a):
     ctx.emit("Permute", [it], [node.output[1]], {"dims": perm}, node.name + "_i")
 
 
+def _cumprod_unrolled(ctx, node, a, axis: int, n: int):
+    """MNN's runtime crashes on CumProd (3.6.1): the running product as n slices, n-1 products and a
+    Concat, for axes of known length."""
+    x, out, name = node.input[0], node.output[0], node.name
+    exclusive, reverse = bool(a.get("exclusive", 0)), bool(a.get("reverse", 0))
+    order = list(range(n))[::-1] if reverse else list(range(n))
+    pieces = {}
+    for i in order:
+        p = ctx.tmp(f"{out}_s{i}")
+        ins = [x] + [ctx.int_const(f"{name}_{i}_{k}", [v]) for k, v in (("s", i), ("e", i + 1), ("a", axis))]
+        ctx.emit("StridedSlice", ins, [p], {"fromType": 1}, p)
+        pieces[i] = p
+    running, acc = {}, None
+    for i in order:
+        if exclusive:
+            running[i] = acc
+        acc = pieces[i] if acc is None else _mul(ctx, acc, pieces[i], f"{out}_p{i}")
+        if not exclusive:
+            running[i] = acc
+    ones = None
+    parts = []
+    for i in range(n):
+        if running[i] is None:
+            if ones is None:
+                ones = ctx.tmp(out + "_ones")
+                zero = ctx.tmp(out + "_zero")
+                binary(ctx, pieces[i], pieces[i], zero, "SUB", out + "_zero")
+                one = ctx.float_const(name + "_one", 1.0) if ctx.dtype(x).startswith("float") else ctx.int_const(name + "_one", 1)
+                binary(ctx, zero, one, ones, "ADD", out + "_ones")
+            parts.append(ones)
+        else:
+            parts.append(running[i])
+    ctx.emit("Concat", parts, [out], {"axis": axis}, name)
+
+
+def _mul(ctx, a_, b_, out):
+    binary(ctx, a_, b_, out, "MUL", out)
+    return out
+
+
 @converts("CumSum", "CumProd")
 def cumsum(ctx, node, a):
+    axis_c = ctx.const(node.input[1])
+    shape = ctx.shape(node.input[0])
+    if node.op_type == "CumProd" and axis_c is not None and shape is not None:
+        axis = int(np.asarray(axis_c).reshape(-1)[0]) % len(shape)
+        if isinstance(shape[axis], int) and 0 < shape[axis] <= 256:
+            _cumprod_unrolled(ctx, node, a, axis, shape[axis])
+            return
     axis = ctx.const(node.input[1])
     ax = ctx.int_const(node.name + "_axis", np.asarray(axis).reshape(-1)[:1]) if axis is not None else node.input[1]
     ctx.emit(node.op_type, [node.input[0], ax], [node.output[0]],
@@ -147,14 +194,14 @@ def non_zero(ctx, node, a):
         else ctx.int_const(node.name + "_zero", 0)
     nz, coords = ctx.tmp(node.output[0] + "_nz"), ctx.tmp(node.output[0] + "_coords")
     binary(ctx, node.input[0], zero, nz, "NOTEQUAL", node.name + "_nz")
-    ctx.emit("Where", [nz], [coords], {}, node.name + "_where")
+    ctx.emit("Where", [nz], [coords], {"vector": False}, node.name + "_where")
     ctx.emit("Transpose", [coords, ctx.int_const(node.name + "_perm", [1, 0])], [node.output[0]], {}, node.name)
 
 
 @converts("Compress")
 def compress(ctx, node, a):
     coords, flat = ctx.tmp(node.output[0] + "_coords"), ctx.tmp(node.output[0] + "_idx")
-    ctx.emit("Where", [node.input[1]], [coords], {}, node.name + "_where")
+    ctx.emit("Where", [node.input[1]], [coords], {"vector": False}, node.name + "_where")
     ctx.emit("Reshape", [coords, ctx.int_const(node.name + "_m1", [-1])], [flat], {"dimType": "NCHW"}, node.name + "_flat")
     x = node.input[0]
     if "axis" not in a:

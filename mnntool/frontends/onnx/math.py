@@ -8,7 +8,7 @@ from .nn import converts
 
 UNARY = {"Sigmoid": "SIGMOID", "Tanh": "TANH", "Sqrt": "SQRT", "Exp": "EXP", "Log": "LOG", "Abs": "ABS",
          "Neg": "NEG", "Reciprocal": "RECIPROCAL", "Floor": "FLOOR", "Ceil": "CEIL", "Erf": "ERF",
-         "HardSwish": "HARDSWISH", "Sin": "SIN", "Cos": "COS", "Round": "ROUND", "Sign": "SIGN", "Tan": "TAN",
+         "HardSwish": "HARDSWISH", "Sin": "SIN", "Cos": "COS", "Sign": "SIGN", "Tan": "TAN",
          "Asin": "ASIN", "Acos": "ACOS", "Atan": "ATAN", "Sinh": "SINH", "Cosh": "COSH", "Asinh": "ASINH",
          "Acosh": "ACOSH", "Atanh": "ATANH"}
 BINARY = {"Add": "ADD", "Sub": "SUB", "Mul": "MUL", "Div": "REALDIV", "Pow": "POW", "Equal": "EQUAL",
@@ -209,6 +209,8 @@ def reduce(ctx, node, a):
     x, out = node.input[0], node.output[0]
     axes_in = node.input[1] if len(node.input) > 1 and node.input[1] else None
     axes = a.get("axes")
+    if axes is None and axes_in is not None and ctx.shape(axes_in) == (0,):   # statically empty
+        axes, axes_in = [], None
     if axes is None and axes_in is not None and ctx.const(axes_in) is not None:
         axes = ctx.const(axes_in).reshape(-1).tolist()
         axes_in = None
@@ -231,6 +233,8 @@ def reduce(ctx, node, a):
     param = {"operation": REDUCE[node.op_type], "keepDims": keep, "dType": "DT_FLOAT"}
     if axes:
         param["dim"] = [int(v) for v in axes]
+    elif axes_in is None and ctx.rank(x) is not None:     # every axis, spelled out (MNN reduces none without)
+        param["dim"] = list(range(ctx.rank(x)))
     src = x
     if node.op_type in REDUCE_PRE:
         src = ctx.tmp(out + "_pre")
@@ -337,3 +341,21 @@ def shrink(ctx, node, a):
                        ("BinaryOp", [x, c(node.name + "_b2", bias)], _b("ADD")),
                        ("Select", ["$1", "$3", c(node.name + "_zero", 0)], {}),
                        ("Select", ["$0", "$2", "$4"], {})])
+
+
+@converts("Round")
+def round_even(ctx, node, a):
+    """Halves to even (ONNX, numpy) from MNN's ROUND, which rounds them away from zero: where x is a tie
+    and the rounded value is odd, step back toward zero."""
+    x, name = node.input[0], node.name
+    half, two, one = (ctx.float_const(f"{name}_{k}", v) for k, v in (("half", 0.5), ("two", 2.0), ("one", 1.0)))
+    _chain(ctx, node, [("UnaryOp", [x], _u("ROUND")),                      # $0
+                       ("UnaryOp", [x], _u("FLOOR")),                      # $1
+                       ("BinaryOp", [x, "$1"], _b("SUB")),                 # $2 fraction
+                       ("BinaryOp", ["$2", half], _b("EQUAL")),            # $3 tie
+                       ("BinaryOp", ["$0", two], _b("FLOORMOD")),          # $4 1 where odd
+                       ("BinaryOp", ["$4", one], _b("EQUAL")),             # $5 odd
+                       ("BinaryOp", ["$3", "$5"], _b("MUL")),              # $6 tie and odd
+                       ("UnaryOp", [x], _u("SIGN")),                       # $7
+                       ("BinaryOp", ["$0", "$7"], _b("SUB")),              # $8
+                       ("Select", ["$6", "$8", "$0"], {})])

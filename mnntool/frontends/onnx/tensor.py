@@ -106,11 +106,20 @@ def gather(ctx, node, a):
     axis = _axis(ctx, node, a)
     idx = ctx.const(node.input[1])
     indices = node.input[1]
+    dim = (ctx.shape(node.input[0]) or [None] * (axis + 1))[axis]
     if idx is not None and (idx < 0).any():
-        dim = (ctx.shape(node.input[0]) or [None] * (axis + 1))[axis]
         if not isinstance(dim, int):
             raise MnnToolError(f"{ctx.path}: Gather '{node.name}': negative indices need a known dimension")
         indices = ctx.int_const(node.name + "_indices", np.where(idx < 0, idx + dim, idx))
+    elif idx is None and isinstance(dim, int):
+        # MNN's GatherV2 reads negative run-time indices as 0: add the size where they are negative
+        neg, shift = ctx.tmp(node.output[0] + "_neg"), ctx.tmp(node.output[0] + "_shift")
+        fixed = ctx.tmp(node.output[0] + "_idx")
+        ctx.emit("BinaryOp", [ctx.int_const(node.name + "_zero", 0), indices], [neg],
+                 {"opType": "GREATER", "T": "DT_INT32"}, neg)
+        ctx.emit("BinaryOp", [neg, ctx.int_const(node.name + "_dim", dim)], [shift], {"opType": "MUL", "T": "DT_INT32"}, shift)
+        ctx.emit("BinaryOp", [indices, shift], [fixed], {"opType": "ADD", "T": "DT_INT32"}, fixed)
+        indices = fixed
     ctx.emit("GatherV2", [node.input[0], indices, ctx.int_const(node.name + "_axis", [axis])], [node.output[0]],
              {}, node.name)
 
@@ -170,14 +179,15 @@ def _axes_operand(ctx, node, a):
 def squeeze(ctx, node, a):
     axes, run_time = _axes_operand(ctx, node, a)
     ins = [node.input[0]] + ([run_time] if run_time else [])
-    ctx.emit("Squeeze", ins, [node.output[0]], {"squeezeDims": axes or []}, node.name)
+    # with run-time axes the table stays empty: MNN reads an empty squeezeDims as "squeeze nothing"
+    ctx.emit("Squeeze", ins, [node.output[0]], {} if run_time else {"squeezeDims": axes or []}, node.name)
 
 
 @converts("Unsqueeze")
 def unsqueeze(ctx, node, a):
     axes, run_time = _axes_operand(ctx, node, a)
     ins = [node.input[0]] + ([run_time] if run_time else [])
-    ctx.emit("Unsqueeze", ins, [node.output[0]], {"squeezeDims": axes or []}, node.name)
+    ctx.emit("Unsqueeze", ins, [node.output[0]], {} if run_time else {"squeezeDims": axes or []}, node.name)
 
 
 @converts("Shape")

@@ -56,12 +56,13 @@ def _gelu_tanh(x):
     return (0.5 * x * (1 + np.tanh(0.7978845608028654 * (x + 0.044715 * x ** 3)))).astype(x.dtype)
 
 
+# ROUND is MNN's: halves away from zero (measured in MNN 3.6.1); frontends lower half-to-even rounding
 UNARY = {
     "ABS": np.abs, "NEG": np.negative, "FLOOR": np.floor, "CEIL": np.ceil, "SQUARE": np.square,
     "SQRT": np.sqrt, "RSQRT": lambda x: 1 / np.sqrt(x), "EXP": np.exp, "LOG": np.log, "SIN": np.sin,
     "COS": np.cos, "TAN": np.tan, "ASIN": np.arcsin, "ACOS": np.arccos, "ATAN": np.arctan,
     "RECIPROCAL": np.reciprocal, "LOG1P": np.log1p, "BNLL": lambda x: np.logaddexp(0, x), "ACOSH": np.arccosh,
-    "SINH": np.sinh, "ASINH": np.arcsinh, "ATANH": np.arctanh, "SIGN": np.sign, "ROUND": np.rint,
+    "SINH": np.sinh, "ASINH": np.arcsinh, "ATANH": np.arctanh, "SIGN": np.sign, "ROUND": lambda x: np.sign(x) * np.floor(np.abs(x) + 0.5),
     "COSH": np.cosh, "ERF": _erf, "ERFC": lambda x: 1 - _erf(x), "EXPM1": np.expm1, "SIGMOID": _sigmoid,
     "TANH": np.tanh, "HARDSWISH": lambda x: x * np.clip(x + 3, 0, 6) / 6, "GELU": _gelu_tanh,
     "GELU_STANDARD": _gelu_erf, "SILU": lambda x: x * _sigmoid(x),

@@ -150,9 +150,10 @@ class ScatterNd:
         return out
 
 
-@define("Where", inputs=("condition",))
+@define("Where", param="Extra", inputs=("condition",))
 class Where:
-    """TensorFlow's where with one input: the coordinates of the non-zero elements, [count, rank]."""
+    """TensorFlow's where with one input: the coordinates of the non-zero elements, [count, rank]. MNN
+    counts wrongly without its parameter table (Extra {vector: false}, as its converter writes it)."""
     def infer(node, ins):
         if ins[0].value is None:
             raise ValueError("the count is known only at run time")

@@ -84,6 +84,14 @@ def _erf_kernel(size: int, gelu: bool):
     return writes(lambda i, o: fn(np.ascontiguousarray(i[0]).reshape(-1), o[0].reshape(-1), gelu))
 
 
+def _round_away(x, out):
+    """MNN's ROUND: halves away from zero."""
+    np.abs(x, out=out)
+    out += np.float32(0.5)
+    np.floor(out, out=out)
+    np.copysign(out, x, out=out)
+
+
 def _rsqrt(x, out):
     np.sqrt(x, out=out)
     np.reciprocal(out, out=out)
@@ -94,7 +102,7 @@ UNARY = {
     "RSQRT": _rsqrt, "EXP": np.exp, "LOG": np.log, "SIN": np.sin, "COS": np.cos, "TAN": np.tan,
     "ASIN": np.arcsin, "ACOS": np.arccos, "ATAN": np.arctan, "RECIPROCAL": np.reciprocal, "LOG1P": np.log1p,
     "SINH": np.sinh, "COSH": np.cosh, "ASINH": np.arcsinh, "ACOSH": np.arccosh, "ATANH": np.arctanh,
-    "SIGN": np.sign, "ROUND": np.rint, "EXPM1": np.expm1, "BNLL": lambda x, out=None: np.logaddexp(0, x, out=out), "TANH": np.tanh, "SIGMOID": _sigmoid, "ERF": _erf,
+    "SIGN": np.sign, "ROUND": _round_away, "EXPM1": np.expm1, "BNLL": lambda x, out=None: np.logaddexp(0, x, out=out), "TANH": np.tanh, "SIGMOID": _sigmoid, "ERF": _erf,
     "HARDSWISH": _hardswish, "GELU": _gelu_tanh, "GELU_STANDARD": _gelu_erf, "SILU": _silu,
 }
 
