@@ -26,8 +26,8 @@ from mnntool.conformance.runner import run_cases  # noqa: E402
 
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("--runtimes", nargs="+", default=["mnntool", "mnn"], choices=["mnntool", "mnn", "mnnconvert"],
-                    help="mnnconvert: MNN's own converter, then the MNN runtime (the bar)")
+    ap.add_argument("--runtimes", nargs="+", default=["mnntool", "mnn"], choices=["mnntool", "mnn", "mnnconvert", "onnxruntime"],
+                    help="mnnconvert: MNN's own converter, then the MNN runtime; onnxruntime: the source model in onnxruntime")
     ap.add_argument("--workers", type=int, default=2)
     ap.add_argument("--timeout", type=float, default=120.0)
     ap.add_argument("--match", default=None, help="only cases whose name matches this regex")

@@ -96,7 +96,32 @@ def run_mnn_converter(case: Path, mnn: Path) -> dict:
     return run_mnn(case, own)
 
 
-MODES = {"mnntool": run_mnntool, "mnn": run_mnn, "mnnconvert": run_mnn_converter}
+def run_onnxruntime(case: Path, mnn: Path) -> dict:
+    """onnxruntime on the source model (the bar the issue sets), inputs as stored."""
+    import onnxruntime as ort
+    try:
+        sess = ort.InferenceSession(str(case / "model.onnx"), providers=["CPUExecutionProvider"])
+    except Exception as e:  # noqa: BLE001
+        return {"status": "fail", "stage": "convert", "reason": _cause(e)}
+    try:
+        import onnx
+        from onnx import helper
+        names = [o.name for o in sess.get_outputs()]
+        model = onnx.load(str(case / "model.onnx"))
+        types = {i.name: helper.tensor_dtype_to_np_dtype(i.type.tensor_type.elem_type) for i in model.graph.input
+                 if i.type.tensor_type.elem_type}
+        for ins, outs in _datasets(case):
+            feeds = {k: (v.astype(types[k]) if k in types and v.dtype != object else v) for k, v in ins.items()}
+            got = dict(zip(names, sess.run(None, feeds)))
+            why = _compare(outs, got)
+            if why:
+                return {"status": "fail", "stage": "compare", "reason": why}
+    except Exception as e:  # noqa: BLE001
+        return {"status": "fail", "stage": "run", "reason": _cause(e)}
+    return {"status": "pass"}
+
+
+MODES = {"mnntool": run_mnntool, "mnn": run_mnn, "mnnconvert": run_mnn_converter, "onnxruntime": run_onnxruntime}
 
 
 def main(mode: str) -> None:
