@@ -8,7 +8,7 @@ from __future__ import annotations
 from ..ir.graph import Graph, Node
 
 NC4HW4_OPS = {"Convolution", "ConvolutionDepthwise", "Deconvolution", "DeconvolutionDepthwise", "Pooling",
-              "Scale", "Interp", "PReLU"}
+              "Scale", "Interp", "PReLU", "GridSample"}
 AGNOSTIC_OPS = {"ReLU", "ReLU6", "Sigmoid", "TanH", "UnaryOp"}
 
 

@@ -9,7 +9,7 @@ from onnx import numpy_helper
 
 from ...errors import MnnToolError
 from ...ir.graph import Graph, TensorInfo
-from . import index, logic, math, norm, rnn, tensor  # noqa: F401  (registration)
+from . import index, logic, math, norm, quantized, rnn, tensor  # noqa: F401  (registration)
 from .context import Ctx, attrs_of, ir_value
 from .expand import expand_functions
 from .fold import _opset, fold, shapes_of

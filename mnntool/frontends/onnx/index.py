@@ -289,4 +289,48 @@ def trilu(ctx, node, a):
         mask = (cols - rows >= k) if upper else (cols - rows <= k)
         ctx.emit("Select", [ctx.int_const(node.name + "_mask", mask.astype(np.int32)), x, zero], [out], {}, node.name)
         return
-    raise MnnToolError(f"{ctx.path}: Trilu '{node.name}': needs known matrix dims and a constant k")
+    # run-time k or dims: the mask from Range over the last two dims' sizes and a comparison
+    k_name = _opt(node, 1)
+    if k_name is None:
+        k_name = ctx.int_const(node.name + "_k", 0)
+    elif kc is not None:
+        k_name = ctx.int_const(node.name + "_k", int(np.asarray(kc).reshape(-1)[0]))
+    else:
+        flat_k = ctx.tmp(out + "_k")
+        ctx.emit("Reshape", [k_name, ctx.int_const(node.name + "_kshape", [])], [flat_k], {"dimType": "NCHW"}, flat_k)
+        k_name = flat_k
+    shp = ctx.tmp(out + "_shape")
+    ctx.emit("Shape", [x], [shp], {}, shp, fmt="NCHW")
+    zero_i, one_i = ctx.int_const(node.name + "_z", 0), ctx.int_const(node.name + "_o", 1)
+    dims = []
+    for tag, idx in (("n", -2), ("m", -1)):
+        d = ctx.tmp(f"{out}_{tag}")
+        ctx.emit("GatherV2", [shp, ctx.int_const(f"{node.name}_{tag}i", idx), ctx.int_const(f"{node.name}_{tag}a", [0])],
+                 [d], {}, d)
+        dims.append(d)
+    rows, cols, rows2, cols2, diff, mask = (ctx.tmp(f"{out}_{t}") for t in ("r", "c", "r2", "c2", "diff", "mask"))
+    ctx.emit("Range", [zero_i, dims[0], one_i], [rows], {}, rows)
+    ctx.emit("Range", [zero_i, dims[1], one_i], [cols], {}, cols)
+    ctx.emit("Unsqueeze", [rows], [rows2], {"squeezeDims": [1]}, rows2)
+    ctx.emit("Unsqueeze", [cols], [cols2], {"squeezeDims": [0]}, cols2)
+    binary(ctx, cols2, rows2, diff, "SUB", diff)
+    binary(ctx, diff, k_name, mask, "GREATER_EQUAL" if upper else "LESS_EQUAL", mask)
+    ctx.emit("Select", [mask, x, zero], [out], {}, node.name)
+
+
+@converts("GridSample")
+def grid_sample(ctx, node, a):
+    mode = a.get("mode", b"bilinear")
+    mode = mode.decode() if isinstance(mode, bytes) else mode
+    pad = a.get("padding_mode", b"zeros")
+    pad = pad.decode() if isinstance(pad, bytes) else pad
+    if mode not in ("bilinear", "linear", "nearest") or ctx.rank(node.input[0]) not in (4, None):
+        raise MnnToolError(f"{ctx.path}: GridSample '{node.name}': only 2-D bilinear and nearest sampling "
+                           f"(not {mode}) have an MNN op")
+    if pad == "reflection":
+        raise MnnToolError(f"{ctx.path}: GridSample '{node.name}': MNN's reflection padding does not match "
+                           "ONNX's (measured); only zeros and border convert")
+    ctx.emit("GridSample", [node.input[0], node.input[1]], [node.output[0]],
+             {"mode": "NEAREST" if mode == "nearest" else "BILINEAR",
+              "paddingMode": {"zeros": "ZEROS", "border": "CLAMP", "reflection": "REFLECTION"}[pad],
+              "alignCorners": bool(a.get("align_corners", 0))}, node.name)

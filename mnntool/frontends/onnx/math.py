@@ -246,6 +246,12 @@ def reduce(ctx, node, a):
     if post:
         unary(ctx, red, out, post, node.name)
 
+class _Out:
+    """Stands for a node in _chain: where the chain writes and how its ops are named."""
+    def __init__(self, out, name):
+        self.output, self.name = [out], name
+
+
 def _chain(ctx, node, steps):
     """Emit ops given as (op, inputs, param) with inputs naming earlier results by index ('$0') or
     tensors; the last writes the node's output."""
@@ -344,12 +350,15 @@ def shrink(ctx, node, a):
 
 
 @converts("Round")
-def round_even(ctx, node, a):
+def round_even_op(ctx, node, a):
+    round_half_even(ctx, node.input[0], node.output[0], node.name)
+
+
+def round_half_even(ctx, x, out, name):
     """Halves to even (ONNX, numpy) from MNN's ROUND, which rounds them away from zero: where x is a tie
     and the rounded value is odd, step back toward zero."""
-    x, name = node.input[0], node.name
     half, two, one = (ctx.float_const(f"{name}_{k}", v) for k, v in (("half", 0.5), ("two", 2.0), ("one", 1.0)))
-    _chain(ctx, node, [("UnaryOp", [x], _u("ROUND")),                      # $0
+    _chain(ctx, _Out(out, name), [("UnaryOp", [x], _u("ROUND")),                      # $0
                        ("UnaryOp", [x], _u("FLOOR")),                      # $1
                        ("BinaryOp", [x, "$1"], _b("SUB")),                 # $2 fraction
                        ("BinaryOp", ["$2", half], _b("EQUAL")),            # $3 tie

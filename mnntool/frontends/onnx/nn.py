@@ -73,6 +73,10 @@ def _window_op(ctx, node, a, kind: str):
     if w_shape is None or not all(isinstance(d, int) for d in w_shape):
         raise MnnToolError(f"{ctx.path}: {node.op_type} '{node.name}': the weight's shape is unknown")
     rank = len(w_shape) - 2
+    if rank == 3 and kind == "Convolution":
+        from .volumetric import conv3d
+        conv3d(ctx, node, a)
+        return
     group = int(a.get("group", 1))
     kernel = list(a.get("kernel_shape", w_shape[2:]))
     x, out = node.input[0], node.output[0]
@@ -168,8 +172,16 @@ def _pool(ctx, node, a, kind, x=None, out=None, name=None):
     known (MNN and ONNX disagree on the last window's rule), except for averages that count padding."""
     x, out, name = x or node.input[0], out or node.output[0], name or node.name
     k = list(a["kernel_shape"])
+    if len(k) == 3 and x == node.input[0]:
+        from .volumetric import pool3d
+        pool3d(ctx, node, a, kind)
+        return
     if any(int(d) != 1 for d in a.get("dilations", [1] * len(k))):
-        raise MnnToolError(f"{ctx.path}: {node.op_type} '{node.name}': dilated pooling is not supported")
+        if kind != "MAXPOOL" or len(k) > 2:
+            raise MnnToolError(f"{ctx.path}: {node.op_type} '{node.name}': dilated average pooling is not supported")
+        from .volumetric import dilated_max_pool
+        dilated_max_pool(ctx, node, a, x, out, len(k))
+        return
     kernel, strides, _, pads, mode = spatial(ctx, node, a, k, x)
     t, l, b, r = pads
     include = bool(a.get("count_include_pad", 0))

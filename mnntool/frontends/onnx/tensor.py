@@ -222,7 +222,31 @@ def emit_cast(ctx, node, x, out, onnx_type: int):
         ctx.emit("BinaryOp", [x, zero], [out], {"opType": "NOTEQUAL", "T": "DT_FLOAT"}, node.name)
         return
     ctx.g.info(out).dtype = dst
-    ctx.emit("Cast", [x], [out], {"dstT": to_mnn(dst)}, node.name)
+    bits = NARROW_INTS.get(ONNX_DTYPES.get(int(onnx_type)))
+    src_bits = NARROW_INTS.get(ctx.dtype(x), (64, True))
+    if bits is None or bits[0] >= 32 or (src_bits[0] <= bits[0] and src_bits[1] == bits[1] and not ctx.dtype(x).startswith("float")):
+        ctx.emit("Cast", [x], [out], {"dstT": to_mnn(dst)}, node.name)
+        return
+    # a narrower integer type, carried in int32: wrap around as C's conversion does
+    n, signed = bits
+    wide = ctx.tmp(out + "_i32")
+    ctx.emit("Cast", [x], [wide], {"dstT": "DT_INT32"}, node.name + "_i32")
+    span = 1 << n
+    if signed:
+        shifted, wrapped = ctx.tmp(out + "_sh"), ctx.tmp(out + "_wr")
+        half = ctx.int_const(node.name + "_half", span // 2)
+        ctx.emit("BinaryOp", [wide, half], [shifted], {"opType": "ADD", "T": "DT_INT32"}, shifted)
+        ctx.emit("BinaryOp", [shifted, ctx.int_const(node.name + "_span", span)], [wrapped],
+                 {"opType": "MOD", "T": "DT_INT32"}, wrapped)       # MNN's integer MOD is floor mod
+        ctx.emit("BinaryOp", [wrapped, half], [out], {"opType": "SUB", "T": "DT_INT32"}, node.name)
+    else:
+        ctx.emit("BinaryOp", [wide, ctx.int_const(node.name + "_span", span)], [out],
+                 {"opType": "MOD", "T": "DT_INT32"}, node.name)
+
+
+NARROW_INTS = {"int8": (8, True), "uint8": (8, False), "int16": (16, True), "uint16": (16, False),
+               "int4": (4, True), "uint4": (4, False), "int2": (2, True), "uint2": (2, False),
+               "int32": (32, True), "uint32": (32, False), "int64": (64, True), "uint64": (64, False)}
 
 
 @converts("Cast")
