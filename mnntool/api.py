@@ -13,6 +13,7 @@ from .format import reader, writer
 from .format.flatbuf import decode
 from .frontends import load as load_source
 from .ir.graph import Graph
+from .ir.validate import validate
 from .ir.shape_inference import flops, infer_shapes
 from .passes import run_pipeline
 
@@ -56,6 +57,7 @@ def convert(src, dst, framework: str | None = None, input_shapes: dict | None = 
         from .passes import REQUIRED
         passes = [p for p in passes if p not in REQUIRED] + REQUIRED
     report = run_pipeline(g, optimize, passes)
+    validate(g, str(src))
     size = writer.save(g, dst, biz_code)
     return {"source": str(src), "output": str(dst), "ops": len(g.nodes), "params": g.param_count(),
             "size_bytes": size, "passes_changed": list(report), "passes": report, "optimize": optimize,

@@ -159,12 +159,42 @@ def conv_transpose(ctx, node, a):
 
 @converts("BatchNormalization")
 def batch_norm(ctx, node, a):
-    scale, bias, mean, var = (ctx.need_const(node, k, what).astype(np.float64)
-                              for k, what in ((1, "scale"), (2, "bias"), (3, "mean"), (4, "variance")))
-    s = scale / np.sqrt(var + float(a.get("epsilon", 1e-5)))
+    """Scale (x * s + b per channel) with constant statistics; with run-time ones, the same arithmetic
+    as BinaryOps on [C, 1, ...] views."""
+    eps = float(a.get("epsilon", 1e-5))
+    if int(a.get("training_mode", 0)) or len([o for o in node.output if o]) > 1:
+        raise MnnToolError(f"{ctx.path}: BatchNormalization '{node.name}': training mode (batch statistics and "
+                           "running-mean outputs) is not supported")
+    values = [ctx.const(node.input[k]) for k in range(1, 5)]
+    if any(v is None for v in values):
+        _batch_norm_ops(ctx, node, eps)
+        return
+    scale, bias, mean, var = (np.asarray(v, np.float64) for v in values)
+    s = scale / np.sqrt(var + eps)
     ctx.emit("Scale", [node.input[0]], [node.output[0]],
              {"channels": int(s.size), "scaleData": s.astype(np.float32),
               "biasData": (bias - mean * s).astype(np.float32)}, node.name)
+
+
+def _batch_norm_ops(ctx, node, eps):
+    from .math import binary, unary
+    rank = ctx.rank(node.input[0])
+    if rank is None:
+        raise MnnToolError(f"{ctx.path}: BatchNormalization '{node.name}': the input's rank is unknown")
+    shaped = []
+    for k in range(1, 5):
+        r = ctx.tmp(f"{node.output[0]}_p{k}")
+        ctx.emit("Reshape", [node.input[k], ctx.int_const(f"{node.name}_pshape", [-1] + [1] * (rank - 2))], [r],
+                 {"dimType": "NCHW"}, r)
+        shaped.append(r)
+    scale, bias, mean, var = shaped
+    ve, inv, s, centred, y = (ctx.tmp(node.output[0] + t) for t in ("_ve", "_inv", "_s", "_c", "_y"))
+    binary(ctx, var, ctx.float_const(node.name + "_eps", eps), ve, "ADD", ve)
+    unary(ctx, ve, inv, "RSQRT", inv)
+    binary(ctx, scale, inv, s, "MUL", s)
+    binary(ctx, node.input[0], mean, centred, "SUB", centred)
+    binary(ctx, centred, s, y, "MUL", y)
+    binary(ctx, y, bias, node.output[0], "ADD", node.name)
 
 
 def _pool(ctx, node, a, kind, x=None, out=None, name=None):
@@ -272,8 +302,14 @@ def gemm(ctx, node, a):
     ta, tb = bool(a.get("transA", 0)), bool(a.get("transB", 0))
     b_name = node.input[1]
     if alpha != 1.0:
-        b = ctx.need_const(node, 1, "B (when alpha != 1)")
-        b_name = ctx.float_const(b_name + "_alpha", b * alpha)
+        b = ctx.const(b_name)
+        if b is not None:
+            b_name = ctx.float_const(b_name + "_alpha", b * alpha)
+        else:
+            scaled = ctx.tmp(node.output[0] + "_alphaB")
+            ctx.emit("BinaryOp", [b_name, ctx.float_const(node.name + "_alpha", alpha)], [scaled],
+                     {"opType": "MUL", "T": "DT_FLOAT"}, scaled)
+            b_name = scaled
     has_c = len(node.input) > 2 and node.input[2]
     out = ctx.tmp(node.output[0] + "_mm") if has_c else node.output[0]
     ctx.emit("MatMul", [node.input[0], b_name], [out], {"T": "DT_FLOAT", "transposeA": ta, "transposeB": tb},
@@ -281,7 +317,14 @@ def gemm(ctx, node, a):
     if has_c:
         c_name = node.input[2]
         if beta != 1.0:
-            c_name = ctx.float_const(c_name + "_beta", ctx.need_const(node, 2, "C (when beta != 1)") * beta)
+            c = ctx.const(c_name)
+            if c is not None:
+                c_name = ctx.float_const(c_name + "_beta", c * beta)
+            else:
+                scaled = ctx.tmp(node.output[0] + "_betaC")
+                ctx.emit("BinaryOp", [c_name, ctx.float_const(node.name + "_beta", beta)], [scaled],
+                         {"opType": "MUL", "T": "DT_FLOAT"}, scaled)
+                c_name = scaled
         ctx.emit("BinaryOp", [out, c_name], [node.output[0]], {"opType": "ADD", "T": "DT_FLOAT"},
                  node.name + "_bias")
 

@@ -314,7 +314,18 @@ def pad(ctx, node, a):
 
 @converts("Dropout")
 def dropout(ctx, node, a):
-    ctx.emit("Identity", [node.input[0]], [node.output[0]], {}, node.name)  # MNN has no inference Dropout
+    """Inference Dropout passes x through (MNN has no such op); its mask output is all true, a Fill of
+    x's shape. training_mode must not be true: that draws random numbers."""
+    if len(node.input) > 2 and node.input[2]:
+        mode = ctx.const(node.input[2])
+        if mode is None or bool(np.asarray(mode).reshape(-1)[0]):
+            raise MnnToolError(f"{ctx.path}: Dropout '{node.name}': training_mode (random masks) is not supported")
+    ctx.emit("Identity", [node.input[0]], [node.output[0]], {}, node.name)
+    if len(node.output) > 1 and node.output[1]:
+        shape = ctx.tmp(node.output[1] + "_shape")
+        ctx.emit("Shape", [node.input[0]], [shape], {}, shape, fmt="NCHW")
+        ctx.emit("Fill", [shape, ctx.g.add_const(node.name + "_true", np.array(1, np.int32))], [node.output[1]], {},
+                 node.name + "_mask", fmt="NCHW")
 
 
 @converts("Identity")
