@@ -101,6 +101,10 @@ def fold(model: onnx.ModelProto, rounds: int = 8) -> onnx.ModelProto:
         shapes = shapes_of(model)
         keep, new_inits, changed = [], [], False
         for node in g.node:
+            if node.op_type == "If" and node.domain in ("", "ai.onnx") and node.input[0] in vals:
+                keep.extend(_inline_if(node, bool(np.asarray(vals[node.input[0]]).reshape(-1)[0]), new_inits))
+                changed = True
+                continue
             if node.domain not in ("", "ai.onnx") or node.op_type in NEVER or any(
                     a.type in (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS) for a in node.attribute):
                 keep.append(node)
@@ -147,6 +151,35 @@ def fold(model: onnx.ModelProto, rounds: int = 8) -> onnx.ModelProto:
         del g.initializer[:]
         g.initializer.extend(live)
     return model
+
+
+def _inline_if(node, cond: bool, new_inits: list) -> list:
+    """The branch an If with a known condition takes, as nodes of the enclosing graph: its own tensors
+    renamed apart, its outputs copied to the If's outputs."""
+    branch = next(helper.get_attribute_value(a) for a in node.attribute
+                  if a.name == ("then_branch" if cond else "else_branch"))
+    prefix = f"{node.name or 'if'}__{'then' if cond else 'else'}__"
+    local = {o for n in branch.node for o in n.output if o} | {i.name for i in branch.initializer}
+    rename = {n: prefix + n for n in local}
+    nodes = []
+    for init in branch.initializer:
+        t = onnx.TensorProto()
+        t.CopyFrom(init)
+        t.name = rename[init.name]
+        new_inits.append(t)
+    for k, inner in enumerate(branch.node):
+        n = onnx.NodeProto()
+        n.CopyFrom(inner)
+        del n.input[:]
+        del n.output[:]
+        n.input.extend(rename.get(i, i) for i in inner.input)
+        n.output.extend(rename.get(o, o) for o in inner.output)
+        n.name = prefix + (inner.name or f"{inner.op_type}_{k}")
+        nodes.append(n)
+    for src, dst in zip(branch.output, node.output):
+        if dst:
+            nodes.append(helper.make_node("Identity", [rename.get(src.name, src.name)], [dst], name=f"{prefix}out_{dst}"))
+    return nodes
 
 
 def _subgraph_inputs(g) -> set:
