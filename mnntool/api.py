@@ -54,8 +54,8 @@ def convert(src, dst, framework: str | None = None, input_shapes: dict | None = 
         raise MnnToolError(f"{dst}: directory {dst.parent} does not exist")
     g = load_graph(src, framework, input_shapes)
     if passes is not None:      # MNN needs these, last, whatever else was chosen
-        from .passes import REQUIRED
-        passes = [p for p in passes if p not in REQUIRED] + REQUIRED
+        from .passes import LOWERING, REQUIRED
+        passes = LOWERING + [p for p in passes if p not in REQUIRED + LOWERING] + REQUIRED
     report = run_pipeline(g, optimize, passes)
     validate(g, str(src))
     size = writer.save(g, dst, biz_code)

@@ -13,6 +13,8 @@ from types import SimpleNamespace
 import numpy as np
 
 from ..errors import MnnToolError
+from ..ir.ops.nn import pool_param
+from ..ir.ops.norm import batch_norm_param
 from ..registry import registrar
 from ..ir.graph import Graph
 from .shaped import ShapedCtx, T
@@ -192,12 +194,7 @@ def convolution(ctx, node, args):
 @aten("aten::batch_norm")
 def batch_norm(ctx, node, args):
     x, w, b, mean, var, eps = args[0], args[1], args[2], args[3], args[4], args[7]
-    c = np.asarray(mean).size
-    w = np.ones(c) if w is None else np.asarray(w, np.float64)
-    b = np.zeros(c) if b is None else np.asarray(b, np.float64)
-    s = w / np.sqrt(np.asarray(var, np.float64) + eps)
-    return ctx.emit("Scale", [x], [ctx.out(node)], {"channels": c, "scaleData": s.astype(np.float32),
-                                                    "biasData": (b - np.asarray(mean) * s).astype(np.float32)})
+    return ctx.emit("BatchNorm", [x], [ctx.out(node)], batch_norm_param(mean, var, eps, w, b))
 
 
 def _pool(ctx, node, args, kind):
@@ -206,9 +203,7 @@ def _pool(ctx, node, args, kind):
     pad = list(args[3]) if len(args) > 3 else [0, 0]
     ceil = bool(args[5] if kind == "MAXPOOL" else args[4]) if len(args) > 5 else False
     include = bool(args[5]) if kind == "AVEPOOL" and len(args) > 5 else True
-    param = {"padX": pad[1], "padY": pad[0], "kernelX": k[1], "kernelY": k[0], "strideX": stride[1],
-             "strideY": stride[0], "type": kind, "padType": "CAFFE", "ceilModel": ceil, "pads": [pad[0], pad[1]] * 2,
-             "countType": "INCLUDE_PADDING" if include else "EXCLUDE_PADDING"}
+    param = pool_param(kind, k, stride, [pad[0], pad[1]] * 2, ceil, "INCLUDE_PADDING" if include else "EXCLUDE_PADDING")
     return ctx.emit("Pooling", [x], [ctx.out(node)], param, node.kind())
 
 
@@ -221,8 +216,7 @@ def adaptive_pool(ctx, node, args):
     if list(args[1]) != [1, 1]:
         raise MnnToolError(f"{ctx.path}: {node.kind()}: only output size 1x1 is supported")
     kind = "AVEPOOL" if "avg" in node.kind() else "MAXPOOL"
-    return ctx.emit("Pooling", [args[0]], [ctx.out(node)], {"isGlobal": True, "type": kind, "kernelX": 1, "kernelY": 1,
-                                                            "strideX": 1, "strideY": 1, "padType": "CAFFE"})
+    return ctx.emit("Pooling", [args[0]], [ctx.out(node)], pool_param(kind, is_global=True))
 
 
 @aten("aten::flatten")

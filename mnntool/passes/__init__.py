@@ -11,6 +11,7 @@ from ..ir.graph import Graph
 from ..ir.shape_inference import infer_shapes
 from .constant_fold import ConstantFoldPass
 from .dead_code import DeadCodePass
+from .fold_batch_norm import FoldBatchNormPass
 from .fuse_conv import FoldAffineIntoConvPass, FuseReluIntoBinaryPass, FuseReluIntoConvPass
 from .fuse_pad import FusePadIntoConvPass
 from .fuse_patterns import FuseGeluPass, FuseLayerNormPass
@@ -19,7 +20,7 @@ from .matmul_to_conv import MatMulToConvPass
 from .mnn_workarounds import MnnWorkaroundsPass
 from .remove_noops import RemoveNoopsPass
 
-ALL = {p.name: p for p in (RemoveNoopsPass, ConstantFoldPass, FuseGeluPass, FuseLayerNormPass, FusePadIntoConvPass,
+ALL = {p.name: p for p in (FoldBatchNormPass, RemoveNoopsPass, ConstantFoldPass, FuseGeluPass, FuseLayerNormPass, FusePadIntoConvPass,
                            FoldAffineIntoConvPass, FuseReluIntoConvPass, FuseReluIntoBinaryPass, MatMulToConvPass, DeadCodePass,
                            MnnWorkaroundsPass, LayoutPass)}
 def _doc(cls) -> str:
@@ -32,8 +33,9 @@ DOCS = {name: _doc(cls) for name, cls in ALL.items()}
 OPTIMIZING = ["remove_noops", "constant_fold", "fuse_gelu", "fuse_layer_norm", "fuse_pad_into_conv",
               "fold_affine_into_conv",
               "fuse_relu_into_conv", "fuse_relu_into_binary", "matmul_to_conv", "dead_code"]
+LOWERING = ["fold_batch_norm"]                # ops MNN has no inference kernel for, first at every level
 REQUIRED = ["mnn_workarounds", "layout"]      # what every written file needs, whatever was chosen
-PIPELINES = {0: list(REQUIRED), 1: OPTIMIZING + REQUIRED, 2: OPTIMIZING + REQUIRED}
+PIPELINES = {0: LOWERING + REQUIRED, 1: LOWERING + OPTIMIZING + REQUIRED, 2: LOWERING + OPTIMIZING + REQUIRED}
 
 
 def resolve(level: int = 1, passes: list[str] | None = None) -> list[str]:

@@ -187,3 +187,21 @@ def test_pass_listing_and_selection(tmp_path):
     assert code == 0 and "Identity" in api.info(tmp_path / "m.mnn")["op_counts"]
     code, _, err = run("convert", tmp_path / "m.onnx", tmp_path / "m.mnn", "--passes", "nope")
     assert code == 2 and "unknown pass" in err
+
+
+def test_fold_batch_norm_matches_onnxruntime(tmp_path):
+    """ONNX BatchNormalization becomes the IR's BatchNorm (as every frontend's does); the pass lowers it to
+    Scale, which then folds into the convolution; outputs match onnxruntime and MNN."""
+    nodes = [h.make_node("Conv", ["x", "w"], ["c"], pads=[1, 1, 1, 1]),
+             h.make_node("BatchNormalization", ["c", "s", "b", "m", "v"], ["y"], epsilon=1e-3)]
+    inits = {"w": f32(4, 3, 3, 3), "s": f32(4), "b": f32(4), "m": f32(4), "v": np.abs(f32(4)) + 0.5}
+    feeds = save(tmp_path / "m.onnx", nodes, [("x", [1, 3, 8, 8])], inits)
+    g = load_onnx(tmp_path / "m.onnx", {})
+    assert [n.op for n in g.nodes] == ["Convolution", "BatchNorm"]
+    ref = ort_run(tmp_path / "m.onnx", feeds)["y"]
+    assert_close(ref, Session(g).run(feeds)["y"], min_cos=0.99999, rel_abs=1e-4)
+    report = api.convert(tmp_path / "m.onnx", tmp_path / "m.mnn")
+    assert report["passes"]["fold_batch_norm"]["removed"] == {"BatchNorm": 1}
+    ops = api.info(tmp_path / "m.mnn")["op_counts"]
+    assert "BatchNorm" not in ops and "Scale" not in ops
+    assert_close(ref, mnn_run(tmp_path / "m.mnn", ["x"], ["y"], feeds)["y"], min_cos=0.99999, rel_abs=1e-4)

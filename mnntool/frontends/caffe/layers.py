@@ -5,6 +5,8 @@ from __future__ import annotations
 import numpy as np
 
 from ...errors import MnnToolError
+from ...ir.ops.nn import pool_param
+from ...ir.ops.norm import batch_norm_param
 from ...registry import registrar
 from ..shaped import conv_op, conv_param
 
@@ -81,8 +83,10 @@ def batch_norm(ctx, lay, blobs, bottoms, tops):
     factor = float(blobs[2].reshape(-1)[0]) if len(blobs) > 2 else 1.0
     factor = 0.0 if factor == 0 else 1.0 / factor
     mean, var = mean.astype(np.float64) * factor, var.astype(np.float64) * factor
-    s = 1.0 / np.sqrt(var + lay.batch_norm_param.eps)
-    return _scale_op(ctx, lay, bottoms[0], s, -mean * s, tops[0])
+    c = ctx.shape_of(bottoms[0])[1] if len(ctx.shape_of(bottoms[0])) > 1 else 0
+    if mean.size != c:
+        _fail(ctx, lay, f"{mean.size} statistics for {c} channels")
+    return ctx.emit("BatchNorm", [bottoms[0]], [tops[0]], batch_norm_param(mean, var, lay.batch_norm_param.eps), lay.name)
 
 
 @layer("Scale")
@@ -163,17 +167,14 @@ def pooling(ctx, lay, blobs, bottoms, tops):
         _fail(ctx, lay, "only MAX and AVE pooling are supported")
     kind = "MAXPOOL" if p.pool == 0 else "AVEPOOL"
     if p.global_pooling:
-        return ctx.emit("Pooling", [bottoms[0]], [tops[0]], {"isGlobal": True, "type": kind, "kernelX": 1,
-                        "kernelY": 1, "strideX": 1, "strideY": 1, "padType": "CAFFE"}, lay.name)
+        return ctx.emit("Pooling", [bottoms[0]], [tops[0]], pool_param(kind, is_global=True), lay.name)
     kh, kw = _pair([p.kernel_size] if p.HasField("kernel_size") else [], p.kernel_h, p.kernel_w, 0)
     sh, sw = _pair([p.stride], p.stride_h, p.stride_w, 1)
     ph, pw = _pair([p.pad], p.pad_h, p.pad_w, 0)
     if not kh or not kw:
         _fail(ctx, lay, "kernel size missing")
     ceil = p.ceil_mode and p.round_mode == 0
-    param = {"padX": pw, "padY": ph, "isGlobal": False, "kernelX": kw, "kernelY": kh, "strideX": sw, "strideY": sh,
-             "type": kind, "padType": "CAFFE", "dataType": "DT_FLOAT", "ceilModel": bool(ceil),
-             "pads": [ph, pw, ph, pw], "countType": "INCLUDE_PADDING"}
+    param = pool_param(kind, (kh, kw), (sh, sw), (ph, pw, ph, pw), bool(ceil), "INCLUDE_PADDING")
     return ctx.emit("Pooling", [bottoms[0]], [tops[0]], param, lay.name)
 
 

@@ -4,6 +4,8 @@ from __future__ import annotations
 import numpy as np
 
 from ...errors import MnnToolError
+from ...ir.ops.nn import pool_param
+from ...ir.ops.norm import batch_norm_param
 from ...registry import registrar
 
 CONVERTERS = {}
@@ -169,11 +171,8 @@ def batch_norm(ctx, node, a):
     if any(v is None for v in values):
         _batch_norm_ops(ctx, node, eps)
         return
-    scale, bias, mean, var = (np.asarray(v, np.float64) for v in values)
-    s = scale / np.sqrt(var + eps)
-    ctx.emit("Scale", [node.input[0]], [node.output[0]],
-             {"channels": int(s.size), "scaleData": s.astype(np.float32),
-              "biasData": (bias - mean * s).astype(np.float32)}, node.name)
+    scale, bias, mean, var = values
+    ctx.emit("BatchNorm", [node.input[0]], [node.output[0]], batch_norm_param(mean, var, eps, scale, bias), node.name)
 
 
 def _batch_norm_ops(ctx, node, eps):
@@ -227,10 +226,8 @@ def _pool(ctx, node, a, kind, x=None, out=None, name=None):
             ends.append(max(p1, (o - 1) * st + kk - n - p0))
         b, r = ends
         ceil = False
-    param = {"padX": l, "padY": t, "isGlobal": False, "kernelX": kernel[1], "kernelY": kernel[0],
-             "strideX": strides[1], "strideY": strides[0], "type": kind, "padType": mode, "dataType": "DT_FLOAT",
-             "ceilModel": ceil, "pads": [t, l, b, r],
-             "countType": "INCLUDE_PADDING" if include else ("EXCLUDE_PADDING" if any((t, l, b, r)) else "DEFAULT")}
+    param = pool_param(kind, kernel, strides, (t, l, b, r), ceil,
+                       "INCLUDE_PADDING" if include else ("EXCLUDE_PADDING" if any((t, l, b, r)) else "DEFAULT"), mode)
     if len(k) == 1:
         x4, y4 = lift_1d(ctx, node, x, "x"), ctx.tmp(out + "_4d")
         ctx.emit("Pooling", [x4], [y4], param, name)
@@ -270,9 +267,7 @@ def global_pool(ctx, node, a):
     rank = ctx.rank(node.input[0])
     if rank == 4 and node.op_type != "GlobalLpPool":
         kind = "AVEPOOL" if node.op_type == "GlobalAveragePool" else "MAXPOOL"
-        ctx.emit("Pooling", [node.input[0]], [node.output[0]],
-                 {"isGlobal": True, "type": kind, "padType": "CAFFE", "kernelX": 1, "kernelY": 1, "strideX": 1,
-                  "strideY": 1, "ceilModel": False}, node.name)
+        ctx.emit("Pooling", [node.input[0]], [node.output[0]], pool_param(kind, is_global=True), node.name)
         return
     if rank is None:
         raise MnnToolError(f"{ctx.path}: {node.op_type} '{node.name}': the input's rank is unknown")

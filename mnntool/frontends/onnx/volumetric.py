@@ -11,6 +11,7 @@ from __future__ import annotations
 import numpy as np
 
 from ...errors import MnnToolError
+from ...ir.ops.nn import pool_param
 from .math import binary
 
 
@@ -126,10 +127,7 @@ def pool3d(ctx, node, a, kind):
     do, ho, wo = ((dp - k[0]) // s[0] + 1, (hp - k[1]) // s[1] + 1, (wp - k[2]) // s[2] + 1)
     batch = _planes_as_batch(ctx, xp, c, hp, wp, ctx.tmp(out + "_b"))
     pooled = ctx.tmp(out + "_p2d")
-    ctx.emit("Pooling", [batch], [pooled], {"isGlobal": False, "kernelX": k[2], "kernelY": k[1], "strideX": s[2],
-                                            "strideY": s[1], "padX": 0, "padY": 0, "pads": [0, 0, 0, 0],
-                                            "type": kind, "padType": "CAFFE", "ceilModel": False,
-                                            "countType": "INCLUDE_PADDING", "dataType": "DT_FLOAT"}, out + "_p2d")
+    ctx.emit("Pooling", [batch], [pooled], pool_param(kind, k[1:], s[1:], count="INCLUDE_PADDING"), out + "_p2d")
     planes = _batch_as_planes(ctx, pooled, dp, c, ho, wo, ctx.tmp(out + "_planes"))
     acc = None
     for kd in range(k[0]):

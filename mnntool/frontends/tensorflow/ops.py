@@ -6,6 +6,8 @@ from __future__ import annotations
 import numpy as np
 
 from ...errors import MnnToolError
+from ...ir.ops.nn import pool_param
+from ...ir.ops.norm import batch_norm_param
 from ...registry import registrar
 from ..shaped import T, conv_op, conv_param
 from .context import NHWC_AXIS_IN_NCHW, TfCtx
@@ -107,11 +109,9 @@ def fused_batch_norm(ctx, node, args):
     if attr(node, "is_training", False):
         _fail(ctx, node, "is_training=True (export the model for inference)")
     x, native = _spatial_in(ctx, node, args[0])
-    scale, offset, mean, var = (_const(ctx, node, a, "scale/offset/mean/variance").astype(np.float64)
-                                for a in args[1:5])
-    s = scale / np.sqrt(var + attr(node, "epsilon", 1e-3))
-    out = ctx.emit("Scale", [x], [ctx.out(node)], {"channels": int(s.size), "scaleData": s.astype(np.float32),
-                                                   "biasData": (offset - mean * s).astype(np.float32)}, node.name)
+    scale, offset, mean, var = (_const(ctx, node, a, "scale/offset/mean/variance") for a in args[1:5])
+    out = ctx.emit("BatchNorm", [x], [ctx.out(node)],
+                   batch_norm_param(mean, var, attr(node, "epsilon", 1e-3), scale, offset), node.name)
     return ctx.mark(out, not native) + [None] * 5
 
 
@@ -121,9 +121,8 @@ def pool(ctx, node, args):
     k, stride = _nhwc_attr(ctx, node, "ksize", [1] * 4), _nhwc_attr(ctx, node, "strides", [1] * 4)
     h, w = ctx.shape_of(x)[2:]
     t, l, b, r = _pads(ctx, node, (h, w), k, stride, (1, 1))
-    param = {"padX": l, "padY": t, "isGlobal": False, "kernelX": k[1], "kernelY": k[0], "strideX": stride[1],
-             "strideY": stride[0], "type": "MAXPOOL" if node.op == "MaxPool" else "AVEPOOL", "padType": "CAFFE",
-             "ceilModel": False, "pads": [t, l, b, r], "countType": "EXCLUDE_PADDING", "dataType": "DT_FLOAT"}
+    param = pool_param("MAXPOOL" if node.op == "MaxPool" else "AVEPOOL", k, stride, (t, l, b, r),
+                       count="EXCLUDE_PADDING")
     return ctx.mark(ctx.emit("Pooling", [x], [ctx.out(node)], param, node.name), not native)
 
 

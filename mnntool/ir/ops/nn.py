@@ -163,6 +163,16 @@ class Deconvolution:
         return _activate(c, out).astype(np.float32)
 
 
+def pool_param(kind: str, kernel=(1, 1), strides=(1, 1), pads=(0, 0, 0, 0), ceil: bool = False,
+               count: str = "DEFAULT", pad_mode: str = "CAFFE", is_global: bool = False) -> dict:
+    """MNN's Pool table, the one way every frontend spells it: kind MAXPOOL/AVEPOOL, (kH, kW), (sH, sW),
+    pads (top, left, bottom, right), countType DEFAULT/INCLUDE_PADDING/EXCLUDE_PADDING."""
+    t, l, b, r = (int(v) for v in pads)
+    return {"isGlobal": bool(is_global), "type": kind, "kernelX": int(kernel[1]), "kernelY": int(kernel[0]),
+            "strideX": int(strides[1]), "strideY": int(strides[0]), "padX": l, "padY": t, "pads": [t, l, b, r],
+            "padType": pad_mode, "ceilModel": bool(ceil), "countType": count, "dataType": "DT_FLOAT"}
+
+
 def pool_out(size, k, s, p0, p1, mode, ceil):
     if not isinstance(size, int):
         return size

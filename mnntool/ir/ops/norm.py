@@ -34,3 +34,37 @@ class LayerNorm:
             y = y + np.broadcast_to(np.asarray(beta, np.float64).reshape(-1) if np.size(beta) == np.prod(tail)
                                     else np.asarray(beta, np.float64), tail).reshape(bshape)
         return y.astype(xs[0].dtype)
+
+
+@define("BatchNorm", param="BatchNorm")
+class BatchNorm:
+    """Inference batch norm, (x - meanData) / sqrt(varData + epsilon) * slopeData + biasData per channel
+    (axis 1). Every frontend emits it; the fold_batch_norm pass lowers it to Scale for MNN."""
+    infer = same
+    flops = out_size
+
+    def compute(node, xs):
+        x = xs[0]
+        p = node.param
+        shape = (1, -1) + (1,) * (x.ndim - 2)
+        s, b = batch_norm_affine(p)
+        return (x * s.reshape(shape) + b.reshape(shape)).astype(x.dtype)
+
+
+def batch_norm_affine(p: dict):
+    """(scale, bias) of the per-channel affine a BatchNorm table amounts to, in float64, then float32."""
+    mean = np.asarray(p["meanData"], np.float64)
+    var = np.asarray(p["varData"], np.float64)
+    slope = np.asarray(p["slopeData"], np.float64) if p.get("slopeData") is not None else np.ones_like(mean)
+    bias = np.asarray(p["biasData"], np.float64) if p.get("biasData") is not None else np.zeros_like(mean)
+    s = slope / np.sqrt(var + float(p.get("epsilon", 1e-3)))
+    return s.astype(np.float32), (bias - mean * s).astype(np.float32)
+
+
+def batch_norm_param(mean, var, eps, gamma=None, beta=None) -> dict:
+    """The BatchNorm table the frontends emit (gamma 1 and beta 0 when absent)."""
+    mean = np.asarray(mean, np.float32).reshape(-1)
+    return {"channels": int(mean.size), "meanData": mean, "varData": np.asarray(var, np.float32).reshape(-1),
+            "slopeData": np.ones_like(mean) if gamma is None else np.asarray(gamma, np.float32).reshape(-1),
+            "biasData": np.zeros_like(mean) if beta is None else np.asarray(beta, np.float32).reshape(-1),
+            "epsilon": float(eps)}
