@@ -1,0 +1,27 @@
+"""What every TorchScript op converter gets: the op table and the context with the values so far."""
+from __future__ import annotations
+
+from ...registry import registrar
+from ..shaped import ShapedCtx
+
+ATEN = {}
+
+
+aten = registrar(ATEN)
+
+
+class TorchCtx(ShapedCtx):
+    def out(self, node, k=0) -> str:
+        name = node.outputsAt(k).debugName()
+        return self.g.fresh_name(name.replace(".", "_"))
+
+
+def _ivalue(node):
+    v = node.output().toIValue()
+    try:
+        import torch
+        if isinstance(v, torch.Tensor):
+            return v.detach().cpu().numpy()
+    except ImportError:
+        pass
+    return v

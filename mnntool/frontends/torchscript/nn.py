@@ -1,0 +1,172 @@
+"""aten convolution, normalization, pooling, linear layers and LSTM -> IR."""
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import numpy as np
+
+from ...errors import MnnToolError
+from ..shaped import T
+from .context import ATEN, aten
+from ...ir.ops.nn import pool_param
+from ...ir.ops.norm import batch_norm_param
+
+
+@aten("aten::_convolution", "aten::conv2d")
+def convolution(ctx, node, args):
+    x, w, b = args[0], args[1], args[2]
+    if isinstance(w, T):
+        raise MnnToolError(f"{ctx.path}: {node.kind()}: the weight must be a constant (freeze the model)")
+    if node.kind() == "aten::conv2d":
+        stride, padding, dilation, groups = args[3], args[4], args[5], args[6]
+        transposed, out_pad = False, [0, 0]
+    else:
+        stride, padding, dilation, transposed, out_pad, groups = args[3], args[4], args[5], args[6], args[7], args[8]
+    if isinstance(padding, str) or w.ndim != 4:
+        raise MnnToolError(f"{ctx.path}: {node.kind()}: only 2-D convolutions with numeric padding are supported")
+    w = np.asarray(w, np.float32)
+    if transposed:
+        cin, cout_g, kh, kw = w.shape
+        cout = cout_g * groups
+    else:
+        cout, cin_g, kh, kw = w.shape
+        cin = cin_g * groups
+    bias = np.zeros(cout, np.float32) if b is None else np.asarray(b, np.float32)
+    common = {"padX": int(padding[1]), "padY": int(padding[0]), "kernelX": kw, "kernelY": kh,
+              "strideX": int(stride[1]), "strideY": int(stride[0]), "dilateX": int(dilation[1]),
+              "dilateY": int(dilation[0]), "padMode": "CAFFE", "group": int(groups), "outputCount": cout,
+              "inputCount": cin, "relu": False, "relu6": False, "pads": [int(padding[0]), int(padding[1])] * 2}
+    depthwise = groups > 1 and groups == cin == cout
+    if transposed:
+        common["outPads"] = [int(p) for p in out_pad]
+        op = "DeconvolutionDepthwise" if depthwise else "Deconvolution"
+    else:
+        op = "ConvolutionDepthwise" if depthwise else "Convolution"
+    return ctx.emit(op, [x], [ctx.out(node)], {"common": common, "weight": w.reshape(-1), "bias": bias})
+
+
+@aten("aten::batch_norm")
+def batch_norm(ctx, node, args):
+    x, w, b, mean, var, eps = args[0], args[1], args[2], args[3], args[4], args[7]
+    return ctx.emit("BatchNorm", [x], [ctx.out(node)], batch_norm_param(mean, var, eps, w, b))
+
+
+def _pool(ctx, node, args, kind):
+    x, k = args[0], list(args[1])
+    stride = list(args[2]) or k
+    pad = list(args[3]) if len(args) > 3 else [0, 0]
+    ceil = bool(args[5] if kind == "MAXPOOL" else args[4]) if len(args) > 5 else False
+    include = bool(args[5]) if kind == "AVEPOOL" and len(args) > 5 else True
+    param = pool_param(kind, k, stride, [pad[0], pad[1]] * 2, ceil, "INCLUDE_PADDING" if include else "EXCLUDE_PADDING")
+    return ctx.emit("Pooling", [x], [ctx.out(node)], param, node.kind())
+
+
+ATEN["aten::max_pool2d"] = lambda ctx, node, args: _pool(ctx, node, args, "MAXPOOL")
+ATEN["aten::avg_pool2d"] = lambda ctx, node, args: _pool(ctx, node, args, "AVEPOOL")
+
+
+@aten("aten::adaptive_avg_pool2d", "aten::adaptive_max_pool2d")
+def adaptive_pool(ctx, node, args):
+    if list(args[1]) != [1, 1]:
+        raise MnnToolError(f"{ctx.path}: {node.kind()}: only output size 1x1 is supported")
+    kind = "AVEPOOL" if "avg" in node.kind() else "MAXPOOL"
+    return ctx.emit("Pooling", [args[0]], [ctx.out(node)], pool_param(kind, is_global=True))
+
+
+@aten("aten::linear")
+def linear(ctx, node, args):
+    x, w, b = args
+    out = ctx.out(node)
+    mm = T(ctx.tmp(out + "_mm")) if b is not None else out
+    ctx.emit("MatMul", [x, ctx.tensor(np.ascontiguousarray(np.asarray(w, np.float32).T), "weight")], [mm],
+             {"T": "DT_FLOAT", "transposeA": False, "transposeB": False}, node.kind())
+    if b is None:
+        return [T(mm)]
+    return ctx.emit("BinaryOp", [mm, ctx.tensor(b, "bias")], [out], {"opType": "ADD", "T": "DT_FLOAT"})
+
+
+@aten("aten::matmul", "aten::mm", "aten::bmm")
+def matmul(ctx, node, args):
+    return ctx.emit("MatMul", [ctx.tensor(args[0]), ctx.tensor(args[1])], [ctx.out(node)],
+                    {"T": "DT_FLOAT", "transposeA": False, "transposeB": False}, node.kind())
+
+
+@aten("aten::addmm")
+def addmm(ctx, node, args):
+    bias, a, b = args[0], args[1], args[2]
+    out = ctx.out(node)
+    mm = T(ctx.tmp(out + "_mm"))
+    ctx.emit("MatMul", [ctx.tensor(a), ctx.tensor(b)], [mm], {"T": "DT_FLOAT", "transposeA": False,
+                                                             "transposeB": False})
+    return ctx.emit("BinaryOp", [mm, ctx.tensor(bias)], [out], {"opType": "ADD", "T": "DT_FLOAT"})
+
+
+@aten("aten::layer_norm")
+def layer_norm(ctx, node, args):
+    x, shape, w, b, eps = args[0], list(args[1]), args[2], args[3], args[4]
+    param = {"axis": list(range(-len(shape), 0)), "epsilon": float(eps), "group": 1, "useRMSNorm": False}
+    if w is not None:
+        param["gamma"] = np.asarray(w, np.float32).reshape(-1)
+        param["beta"] = (np.zeros_like(param["gamma"]) if b is None else np.asarray(b, np.float32)).reshape(-1)
+    return ctx.emit("LayerNorm", [x], [ctx.out(node)], param)
+
+
+@aten("aten::embedding")
+def embedding(ctx, node, args):
+    weight, ids = args[0], args[1]
+    return ctx.emit("GatherV2", [ctx.tensor(weight, "embedding"), ids, ctx.tensor(np.array([0], np.int32))],
+                    [ctx.out(node)], {})
+
+
+@aten("aten::lstm")
+def lstm(ctx, node, args):
+    """aten::lstm -> the ONNX LSTM unrolling, one call per layer (torch gates i,f,g,o -> ONNX i,o,f,c)."""
+    from ..onnx.rnn import lstm as onnx_lstm
+    x, hx, params, has_bias, layers, _, _, bidir, batch_first = args[:9]
+    dirs = 2 if bidir else 1
+    if batch_first:
+        xt = T(ctx.tmp(ctx.out(node) + "_seqfirst"))
+        ctx.emit("Permute", [x], [xt], {"dims": [1, 0, 2]})
+        x = xt
+    per = 4 if has_bias else 2
+    h0, c0 = hx
+    hs, cs = [], []
+    for layer in range(layers):
+        ws, rs, bs = [], [], []
+        for d in range(dirs):
+            p = params[(layer * dirs + d) * per:(layer * dirs + d + 1) * per]
+            def order(a):
+                parts = np.split(np.asarray(a, np.float32), 4)
+                return np.concatenate([parts[i] for i in (0, 3, 1, 2)])
+            ws.append(order(p[0]))
+            rs.append(order(p[1]))
+            bs.append(np.concatenate([order(p[2]), order(p[3])]) if has_bias else np.zeros(8 * rs[-1].shape[1]))
+        hidden = rs[0].shape[1]
+        names = {k: ctx.g.add_const(f"lstm{layer}_{k}", v) for k, v in
+                 (("W", np.stack(ws)), ("R", np.stack(rs)), ("B", np.stack(bs).astype(np.float32)))}
+        init = []
+        for state in (h0, c0):
+            s = np.asarray(state, np.float32)[layer * dirs:(layer + 1) * dirs] if not isinstance(state, T) else None
+            if s is None:
+                raise MnnToolError(f"{ctx.path}: aten::lstm: initial states must be constants")
+            init.append(ctx.g.add_const(f"lstm{layer}_init", s))
+        y, yh, yc = (ctx.tmp(f"lstm{layer}_{k}") for k in ("Y", "Yh", "Yc"))
+        fake = SimpleNamespace(op_type="LSTM", name=f"lstm{layer}", input=[x, names["W"], names["R"], names["B"], "",
+                                                                            init[0], init[1]],
+                               output=[y, yh, yc])
+        onnx_lstm(ctx, fake, {"hidden_size": hidden, "direction": b"bidirectional" if bidir else b"forward"})
+        seq, batch = ctx.shape_of(T(x))[:2]
+        perm = T(ctx.tmp(f"lstm{layer}_perm"))
+        ctx.emit("Permute", [y], [perm], {"dims": [0, 2, 1, 3]})
+        x = ctx.reshape(perm, [seq, batch, dirs * hidden], ctx.tmp(f"lstm{layer}_out"))[0]
+        hs.append(yh)
+        cs.append(yc)
+    out = x
+    if batch_first:
+        o2 = T(ctx.tmp(ctx.out(node) + "_batchfirst"))
+        ctx.emit("Permute", [out], [o2], {"dims": [1, 0, 2]})
+        out = o2
+    h_n, c_n = T(ctx.tmp("h_n")), T(ctx.tmp("c_n"))
+    ctx.emit("Concat", [T(h) for h in hs], [h_n], {"axis": 0})
+    ctx.emit("Concat", [T(c) for c in cs], [c_n], {"axis": 0})
+    return [out, h_n, c_n]

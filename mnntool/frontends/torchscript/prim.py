@@ -1,0 +1,74 @@
+"""prim:: ops and Python-valued aten ops (sizes, lists, conditions) evaluated at conversion time."""
+from __future__ import annotations
+
+import numpy as np
+
+from ...errors import MnnToolError
+from ..shaped import T
+from .context import ATEN, aten
+
+
+@aten("prim::NumToTensor", "aten::Int", "aten::Float", "aten::contiguous", "aten::dropout", "aten::detach",
+      "aten::clone", "aten::to")
+def passthrough(ctx, node, args):
+    return [args[0]]
+
+
+def _py(fn):
+    def conv(ctx, node, args):
+        if any(isinstance(a, T) for a in args):
+            raise MnnToolError(f"{ctx.path}: {node.kind()} on tensors is not supported")
+        return [fn(*args)]
+    return conv
+
+
+for _k, _f in {"aten::len": len, "aten::gt": lambda a, b: a > b, "aten::lt": lambda a, b: a < b,
+               "aten::ge": lambda a, b: a >= b, "aten::le": lambda a, b: a <= b, "aten::eq": lambda a, b: a == b,
+               "aten::ne": lambda a, b: a != b, "aten::__not__": lambda a: not a, "aten::__is__": lambda a, b: a is b,
+               "aten::__isnot__": lambda a, b: a is not b, "prim::unchecked_cast": lambda a: a}.items():
+    ATEN[_k] = _py(_f)
+
+
+@aten("aten::dim")
+def dim(ctx, node, args):
+    return [len(ctx.shape_of(args[0]))]
+
+
+@aten("prim::If")
+def if_(ctx, node, args):
+    """Conditions known at conversion time (shape checks in scripted code) select one branch, inlined."""
+    cond = args[0]
+    if isinstance(cond, T):
+        raise MnnToolError(f"{ctx.path}: prim::If on a run-time tensor is not supported")
+    block = list(node.blocks())[0 if cond else 1]
+    env = ctx.env
+    from . import _walk      # the walker lives with the loader; a branch is walked like the graph
+    _walk(ctx, block.nodes(), env)
+    return [env[o.unique()] for o in block.outputs()]
+
+
+@aten("aten::size")
+def size(ctx, node, args):
+    shape = ctx.shape_of(args[0])
+    return [shape[args[1]] if len(args) > 1 and args[1] is not None else list(shape)]
+
+
+@aten("aten::zeros", "aten::ones")
+def zeros(ctx, node, args):
+    fill = 0.0 if node.kind() == "aten::zeros" else 1.0
+    return [np.full([int(d) for d in args[0]], fill, np.float32)]
+
+
+@aten("prim::ListUnpack", "prim::TupleUnpack")
+def unpack(ctx, node, args):
+    return list(args[0])
+
+
+@aten("prim::ListConstruct", "prim::TupleConstruct")
+def construct(ctx, node, args):
+    return [list(args)]
+
+
+@aten("prim::TupleIndex", "aten::__getitem__")
+def getitem(ctx, node, args):
+    return [args[0][args[1]]]
