@@ -20,6 +20,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from mnntool.tuning import tune_process  # noqa: E402
+
+tune_process()      # as the CLI does: the timed runs are in this process
 from mnntool.bench import _Runner  # noqa: E402
 from mnntool.inputs import random_feeds  # noqa: E402
 from benchmarks.isolated import converted, save_rows  # noqa: E402

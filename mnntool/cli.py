@@ -5,12 +5,16 @@ import json
 import sys
 from typing import List, Optional
 
-import typer
-from rich.console import Console
-from rich.table import Table
+from .tuning import tune_process
 
-from . import api
-from .errors import MnnToolError
+tune_process()      # before numpy and Numba load (see mnntool.tuning)
+
+import typer  # noqa: E402
+from rich.console import Console  # noqa: E402
+from rich.table import Table  # noqa: E402
+
+from . import api  # noqa: E402
+from .errors import MnnToolError  # noqa: E402
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
                   help="Convert, optimize, quantize, check and time models in MNN's .mnn format.")

@@ -1,11 +1,15 @@
 """Shared test helpers: fixture models built on demand into build/fixtures, MNN and onnxruntime oracles."""
 from __future__ import annotations
 
-import sys
-from pathlib import Path
+from mnntool.tuning import tune_process
 
-import numpy as np
-import pytest
+tune_process()      # as the CLI does, before numpy loads; child processes inherit it
+
+import sys  # noqa: E402
+from pathlib import Path  # noqa: E402
+
+import numpy as np  # noqa: E402
+import pytest  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))

@@ -20,9 +20,19 @@ from .matmul_to_conv import MatMulToConvPass
 from .mnn_workarounds import MnnWorkaroundsPass
 from .remove_noops import RemoveNoopsPass
 
-ALL = {p.name: p for p in (FoldBatchNormPass, RemoveNoopsPass, ConstantFoldPass, FuseGeluPass, FuseLayerNormPass, FusePadIntoConvPass,
-                           FoldAffineIntoConvPass, FuseReluIntoConvPass, FuseReluIntoBinaryPass, MatMulToConvPass, DeadCodePass,
-                           MnnWorkaroundsPass, LayoutPass)}
+# The one place a pass is registered: its stage lists it, in pipeline order.
+STAGES = {
+    "lowering": [FoldBatchNormPass],         # ops MNN has no inference kernel for: first, at every level
+    "optimizing": [RemoveNoopsPass, ConstantFoldPass, FuseGeluPass, FuseLayerNormPass, FusePadIntoConvPass,
+                   FoldAffineIntoConvPass, FuseReluIntoConvPass, FuseReluIntoBinaryPass, MatMulToConvPass,
+                   DeadCodePass],            # -O1 once, -O2 to a fixed point
+    "required": [MnnWorkaroundsPass, LayoutPass],   # what every written file needs: last, at every level
+}
+ALL = {p.name: p for stage in STAGES.values() for p in stage}
+LOWERING, OPTIMIZING, REQUIRED = ([p.name for p in STAGES[k]] for k in ("lowering", "optimizing", "required"))
+PIPELINES = {0: LOWERING + REQUIRED, 1: LOWERING + OPTIMIZING + REQUIRED, 2: LOWERING + OPTIMIZING + REQUIRED}
+
+
 def _doc(cls) -> str:
     import sys
     text = cls.__doc__ or sys.modules[cls.__module__].__doc__ or ""
@@ -30,12 +40,6 @@ def _doc(cls) -> str:
 
 
 DOCS = {name: _doc(cls) for name, cls in ALL.items()}
-OPTIMIZING = ["remove_noops", "constant_fold", "fuse_gelu", "fuse_layer_norm", "fuse_pad_into_conv",
-              "fold_affine_into_conv",
-              "fuse_relu_into_conv", "fuse_relu_into_binary", "matmul_to_conv", "dead_code"]
-LOWERING = ["fold_batch_norm"]                # ops MNN has no inference kernel for, first at every level
-REQUIRED = ["mnn_workarounds", "layout"]      # what every written file needs, whatever was chosen
-PIPELINES = {0: LOWERING + REQUIRED, 1: LOWERING + OPTIMIZING + REQUIRED, 2: LOWERING + OPTIMIZING + REQUIRED}
 
 
 def resolve(level: int = 1, passes: list[str] | None = None) -> list[str]:
