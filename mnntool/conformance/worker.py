@@ -40,6 +40,19 @@ def _compare(outs_expected: dict, got: dict) -> str | None:
     return None
 
 
+def _run_sets(case: Path, run) -> dict:
+    """Every data set of the case through `run` (inputs -> outputs by name), judged; the first mismatch
+    or error ends it."""
+    try:
+        for ins, outs in _datasets(case):
+            why = _compare(outs, run(ins))
+            if why:
+                return {"status": "fail", "stage": "compare", "reason": why}
+    except Exception as e:  # noqa: BLE001 - every failure is a result here
+        return {"status": "fail", "stage": "run", "reason": _cause(e)}
+    return {"status": "pass"}
+
+
 def run_mnntool(case: Path, mnn: Path) -> dict:
     from ..api import convert
     from ..format import reader
@@ -50,14 +63,9 @@ def run_mnntool(case: Path, mnn: Path) -> dict:
         return {"status": "fail", "stage": "convert", "reason": _cause(e)}
     try:
         sess = Session(reader.load(mnn))
-        for ins, outs in _datasets(case):
-            got = sess.run(ins)
-            why = _compare(outs, got)
-            if why:
-                return {"status": "fail", "stage": "compare", "reason": why}
     except Exception as e:  # noqa: BLE001
         return {"status": "fail", "stage": "run", "reason": _cause(e)}
-    return {"status": "pass"}
+    return _run_sets(case, sess.run)
 
 
 def run_mnn(case: Path, mnn: Path) -> dict:
@@ -72,14 +80,9 @@ def run_mnn(case: Path, mnn: Path) -> dict:
     outputs = [o.name for o in model.graph.output]
     try:
         sess = MnnSession(str(mnn), inputs, outputs)
-        for ins, outs in _datasets(case):
-            got = sess.run(ins)
-            why = _compare(outs, got)
-            if why:
-                return {"status": "fail", "stage": "compare", "reason": why}
     except Exception as e:  # noqa: BLE001
         return {"status": "fail", "stage": "run", "reason": _cause(e)}
-    return {"status": "pass"}
+    return _run_sets(case, sess.run)
 
 
 def run_mnn_converter(case: Path, mnn: Path) -> dict:
@@ -103,22 +106,17 @@ def run_onnxruntime(case: Path, mnn: Path) -> dict:
         sess = ort.InferenceSession(str(case / "model.onnx"), providers=["CPUExecutionProvider"])
     except Exception as e:  # noqa: BLE001
         return {"status": "fail", "stage": "convert", "reason": _cause(e)}
-    try:
-        import onnx
-        from onnx import helper
-        names = [o.name for o in sess.get_outputs()]
-        model = onnx.load(str(case / "model.onnx"))
-        types = {i.name: helper.tensor_dtype_to_np_dtype(i.type.tensor_type.elem_type) for i in model.graph.input
-                 if i.type.tensor_type.elem_type}
-        for ins, outs in _datasets(case):
-            feeds = {k: (v.astype(types[k]) if k in types and v.dtype != object else v) for k, v in ins.items()}
-            got = dict(zip(names, sess.run(None, feeds)))
-            why = _compare(outs, got)
-            if why:
-                return {"status": "fail", "stage": "compare", "reason": why}
-    except Exception as e:  # noqa: BLE001
-        return {"status": "fail", "stage": "run", "reason": _cause(e)}
-    return {"status": "pass"}
+    import onnx
+    from onnx import helper
+    names = [o.name for o in sess.get_outputs()]
+    model = onnx.load(str(case / "model.onnx"))
+    types = {i.name: helper.tensor_dtype_to_np_dtype(i.type.tensor_type.elem_type) for i in model.graph.input
+             if i.type.tensor_type.elem_type}
+
+    def run(ins):
+        feeds = {k: (v.astype(types[k]) if k in types and v.dtype != object else v) for k, v in ins.items()}
+        return dict(zip(names, sess.run(None, feeds)))
+    return _run_sets(case, run)
 
 
 MODES = {"mnntool": run_mnntool, "mnn": run_mnn, "mnnconvert": run_mnn_converter, "onnxruntime": run_onnxruntime}

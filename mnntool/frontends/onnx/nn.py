@@ -291,35 +291,30 @@ def matmul(ctx, node, a):
                                                           "transposeB": False}, node.name)
 
 
+def _scaled(ctx, node, name, factor, tag):
+    """name times factor: folded into the constant, or a MUL at run time; name itself for 1."""
+    if factor == 1.0:
+        return name
+    v = ctx.const(name)
+    if v is not None:
+        return ctx.float_const(f"{name}_{tag}", v * factor)
+    scaled = ctx.tmp(f"{node.output[0]}_{tag}")
+    ctx.emit("BinaryOp", [name, ctx.float_const(f"{node.name}_{tag}", factor)], [scaled],
+             {"opType": "MUL", "T": "DT_FLOAT"}, scaled)
+    return scaled
+
+
 @converts("Gemm")
 def gemm(ctx, node, a):
     alpha, beta = float(a.get("alpha", 1.0)), float(a.get("beta", 1.0))
     ta, tb = bool(a.get("transA", 0)), bool(a.get("transB", 0))
-    b_name = node.input[1]
-    if alpha != 1.0:
-        b = ctx.const(b_name)
-        if b is not None:
-            b_name = ctx.float_const(b_name + "_alpha", b * alpha)
-        else:
-            scaled = ctx.tmp(node.output[0] + "_alphaB")
-            ctx.emit("BinaryOp", [b_name, ctx.float_const(node.name + "_alpha", alpha)], [scaled],
-                     {"opType": "MUL", "T": "DT_FLOAT"}, scaled)
-            b_name = scaled
+    b_name = _scaled(ctx, node, node.input[1], alpha, "alpha")
     has_c = len(node.input) > 2 and node.input[2]
     out = ctx.tmp(node.output[0] + "_mm") if has_c else node.output[0]
     ctx.emit("MatMul", [node.input[0], b_name], [out], {"T": "DT_FLOAT", "transposeA": ta, "transposeB": tb},
              node.name)
     if has_c:
-        c_name = node.input[2]
-        if beta != 1.0:
-            c = ctx.const(c_name)
-            if c is not None:
-                c_name = ctx.float_const(c_name + "_beta", c * beta)
-            else:
-                scaled = ctx.tmp(node.output[0] + "_betaC")
-                ctx.emit("BinaryOp", [c_name, ctx.float_const(node.name + "_beta", beta)], [scaled],
-                         {"opType": "MUL", "T": "DT_FLOAT"}, scaled)
-                c_name = scaled
+        c_name = _scaled(ctx, node, node.input[2], beta, "beta")
         ctx.emit("BinaryOp", [out, c_name], [node.output[0]], {"opType": "ADD", "T": "DT_FLOAT"},
                  node.name + "_bias")
 

@@ -52,13 +52,17 @@ def _as_float(ctx, name, out):
     return out
 
 
+def _zero_point(ctx, node, zp, x, axis, block, out):
+    """The zero point aligned with x, as float."""
+    z = _aligned(ctx, node, zp, x, axis, block, "zp")
+    return _as_float(ctx, z, ctx.tmp(out + "_zpf")) if ctx.const(zp) is None else z
+
+
 def dequantize(ctx, node, x, scale, zp, out, axis=1, block=0):
     xf = _as_float(ctx, x, ctx.tmp(out + "_xf"))
     s = _aligned(ctx, node, scale, x, axis, block, "scale")
     if zp is not None:
-        z = _aligned(ctx, node, zp, x, axis, block, "zp")
-        if ctx.const(zp) is None:
-            z = _as_float(ctx, z, ctx.tmp(out + "_zpf"))
+        z = _zero_point(ctx, node, zp, x, axis, block, out)
         centred = ctx.tmp(out + "_centred")
         binary(ctx, xf, z, centred, "SUB", centred)
         xf = centred
@@ -73,9 +77,7 @@ def quantize(ctx, node, x, scale, zp, out, qtype, axis=1, block=0, saturate=True
     round_half_even(ctx, div, rounded, out + "_round")
     shifted = rounded
     if zp is not None:
-        z = _aligned(ctx, node, zp, x, axis, block, "zp")
-        if ctx.const(zp) is None:
-            z = _as_float(ctx, z, ctx.tmp(out + "_zpf"))
+        z = _zero_point(ctx, node, zp, x, axis, block, out)
         shifted = ctx.tmp(out + "_shift")
         binary(ctx, rounded, z, shifted, "ADD", shifted)
     lo_t, clamped = ctx.tmp(out + "_lo"), ctx.tmp(out + "_clamp")

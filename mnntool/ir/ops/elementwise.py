@@ -77,35 +77,25 @@ def _int_div(a, b):
     return np.where((a < 0) != (safe < 0), -q, q).astype(np.result_type(a, b))
 
 
-def _div(a, b):
-    if a.dtype.kind in "iu" and b.dtype.kind in "iu":
-        return _int_div(a, b)
-    with np.errstate(divide="ignore", invalid="ignore"):
-        return np.true_divide(a, b)
+def _by_kind(int_fn, float_fn):
+    """One binary function from its integer form (both operands integers) and its float form."""
+    def run(a, b):
+        if a.dtype.kind in "iu" and b.dtype.kind in "iu":
+            return int_fn(a, b)
+        with np.errstate(invalid="ignore", divide="ignore"):
+            return float_fn(a, b)
+    return run
 
 
-def _floordiv(a, b):
-    if a.dtype.kind in "iu" and b.dtype.kind in "iu":
-        return np.floor_divide(a, np.where(b == 0, 1, b))
-    with np.errstate(divide="ignore", invalid="ignore"):
-        return np.floor(a / b)
+def _int_fmod(a, b):
+    safe = np.where(b == 0, 1, b)
+    return (a - _int_div(a, safe) * safe).astype(np.result_type(a, b))
 
 
-def _c_fmod(a, b):
-    """The remainder with the dividend's sign (C fmod; ONNX Mod fmod=1)."""
-    if a.dtype.kind in "iu" and b.dtype.kind in "iu":
-        safe = np.where(b == 0, 1, b)
-        return (a - _int_div(a, safe) * safe).astype(np.result_type(a, b))
-    with np.errstate(invalid="ignore", divide="ignore"):
-        return np.fmod(a, b)
-
-
-def _py_mod(a, b):
-    """The remainder with the divisor's sign (Python %, ONNX Mod fmod=0)."""
-    if a.dtype.kind in "iu" and b.dtype.kind in "iu":
-        return np.mod(a, np.where(b == 0, 1, b))
-    with np.errstate(invalid="ignore", divide="ignore"):
-        return np.mod(a, b)
+_div = _by_kind(_int_div, np.true_divide)
+_floordiv = _by_kind(lambda a, b: np.floor_divide(a, np.where(b == 0, 1, b)), lambda a, b: np.floor(a / b))
+_c_fmod = _by_kind(_int_fmod, np.fmod)                                     # the dividend's sign (C fmod)
+_py_mod = _by_kind(lambda a, b: np.mod(a, np.where(b == 0, 1, b)), np.mod)  # the divisor's sign (Python %)
 
 
 def _mnn_mod(a, b):

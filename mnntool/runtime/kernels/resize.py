@@ -4,21 +4,8 @@ from __future__ import annotations
 import numpy as np
 from numba import njit, prange
 
+from ...ir.ops.resize import src_coords as _src_coords
 from . import kernel, writes
-
-
-def _src_coords(out_size, in_size, scale, ctm, align, half):
-    """Source coordinate of every output index (float), following ONNX/MNN transformation modes."""
-    d = np.arange(out_size, dtype=np.float64)
-    if ctm == "AlignCorners" or (ctm == "NotSet" and align):
-        return d * (in_size - 1) / max(out_size - 1, 1)
-    if ctm == "HalfPixels" or (ctm == "NotSet" and half):
-        return (d + 0.5) / scale - 0.5
-    if ctm == "PytorchHalfPixels":
-        return (d + 0.5) / scale - 0.5 if out_size > 1 else np.zeros_like(d)
-    if ctm == "TensorflowHalfPixels":
-        return (d + 0.5) / scale
-    return d / scale
 
 
 @njit(parallel=True, cache=True, fastmath=True)
