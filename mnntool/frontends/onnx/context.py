@@ -25,16 +25,11 @@ class Ctx:
         return self.g.tensors[name].dtype if name in self.g.tensors else "float32"
 
     def const(self, name: str):
-        """The value of a constant input, or None when it is computed at run time."""
+        """The value of a constant input, or None when it is computed at run time (then converters emit
+        the op with the tensor as an input: no ONNX operand has to be a constant)."""
         if not name:
             return None
         return self.g.constants.get(name)
-
-    def need_const(self, node, k: int, what: str) -> np.ndarray:
-        v = self.const(node.input[k]) if k < len(node.input) else None
-        if v is None:
-            raise MnnToolError(f"{self.path}: {node.op_type} '{node.name}': {what} must be a constant")
-        return v
 
     def shape(self, name: str):
         return self.shapes.get(name)

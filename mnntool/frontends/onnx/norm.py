@@ -140,12 +140,24 @@ def group_norm(ctx, node, a):
     params = []
     for k in (1, 2):
         v = ctx.const(node.input[k])
-        if v is None:
-            raise MnnToolError(f"{ctx.path}: GroupNormalization '{name}': scale and bias must be constants")
-        v = np.asarray(v, np.float32).reshape(-1)
-        if v.size == groups and groups != shape[1]:
-            v = np.repeat(v, shape[1] // groups)
-        params.append(ctx.float_const(f"{name}_{k}_c", v.reshape((-1,) + (1,) * (rank - 2))))
+        if v is not None:
+            v = np.asarray(v, np.float32).reshape(-1)
+            if v.size == groups and groups != shape[1]:
+                v = np.repeat(v, shape[1] // groups)
+            params.append(ctx.float_const(f"{name}_{k}_c", v.reshape((-1,) + (1,) * (rank - 2))))
+            continue
+        src = node.input[k]
+        per_group = ctx.shape(src) == (groups,) and groups != shape[1]
+        if per_group:       # opset 18: one value per group, repeated over the group's channels
+            col, wide = ctx.tmp(f"{out}_{k}_col"), ctx.tmp(f"{out}_{k}_wide")
+            ctx.emit("Reshape", [src, ctx.int_const(f"{name}_{k}_colshape", [groups, 1])], [col], {"dimType": "NCHW"}, col)
+            ctx.emit("BroadcastTo", [col, ctx.int_const(f"{name}_{k}_wshape", [groups, shape[1] // groups])], [wide], {},
+                     wide)
+            src = wide
+        r = ctx.tmp(f"{out}_{k}_r")
+        ctx.emit("Reshape", [src, ctx.int_const(f"{name}_{k}_rshape", [-1] + [1] * (rank - 2))], [r],
+                 {"dimType": "NCHW"}, r)
+        params.append(r)
     _affine(ctx, node, back, params[0], params[1], out)
 
 

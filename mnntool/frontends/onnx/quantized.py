@@ -194,9 +194,14 @@ def qlinear_conv(ctx, node, a):
     ins = [xf, wf]
     if node.op_type == "QLinearConv" and b is not None:
         bv, xsv, wsv = ctx.const(b), ctx.const(xs), ctx.const(ws)
-        if bv is None or xsv is None or wsv is None:
-            raise MnnToolError(f"{ctx.path}: QLinearConv '{node.name}': bias and scales must be constants")
-        ins.append(ctx.float_const(node.name + "_bias", np.asarray(bv, np.float64) * np.asarray(xsv) * np.asarray(wsv)))
+        if bv is not None and xsv is not None and wsv is not None:
+            ins.append(ctx.float_const(node.name + "_bias", np.asarray(bv, np.float64) * np.asarray(xsv) * np.asarray(wsv)))
+        else:       # the int32 bias on the accumulator's grid: bias x input scale x weight scale, at run time
+            bf, bxs, bias = ctx.tmp(out + "_bf"), ctx.tmp(out + "_bxs"), ctx.tmp(out + "_bias")
+            _as_float(ctx, b, bf)
+            binary(ctx, bf, xs, bxs, "MUL", bxs)
+            binary(ctx, bxs, ws, bias, "MUL", bias)
+            ins.append(bias)
     # fold the dequantized weights to a constant where they are one (then the convolution is a normal one)
     from ...passes.constant_fold import ConstantFoldPass
     ConstantFoldPass()(ctx.g)

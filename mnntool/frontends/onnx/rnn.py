@@ -24,15 +24,78 @@ def _dims(ctx, node):
     return shape
 
 
+class _RunTime:
+    """A weight computed at run time, indexed like the constant arrays the converters slice (w[d].T,
+    r[d, :2H], b[d, :4H] + b[d, 4H:]): each step becomes an op; constants stay numpy arrays."""
+    def __init__(self, ctx, name, shape):
+        self.ctx, self.name, self.shape = ctx, name, tuple(shape)
+
+    def _emit(self, op, ins, param, shape, tag):
+        out = self.ctx.tmp(f"{self.name}_{tag}")
+        self.ctx.emit(op, ins, [out], param, out)
+        return _RunTime(self.ctx, out, shape)
+
+    def __getitem__(self, idx):
+        idx = idx if isinstance(idx, tuple) else (idx,)
+        c = self.ctx.int_const
+        if len(self.shape) == 1:            # a bias row: a range of it
+            lo, hi, _ = idx[0].indices(self.shape[0])
+            return self._emit("StridedSlice", [self.name, c(f"{self.name}_s", [lo]), c(f"{self.name}_e", [hi]),
+                                               c(f"{self.name}_a", [0])], {"fromType": 1}, (hi - lo,), f"r{lo}_{hi}")
+        d, rows = idx[0], idx[1] if len(idx) > 1 else slice(None)
+        lo, hi, _ = rows.indices(self.shape[1])
+        sl = self._emit("StridedSlice", [self.name, c(f"{self.name}_s", [d, lo]), c(f"{self.name}_e", [d + 1, hi]),
+                                         c(f"{self.name}_a", [0, 1])], {"fromType": 1},
+                        (1, hi - lo) + self.shape[2:], f"d{d}_{lo}_{hi}")
+        return sl._emit("Squeeze", [sl.name], {"squeezeDims": [0]}, (hi - lo,) + self.shape[2:], "sq")
+
+    @property
+    def T(self):    # noqa: N802 - numpy's name
+        return self._emit("Permute", [self.name], {"dims": [1, 0]}, self.shape[::-1], "t")
+
+    def copy(self):
+        return self
+
+    def __add__(self, other):
+        other = other if isinstance(other, _RunTime) else _RunTime(self.ctx, self.ctx.float_const(
+            self.name + "_c", np.asarray(other, np.float32)), np.shape(other))
+        return self._emit("BinaryOp", [self.name, other.name], {"opType": "ADD", "T": "DT_FLOAT"}, self.shape, "add")
+
+    __radd__ = __add__
+
+
+def _tensor(ctx, name, value):
+    """A weight operand as a tensor name: a new constant, or the run-time tensor already computed."""
+    return value.name if isinstance(value, _RunTime) else ctx.float_const(name, value)
+
+
+def _tail_zeros(v, n):
+    """v followed by n zeros (GRU's input bias: the recurrent bias only for the z and r gates)."""
+    if isinstance(v, _RunTime):
+        return v._emit("Padding", [v.name, v.ctx.int_const(v.name + "_pz", [0, n])], {"mode": "CONSTANT"},
+                       (v.shape[0] + n,), "pad")
+    return np.concatenate([v, np.zeros(n, v.dtype)])
+
+
 def _weights(ctx, node, a, gates: int):
-    """(seq, batch, hidden, W, R, B, directions) with B zero when absent; all must be constants."""
+    """(seq, batch, hidden, W, R, B, directions) with B zero when absent; constants as arrays, run-time
+    weights as _RunTime."""
     seq, batch, _ = _dims(ctx, node)
     hidden = int(a["hidden_size"])
-    w, r = ctx.need_const(node, 1, "W"), ctx.need_const(node, 2, "R")
+
+    def operand(k, what):
+        v = ctx.const(node.input[k])
+        if v is not None:
+            return v
+        shape = ctx.shape(node.input[k])
+        if shape is None or not all(isinstance(d, int) for d in shape):
+            raise MnnToolError(f"{ctx.path}: {node.op_type} '{node.name}': {what} has an unknown shape")
+        return _RunTime(ctx, node.input[k], shape)
+    w, r = operand(1, "W"), operand(2, "R")
     dirs = w.shape[0]
     b = np.zeros((dirs, 2 * gates * hidden), np.float32)
     if len(node.input) > 3 and node.input[3]:
-        b = ctx.need_const(node, 3, "B")
+        b = operand(3, "B")
     return seq, batch, hidden, w, r, b, dirs
 
 
@@ -60,10 +123,10 @@ def _initial(ctx, node, k, d, batch, hidden, label):
 def _input_projection(ctx, node, d, w, b_in, prefix):
     """X @ W^T + bias for all steps at once: [seq, batch, G*H]."""
     xw = ctx.tmp(prefix + "_xw")
-    ctx.emit("MatMul", [node.input[0], ctx.float_const(prefix + "_W", w[d].T.copy())], [xw],
+    ctx.emit("MatMul", [node.input[0], _tensor(ctx, prefix + "_W", w[d].T.copy())], [xw],
              {"T": "DT_FLOAT", "transposeA": False, "transposeB": False}, prefix + "_xw")
     xb = ctx.tmp(prefix + "_xb")
-    binary(ctx, xw, ctx.float_const(prefix + "_b", b_in), xb, "ADD", prefix + "_xb")
+    binary(ctx, xw, _tensor(ctx, prefix + "_b", b_in), xb, "ADD", prefix + "_xb")
     return xb
 
 
@@ -110,7 +173,7 @@ def lstm(ctx, node, a):
     for d in range(dirs):
         p = f"{node.name}_d{d}"
         xb = _input_projection(ctx, node, d, w, b[d, :4 * hidden] + b[d, 4 * hidden:], p)
-        rt = ctx.float_const(p + "_R", r[d].T.copy())
+        rt = _tensor(ctx, p + "_R", r[d].T.copy())
         h = _initial(ctx, node, 5, d, batch, hidden, "h")
         c = _initial(ctx, node, 6, d, batch, hidden, "c")
         reverse = direction == "reverse" or (direction == "bidirectional" and d == 1)
@@ -153,11 +216,11 @@ def gru(ctx, node, a):
     for d in range(dirs):
         p = f"{node.name}_d{d}"
         wb, rb = b[d, :3 * hidden], b[d, 3 * hidden:]
-        in_bias = wb + np.concatenate([rb[:2 * hidden], np.zeros(hidden, rb.dtype)])
+        in_bias = wb + _tail_zeros(rb[:2 * hidden], hidden)
         xb = _input_projection(ctx, node, d, w, in_bias, p)
-        r_zr = ctx.float_const(p + "_Rzr", r[d, :2 * hidden].T.copy())
-        r_h = ctx.float_const(p + "_Rh", r[d, 2 * hidden:].T.copy())
-        rb_h = ctx.float_const(p + "_Rbh", rb[2 * hidden:].copy())
+        r_zr = _tensor(ctx, p + "_Rzr", r[d, :2 * hidden].T.copy())
+        r_h = _tensor(ctx, p + "_Rh", r[d, 2 * hidden:].T.copy())
+        rb_h = _tensor(ctx, p + "_Rbh", rb[2 * hidden:].copy())
         h = _initial(ctx, node, 5, d, batch, hidden, "h")
         reverse = direction == "reverse" or (direction == "bidirectional" and d == 1)
         order = range(seq - 1, -1, -1) if reverse else range(seq)
@@ -193,6 +256,35 @@ def gru(ctx, node, a):
             binary(ctx, z, hmn, zh, "MUL", q + "_zh")
             h_new = ctx.tmp(q + "_h")
             binary(ctx, n, zh, h_new, "ADD", q + "_h")
+            h = h_new
+            outs[t] = h
+        all_steps.append([outs[t] for t in range(seq)])
+        all_h.append(h)
+    _finish(ctx, node, all_steps, all_h)
+
+
+@converts("RNN")
+def rnn(ctx, node, a):
+    """h_t = tanh(x_t W^T + h_{t-1} R^T + Wb + Rb), unrolled like LSTM and GRU."""
+    seq, batch, hidden, w, r, b, dirs = _weights(ctx, node, a, 1)
+    if a.get("activations") not in (None, [b"Tanh"] * dirs) or a.get("clip") or a.get("layout", 0):
+        raise MnnToolError(f"{ctx.path}: RNN '{node.name}': custom activations/clip/layout are not supported")
+    direction = _direction(a)
+    all_steps, all_h = [], []
+    for d in range(dirs):
+        p = f"{node.name}_d{d}"
+        xb = _input_projection(ctx, node, d, w, b[d, :hidden] + b[d, hidden:], p)
+        rt = _tensor(ctx, p + "_R", r[d].T.copy())
+        h = _initial(ctx, node, 5, d, batch, hidden, "h")
+        reverse = direction == "reverse" or (direction == "bidirectional" and d == 1)
+        outs = {}
+        for t in (range(seq - 1, -1, -1) if reverse else range(seq)):
+            q = f"{p}_t{t}"
+            xt, hr, pre, h_new = (ctx.tmp(q + s_) for s_ in ("_x", "_hr", "_pre", "_h"))
+            _slice0(ctx, xb, t, xt, q + "_x")
+            ctx.emit("MatMul", [h, rt], [hr], {"T": "DT_FLOAT", "transposeA": False, "transposeB": False}, q + "_hr")
+            binary(ctx, xt, hr, pre, "ADD", q + "_pre")
+            unary(ctx, pre, h_new, "TANH", q + "_h")
             h = h_new
             outs[t] = h
         all_steps.append([outs[t] for t in range(seq)])
