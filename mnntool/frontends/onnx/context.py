@@ -4,7 +4,6 @@ from __future__ import annotations
 import numpy as np
 from onnx import helper
 
-from ...errors import MnnToolError
 from ...ir.graph import Graph, Node
 
 
