@@ -35,14 +35,28 @@ def _body(node, opset: int, types: dict):
     return None
 
 
-def _inline(node, fn, prefix: str) -> list:
+def _schema_defaults(node, opset: int) -> dict:
+    """The attribute defaults the op's schema declares (a body may refer to attributes the node omits)."""
+    try:
+        schema = defs.get_schema(node.op_type, opset, node.domain or "")
+    except Exception:  # noqa: BLE001
+        return {}
+    out = {}
+    for name, attr in schema.attributes.items():
+        if attr.default_value is not None and attr.default_value.type:
+            out[name] = attr.default_value
+    return out
+
+
+def _inline(node, fn, prefix: str, schema_defaults: dict | None = None) -> list:
     """The function's nodes with its formal inputs/outputs bound to the node's and its attribute
     references resolved against the node's attributes."""
     rename = {f: a for f, a in zip(fn.input, node.input)}
     rename.update({f: "" for f in list(fn.input)[len(node.input):]})
     rename.update({f: a for f, a in zip(fn.output, node.output)})
     attrs = {a.name: a for a in node.attribute}
-    defaults = {a.name: a for a in fn.attribute_proto}
+    defaults = dict(schema_defaults or {})
+    defaults.update({a.name: a for a in fn.attribute_proto})
 
     def name_of(n):
         if n == "":
@@ -98,7 +112,7 @@ def expand_functions(model: onnx.ModelProto, supported: set, rounds: int = 4) ->
             if fn is None:
                 nodes.append(node)
                 continue
-            nodes.extend(_inline(node, fn, f"{node.name or node.op_type}__{r}_{k}__"))
+            nodes.extend(_inline(node, fn, f"{node.name or node.op_type}__{r}_{k}__", _schema_defaults(node, opset)))
             changed = True
         if not changed:
             break

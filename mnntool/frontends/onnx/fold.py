@@ -111,7 +111,10 @@ def fold(model: onnx.ModelProto, rounds: int = 8) -> onnx.ModelProto:
                 continue
             result = None
             if node.op_type == "Constant":
-                result = _evaluate(node, vals, opset)
+                try:
+                    result = _evaluate(node, vals, opset)
+                except Exception:  # noqa: BLE001 - an attribute onnx's reference cannot read: the converter says so
+                    result = None
             elif node.op_type in ("Shape", "Size") and _static(shapes.get(node.input[0])):
                 shape = np.array(shapes[node.input[0]], np.int64)
                 if node.op_type == "Size":
