@@ -50,18 +50,30 @@ def convert(src, dst, framework: str | None = None, input_shapes: dict | None = 
             biz_code: str = "mnntool", passes: list[str] | None = None) -> dict:
     t0 = time.perf_counter()
     dst = Path(dst)
-    if not dst.parent.is_dir():     # fail before the (slow) conversion, not only at the write
-        raise MnnToolError(f"{dst}: directory {dst.parent} does not exist")
+    sources = _sources(src)
+    writer.check_output(dst, sources)      # fail before the (slow) conversion, not only at the write
     g = load_graph(src, framework, input_shapes)
     if passes is not None:      # MNN needs these, last, whatever else was chosen
         from .passes import LOWERING, REQUIRED
         passes = LOWERING + [p for p in passes if p not in REQUIRED + LOWERING] + REQUIRED
     report = run_pipeline(g, optimize, passes)
     validate(g, str(src))
-    size = writer.save(g, dst, biz_code)
+    size = writer.save(g, dst, biz_code, sources)
     return {"source": str(src), "output": str(dst), "ops": len(g.nodes), "params": g.param_count(),
             "size_bytes": size, "passes_changed": list(report), "passes": report, "optimize": optimize,
             "seconds": round(time.perf_counter() - t0, 3)}
+
+
+def _sources(src) -> list[Path]:
+    """The files a conversion reads (a .prototxt's .caffemodel beside it, a SavedModel's files): none of
+    them may be the output."""
+    src = Path(src)
+    out = [src]
+    if src.suffix.lower() == ".prototxt":
+        out.append(src.with_suffix(".caffemodel"))
+    if src.is_dir():
+        out += [p for p in src.rglob("*") if p.is_file()][:1000]
+    return out
 
 
 def _shape_str(shape) -> list | None:

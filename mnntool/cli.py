@@ -215,7 +215,12 @@ def run(model: str = typer.Argument(..., help="A .mnn (or .onnx) model."),
         feeds = random_feeds(g, shapes)
     outs = Session(g, threads).run(feeds)
     if output_dir:
-        Path(output_dir).mkdir(parents=True, exist_ok=True)
+        if Path(output_dir).exists() and not Path(output_dir).is_dir():
+            raise MnnToolError(f"{output_dir}: exists and is not a directory (-o takes a directory for the .npy files)")
+        try:
+            Path(output_dir).mkdir(parents=True, exist_ok=True)
+        except OSError as e:
+            raise MnnToolError(f"{output_dir}: cannot create the output directory ({e.strerror or e})") from None
     rows = []
     for name, arr in outs.items():
         if output_dir:

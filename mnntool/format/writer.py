@@ -85,23 +85,54 @@ def to_bytes(g: Graph, biz_code: str = "mnntool") -> bytes:
     return encode("Net", graph_to_net(g, biz_code))
 
 
-def atomic_write(path: str | os.PathLike, data: bytes) -> None:
-    """Write to a temporary file beside the target, then rename: no half-written outputs."""
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
+def check_output(path: str | os.PathLike, sources=()) -> Path:
+    """The output path, refused with one line when writing it would lose data or cannot work: it is one
+    of the sources, a directory, or an existing non-regular file (a device: /dev/full is not replaced)."""
     path = Path(path)
+    for src in sources:
+        if src is not None and path.resolve() == Path(src).resolve():
+            raise MnnToolError(f"{path}: is the source model; refusing to overwrite it")
+    if path.is_dir():
+        raise MnnToolError(f"{path}: is a directory; give a file name")
+    if path.exists() and not path.is_file():
+        raise MnnToolError(f"{path}: exists and is not a regular file; refusing to replace it")
     if not path.parent.is_dir():
         raise MnnToolError(f"{path}: directory {path.parent} does not exist")
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    return path
+
+
+def atomic_write(path: str | os.PathLike, data: bytes, sources=()) -> None:
+    """Write to a temporary file beside the target, flush it to disk, then rename: no half-written
+    outputs, the umask honoured (mkstemp alone makes 0600), sources and devices never replaced."""
+    path = check_output(path, sources)
+    try:
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    except OSError as e:
+        raise MnnToolError(f"{path}: cannot write here ({e.strerror or e})") from None
     try:
         with os.fdopen(fd, "wb") as f:
             f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.chmod(tmp, 0o666 & ~_umask())
         os.replace(tmp, path)
+    except OSError as e:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise MnnToolError(f"{path}: cannot write ({e.strerror or e})") from None
     except BaseException:
         if os.path.exists(tmp):
             os.unlink(tmp)
         raise
 
 
-def save(g: Graph, path: str | os.PathLike, biz_code: str = "mnntool") -> int:
+def save(g: Graph, path: str | os.PathLike, biz_code: str = "mnntool", sources=()) -> int:
     data = to_bytes(g, biz_code)
-    atomic_write(path, data)
+    atomic_write(path, data, sources)
     return len(data)

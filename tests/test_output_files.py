@@ -1,0 +1,81 @@
+"""Outputs never destroy data: the source model, directories and devices are refused with one line and
+exit 2; files honour the umask; nothing half-written is left behind."""
+import os
+import stat
+import subprocess
+import sys
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto as TP, helper as h
+
+from mnntool import api
+from mnntool.errors import MnnToolError
+
+
+def _model(path):
+    g = h.make_graph([h.make_node("Relu", ["x"], ["y"])], "g", [h.make_tensor_value_info("x", TP.FLOAT, [1, 4])],
+                     [h.make_tensor_value_info("y", TP.FLOAT, [1, 4])])
+    onnx.save(h.make_model(g, opset_imports=[h.make_opsetid("", 17)]), path)
+    return path
+
+
+def _cli(*args):
+    return subprocess.run([sys.executable, "-m", "mnntool", *map(str, args)], capture_output=True, text=True)
+
+
+def test_converting_onto_the_source_is_refused(tmp_path):
+    src = _model(tmp_path / "m.onnx")
+    before = src.read_bytes()
+    done = _cli("convert", src, src)
+    assert done.returncode == 2 and "source model" in done.stderr
+    assert len(done.stderr.strip().splitlines()) == 1
+    assert src.read_bytes() == before
+
+
+def test_a_directory_as_output_is_refused(tmp_path):
+    src = _model(tmp_path / "m.onnx")
+    done = _cli("convert", src, tmp_path)
+    assert done.returncode == 2 and "is a directory" in done.stderr and "Traceback" not in done.stderr
+
+
+@pytest.mark.skipif(not os.path.exists("/dev/full"), reason="no /dev/full")
+def test_a_device_is_never_replaced(tmp_path):
+    src = _model(tmp_path / "m.onnx")
+    done = _cli("convert", src, "/dev/full")
+    assert done.returncode == 2 and "not a regular file" in done.stderr
+    assert stat.S_ISCHR(os.stat("/dev/full").st_mode)
+
+
+def test_outputs_honour_the_umask_and_leave_no_temporary(tmp_path):
+    src = _model(tmp_path / "m.onnx")
+    old = os.umask(0o027)
+    try:
+        api.convert(src, tmp_path / "m.mnn")
+    finally:
+        os.umask(old)
+    assert stat.S_IMODE(os.stat(tmp_path / "m.mnn").st_mode) == 0o640
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["m.mnn", "m.onnx"]
+
+
+def test_unwritable_directory_is_one_line(tmp_path):
+    if os.geteuid() == 0:
+        pytest.skip("root writes anywhere")
+    src = _model(tmp_path / "m.onnx")
+    ro = tmp_path / "ro"
+    ro.mkdir()
+    ro.chmod(0o500)
+    with pytest.raises(MnnToolError, match="cannot write"):
+        api.convert(src, ro / "m.mnn")
+
+
+def test_run_output_onto_a_file_is_refused(tmp_path):
+    src = _model(tmp_path / "m.onnx")
+    api.convert(src, tmp_path / "m.mnn")
+    target = tmp_path / "out.txt"
+    target.write_text("keep me")
+    done = _cli("run", tmp_path / "m.mnn", "-o", target)
+    assert done.returncode == 2 and "not a directory" in done.stderr
+    assert target.read_text() == "keep me"
+    np.testing.assert_equal(target.exists(), True)
