@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import re
 import sys
 from typing import List, Optional
 
@@ -13,13 +14,23 @@ import typer  # noqa: E402
 from rich.console import Console  # noqa: E402
 from rich.table import Table  # noqa: E402
 
+from rich.markup import escape  # noqa: E402
+
 from . import api  # noqa: E402
 from .errors import MnnToolError  # noqa: E402
 
+_CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
+
+
+def u(value) -> str:
+    """A user-controlled string (path, tensor or op name, error text) made safe to print: control
+    characters (terminal escapes) replaced, Rich markup escaped."""
+    return escape(_CONTROL.sub("?", str(value)))
+
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
                   help="Convert, optimize, quantize, check and time models in MNN's .mnn format.")
-console = Console()
-err = Console(stderr=True)
+console = Console(soft_wrap=True)      # lines are not broken at 80 columns when piped
+err = Console(stderr=True, soft_wrap=True)
 
 FRAMEWORK = typer.Option(None, "--framework", "-f", help="Force the source framework (onnx, mnn).")
 INPUT_SHAPE = typer.Option(None, "--input-shape", help="Fix an input's shape: NAME:1x3x224x224 (repeatable).")
@@ -102,7 +113,7 @@ def convert(src: str = typer.Argument(..., help="Source model (.onnx)."),
     if as_json:
         print(json.dumps(r))
     else:
-        console.print(f"[green]converted[/] {src} -> {dst}: {r['ops']} ops, {_human(r['params'])} params, "
+        console.print(f"[green]converted[/] {u(src)} -> {u(dst)}: {r['ops']} ops, {_human(r['params'])} params, "
                       f"{_human(r['size_bytes'], 'B')} in {r['seconds']:.2f}s")
         for name, ch in r["passes"].items():
             removed = ", ".join(f"-{n} {op}" for op, n in ch["removed"].items())
@@ -123,7 +134,7 @@ def info(path: str = typer.Argument(..., help="A .mnn or .onnx model."),
     if as_json:
         print(json.dumps(r))
         return
-    t = Table(title=f"{path}  ({_human(r['size_bytes'], 'B')}, {r['ops']} ops, {_human(r['params'])} params, "
+    t = Table(title=f"{u(path)}  ({_human(r['size_bytes'], 'B')}, {r['ops']} ops, {_human(r['params'])} params, "
                     f"{_human(r['flops'], 'FLOP')})")
     t.add_column("tensor")
     t.add_column("name")
@@ -131,13 +142,13 @@ def info(path: str = typer.Argument(..., help="A .mnn or .onnx model."),
     t.add_column("dtype")
     for kind in ("inputs", "outputs"):
         for x in r[kind]:
-            t.add_row(kind[:-1], x["name"], "x".join(map(str, x["shape"])) if x["shape"] is not None else "?", x["dtype"])
+            t.add_row(kind[:-1], u(x["name"]), "x".join(map(str, x["shape"])) if x["shape"] is not None else "?", x["dtype"])
     console.print(t)
     ops = Table(title="op counts")
     ops.add_column("op")
     ops.add_column("count", justify="right")
     for op, n in r["op_counts"].items():
-        ops.add_row(op, str(n))
+        ops.add_row(u(op), str(n))
     console.print(ops)
 
 
@@ -171,7 +182,7 @@ def verify(source: str = typer.Argument(..., help="The source model (.onnx, .pt,
     if as_json:
         print(json.dumps(r))
     else:
-        t = Table(title=f"{model} vs {source}: {len(r['layers'])} layers matched, {len(r['unmatched'])} without "
+        t = Table(title=f"{u(model)} vs {u(source)}: {len(r['layers'])} layers matched, {len(r['unmatched'])} without "
                         f"counterpart ({r['backend']})")
         for col in ("tensor", "op", "cosine", "max_abs", "rel_l2", "snr_db", ""):
             t.add_column(col)
@@ -179,14 +190,14 @@ def verify(source: str = typer.Argument(..., help="The source model (.onnx, .pt,
         order = {m["name"]: k for k, m in enumerate(r["layers"])}
         for m in sorted(worst, key=lambda m: order[m["name"]]):
             mark = "[red]first failing[/]" if m["name"] == r["first_failing"] else ("[red]fail[/]" if not m["pass"] else "")
-            t.add_row(m["name"], m["op"], f"{m['cosine']:.6f}", f"{m['max_abs']:.3g}", f"{m['rel_l2']:.3g}",
+            t.add_row(u(m["name"]), u(m["op"]), f"{m['cosine']:.6f}", f"{m['max_abs']:.3g}", f"{m['rel_l2']:.3g}",
                       f"{m['snr_db']:.1f}", mark)
         console.print(t)
         for o in r["outputs"]:
             verdict = "[green]pass[/]" if o["pass"] else "[red]FAIL[/]"
-            console.print(f"output {o['name']}: cosine {o['cosine']:.6f}, max abs {o['max_abs']:.3g} {verdict}")
+            console.print(f"output {u(o['name'])}: cosine {o['cosine']:.6f}, max abs {o['max_abs']:.3g} {verdict}")
         if r["first_failing"]:
-            console.print(f"[red]first layer below the threshold:[/] {r['first_failing']}")
+            console.print(f"[red]first layer below the threshold:[/] {u(r['first_failing'])}")
     if not r["pass"]:
         raise typer.Exit(1)
 
@@ -233,11 +244,11 @@ def run(model: str = typer.Argument(..., help="A .mnn (or .onnx) model."),
     if as_json:
         print(json.dumps({"model": model, "outputs": rows}))
         return
-    t = Table(title=f"{model} outputs")
+    t = Table(title=f"{u(model)} outputs")
     for col in ("output", "shape", "dtype", "min", "max", "mean"):
         t.add_column(col)
     for r in rows:
-        t.add_row(r["name"], "x".join(map(str, r["shape"])), r["dtype"], f"{r['min']:.4g}", f"{r['max']:.4g}",
+        t.add_row(u(r["name"]), "x".join(map(str, r["shape"])), r["dtype"], f"{r['min']:.4g}", f"{r['max']:.4g}",
                   f"{r['mean']:.4g}")
     console.print(t)
 
@@ -266,7 +277,7 @@ def bench(model: str = typer.Argument(..., help="A .mnn model (or the .onnx sour
         task = prog.add_task(f"{backend} x{threads}", total=warmup + runs)
         r = run_bench(model, backend, threads, warmup, runs, shapes, profile,
                       progress=lambda n: prog.advance(task, n))
-    t = Table(title=f"{model} on {backend}, {threads} thread(s), {runs} runs")
+    t = Table(title=f"{u(model)} on {backend}, {threads} thread(s), {runs} runs")
     for col in ("median", "mean", "min", "p90", "p99", "first run", "load+prepare", "GFLOP/s", "peak RSS"):
         t.add_column(col, justify="right")
     t.add_row(*(f"{r[k]:.2f} ms" for k in ("median_ms", "mean_ms", "min_ms", "p90_ms", "p99_ms", "first_run_ms",
@@ -283,7 +294,7 @@ def bench(model: str = typer.Argument(..., help="A .mnn model (or the .onnx sour
             pt.add_column("ms", justify="right")
             pt.add_column("%", justify="right")
             for row in r["profile"][key][:top]:
-                first = [row["op"], str(row["count"])] if key == "op_types" else [row["name"], row["op"]]
+                first = [u(row["op"]), str(row["count"])] if key == "op_types" else [u(row["name"]), u(row["op"])]
                 pt.add_row(*first, f"{row['ms']:.3f}", f"{row['percent']:.1f}")
             console.print(pt)
 
@@ -332,19 +343,19 @@ def quant(src: str = typer.Argument(..., help="A float .mnn model."),
     if as_json:
         print(json.dumps(r))
         return
-    console.print(f"[green]quantized[/] {src} -> {dst} ({r['mode']}): {_human(r['size_before'], 'B')} -> "
+    console.print(f"[green]quantized[/] {u(src)} -> {u(dst)} ({r['mode']}): {_human(r['size_before'], 'B')} -> "
                   f"{_human(r['size_after'], 'B')} ({r['ratio']:.2f}x smaller)")
     for o in r["outputs"]:
-        console.print(f"  output {o['name']}: cosine vs fp32 {o['cosine']:.6f}, max abs {o['max_abs']:.3g}")
+        console.print(f"  output {u(o['name'])}: cosine vs fp32 {o['cosine']:.6f}, max abs {o['max_abs']:.3g}")
     if r.get("auto_skipped") is not None:
-        console.print(f"  kept in float: {', '.join(r['auto_skipped']) or 'none'}")
+        console.print(f"  kept in float: {u(', '.join(r['auto_skipped']) or 'none')}")
     if r["worst_layers"]:
         t = Table(title="worst int8 layers (cosine vs fp32, held-out samples)")
         t.add_column("layer")
         t.add_column("cosine", justify="right")
         by_name = {l["name"]: l for l in r["layers"]}
         for name in r["worst_layers"]:
-            t.add_row(name, f"{by_name[name]['cosine']:.6f}")
+            t.add_row(u(name), f"{by_name[name]['cosine']:.6f}")
         console.print(t)
 
 
@@ -354,7 +365,7 @@ def main():
     try:
         app()
     except MnnToolError as e:
-        err.print(f"[red]error:[/] {e}", highlight=False, soft_wrap=True)
+        err.print(f"[red]error:[/] {u(e)}", highlight=False, soft_wrap=True)
         sys.exit(e.code)
 
 

@@ -79,3 +79,19 @@ def test_run_output_onto_a_file_is_refused(tmp_path):
     assert done.returncode == 2 and "not a directory" in done.stderr
     assert target.read_text() == "keep me"
     np.testing.assert_equal(target.exists(), True)
+
+
+def test_markup_and_escapes_in_names_print_as_text(tmp_path):
+    """A path with Rich markup and a tensor name with an ESC sequence: one plain line, no MarkupError."""
+    d = tmp_path / "a[/]b[bold red]"       # '/' makes it two directories: "a[" and "]b[bold red]"
+    d.mkdir(parents=True)
+    g = h.make_graph([h.make_node("Relu", ["x"], ["y\x1b[31m"])], "g", [h.make_tensor_value_info("x", TP.FLOAT, [1, 4])],
+                     [h.make_tensor_value_info("y\x1b[31m", TP.FLOAT, [1, 4])])
+    src = d / "m.onnx"
+    onnx.save(h.make_model(g, opset_imports=[h.make_opsetid("", 17)]), src)
+    done = _cli("convert", src, d / "missing" / "m.mnn")
+    assert done.returncode == 2 and "MarkupError" not in done.stderr and "[/]b[bold red]" in done.stderr
+    ok = _cli("convert", src, d / "m.mnn")
+    assert ok.returncode == 0 and "[/]b[bold red]" in ok.stdout
+    info = _cli("info", d / "m.mnn")
+    assert info.returncode == 0 and "\x1b[31m" not in info.stdout
