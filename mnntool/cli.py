@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import os
 import re
 import sys
 from typing import List, Optional
@@ -265,6 +266,11 @@ def bench(model: str = typer.Argument(..., help="A .mnn model (or the .onnx sour
           as_json: bool = JSON):
     """Time a model: latency statistics, cold start, load time, GFLOP/s, memory, per-op profile."""
     from rich.progress import BarColumn, Progress, TimeRemainingColumn
+
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    if threads > cores:
+        err.print(f"[yellow]warning:[/] --threads {threads} on {cores} core(s): the threads share the cores, "
+                  "so the timings measure contention, not the model", highlight=False)
 
     from .bench import bench as run_bench
     shapes = api.parse_input_shapes(input_shape)

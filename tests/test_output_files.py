@@ -95,3 +95,11 @@ def test_markup_and_escapes_in_names_print_as_text(tmp_path):
     assert ok.returncode == 0 and "[/]b[bold red]" in ok.stdout
     info = _cli("info", d / "m.mnn")
     assert info.returncode == 0 and "\x1b[31m" not in info.stdout
+
+
+def test_more_threads_than_cores_warns(tmp_path):
+    src = _model(tmp_path / "m.onnx")
+    api.convert(src, tmp_path / "m.mnn")
+    done = _cli("bench", tmp_path / "m.mnn", "--threads", str((os.cpu_count() or 1) + 62), "--runs", "2",
+                "--warmup", "0", "--json")
+    assert done.returncode == 0 and "warning" in done.stderr and "core" in done.stderr

@@ -1,0 +1,36 @@
+"""The runtime: prepare (plan) and execute. Importing it makes sure Numba can cache its kernels."""
+from __future__ import annotations
+
+import os
+import sys
+import tempfile
+from pathlib import Path
+
+
+def choose_numba_cache(package_dir: Path | None = None) -> str | None:
+    """Numba caches compiled kernels beside their source; in a read-only install (containers, CI images)
+    that fails with "cannot cache function ... no locator available". Then the cache goes to the user's
+    cache directory, else the temp directory, with a one-line note. Returns the directory chosen, or
+    None when the package directory works or the user set NUMBA_CACHE_DIR."""
+    if os.environ.get("NUMBA_CACHE_DIR"):
+        return None
+    package_dir = package_dir or Path(__file__).resolve().parent / "kernels"
+    if os.access(package_dir, os.W_OK):
+        return None
+    base = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
+    for cand in (base / "mnntool" / "numba", Path(tempfile.gettempdir()) / f"mnntool-numba-{os.getuid()}"):
+        try:
+            cand.mkdir(parents=True, exist_ok=True)
+        except OSError:
+            continue
+        if os.access(cand, os.W_OK):
+            os.environ["NUMBA_CACHE_DIR"] = str(cand)
+            if "numba" in sys.modules:          # read at import: tell the loaded config too
+                import numba
+                numba.config.CACHE_DIR = str(cand)
+            print(f"mnntool: {package_dir} is read-only; compiled kernels are cached in {cand}", file=sys.stderr)
+            return str(cand)
+    return None
+
+
+choose_numba_cache()
