@@ -27,8 +27,16 @@ def validate(g: Graph, where: str = "") -> None:
         if o not in produced and o not in known:
             raise MnnToolError(f"{prefix}output '{o}' is produced by no op")
     for name, info in g.tensors.items():
-        if info.shape is not None and any(isinstance(d, int) and abs(d) > INT32_MAX for d in info.shape):
+        if info.shape is None:
+            continue
+        if any(isinstance(d, int) and abs(d) > INT32_MAX for d in info.shape):
             raise MnnToolError(f"{prefix}tensor '{name}' has a dimension beyond MNN's int32 ({list(info.shape)})")
+        count = 1
+        for d in info.shape:
+            count *= d if isinstance(d, int) and d > 0 else 1
+        if count > INT32_MAX:
+            raise MnnToolError(f"{prefix}tensor '{name}' would hold {count} elements ({list(info.shape)}), beyond "
+                               "MNN's int32 sizes")
     for name, value in g.constants.items():
         if any(d > INT32_MAX for d in value.shape):
             raise MnnToolError(f"{prefix}constant '{name}' has a dimension beyond MNN's int32")

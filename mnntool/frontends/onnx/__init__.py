@@ -3,6 +3,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import numpy as np
 import onnx
 from onnx import numpy_helper
 
@@ -78,7 +79,10 @@ def load_onnx(path, input_shapes: dict) -> Graph:
     ctx = Ctx(g, str(path), shapes_of(model, dtypes), dtypes)
     ctx.opset = _opset(model)
     for init in model.graph.initializer:
-        value = ir_value(numpy_helper.to_array(init))
+        raw = numpy_helper.to_array(init)
+        value = ir_value(raw)
+        if raw.dtype == np.int64 and raw.size and (raw.max() > 2**31 - 1 or raw.min() < -2**31):
+            ctx.wide[init.name] = raw      # clipped in the IR (slice ends of INT64_MAX); shapes must not be
         g.constants[init.name] = value
         g.tensors[init.name] = TensorInfo(init.name, str(value.dtype), tuple(value.shape))
     for inp in model.graph.input:

@@ -4,6 +4,8 @@ from __future__ import annotations
 import numpy as np
 from onnx import helper
 
+from ...errors import MnnToolError
+
 from ...ir.graph import Graph, Node
 
 
@@ -14,6 +16,11 @@ class Ctx:
         self.shapes = shapes   # ONNX shape inference: tensor name -> tuple (may hold None dims)
         self.dtypes = dtypes if dtypes is not None else {}   # ONNX element types as numpy names
         self.opset = 13           # the model's default-domain opset (set by the loader)
+        self.wide: dict = {}      # int64 constants whose values do not fit int32, as they were
+
+    def exact(self, name: str):
+        """A constant as the model has it (int64 values beyond int32 not clipped), or None."""
+        return self.wide.get(name, self.const(name)) if name else None
 
     def dtype(self, name: str) -> str:
         """The ONNX element type of a tensor (numpy name, e.g. 'int64'), 'float32' when unknown."""
@@ -68,6 +75,15 @@ def ir_value(arr: np.ndarray) -> np.ndarray:
     if arr.dtype.kind in "iub":
         return to_int32(arr.astype(np.int64)) if arr.dtype.kind != "b" else arr.astype(np.int32)
     return arr
+
+
+def shape_int32(ctx, node, values, what: str) -> np.ndarray:
+    """A shape-like operand (Reshape/Expand target, repeats, sizes) as int32, refused with one line where
+    a value does not fit: clipping 2^40 to 2^31 - 1 would write a file MNN crashes on."""
+    v = np.asarray(values, np.int64).reshape(-1)
+    if v.size and (v.max() > 2**31 - 1 or v.min() < -2**31):
+        raise MnnToolError(f"{ctx.path}: {node.op_type} '{node.name}': {what} {v.tolist()} exceeds MNN's int32 sizes")
+    return v.astype(np.int32)
 
 
 def to_int32(arr: np.ndarray) -> np.ndarray:

@@ -6,7 +6,7 @@ from onnx import numpy_helper
 
 from ...errors import MnnToolError
 from ...format.dtypes import to_mnn
-from .context import ir_value, to_int32
+from .context import ir_value, shape_int32, to_int32
 from .nn import converts
 
 ONNX_DTYPES = {1: "float32", 2: "uint8", 3: "int8", 4: "uint16", 5: "int16", 6: "int32", 7: "int64", 9: "bool",
@@ -126,7 +126,7 @@ def gather(ctx, node, a):
 
 @converts("Reshape")
 def reshape(ctx, node, a):
-    shape = ctx.const(node.input[1])
+    shape = ctx.exact(node.input[1])
     ins = [node.input[0], node.input[1]]
     if shape is not None:
         shape = shape.reshape(-1).astype(np.int64)
@@ -135,7 +135,7 @@ def reshape(ctx, node, a):
             if src is None or any(not isinstance(src[i], int) for i in np.flatnonzero(shape == 0)):
                 raise MnnToolError(f"{ctx.path}: Reshape '{node.name}': 0 in the shape needs known input dims")
             shape = np.array([src[i] if d == 0 else d for i, d in enumerate(shape)], np.int64)
-        ins[1] = ctx.int_const(node.name + "_shape", to_int32(shape))
+        ins[1] = ctx.int_const(node.name + "_shape", shape_int32(ctx, node, shape, "target shape"))
     ctx.emit("Reshape", ins, [node.output[0]], {"dimType": "NCHW"}, node.name)
 
 
@@ -206,8 +206,9 @@ def shape(ctx, node, a):
 
 @converts("Expand")
 def expand(ctx, node, a):
-    shp = ctx.const(node.input[1])
-    target = ctx.int_const(node.name + "_shape", to_int32(shp.reshape(-1))) if shp is not None else node.input[1]
+    shp = ctx.exact(node.input[1])
+    target = ctx.int_const(node.name + "_shape", shape_int32(ctx, node, shp, "target shape")) if shp is not None \
+        else node.input[1]
     ctx.emit("BroadcastTo", [node.input[0], target], [node.output[0]], {}, node.name)
 
 
