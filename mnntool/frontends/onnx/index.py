@@ -143,11 +143,15 @@ def _mul(ctx, a_, b_, out):
 def cumsum(ctx, node, a):
     axis_c = ctx.const(node.input[1])
     shape = ctx.shape(node.input[0])
-    if node.op_type == "CumProd" and axis_c is not None and shape is not None:
-        axis = int(np.asarray(axis_c).reshape(-1)[0]) % len(shape)
-        if isinstance(shape[axis], int) and 0 < shape[axis] <= 256:
-            _cumprod_unrolled(ctx, node, a, axis, shape[axis])
-            return
+    if node.op_type == "CumProd":
+        if axis_c is None and shape is not None and len(shape) == 1:
+            axis_c = np.zeros(1, np.int32)          # a 1-D input has one axis, whatever the tensor says
+        axis = int(np.asarray(axis_c).reshape(-1)[0]) % len(shape) if axis_c is not None and shape is not None else None
+        if axis is None or not isinstance(shape[axis], int) or not 0 < shape[axis] <= 256:
+            raise MnnToolError(f"{ctx.path}: CumProd '{node.name}': needs a constant axis of known length (<= 256): "
+                               "MNN's runtime crashes on its CumProd op, so it is unrolled")
+        _cumprod_unrolled(ctx, node, a, axis, shape[axis])
+        return
     axis = ctx.const(node.input[1])
     ax = ctx.int_const(node.name + "_axis", np.asarray(axis).reshape(-1)[:1]) if axis is not None else node.input[1]
     ctx.emit(node.op_type, [node.input[0], ax], [node.output[0]],
@@ -157,8 +161,27 @@ def cumsum(ctx, node, a):
 @converts("GatherElements")
 def gather_elements(ctx, node, a):
     axis = int(a.get("axis", 0)) % _rank(ctx, node)
-    ctx.emit("GatherElements", [node.input[0], node.input[1], ctx.int_const(node.name + "_axis", [axis])],
-             [node.output[0]], {}, node.name)
+    ctx.emit("GatherElements", [node.input[0], _non_negative(ctx, node, node.input[1], axis),
+                                ctx.int_const(node.name + "_axis", [axis])], [node.output[0]], {}, node.name)
+
+
+def _non_negative(ctx, node, indices, axis):
+    """Indices with the axis size added where negative: MNN reads negative indices as they are."""
+    v = ctx.const(indices)
+    dim = (ctx.shape(node.input[0]) or [None] * (axis + 1))[axis]
+    if v is not None:
+        if (np.asarray(v) < 0).any():
+            if not isinstance(dim, int):
+                raise MnnToolError(f"{ctx.path}: {node.op_type} '{node.name}': negative indices need a known axis size")
+            return ctx.int_const(node.name + "_idx", np.where(v < 0, v + dim, v))
+        return indices
+    if not isinstance(dim, int):
+        return indices
+    neg, shift, fixed = (ctx.tmp(f"{node.output[0]}_{t}") for t in ("neg", "shift", "idx"))
+    binary(ctx, ctx.int_const(node.name + "_zero", 0), indices, neg, "GREATER", neg)
+    binary(ctx, neg, ctx.int_const(node.name + "_dim", dim), shift, "MUL", shift)
+    binary(ctx, indices, shift, fixed, "ADD", fixed)
+    return fixed
 
 
 @converts("GatherND")
@@ -172,16 +195,23 @@ def scatter_elements(ctx, node, a):
     axis = int(a.get("axis", 0)) % _rank(ctx, node)
     red = a.get("reduction", b"none")
     red = red.decode() if isinstance(red, bytes) else red
-    op = {"none": -1, "add": "ADD", "mul": "MUL", "max": "MAXIMUM", "min": "MINIMUM"}[red]
-    ctx.emit("ScatterElements", [node.input[0], node.input[1], node.input[2], ctx.int_const(node.name + "_axis", [axis])],
-             [node.output[0]], {"opType": op, "T": "DT_FLOAT"}, node.name)
+    if red not in ("none", "add"):
+        raise MnnToolError(f"{ctx.path}: {node.op_type} '{node.name}': reduction '{red}' is not run by MNN's "
+                           "ScatterElements (measured); only none and add convert")
+    op = {"none": -1, "add": "ADD"}[red]
+    ctx.emit("ScatterElements", [node.input[0], _non_negative(ctx, node, node.input[1], axis), node.input[2],
+                                 ctx.int_const(node.name + "_axis", [axis])], [node.output[0]],
+             {"opType": op, "T": "DT_FLOAT"}, node.name)
 
 
 @converts("ScatterND")
 def scatter_nd(ctx, node, a):
     red = a.get("reduction", b"none")
     red = red.decode() if isinstance(red, bytes) else red
-    op = {"none": -1, "add": "ADD", "mul": "MUL", "max": "MAXIMUM", "min": "MINIMUM"}[red]
+    if red in ("max", "min"):
+        raise MnnToolError(f"{ctx.path}: ScatterND '{node.name}': reduction '{red}' differs in MNN's ScatterNd "
+                           "(measured); none, add and mul convert")
+    op = {"none": -1, "add": "ADD", "mul": "MUL"}[red]
     shape = ctx.tmp(node.output[0] + "_shape")
     ctx.emit("Shape", [node.input[0]], [shape], {}, node.name + "_shape", fmt="NCHW")
     ctx.emit("ScatterNd", [node.input[1], node.input[2], shape, node.input[0]], [node.output[0]],
@@ -223,19 +253,41 @@ def unique(ctx, node, a):
 
 @converts("OneHot")
 def one_hot(ctx, node, a):
-    values = ctx.const(node.input[2])
-    depth = ctx.const(node.input[1])
-    depth_name = ctx.int_const(node.name + "_depth", [int(np.asarray(depth).reshape(-1)[0])]) if depth is not None \
-        else node.input[1]
-    if values is not None:
-        off, on = (ctx.g.add_const(f"{node.name}_{k}", np.asarray(v).reshape(())) for k, v in
-                   (("off", values.reshape(-1)[0]), ("on", values.reshape(-1)[1])))
+    """EQUAL(indices on a new axis, Range(0, depth)) selecting on/off: MNN's own OneHot op kills the
+    process (measured, MNN 3.6.1, also in files its converter writes). Negative indices count back."""
+    idx, depth_in, values = node.input[:3]
+    out, name = node.output[0], node.name
+    rank = ctx.rank(idx)
+    if rank is None:
+        raise MnnToolError(f"{ctx.path}: OneHot '{name}': the indices' rank is unknown")
+    axis = int(a.get("axis", -1)) % (rank + 1)
+    dv = ctx.const(depth_in)
+    depth = ctx.int_const(name + "_depth", int(np.asarray(dv).reshape(-1)[0])) if dv is not None else None
+    if depth is None:
+        flat = ctx.tmp(out + "_depthf")
+        ctx.emit("Reshape", [depth_in, ctx.int_const(name + "_scalar", [])], [flat], {"dimType": "NCHW"}, flat)
+        depth = ctx.tmp(out + "_depth")
+        ctx.emit("Cast", [flat], [depth], {"dstT": "DT_INT32"}, depth)
+    ii = ctx.tmp(out + "_i32")
+    ctx.emit("Cast", [idx], [ii], {"dstT": "DT_INT32"}, ii)
+    neg, shift, wrapped = (ctx.tmp(f"{out}_{t}") for t in ("neg", "shift", "wrapped"))
+    binary(ctx, ctx.int_const(name + "_zero", 0), ii, neg, "GREATER", neg)
+    binary(ctx, neg, depth, shift, "MUL", shift)
+    binary(ctx, ii, shift, wrapped, "ADD", wrapped)
+    classes, shaped, placed, hot = (ctx.tmp(f"{out}_{t}") for t in ("classes", "shaped", "placed", "hot"))
+    ctx.emit("Range", [ctx.g.add_const(name + "_r0", np.array(0, np.int32)), depth,
+                       ctx.g.add_const(name + "_r1", np.array(1, np.int32))], [classes], {}, classes)
+    ctx.emit("Reshape", [classes, ctx.int_const(name + "_cshape", [-1] + [1] * (rank - axis))], [shaped],
+             {"dimType": "NCHW"}, shaped)
+    ctx.emit("Unsqueeze", [wrapped], [placed], {"squeezeDims": [axis]}, placed)
+    binary(ctx, placed, shaped, hot, "EQUAL", hot)
+    vv = ctx.const(values)
+    if vv is not None:
+        off, on = (ctx.float_const(f"{name}_{k}", float(np.asarray(vv).reshape(-1)[i])) for k, i in (("off", 0), ("on", 1)))
     else:
-        off, on = ctx.tmp(node.output[0] + "_off"), ctx.tmp(node.output[0] + "_on")
-        ctx.emit("Slice", [node.input[2]], [off, on], {"axis": 0, "slicePoints": [1], "sourceType": "CAFFE"},
-                 node.name + "_values")
-    ctx.emit("OneHot", [node.input[0], depth_name, on, off], [node.output[0]],
-             {"axis": int(a.get("axis", -1)), "dType": "DT_FLOAT"}, node.name)
+        off, on = ctx.tmp(out + "_off"), ctx.tmp(out + "_on")
+        ctx.emit("Slice", [values], [off, on], {"axis": 0, "slicePoints": [1], "sourceType": "CAFFE"}, name + "_values")
+    ctx.emit("Select", [hot, on, off], [out], {}, name)
 
 
 @converts("EyeLike")

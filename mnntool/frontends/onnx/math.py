@@ -54,12 +54,36 @@ def binary_op(ctx, node, a):
             node.op_type == "Mean":
         _variadic(ctx, node, op)
         return
+    if node.op_type == "Pow" and not (ctx.dtype(node.input[0]).startswith("float") and
+                                      ctx.dtype(node.input[1]).startswith("float")):
+        _pow_through_float(ctx, node)
+        return
     if node.op_type == "Mod":
         # MNN's MOD and FLOORMOD swap meaning between floats and integers (ir/ops/elementwise)
         integer = ctx.dtype(node.input[0]).startswith(("int", "uint"))
         c_fmod = bool(a.get("fmod", 0))
         op = "FLOORMOD" if c_fmod == integer else "MOD"
     binary(ctx, node.input[0], node.input[1], node.output[0], op, node.name)
+
+
+def _pow_through_float(ctx, node):
+    """MNN's POW runs on float32 operands of one type only: integer operands go through float, and an
+    integer base gets its result back as int32."""
+    fl = []
+    for k, v in enumerate(node.input[:2]):
+        if ctx.dtype(v).startswith("float"):
+            fl.append(v)
+            continue
+        t = ctx.tmp(f"{node.output[0]}_f{k}")
+        ctx.emit("Cast", [v], [t], {"dstT": "DT_FLOAT"}, t)
+        fl.append(t)
+    if ctx.dtype(node.input[0]).startswith("float"):
+        binary(ctx, fl[0], fl[1], node.output[0], "POW", node.name)
+        return
+    pf = ctx.tmp(node.output[0] + "_pf")
+    binary(ctx, fl[0], fl[1], pf, "POW", pf)
+    ctx.g.info(node.output[0]).dtype = "int32"
+    ctx.emit("Cast", [pf], [node.output[0]], {"dstT": "DT_INT32"}, node.name)
 
 
 @converts("Gelu")

@@ -287,8 +287,17 @@ def global_pool(ctx, node, a):
 
 @converts("MatMul")
 def matmul(ctx, node, a):
-    ctx.emit("MatMul", node.input[:2], [node.output[0]], {"T": "DT_FLOAT", "transposeA": False,
-                                                          "transposeB": False}, node.name)
+    a_, b_ = node.input[:2]
+    if ctx.rank(a_) == 1 and ctx.rank(b_) == 1:     # a dot product: MNN's MatMul crashes on two vectors
+        ra, rb, mm = (ctx.tmp(node.output[0] + t) for t in ("_row", "_col", "_mm"))
+        ctx.emit("Reshape", [a_, ctx.int_const(node.name + "_rs", [1, -1])], [ra], {"dimType": "NCHW"}, ra)
+        ctx.emit("Reshape", [b_, ctx.int_const(node.name + "_cs", [-1, 1])], [rb], {"dimType": "NCHW"}, rb)
+        ctx.emit("MatMul", [ra, rb], [mm], {"T": "DT_FLOAT", "transposeA": False, "transposeB": False}, mm)
+        ctx.emit("Reshape", [mm, ctx.int_const(node.name + "_scalar", [])], [node.output[0]], {"dimType": "NCHW"},
+                 node.name)
+        return
+    ctx.emit("MatMul", [a_, b_], [node.output[0]], {"T": "DT_FLOAT", "transposeA": False,
+                                                    "transposeB": False}, node.name)
 
 
 def _scaled(ctx, node, name, factor, tag):
