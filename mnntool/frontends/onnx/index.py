@@ -161,11 +161,11 @@ def cumsum(ctx, node, a):
 @converts("GatherElements")
 def gather_elements(ctx, node, a):
     axis = int(a.get("axis", 0)) % _rank(ctx, node)
-    ctx.emit("GatherElements", [node.input[0], _non_negative(ctx, node, node.input[1], axis),
+    ctx.emit("GatherElements", [node.input[0], non_negative(ctx, node, node.input[1], axis),
                                 ctx.int_const(node.name + "_axis", [axis])], [node.output[0]], {}, node.name)
 
 
-def _non_negative(ctx, node, indices, axis):
+def non_negative(ctx, node, indices, axis):
     """Indices with the axis size added where negative: MNN reads negative indices as they are."""
     v = ctx.const(indices)
     dim = (ctx.shape(node.input[0]) or [None] * (axis + 1))[axis]
@@ -199,7 +199,7 @@ def scatter_elements(ctx, node, a):
         raise MnnToolError(f"{ctx.path}: {node.op_type} '{node.name}': reduction '{red}' is not run by MNN's "
                            "ScatterElements (measured); only none and add convert")
     op = {"none": -1, "add": "ADD"}[red]
-    ctx.emit("ScatterElements", [node.input[0], _non_negative(ctx, node, node.input[1], axis), node.input[2],
+    ctx.emit("ScatterElements", [node.input[0], non_negative(ctx, node, node.input[1], axis), node.input[2],
                                  ctx.int_const(node.name + "_axis", [axis])], [node.output[0]],
              {"opType": op, "T": "DT_FLOAT"}, node.name)
 

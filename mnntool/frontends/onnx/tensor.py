@@ -103,23 +103,9 @@ def slice_(ctx, node, a):
 
 @converts("Gather")
 def gather(ctx, node, a):
+    from .index import non_negative
     axis = _axis(ctx, node, a)
-    idx = ctx.const(node.input[1])
-    indices = node.input[1]
-    dim = (ctx.shape(node.input[0]) or [None] * (axis + 1))[axis]
-    if idx is not None and (idx < 0).any():
-        if not isinstance(dim, int):
-            raise MnnToolError(f"{ctx.path}: Gather '{node.name}': negative indices need a known dimension")
-        indices = ctx.int_const(node.name + "_indices", np.where(idx < 0, idx + dim, idx))
-    elif idx is None and isinstance(dim, int):
-        # MNN's GatherV2 reads negative run-time indices as 0: add the size where they are negative
-        neg, shift = ctx.tmp(node.output[0] + "_neg"), ctx.tmp(node.output[0] + "_shift")
-        fixed = ctx.tmp(node.output[0] + "_idx")
-        ctx.emit("BinaryOp", [ctx.int_const(node.name + "_zero", 0), indices], [neg],
-                 {"opType": "GREATER", "T": "DT_INT32"}, neg)
-        ctx.emit("BinaryOp", [neg, ctx.int_const(node.name + "_dim", dim)], [shift], {"opType": "MUL", "T": "DT_INT32"}, shift)
-        ctx.emit("BinaryOp", [indices, shift], [fixed], {"opType": "ADD", "T": "DT_INT32"}, fixed)
-        indices = fixed
+    indices = non_negative(ctx, node, node.input[1], axis)     # MNN's GatherV2 reads negative indices as 0
     ctx.emit("GatherV2", [node.input[0], indices, ctx.int_const(node.name + "_axis", [axis])], [node.output[0]],
              {}, node.name)
 
