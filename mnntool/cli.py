@@ -85,7 +85,8 @@ def _human(n: float, unit: str = "") -> str:
 
 
 @app.command()
-def convert(src: str = typer.Argument(..., help="Source model (.onnx)."),
+def convert(src: Optional[str] = typer.Argument(None, help="Source model: .onnx, .pt (TorchScript), .prototxt "
+                                                               "(Caffe), .pb / .keras / .h5 / SavedModel dir (TensorFlow)."),
             dst: Optional[str] = typer.Argument(None, help="Output .mnn file."),
             framework: Optional[str] = FRAMEWORK, input_shape: Optional[List[str]] = INPUT_SHAPE,
             optimize: int = typer.Option(1, "--optimize", "-O", min=0, max=2,
@@ -107,6 +108,8 @@ def convert(src: str = typer.Argument(..., help="Source model (.onnx)."),
             t.add_row(name, DOCS[name])
         console.print(t)
         return
+    if src is None:
+        raise MnnToolError("convert needs a source model (or --passes list)")
     if dst is None:
         raise MnnToolError("convert needs SRC and DST")
     chosen = [p.strip() for p in passes.split(",") if p.strip()] if passes else None
@@ -363,6 +366,48 @@ def quant(src: str = typer.Argument(..., help="A float .mnn model."),
         for name in r["worst_layers"]:
             t.add_row(u(name), f"{by_name[name]['cosine']:.6f}")
         console.print(t)
+
+
+@app.command()
+def ops(framework: str = typer.Option("onnx", "--framework", "-f", help="onnx, torch, tf or caffe."),
+        as_json: bool = JSON):
+    """List the source ops a frontend converts (as MNNConvert's --OP does)."""
+    names = supported_ops(framework)
+    if as_json:
+        print(json.dumps({"framework": framework, "count": len(names), "ops": names}))
+        return
+    console.print(f"{framework}: {len(names)} ops")
+    console.print(", ".join(u(n) for n in names))
+
+
+def supported_ops(framework: str) -> list[str]:
+    fw = framework.lower()
+    if fw == "onnx":
+        from .frontends.onnx import supported_ops as onnx_ops
+        return onnx_ops()
+    if fw in ("torch", "torchscript", "pytorch"):
+        from .frontends.torchscript import ATEN     # the package import registers every converter
+        return sorted(ATEN)
+    if fw in ("tf", "tensorflow"):
+        from .frontends.tensorflow import supported_ops as tf_ops
+        return tf_ops()
+    if fw == "caffe":
+        from .frontends.caffe import supported_layers
+        return supported_layers()
+    raise MnnToolError(f"--framework {framework}: expected onnx, torch, tf or caffe")
+
+
+def _version(value: bool):
+    if value:
+        from . import __version__
+        print(f"mnntool {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _options(version: bool = typer.Option(False, "--version", callback=_version, is_eager=True,
+                                          help="Print the version and exit.")):
+    """Convert, optimize, quantize, check and time models in MNN's .mnn format."""
 
 
 def main():

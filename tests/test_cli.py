@@ -167,3 +167,18 @@ def test_missing_output_directory_and_usage_errors(tmp_path, small_onnx):
     assert code == 2 and "Traceback" not in err
     code, _, err = run("no-such-command")
     assert code == 2 and "Traceback" not in err
+
+
+def test_version_ops_and_pass_list_need_no_model():
+    import subprocess
+    import sys
+    run = lambda *a: subprocess.run([sys.executable, "-m", "mnntool", *a], capture_output=True, text=True)  # noqa: E731
+    v = run("--version")
+    assert v.returncode == 0 and v.stdout.startswith("mnntool ")
+    p = run("convert", "--passes", "list", "--json")
+    assert p.returncode == 0 and "fold_batch_norm" in json.loads(p.stdout)["passes"]
+    for fw, op in (("onnx", "Conv"), ("caffe", "Convolution"), ("tf", "Conv2D"), ("torch", "aten::conv2d")):
+        o = run("ops", "--framework", fw, "--json")
+        assert o.returncode == 0 and op in json.loads(o.stdout)["ops"], (fw, o.stderr)
+    bad = run("ops", "--framework", "nope")
+    assert bad.returncode == 2 and len(bad.stderr.strip().splitlines()) == 1
