@@ -55,3 +55,29 @@ def test_shape_arithmetic_folds_to_constants():
     assert [n.op_type for n in m.graph.node] == ["Reshape"]
     shape = next(i for i in m.graph.initializer if i.name == "shape")
     assert nh.to_array(shape).tolist() == [-1, 3]
+
+
+def test_scan_of_known_length_unrolls(tmp_path):
+    """A running sum over a sequence read backwards (state + per-step output), as a Scan: unrolled at
+    convert time, the same as onnxruntime in both runtimes; a body reading an outer tensor works."""
+    body = h.make_graph([h.make_node("Add", ["s_in", "x_t"], ["s_sum"]), h.make_node("Mul", ["s_sum", "w"], ["s_out"]),
+                         h.make_node("Identity", ["s_out"], ["y_t"])], "body",
+                        [h.make_tensor_value_info("s_in", TP.FLOAT, [3]), h.make_tensor_value_info("x_t", TP.FLOAT, [3])],
+                        [h.make_tensor_value_info("s_out", TP.FLOAT, [3]), h.make_tensor_value_info("y_t", TP.FLOAT, [3])])
+    nodes = [h.make_node("Scan", ["s0", "x"], ["s_final", "ys"], body=body, num_scan_inputs=1,
+                         scan_input_directions=[1])]
+    m = _model(nodes, [h.make_tensor_value_info("s0", TP.FLOAT, [3]), h.make_tensor_value_info("x", TP.FLOAT, [5, 3])],
+               [h.make_tensor_value_info("s_final", TP.FLOAT, [3]), h.make_tensor_value_info("ys", TP.FLOAT, [5, 3])],
+               [nh.from_array(np.full(3, 0.5, np.float32), "w")])
+    onnx.save(m, tmp_path / "scan.onnx")
+    convert(tmp_path / "scan.onnx", tmp_path / "scan.mnn")
+    g = reader.load(tmp_path / "scan.mnn")
+    assert "Scan" not in [n.op for n in g.nodes]
+    rng = np.random.RandomState(1)
+    feeds = {"s0": rng.randn(3).astype(np.float32), "x": rng.randn(5, 3).astype(np.float32)}
+    ref = ort_run(tmp_path / "scan.onnx", feeds)
+    ours = Session(g).run(feeds)
+    theirs = mnn_run(tmp_path / "scan.mnn", ["s0", "x"], ["s_final", "ys"], feeds)
+    for k in ("s_final", "ys"):
+        assert_close(ref[k], ours[k])
+        assert_close(ref[k], theirs[k])

@@ -35,6 +35,25 @@ def _body(node, opset: int, types: dict):
     return None
 
 
+def rename_captured(node, rename: dict) -> None:
+    """Rename, inside the node's subgraph attributes (If branches, Loop and Scan bodies), the outer names a
+    body reads that the enclosing inliner renamed; names the body defines itself stay."""
+    for attr in node.attribute:
+        graphs = [attr.g] if attr.type == onnx.AttributeProto.GRAPH else list(attr.graphs)
+        for g in graphs:
+            own = {i.name for i in g.input} | {i.name for i in g.initializer} | \
+                {o for n in g.node for o in n.output}
+            inner = {k: v for k, v in rename.items() if k not in own}
+            for n in g.node:
+                for k, name in enumerate(n.input):
+                    if name in inner:
+                        n.input[k] = inner[name]
+                rename_captured(n, inner)
+            for o in g.output:
+                if o.name in inner:      # an output passed straight through from outside
+                    o.name = inner[o.name]
+
+
 def _schema_defaults(node, opset: int) -> dict:
     """The attribute defaults the op's schema declares (a body may refer to attributes the node omits)."""
     try:
@@ -85,6 +104,7 @@ def _inline(node, fn, prefix: str, schema_defaults: dict | None = None) -> list:
                 new.attribute.append(b)
             else:
                 new.attribute.append(a)
+        rename_captured(new, rename)
         out.append(new)
     return out
 

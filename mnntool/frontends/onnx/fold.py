@@ -14,6 +14,8 @@ import numpy as np
 import onnx
 from onnx import helper, numpy_helper, shape_inference
 
+from .expand import rename_captured
+
 # Larger results stay computed at run time: a 10^5 x 10^5 ConstantOfShape must not be materialised
 # at convert time (37 GB), and big folded tensors only make the file larger.
 MAX_FOLD_ELEMENTS = 1 << 24
@@ -101,6 +103,14 @@ def fold(model: onnx.ModelProto, rounds: int = 8) -> onnx.ModelProto:
         shapes = shapes_of(model)
         keep, new_inits, changed = [], [], False
         for node in g.node:
+            if node.op_type == "Scan" and node.domain in ("", "ai.onnx"):
+                from .unroll import unroll_scan
+                unrolled = unroll_scan(node, shapes, opset)
+                if unrolled is not None:
+                    keep.extend(unrolled[0])
+                    new_inits.extend(unrolled[1])
+                    changed = True
+                    continue
             if node.op_type == "If" and node.domain in ("", "ai.onnx") and node.input[0] in vals:
                 keep.extend(_inline_if(node, bool(np.asarray(vals[node.input[0]]).reshape(-1)[0]), new_inits))
                 changed = True
@@ -178,6 +188,7 @@ def _inline_if(node, cond: bool, new_inits: list) -> list:
         n.input.extend(rename.get(i, i) for i in inner.input)
         n.output.extend(rename.get(o, o) for o in inner.output)
         n.name = prefix + (inner.name or f"{inner.op_type}_{k}")
+        rename_captured(n, rename)
         nodes.append(n)
     for src, dst in zip(branch.output, node.output):
         if dst:
