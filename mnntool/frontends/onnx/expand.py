@@ -54,6 +54,33 @@ def rename_captured(node, rename: dict) -> None:
                     o.name = inner[o.name]
 
 
+def inline_graph(body, prefix: str, binding: dict | None = None):
+    """The body's nodes with its inputs bound (binding: body name -> outer name) and its own tensors
+    renamed apart; returns (nodes, initializers, rename)."""
+    rename = dict(binding or {})
+    local = {o for n in body.node for o in n.output if o} | {i.name for i in body.initializer}
+    for n in local:
+        rename[n] = prefix + n
+    nodes, inits = [], []
+    for init in body.initializer:
+        t = onnx.TensorProto()
+        t.CopyFrom(init)
+        t.name = rename[init.name]
+        inits.append(t)
+    for k, inner in enumerate(body.node):
+        n = onnx.NodeProto()
+        n.CopyFrom(inner)
+        del n.input[:]
+        del n.output[:]
+        n.input.extend(rename.get(i, i) for i in inner.input)
+        n.output.extend(rename.get(o, o) for o in inner.output)
+        n.name = prefix + (inner.name or f"{inner.op_type}_{k}")
+        rename_captured(n, rename)
+        nodes.append(n)
+    return nodes, inits, rename
+
+
+
 def _schema_defaults(node, opset: int) -> dict:
     """The attribute defaults the op's schema declares (a body may refer to attributes the node omits)."""
     try:

@@ -14,7 +14,7 @@ import numpy as np
 import onnx
 from onnx import helper, numpy_helper, shape_inference
 
-from .expand import rename_captured
+from .expand import inline_graph
 
 # Larger results stay computed at run time: a 10^5 x 10^5 ConstantOfShape must not be materialised
 # at convert time (37 GB), and big folded tensors only make the file larger.
@@ -172,24 +172,8 @@ def _inline_if(node, cond: bool, new_inits: list) -> list:
     branch = next(helper.get_attribute_value(a) for a in node.attribute
                   if a.name == ("then_branch" if cond else "else_branch"))
     prefix = f"{node.name or 'if'}__{'then' if cond else 'else'}__"
-    local = {o for n in branch.node for o in n.output if o} | {i.name for i in branch.initializer}
-    rename = {n: prefix + n for n in local}
-    nodes = []
-    for init in branch.initializer:
-        t = onnx.TensorProto()
-        t.CopyFrom(init)
-        t.name = rename[init.name]
-        new_inits.append(t)
-    for k, inner in enumerate(branch.node):
-        n = onnx.NodeProto()
-        n.CopyFrom(inner)
-        del n.input[:]
-        del n.output[:]
-        n.input.extend(rename.get(i, i) for i in inner.input)
-        n.output.extend(rename.get(o, o) for o in inner.output)
-        n.name = prefix + (inner.name or f"{inner.op_type}_{k}")
-        rename_captured(n, rename)
-        nodes.append(n)
+    nodes, inits, rename = inline_graph(branch, prefix)
+    new_inits.extend(inits)
     for src, dst in zip(branch.output, node.output):
         if dst:
             nodes.append(helper.make_node("Identity", [rename.get(src.name, src.name)], [dst], name=f"{prefix}out_{dst}"))

@@ -4,10 +4,9 @@ body is inlined with its states threaded through, and the per-step outputs are s
 from __future__ import annotations
 
 import numpy as np
-import onnx
 from onnx import helper, numpy_helper
 
-from .expand import rename_captured
+from .expand import inline_graph
 
 MAX_STEPS = 256
 
@@ -15,32 +14,6 @@ MAX_STEPS = 256
 def _ints(vals, name, inits):
     inits.append(numpy_helper.from_array(np.asarray(vals, np.int64), name))
     return name
-
-
-def _inline(body, prefix, binding):
-    """The body's nodes with its inputs bound (binding: body name -> outer name) and its own tensors
-    renamed apart; returns (nodes, rename)."""
-    rename = dict(binding)
-    local = {o for n in body.node for o in n.output if o} | {i.name for i in body.initializer}
-    for n in local:
-        rename[n] = prefix + n
-    nodes, inits = [], []
-    for init in body.initializer:
-        t = onnx.TensorProto()
-        t.CopyFrom(init)
-        t.name = rename[init.name]
-        inits.append(t)
-    for k, inner in enumerate(body.node):
-        n = onnx.NodeProto()
-        n.CopyFrom(inner)
-        del n.input[:]
-        del n.output[:]
-        n.input.extend(rename.get(i, i) for i in inner.input)
-        n.output.extend(rename.get(o, o) for o in inner.output)
-        n.name = prefix + (inner.name or f"{inner.op_type}_{k}")
-        rename_captured(n, rename)
-        nodes.append(n)
-    return nodes, inits, rename
 
 
 def unroll_scan(node, shapes: dict, opset: int):
@@ -86,7 +59,7 @@ def unroll_scan(node, shapes: dict, opset: int):
             binding[body.input[n_states + j].name] = sq
         for s, name in enumerate(states):
             binding[body.input[s].name] = name
-        body_nodes, body_inits, rename = _inline(body, f"{base}t{t}__", binding)
+        body_nodes, body_inits, rename = inline_graph(body, f"{base}t{t}__", binding)
         nodes += body_nodes
         inits += body_inits
         states = [rename.get(o.name, o.name) for o in body.output[:n_states]]
