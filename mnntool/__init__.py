@@ -9,5 +9,5 @@ __version__ = "0.1.0"
 
 def load(path, threads=None):
     """A runtime session: `mnntool.load("m.mnn").run({name: array}) -> {name: array}`."""
-    from .runtime.session import load as _load
-    return _load(path, threads)
+    from .api import load_session
+    return load_session(path, threads)

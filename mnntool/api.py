@@ -46,6 +46,12 @@ def load_graph(path, framework: str | None = None, input_shapes: dict | None = N
     return load_source(path, framework, input_shapes)
 
 
+def load_session(path, threads: int | None = None):
+    """A runtime session for any model file mnntool reads (.mnn directly, sources through their frontend)."""
+    from .runtime.session import Session
+    return Session(load_graph(path), threads)
+
+
 def convert(src, dst, framework: str | None = None, input_shapes: dict | None = None, optimize: int = 1,
             biz_code: str = "mnntool", passes: list[str] | None = None) -> dict:
     t0 = time.perf_counter()

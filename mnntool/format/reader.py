@@ -8,7 +8,7 @@ import numpy as np
 
 from ..errors import MnnToolError
 from ..ir.graph import Graph, Node, TensorInfo
-from .dtypes import from_mnn
+from ..ir.dtypes import from_mnn
 from .flatbuf import FormatError, decode
 
 BLOB_FIELDS = ("float32s", "int32s", "int64s", "int8s", "uint8s")

@@ -10,7 +10,7 @@ import numpy as np
 from ..errors import MnnToolError
 from ..ir import ops
 from ..ir.graph import Graph
-from .dtypes import to_mnn
+from ..ir.dtypes import to_mnn
 from .flatbuf import encode
 
 BLOB_FIELD = {"DT_FLOAT": ("float32s", np.float32), "DT_INT32": ("int32s", np.int32),

@@ -16,7 +16,8 @@ from ..errors import MnnToolError
 from ..ir.graph import Graph
 from ..runtime.session import Session
 from .calibrate import make
-from .weights import dequantize, quantize_weight
+from ..format.idst import dequantize
+from .weights import quantize_weight
 
 CONVS = ("Convolution", "ConvolutionDepthwise")
 SYMMETRIC = {"method": "DEFAULT", "nbits": 8, "zeroPoint": 0, "outputZeroPoint": 0, "clampMin": -127,

@@ -337,8 +337,3 @@ class Session:
             return {n: np.array(slots[i]) for i, n in enumerate(plan.names) if slots[i] is not None}
         return {n: np.array(slots[i]) for n, i in plan.output_slots.items()}
 
-
-def load(path, threads: int | None = None) -> Session:
-    """A runtime session for any model file mnntool reads (.mnn directly, sources through their frontend)."""
-    from ..api import load_graph
-    return Session(load_graph(path), threads)

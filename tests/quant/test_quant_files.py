@@ -16,7 +16,8 @@ from mnntool import api
 from mnntool.compare import metrics
 from mnntool.format import reader
 from mnntool.quant import quantize_file
-from mnntool.quant.weights import dequantize, quantize_weight
+from mnntool.format.idst import dequantize
+from mnntool.quant.weights import quantize_weight
 from tests.conftest import mnn_run
 from tests.test_cli import assert_one_line_error, run
 

@@ -6,7 +6,8 @@ import numpy as np
 import pytest
 
 from mnntool.ir.ops import Val
-from mnntool.runtime.kernels.conv import NO_GRID, convolution_float, grid_of
+from mnntool.runtime.kernels.conv import convolution_float
+from mnntool.runtime.kernels.grid import NO_GRID, grid_of
 from mnntool.runtime.kernels.fgemm import HAS_AVX512, PackedGemm, k_block
 
 torch = pytest.importorskip("torch")

@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 from mnntool.runtime.kernels import serial
-from mnntool.runtime.kernels.conv import NO_GRID
+from mnntool.runtime.kernels.grid import NO_GRID
 from mnntool.runtime.kernels.fgemm import OCB
 from mnntool.runtime.kernels.linear import HAS_AVX512, BatchedMatMul, RowGemm, pack_rows
 

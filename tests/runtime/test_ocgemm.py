@@ -3,7 +3,7 @@ of the output's largest magnitude (fp32 sums over up to 960 products)."""
 import numpy as np
 import pytest
 
-from mnntool.runtime.kernels.conv import NO_GRID, grid_of
+from mnntool.runtime.kernels.grid import NO_GRID, grid_of
 from mnntool.runtime.kernels.ocgemm import HAS_AVX512, OcGemm, ocgemm, pack32, suits
 
 pytestmark = pytest.mark.skipif(not HAS_AVX512, reason="the micro-kernel needs AVX-512")

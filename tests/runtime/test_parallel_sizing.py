@@ -4,7 +4,8 @@ import numba
 import numpy as np
 
 from mnntool.runtime.kernels import PARALLEL_MIN_WORK, serial, sized
-from mnntool.runtime.kernels.conv import NO_GRID, RELU6, bias_act
+from mnntool.runtime.kernels.conv import bias_act
+from mnntool.runtime.kernels.grid import NO_GRID, RELU6
 
 
 def test_serial_twin_matches_numpy_and_sizing_picks_it():

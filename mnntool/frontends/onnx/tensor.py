@@ -5,7 +5,7 @@ import numpy as np
 from onnx import numpy_helper
 
 from ...errors import MnnToolError
-from ...format.dtypes import to_mnn
+from ...ir.dtypes import to_mnn
 from .context import ir_value, shape_int32, to_int32
 from .nn import converts
 

@@ -422,7 +422,7 @@ CONST_EVAL["StridedSlice"] = _np_strided_slice
 
 @op("Cast")
 def cast(ctx, node, args):
-    from ...format.dtypes import to_mnn
+    from ...ir.dtypes import to_mnn
     import tensorflow as tf
     dst = tf.dtypes.as_dtype(attr(node, "DstT")).as_numpy_dtype
     if np.dtype(dst) == np.float32:

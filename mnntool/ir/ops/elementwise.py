@@ -271,11 +271,11 @@ class Select:
 class Cast:
     """To dstT; MNN has no int64 or bool tensors, so those are int32 here."""
     def infer(node, ins):
-        from ...format.dtypes import from_mnn
+        from ..dtypes import from_mnn
         return [Val(ins[0].shape, from_mnn(node.param.get("dstT", "DT_FLOAT")))]
 
     def compute(node, xs):
-        from ...format.dtypes import from_mnn
+        from ..dtypes import from_mnn
         dtype = np.dtype(from_mnn(node.param.get("dstT", "DT_FLOAT")))
         x = xs[0]
         if dtype.kind in "iu" and x.dtype.kind == "f":

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ...format.dtypes import from_mnn
+from ..dtypes import from_mnn
 from . import Val, define, ints, known, numel
 from .elementwise import broadcast
 

@@ -21,7 +21,7 @@ KERNELS: dict[str, Callable] = {}
 class Kernel:
     fn: Callable
     writes_out: bool = False   # fn(inputs, outputs) fills preallocated outputs; else fn(inputs) -> outputs
-    out_grid: tuple | None = None   # the int8 grid (conv.grid_of) the first output is rounded to, if any
+    out_grid: tuple | None = None   # the int8 grid (grid.grid_of) the first output is rounded to, if any
 
 
 kernel = registrar(KERNELS)

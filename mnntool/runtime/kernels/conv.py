@@ -9,9 +9,7 @@ import numpy as np
 from numba import njit, prange
 
 from . import Kernel, kernel, sized, writes
-
-RELU, RELU6 = 1, 2
-
+from .grid import NO_GRID, activation, apply_act, finish, grid_of, to_grid
 
 @njit(parallel=True, cache=True, fastmath=True)
 def im2col(xp, kh, kw, sh, sw, dh, dw, oh, ow, cols):
@@ -82,33 +80,6 @@ def _edge3(r0, r1, r2, k, W, w00, w01, w02, w10, w11, w12, w20, w21, w22):
 
 
 @njit(cache=True, fastmath=True, inline="always")
-def _act(v, act):
-    if act == 1:
-        return max(v, 0.0)
-    if act == 2:
-        return min(max(v, 0.0), 6.0)
-    return v
-
-
-@njit(cache=True, fastmath=True, inline="always")
-def _on_grid(v, grid):
-    """v rounded to an int8 grid given as (1/scale, scale, min, max)."""
-    return min(max(np.rint(v * grid[0]), grid[2]), grid[3]) * grid[1]
-
-
-@njit(cache=True, fastmath=True, inline="always")
-def _finish(v, act, grid):
-    """The activation, then (when grid[1] > 0) rounding to the int8 grid."""
-    v = _act(v, act)
-    if grid[1] > 0:
-        v = _on_grid(v, grid)
-    return v
-
-
-NO_GRID = (np.float32(1), np.float32(0), np.float32(0), np.float32(0))
-
-
-@njit(cache=True, fastmath=True, inline="always")
 def _dw3_row(r0, r1, r2, row, bc, s, l, lo, hi, W, act, grid, w00, w01, w02, w10, w11, w12, w20, w21, w22):
     # slices put the first full window at index 0, so every index is a loop variable plus a constant:
     # Numba then drops its negative-index check and LLVM vectorizes the loop
@@ -116,14 +87,14 @@ def _dw3_row(r0, r1, r2, row, bc, s, l, lo, hi, W, act, grid, w00, w01, w02, w10
     a0, a1, a2, dst = r0[k0:], r1[k0:], r2[k0:], row[lo:hi]
     if s == 1:
         for j in range(hi - lo):
-            dst[j] = _finish(bc + _tap3(a0, a1, a2, j, w00, w01, w02, w10, w11, w12, w20, w21, w22), act, grid)
+            dst[j] = finish(bc + _tap3(a0, a1, a2, j, w00, w01, w02, w10, w11, w12, w20, w21, w22), act, grid)
     else:
         for j in range(hi - lo):
-            dst[j] = _finish(bc + _tap3(a0, a1, a2, 2 * j, w00, w01, w02, w10, w11, w12, w20, w21, w22), act, grid)
+            dst[j] = finish(bc + _tap3(a0, a1, a2, 2 * j, w00, w01, w02, w10, w11, w12, w20, w21, w22), act, grid)
     for i in range(0, lo):
-        row[i] = _finish(bc + _edge3(r0, r1, r2, i * s - l, W, w00, w01, w02, w10, w11, w12, w20, w21, w22), act, grid)
+        row[i] = finish(bc + _edge3(r0, r1, r2, i * s - l, W, w00, w01, w02, w10, w11, w12, w20, w21, w22), act, grid)
     for i in range(hi, row.shape[0]):
-        row[i] = _finish(bc + _edge3(r0, r1, r2, i * s - l, W, w00, w01, w02, w10, w11, w12, w20, w21, w22), act, grid)
+        row[i] = finish(bc + _edge3(r0, r1, r2, i * s - l, W, w00, w01, w02, w10, w11, w12, w20, w21, w22), act, grid)
 
 
 @njit(parallel=True, cache=True, fastmath=True)
@@ -174,7 +145,7 @@ def depthwise3x3_s1(x, w, b, t, l, xp, out, act, grid):
         for y in range(oh):
             r0, r1, r2, dst = pc[y], pc[y + 1], pc[y + 2], out[c, y]
             for k in range(ow):
-                dst[k] = _finish(bc + _tap3(r0, r1, r2, k, w00, w01, w02, w10, w11, w12, w20, w21, w22), act, grid)
+                dst[k] = finish(bc + _tap3(r0, r1, r2, k, w00, w01, w02, w10, w11, w12, w20, w21, w22), act, grid)
 
 
 @njit(parallel=True, cache=True, fastmath=True)
@@ -209,24 +180,13 @@ def _geometry(c: dict, in_hw, out_hw):
     return kh, kw, sh, sw, dh, dw, t, l, b, r
 
 
-def activation(c: dict) -> int:
-    return RELU6 if c.get("relu6") else RELU if c.get("relu") else 0
-
-
 @njit(parallel=True, cache=True, fastmath=True)
 def bias_act(y, bias, act, grid):
     """y[c, :] += bias[c], the activation and the output grid: one pass over the sgemm's output."""
     for c in prange(y.shape[0]):
         row, bc = y[c], bias[c]
         for i in range(row.shape[0]):
-            row[i] = _finish(row[i] + bc, act, grid)
-
-
-def apply_act(y: np.ndarray, act: int) -> None:
-    if act == RELU:
-        np.maximum(y, 0, out=y)
-    elif act == RELU6:
-        np.clip(y, 0, 6, out=y)
+            row[i] = finish(row[i] + bc, act, grid)
 
 
 @kernel("Convolution", "ConvolutionDepthwise")
@@ -251,7 +211,7 @@ def convolution(node, ins, outs):
 def _integer(node, ins, outs, bias, grids):
     """The integer kernel for a group-1 int8 convolution with 8-bit per-channel weights on a VNNI CPU,
     else None (elsewhere BLAS's sgemm on the int8 grid beats integer loops)."""
-    from ...quant.weights import int8_values
+    from ...format.idst import int8_values
     from .int8conv import int8_convolution
     from .vnni import HAS_VNNI
     if not HAS_VNNI:
@@ -270,7 +230,7 @@ def conv_weight(param: dict, rows: int) -> np.ndarray:
     if param.get("weight") is not None and len(param["weight"]):
         return np.asarray(param["weight"], np.float32).reshape(rows, -1)
     if param.get("quanParameter") is not None:
-        from ...quant.weights import dequantize
+        from ...format.idst import dequantize
         return dequantize(param["quanParameter"], rows)
     raise ValueError("convolution without weights")
 
@@ -293,21 +253,6 @@ def int8_scales(node) -> Int8Grids | None:
     return Int8Grids((float(qp["scaleIn"]), lo - z_in, hi - z_in), (float(qp["scaleOut"]), lo - z_out, hi - z_out), z_in)
 
 
-@njit(parallel=True, cache=True, fastmath=True)
-def to_grid(x, grid, out):
-    """out = clip(rint(x / s), min, max) * s over rows (out may be x); grid = (1/s, s, min, max)."""
-    for r in prange(x.shape[0]):
-        src, dst = x[r], out[r]
-        for i in range(src.shape[0]):
-            dst[i] = _on_grid(src[i], grid)
-
-
-def grid_of(scale, lo, hi) -> tuple:
-    """The (1/scale, scale, min, max) tuple the Numba kernels take for an int8 grid (min and max in
-    steps of the scale)."""
-    return np.float32(1 / scale), np.float32(scale), np.float32(lo), np.float32(hi)
-
-
 def _grid_input(fn, shape, grid):
     """Round the input to its int8 grid before a float kernel that rounds its own output (the layers
     the integer kernel does not cover: depthwise and grouped convolutions, 4-bit weights, no VNNI)."""
@@ -323,7 +268,7 @@ def _grid_input(fn, shape, grid):
 
 
 def convolution_float(node, ins, outs, weight, bias, grid=NO_GRID):
-    """Float convolution; `grid` rounds its output to an int8 grid (see `_finish`)."""
+    """Float convolution; `grid` rounds its output to an int8 grid (see `grid.finish`)."""
     c = node.param["common"]
     n, cin, h, w = ins[0].shape
     _, cout, oh, ow = outs[0].shape
@@ -603,7 +548,7 @@ def depthwise_hwc(x, w, b, kh, kw, s, t, l, xp, yp, out, act, grid):
                     for c in range(C):
                         acc[c] += wk[c] * src[c]
             for c in range(C):
-                acc[c] = _finish(acc[c], act, grid)
+                acc[c] = finish(acc[c], act, grid)
     for c in prange(C):
         for y in range(oh):
             dst = out[c, y]

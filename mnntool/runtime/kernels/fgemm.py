@@ -337,7 +337,7 @@ def pack_weights(w: np.ndarray, block: int = OCB) -> np.ndarray:
 
 
 def epilogue(act: int, grid) -> tuple:
-    """epf for `gemm`: the activation bounds, then the int8 grid (grid = conv.grid_of tuple or NO_GRID)."""
+    """epf for `gemm`: the activation bounds, then the int8 grid (grid = grid.grid_of tuple or NO_GRID)."""
     f32 = np.float32
     lo = f32(0) if act else f32(-np.inf)
     hi = f32(6) if act == 2 else f32(np.inf)

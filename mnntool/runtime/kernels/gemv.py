@@ -88,7 +88,7 @@ class MatVec:
         import numpy as np
 
         from . import sized
-        from .conv import NO_GRID
+        from .grid import NO_GRID
         from .fgemm import epilogue
         self.w = np.ascontiguousarray(w, np.float32)
         self.bias = np.zeros(self.w.shape[0], np.float32) if bias is None else np.ascontiguousarray(bias, np.float32)

@@ -22,7 +22,7 @@ def matmul(node, ins, outs):
         b = np.asarray(const_b, np.float32)
         b = np.ascontiguousarray(np.swapaxes(b, -1, -2) if tb and b.ndim > 1 else b)
         if HAS_AVX512 and b.ndim == 2 and not ta and _float32(ins[0], outs[0]) and len(ins[0].shape) >= 2:
-            from .conv import NO_GRID
+            from .grid import NO_GRID
             from .linear import SMALL_GEMM, RowGemm
             k, n = b.shape
             m = int(np.prod(ins[0].shape[:-1]))

@@ -1,0 +1,61 @@
+"""The epilogue every float kernel shares: the fused activation (none, ReLU, ReLU6) and rounding to
+an int8 grid, so a float kernel can stand in for an int8 one with the same result."""
+from __future__ import annotations
+
+import numpy as np
+from numba import njit, prange
+
+RELU, RELU6 = 1, 2
+
+
+def activation(c: dict) -> int:
+    return RELU6 if c.get("relu6") else RELU if c.get("relu") else 0
+
+
+def apply_act(y: np.ndarray, act: int) -> None:
+    if act == RELU:
+        np.maximum(y, 0, out=y)
+    elif act == RELU6:
+        np.clip(y, 0, 6, out=y)
+
+
+@njit(cache=True, fastmath=True, inline="always")
+def clamp_act(v, act):
+    if act == 1:
+        return max(v, 0.0)
+    if act == 2:
+        return min(max(v, 0.0), 6.0)
+    return v
+
+
+@njit(cache=True, fastmath=True, inline="always")
+def on_grid(v, grid):
+    """v rounded to an int8 grid given as (1/scale, scale, min, max)."""
+    return min(max(np.rint(v * grid[0]), grid[2]), grid[3]) * grid[1]
+
+
+@njit(cache=True, fastmath=True, inline="always")
+def finish(v, act, grid):
+    """The activation, then (when grid[1] > 0) rounding to the int8 grid."""
+    v = clamp_act(v, act)
+    if grid[1] > 0:
+        v = on_grid(v, grid)
+    return v
+
+
+NO_GRID = (np.float32(1), np.float32(0), np.float32(0), np.float32(0))
+
+
+@njit(parallel=True, cache=True, fastmath=True)
+def to_grid(x, grid, out):
+    """out = clip(rint(x / s), min, max) * s over rows (out may be x); grid = (1/s, s, min, max)."""
+    for r in prange(x.shape[0]):
+        src, dst = x[r], out[r]
+        for i in range(src.shape[0]):
+            dst[i] = on_grid(src[i], grid)
+
+
+def grid_of(scale, lo, hi) -> tuple:
+    """The (1/scale, scale, min, max) tuple the Numba kernels take for an int8 grid (min and max in
+    steps of the scale)."""
+    return np.float32(1 / scale), np.float32(scale), np.float32(lo), np.float32(hi)
