@@ -4,7 +4,7 @@ import numba
 import numpy as np
 
 from mnntool.runtime.kernels import PARALLEL_MIN_WORK, serial, sized
-from mnntool.runtime.kernels.conv import bias_act
+from mnntool.runtime.kernels.conv_loops import bias_act
 from mnntool.runtime.kernels.grid import NO_GRID, RELU6
 
 

@@ -50,10 +50,12 @@ def serial(fn):
     return _SERIAL[fn]
 
 
-def sized(fn, work: int):
+def sized(fn, work: int, threads: int | None = None):
     """`fn` (a parallel Numba kernel) when `work` pays for waking the other threads, else its serial twin."""
-    import numba
-    return fn if numba.get_num_threads() <= 1 or work >= PARALLEL_MIN_WORK else serial(fn)
+    if threads is None:
+        import numba
+        threads = numba.get_num_threads()
+    return fn if threads <= 1 or work >= PARALLEL_MIN_WORK else serial(fn)
 
 
 CACHE_LINE = 64

@@ -1,0 +1,91 @@
+"""Convolution dispatch: one layer per strategy, checking that `pick` chooses it (with and without
+AVX-512) and that the strategy's kernel matches torch's conv2d. Every strategy must have a case here.
+Tolerance: 5e-5 of the output's largest magnitude (fp32 sums of up to 800 products; Winograd's
+transforms scale values by up to 8x), and int8-grid outputs within one grid step."""
+import numpy as np
+import pytest
+
+from mnntool.runtime.kernels.conv_strategies import HAS_AVX512, STRATEGIES, Geometry, Layer, pick
+from mnntool.runtime.kernels.grid import NO_GRID, RELU6, grid_of
+
+torch = pytest.importorskip("torch")
+F = torch.nn.functional
+
+
+def geo(n, cin, h, w, cout, k, s=1, p=0, group=1, d=1):
+    oh = (h + 2 * p - d * (k - 1) - 1) // s + 1
+    ow = (w + 2 * p - d * (k - 1) - 1) // s + 1
+    return Geometry(n, cin, h, w, cout, oh, ow, k, k, s, s, d, d, p, p, p, p, group)
+
+
+# geometry -> (strategy with AVX-512, strategy without)
+CASES = {
+    "dw3 tiny map": (geo(1, 16, 7, 7, 16, 3, p=1, group=16), "dw3-flat", "dw3-plane"),
+    "dw3 wide map": (geo(1, 8, 70, 70, 8, 3, p=1, group=8), "dw3-rows", "dw3-plane"),
+    "dw3 stride 2": (geo(2, 8, 40, 40, 8, 3, s=2, p=1, group=8), "dw3-strips", "dw3-border"),
+    "dw5 small map": (geo(1, 16, 14, 14, 16, 5, p=2, group=16), "dw-channels-last", "dw-channels-last"),
+    "dw5 dilated": (geo(1, 8, 40, 40, 8, 5, p=4, group=8, d=2), "dw-generic", "dw-generic"),
+    "3x3 dense": (geo(2, 16, 20, 20, 16, 3, p=1), "winograd", "blas-im2col"),
+    "fc batch 1": (geo(1, 64, 1, 1, 32, 1), "matvec", "blas-rows"),
+    "fc many rows": (geo(64, 128, 1, 1, 128, 1), "row-gemm", "blas-rows"),
+    "fc few rows": (geo(2, 16, 1, 1, 8, 1), "blas-rows", "blas-rows"),
+    "1x1": (geo(1, 16, 20, 20, 32, 1), "pointwise", "blas-im2col"),
+    "1x1 stride 2": (geo(2, 16, 20, 20, 24, 1, s=2), "pointwise", "blas-im2col"),
+    "3x3 s2 to 7x7": (geo(1, 16, 14, 14, 32, 3, s=2, p=1), "im2col-oc", "blas-im2col"),
+    "stem": (geo(1, 3, 64, 64, 16, 3, s=2, p=1), "im2col-in-place", "blas-im2col"),
+    "5x5 dense": (geo(1, 32, 20, 20, 64, 5, p=2), "im2col-implicit", "blas-im2col"),
+    "grouped": (geo(2, 16, 10, 10, 16, 3, p=1, group=4), "blas-im2col", "blas-im2col"),
+}
+
+
+def test_every_strategy_has_a_case():
+    covered = {name for _, fast, slow in CASES.values() for name in (fast, slow)}
+    assert covered == {s.name for s in STRATEGIES}
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_pick(case):
+    g, fast, slow = CASES[case]
+    assert pick(g, avx512=True).name == fast
+    assert pick(g, avx512=False).name == slow
+
+
+def _run(g: Geometry, strategy, act=RELU6, grid=NO_GRID, threads=2):
+    rng = np.random.default_rng(g.cin * g.h + g.kh)
+    x = rng.standard_normal((g.n, g.cin, g.h, g.w)).astype(np.float32)
+    w = (rng.standard_normal((g.cout, g.cin // g.group, g.kh, g.kw)) / np.sqrt(g.cin * g.kh)).astype(np.float32)
+    b = rng.standard_normal(g.cout).astype(np.float32)
+    k = strategy.build(g, Layer(w.reshape(g.cout, -1), b, act, grid, threads))
+    y = np.full((g.n, g.cout, g.oh, g.ow), np.nan, np.float32)
+    k.fn([x], [y])
+    ref = F.conv2d(F.pad(torch.from_numpy(x), (g.l, g.r, g.t, g.b)), torch.from_numpy(w), torch.from_numpy(b),
+                   stride=(g.sh, g.sw), dilation=(g.dh, g.dw), groups=g.group)
+    return torch.clamp(ref, 0, 6).numpy().astype(np.float64), y.astype(np.float64)
+
+
+@pytest.mark.parametrize("case", list(CASES))
+@pytest.mark.parametrize("avx512", [True, False])
+def test_strategy_matches_torch(case, avx512):
+    g, fast, slow = CASES[case]
+    if avx512 and not HAS_AVX512:
+        pytest.skip("this host has no AVX-512")
+    ref, got = _run(g, pick(g, avx512))
+    assert np.abs(got - ref).max() <= 5e-5 * np.abs(ref).max()
+
+
+@pytest.mark.parametrize("case", ["dw3 tiny map", "dw5 dilated", "fc batch 1", "1x1", "grouped"])
+def test_strategy_rounds_to_the_int8_grid(case):
+    g, fast, _ = CASES[case]
+    if not HAS_AVX512:
+        fast = CASES[case][2]
+    step = 0.05
+    ref, got = _run(g, next(s for s in STRATEGIES if s.name == fast), grid=grid_of(step, -127, 127))
+    on_grid = np.abs(got / step - np.rint(got / step))
+    assert on_grid.max() < 1e-3
+    assert np.abs(got - ref).max() <= step / 2 + 1e-4
+
+
+def test_geometry_of_same_padding():
+    c = {"kernelX": 3, "kernelY": 3, "strideX": 2, "strideY": 2, "padMode": "SAME", "group": 1}
+    g = Geometry.of(c, (1, 4, 8, 9), (1, 4, 4, 5))
+    assert (g.t, g.l, g.b, g.r) == (0, 1, 1, 1)     # odd totals put the extra row/column at the end
