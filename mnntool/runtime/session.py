@@ -18,6 +18,7 @@ from ..ir.ops import REGISTRY, Val
 from ..ir.shape_inference import infer_node, infer_shapes
 from .kernels import KERNELS, Kernel, aligned_empty, by_definition
 from .kernels.program import Programs
+from .settings import Settings
 
 
 @dataclass
@@ -45,26 +46,16 @@ class Plan:
     calls: list = field(default_factory=list)
 
 
-def set_threads(n: int | None):
-    """Numba's and BLAS's thread counts; returns the threadpoolctl limiter to keep alive."""
-    if not n:
-        return None
-    import numba
-    from threadpoolctl import threadpool_limits
-    numba.set_num_threads(max(1, min(int(n), numba.config.NUMBA_NUM_THREADS)))
-    return threadpool_limits(limits=int(n), user_api="blas")
-
-
 generic_kernel = by_definition
 
 
-def kernel_for(node, ins, outs) -> Kernel:
+def kernel_for(node, ins, outs, settings: Settings) -> Kernel:
     """The fast kernel of the op where it has one that takes this case, else its definition's compute."""
     factory = KERNELS.get(node.op)
     if factory is None:
         return generic_kernel(node)
     try:
-        return factory(node, ins, outs)
+        return factory(node, ins, outs, settings)
     except MnnToolError:
         if node.op in REGISTRY:
             return generic_kernel(node)
@@ -82,8 +73,7 @@ MAX_PLANS = 8               # plans kept per session, one per distinct set of in
 class Session:
     def __init__(self, graph: Graph, threads: int | None = None):
         self.graph = graph
-        self._limiter = set_threads(threads)
-        self.threads = threads
+        self.settings = Settings.of(threads)
         self.plan: Plan | None = None
         self._plan_key = None
         self._plans: dict = {}
@@ -146,7 +136,7 @@ class Session:
         programs, run = Programs(g.constants), []   # run: consecutive small elementwise nodes (kernels.program)
 
         def build(node, ins, outs):
-            k = kernel_for(node, ins, outs)
+            k = kernel_for(node, ins, outs, self.settings)
             if k.writes_out and any(v.shape is None or not all(isinstance(d, int) for d in v.shape) for v in outs):
                 raise MnnToolError(f"{node.op} '{node.name}': output shape unknown at prepare time")
             if k.out_grid:
@@ -294,7 +284,7 @@ class Session:
                 if any(v.shape is None or not all(isinstance(d, int) for d in v.shape) for v in outs):
                     built = (generic_kernel(node), outs)
                 else:
-                    built = (kernel_for(node, ins, outs), outs)
+                    built = (kernel_for(node, ins, outs, self.settings), outs)
                 if len(self._dynamic) > 20000:
                     self._dynamic.clear()
                 self._dynamic[key] = built
@@ -317,6 +307,7 @@ class Session:
 
     def run(self, feeds: dict[str, np.ndarray], keep_all: bool = False, profile: list | None = None) -> dict:
         """Outputs by name (copies); every tensor when keep_all; per-step seconds appended to `profile`."""
+        self.settings.apply()
         plan = self._ensure(feeds, keep_all)
         if plan.calls is None:
             return self._run_eager(feeds, keep_all)

@@ -8,6 +8,7 @@ import pytest
 from mnntool.ir.ops import Val
 from mnntool.runtime.kernels.conv import convolution_float
 from mnntool.runtime.kernels.grid import NO_GRID, grid_of
+from mnntool.runtime.settings import Settings
 from mnntool.runtime.kernels.fgemm import HAS_AVX512, PackedGemm, k_block
 
 torch = pytest.importorskip("torch")
@@ -30,7 +31,7 @@ def test_packed_gemm_matches_numpy(o, k, p, act):
     w = rng.standard_normal((o, k)).astype(np.float32)
     x = rng.standard_normal((k, p)).astype(np.float32)
     b = rng.standard_normal(o).astype(np.float32)
-    g = PackedGemm(w, b, act, NO_GRID, p)
+    g = PackedGemm(w, b, act, NO_GRID, p, 2)
     out = np.full((g.rows(), p), np.nan, np.float32)
     g(x.reshape(-1), p, out.reshape(-1), p)
     ref = w.astype(np.float64) @ x + b[:, None]
@@ -53,7 +54,7 @@ def test_packed_gemm_rounds_to_the_int8_grid_and_blocks_k():
     w = rng.standard_normal((o, k)).astype(np.float32) * 0.05
     x = rng.standard_normal((k, p)).astype(np.float32)
     grid = grid_of(0.05, -127, 127)
-    g = PackedGemm(w, np.zeros(o, np.float32), 1, grid, p)
+    g = PackedGemm(w, np.zeros(o, np.float32), 1, grid, p, 2)
     out = np.empty((o, p), np.float32)
     from mnntool.runtime.kernels.fgemm import gemm
     gemm(x.reshape(-1), p, p, g.wp, k, k_block(k, 512, 3), o, g.bias, g.epf, 1, out.reshape(-1), p, False)
@@ -74,7 +75,8 @@ def _conv(x, w, b, stride=1, pads=(1, 1, 1, 1), dilation=1, act=1):
         param = {"common": {"outputCount": cout, "kernelX": kw, "kernelY": kh, "strideX": stride, "strideY": stride,
                             "dilateX": dilation, "dilateY": dilation, "pads": [t, l, bb, r], "relu": act == 1,
                             "relu6": act == 2}}
-    k = convolution_float(Node, [Val((n, cin, h, wd))], [Val((n, cout, oh, ow))], w.reshape(cout, -1), b)
+    k = convolution_float(Node, [Val((n, cin, h, wd))], [Val((n, cout, oh, ow))], w.reshape(cout, -1), b,
+                         Settings(2))
     y = np.full((n, cout, oh, ow), np.nan, np.float32)
     k.fn([x], [y])
     xt = F.pad(torch.from_numpy(x), (l, r, t, bb))
@@ -146,7 +148,7 @@ def test_max_pool_3x3_stride2_matches_torch(monkeypatch, h, ceil, pad, avx512):
     class Node:
         param = {"type": "MAXPOOL", "kernelX": 3, "kernelY": 3, "strideX": 2, "strideY": 2, "padX": pad,
                  "padY": pad, "padType": "CAFFE"}
-    k = pooling(Node, [Val(x.shape)], [Val(ref.shape)])
+    k = pooling(Node, [Val(x.shape)], [Val(ref.shape)], Settings(2))
     y = np.empty(ref.shape, np.float32)
     k.fn([x], [y])
     np.testing.assert_array_equal(y, ref)

@@ -36,7 +36,7 @@ def test_tile_matches_integer_product(oc, k, pixels):
     f = np.float32
     epf = (f(0), f(6), f(1 / 0.05), f(0.05), f(-127), f(127))      # ReLU6, then the 0.05 grid
     out = np.full((-(-oc // 8) * 8, pixels), np.nan, np.float32)
-    vnni.Int8Weights(w, offset, scale, bias).matmul(packed, epf, out)
+    vnni.Int8Weights(w, offset, scale, bias, oc * k * pixels, 2).matmul(packed, epf, out)
     acc = (x.astype(np.int64) @ w.astype(np.int64).T - offset).T
     ref = np.clip(np.rint(np.clip(acc * scale[:, None] + bias[:, None], 0, 6) / 0.05), -127, 127) * 0.05
     np.testing.assert_allclose(out[:oc], ref, atol=1e-6)

@@ -7,7 +7,8 @@ import pytest
 from mnntool.runtime.kernels import serial
 from mnntool.runtime.kernels.grid import NO_GRID
 from mnntool.runtime.kernels.fgemm import OCB
-from mnntool.runtime.kernels.linear import HAS_AVX512, BatchedMatMul, RowGemm, pack_rows
+from mnntool.runtime.kernels.fgemm import HAS_AVX512
+from mnntool.runtime.kernels.linear import BatchedMatMul, RowGemm, pack_rows
 
 pytestmark = pytest.mark.skipif(not HAS_AVX512, reason="the kernels need AVX-512")
 
@@ -39,7 +40,7 @@ def test_row_gemm_matches_numpy(m, k, n, bias, act):
     w = rng.standard_normal((k, n)).astype(np.float32)
     bb = rng.standard_normal(n).astype(np.float32)
     y = np.full((m, n), np.nan, np.float32)
-    RowGemm(w, bb if bias else None, act, NO_GRID, m)(a, y)
+    RowGemm(w, bb if bias else None, act, NO_GRID, m, 2)(a, y)
     ref = a.astype(np.float64) @ w + (bb if bias else 0)
     close(np.clip(ref, 0, 6 if act == 2 else np.inf) if act else ref, y)
 
@@ -50,5 +51,5 @@ def test_batched_matmul_matches_numpy(batches, m, k, n):
     a = rng.standard_normal((batches, m, k)).astype(np.float32)
     b = rng.standard_normal((batches, k, n)).astype(np.float32)
     out = np.full((batches, m, n), np.nan, np.float32)
-    BatchedMatMul(batches, m, k, n)(a, b, out)
+    BatchedMatMul(batches, m, k, n, 2)(a, b, out)
     close(a.astype(np.float64) @ b, out)

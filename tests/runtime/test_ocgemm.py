@@ -22,7 +22,7 @@ def test_ocgemm_matches_numpy(o, k, p, act):
     x = rng.standard_normal((k, p)).astype(np.float32)
     b = rng.standard_normal(o).astype(np.float32)
     out = np.full((o + 3, p), np.nan, np.float32)      # rows past O must stay untouched
-    OcGemm(w, b, act, NO_GRID, p)(x.reshape(-1), p, out.reshape(-1), p)
+    OcGemm(w, b, act, NO_GRID, p, 2)(x.reshape(-1), p, out.reshape(-1), p)
     ref = w.astype(np.float64) @ x + b[:, None]
     ref = np.clip(ref, 0, 6) if act == 2 else ref
     close(ref, out[:o])

@@ -1,6 +1,7 @@
 """Kernel registry: op name -> factory that, at prepare time, returns the function that runs the op.
 
-A factory gets the node and what shape inference knows of its inputs and outputs, does the one-time
+A factory gets the node, what shape inference knows of its inputs and outputs, and the session's
+`Settings` (its thread count: nothing reads a process-wide one), does the one-time
 work (weight packing, index tables) and returns a Kernel. A kernel either writes into output
 buffers that the planner owns (`writes_out`), or returns arrays (views, tiny shape tensors).
 """
@@ -50,11 +51,8 @@ def serial(fn):
     return _SERIAL[fn]
 
 
-def sized(fn, work: int, threads: int | None = None):
-    """`fn` (a parallel Numba kernel) when `work` pays for waking the other threads, else its serial twin."""
-    if threads is None:
-        import numba
-        threads = numba.get_num_threads()
+def sized(fn, work: int, threads: int):
+    """`fn` (a parallel Numba kernel) when `work` pays for waking `threads` threads, else its serial twin."""
     return fn if threads <= 1 or work >= PARALLEL_MIN_WORK else serial(fn)
 
 

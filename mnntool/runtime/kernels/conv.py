@@ -13,7 +13,7 @@ from .grid import NO_GRID, activation, apply_act, grid_of, to_grid
 
 
 @kernel("Convolution", "ConvolutionDepthwise")
-def convolution(node, ins, outs):
+def convolution(node, ins, outs, settings):
     cout = node.param["common"]["outputCount"]
     weight = np.ascontiguousarray(conv_weight(node.param, cout))
     bias = np.asarray(node.param.get("bias", np.zeros(cout)), np.float32).reshape(-1)
@@ -22,16 +22,16 @@ def convolution(node, ins, outs):
     int8 = int8_scales(node)
     if int8 is not None:     # an int8 convolution: same arithmetic as MNN on the quantized grid
         grid_in, grid_out = grid_of(*int8.input), grid_of(*int8.output)
-        fn = _integer(node, ins, outs, bias, int8)
+        fn = _integer(node, ins, outs, bias, int8, settings.threads)
         if fn is None:
-            k = convolution_float(node, ins, outs, weight, bias, grid_out)
+            k = convolution_float(node, ins, outs, weight, bias, settings, grid_out)
             # an input that an int8 kernel already rounded to this grid is used as it is
-            fn = k.fn if ins[0].grid == grid_in else _grid_input(k.fn, ins[0].shape, grid_in)
+            fn = k.fn if ins[0].grid == grid_in else _grid_input(k.fn, ins[0].shape, grid_in, settings.threads)
         return Kernel(fn, True, grid_out)
-    return convolution_float(node, ins, outs, weight, bias)
+    return convolution_float(node, ins, outs, weight, bias, settings)
 
 
-def _integer(node, ins, outs, bias, grids):
+def _integer(node, ins, outs, bias, grids, threads: int):
     """The integer kernel for a group-1 int8 convolution with 8-bit per-channel weights on a VNNI CPU,
     else None (elsewhere BLAS's sgemm on the int8 grid beats integer loops)."""
     from ...format.idst import int8_values
@@ -45,7 +45,7 @@ def _integer(node, ins, outs, bias, grids):
     if values is None or (c.get("group", 1) or 1) != 1 or len(ins[0].shape) != 4:
         return None
     geometry = Geometry.of(c, ins[0].shape, outs[0].shape).window
-    return int8_convolution(geometry, *values, bias, activation(c), grids, ins[0].shape, outs[0].shape)
+    return int8_convolution(geometry, *values, bias, activation(c), grids, ins[0].shape, outs[0].shape, threads)
 
 
 def conv_weight(param: dict, rows: int) -> np.ndarray:
@@ -76,20 +76,19 @@ def int8_scales(node) -> Int8Grids | None:
     return Int8Grids((float(qp["scaleIn"]), lo - z_in, hi - z_in), (float(qp["scaleOut"]), lo - z_out, hi - z_out), z_in)
 
 
-def convolution_float(node, ins, outs, weight, bias, grid=NO_GRID) -> Kernel:
+def convolution_float(node, ins, outs, weight, bias, settings, grid=NO_GRID) -> Kernel:
     """Float convolution on the first strategy that suits it; `grid` rounds its output to an int8 grid."""
-    import numba
     c = node.param["common"]
     g = Geometry.of(c, ins[0].shape, outs[0].shape)
-    return pick(g).build(g, Layer(weight, bias, activation(c), grid, numba.get_num_threads()))
+    return pick(g).build(g, Layer(weight, bias, activation(c), grid, settings.threads))
 
 
-def _grid_input(fn, shape, grid):
+def _grid_input(fn, shape, grid, threads: int):
     """Round the input to its int8 grid before a float kernel that rounds its own output (the layers
     the integer kernel does not cover: depthwise and grouped convolutions, 4-bit weights, no VNNI)."""
     xq = np.empty(shape, np.float32)
     rows = xq.reshape(-1, shape[-1])
-    rounding = sized(to_grid, xq.size)
+    rounding = sized(to_grid, xq.size, threads)
 
     def run(inputs, outputs):
         x = np.ascontiguousarray(inputs[0], np.float32)
@@ -99,7 +98,7 @@ def _grid_input(fn, shape, grid):
 
 
 @kernel("Deconvolution", "DeconvolutionDepthwise")
-def deconvolution(node, ins, outs):
+def deconvolution(node, ins, outs, settings):
     c = node.param["common"]
     n, cin, h, w = ins[0].shape
     _, cout, oh, ow = outs[0].shape

@@ -297,7 +297,8 @@ class Winograd3x3(Strategy):
 
     def build(self, g, layer):
         from .winograd import Winograd
-        wino = Winograd(layer.weight, layer.bias, g.cin, g.h, g.w, g.oh, g.ow, g.t, g.l, layer.act, layer.grid)
+        wino = Winograd(layer.weight, layer.bias, g.cin, g.h, g.w, g.oh, g.ow, g.t, g.l, layer.act, layer.grid,
+                        layer.threads)
         return _per_image(g, wino)
 
 
@@ -310,7 +311,7 @@ class MatVecRows(Strategy):
 
     def build(self, g, layer):
         from .gemv import MatVec
-        mv, regrid = MatVec(layer.weight.reshape(g.cout, g.cin), layer.bias, layer.act), _regrid(g, layer)
+        mv, regrid = MatVec(layer.weight.reshape(g.cout, g.cin), layer.bias, layer.act, layer.threads), _regrid(g, layer)
 
         def run(inputs, outputs):
             y = outputs[0].reshape(g.cout)
@@ -329,7 +330,7 @@ class PackedRows(Strategy):
 
     def build(self, g, layer):
         from .linear import RowGemm
-        rows = RowGemm(layer.weight.reshape(g.cout, g.cin).T, layer.bias, layer.act, layer.grid, g.n)
+        rows = RowGemm(layer.weight.reshape(g.cout, g.cin).T, layer.bias, layer.act, layer.grid, g.n, layer.threads)
 
         def run(inputs, outputs):
             rows(inputs[0].reshape(g.n, g.cin), outputs[0].reshape(g.n, g.cout))
@@ -368,7 +369,7 @@ class Pointwise(Strategy):
         from .ocgemm import OcGemm, suits
         pixels, subsample = g.oh * g.ow, g.sh > 1 or g.sw > 1
         packed = (OcGemm if suits(pixels, g.weight_bytes) else PackedGemm)(layer.weight, layer.bias, layer.act,
-                                                                            layer.grid, pixels)
+                                                                            layer.grid, pixels, layer.threads)
         picked = np.empty((g.cin, g.oh, g.ow), np.float32) if subsample else None
 
         def one(x, y):
@@ -390,7 +391,7 @@ class Im2colChannelsInLanes(Strategy):
         from .ocgemm import OcGemm
         cols = np.empty((g.cin * g.kh * g.kw, g.oh * g.ow), np.float32)
         unfold = sized(im2col, cols.size, layer.threads)
-        gemm = OcGemm(layer.weight, layer.bias, layer.act, layer.grid, g.oh * g.ow)
+        gemm = OcGemm(layer.weight, layer.bias, layer.act, layer.grid, g.oh * g.ow, layer.threads)
         pad = _padder(g)
 
         def one(x, y):
@@ -403,7 +404,7 @@ def _phases(g: Geometry, layer: Layer):
     """The packed weights and the input's phase planes (big enough for every tap of every output
     pixel; their zero border is the padding) that implicit im2col reads."""
     from .fgemm import PackedGemm, phase_split
-    packed = PackedGemm(layer.weight, layer.bias, layer.act, layer.grid, g.oh * g.ow)
+    packed = PackedGemm(layer.weight, layer.bias, layer.act, layer.grid, g.oh * g.ow, layer.threads)
     hq = max(-(-(g.h + g.t + g.b) // g.sh), g.oh + (g.kh - 1) * g.dh // g.sh)
     wq = max(-(-(g.w + g.l + g.r) // g.sw), g.ow + (g.kw - 1) * g.dw // g.sw)
     phases = np.zeros((g.cin * g.sh * g.sw, hq, wq), np.float32)

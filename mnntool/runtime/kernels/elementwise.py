@@ -79,8 +79,8 @@ def erf_flat(x, out, gelu):
                 dst[i] = erf32(src[i])
 
 
-def _erf_kernel(size: int, gelu: bool):
-    fn = sized(erf_flat, size * 16)     # ~16 operations an element
+def _erf_kernel(size: int, gelu: bool, threads: int):
+    fn = sized(erf_flat, size * 16, threads)     # ~16 operations an element
     return writes(lambda i, o: fn(np.ascontiguousarray(i[0]).reshape(-1), o[0].reshape(-1), gelu))
 
 
@@ -135,7 +135,7 @@ def _unsupported(node, what):
 
 
 @kernel("ReLU")
-def relu(node, ins, outs):
+def relu(node, ins, outs, settings):
     slope = float(node.param.get("slope", 0.0))
     if slope == 0.0:
         return writes(lambda i, o: np.maximum(i[0], 0, out=o[0]))
@@ -147,7 +147,7 @@ def relu(node, ins, outs):
 
 
 @kernel("ReLU6")
-def relu6(node, ins, outs):
+def relu6(node, ins, outs, settings):
     lo, hi = float(node.param.get("minValue", 0.0)), float(node.param.get("maxValue", 6.0))
     return writes(lambda i, o: np.clip(i[0], lo, hi, out=o[0]))
 
@@ -170,17 +170,17 @@ def _sigmoid_kernel():
 
 
 @kernel("Sigmoid")
-def sigmoid(node, ins, outs):
+def sigmoid(node, ins, outs, settings):
     return _sigmoid_kernel()
 
 
 @kernel("TanH")
-def tanh(node, ins, outs):
+def tanh(node, ins, outs, settings):
     return writes(lambda i, o: np.tanh(i[0], out=o[0]))
 
 
 @kernel("ELU")
-def elu(node, ins, outs):
+def elu(node, ins, outs, settings):
     alpha = np.float32(node.param.get("alpha", 1.0))
 
     def run(i, o):
@@ -192,7 +192,7 @@ def elu(node, ins, outs):
 
 
 @kernel("PReLU")
-def prelu(node, ins, outs):
+def prelu(node, ins, outs, settings):
     slope = np.asarray(node.param["slope"], np.float32).reshape(-1)
     rank = len(ins[0].shape)
     s = slope.reshape((1, -1) + (1,) * (rank - 2)) if slope.size > 1 else slope.reshape(())
@@ -204,7 +204,7 @@ def prelu(node, ins, outs):
 
 
 @kernel("UnaryOp")
-def unary(node, ins, outs):
+def unary(node, ins, outs, settings):
     op = node.param.get("opType")
     if op not in UNARY or ins[0].dtype != "float32":
         return by_definition(node)
@@ -212,7 +212,7 @@ def unary(node, ins, outs):
     if op == "SIGMOID" and ins[0].dtype == "float32":
         return _sigmoid_kernel()
     if op in ("ERF", "GELU_STANDARD") and ins[0].dtype == "float32" and outs[0].shape is not None:
-        return _erf_kernel(int(np.prod(outs[0].shape)), op == "GELU_STANDARD")
+        return _erf_kernel(int(np.prod(outs[0].shape)), op == "GELU_STANDARD", settings.threads)
     if ins[0].dtype != "float32" and op not in ("ABS", "NEG", "SQUARE", "SIGN"):
         return returns(lambda i: [fn(i[0].astype(np.float32)).astype(i[0].dtype)])
     return writes(lambda i, o: fn(i[0], out=o[0]))
@@ -237,7 +237,7 @@ SMALL = 4096    # elements: below this a same-shape add is numpy's (the fused Nu
 
 
 @kernel("BinaryOp")
-def binary(node, ins, outs):
+def binary(node, ins, outs, settings):
     op = node.param.get("opType")
     if op not in FLOAT_BINARY or any(v.dtype != "float32" for v in ins):
         return by_definition(node)      # integer and boolean math: MNN's meaning, in ir/ops/elementwise
@@ -249,7 +249,7 @@ def binary(node, ins, outs):
             and shapes[0] is not None and len(shapes[0]) >= 2 and all(isinstance(d, int) for d in shapes[0])
             and all(sh == shapes[0] for sh in shapes) and int(np.prod(shapes[0])) >= SMALL):
         rows = int(np.prod(shapes[0][:2]))
-        fused = sized(add_relu, int(np.prod(shapes[0])))
+        fused = sized(add_relu, int(np.prod(shapes[0])), settings.threads)
 
         def run_add(i, o):
             a, b = (np.ascontiguousarray(v).reshape(rows, -1) for v in i)
@@ -267,11 +267,11 @@ def binary(node, ins, outs):
 
 
 @kernel("Select")
-def select(node, ins, outs):
+def select(node, ins, outs, settings):
     return writes(lambda i, o: np.copyto(o[0], np.where(i[0].astype(bool), i[1], i[2])))
 
 
 @kernel("Cast")
-def cast(node, ins, outs):
+def cast(node, ins, outs, settings):
     dtype = np.dtype(outs[0].dtype)
     return returns(lambda i: [i[0].astype(dtype)])

@@ -361,7 +361,7 @@ class PackedGemm:
     """A convolution's weights packed for `gemm` (bias padded to whole tiles), its epilogue, and the
     walk that suits its pixel count, all decided at prepare."""
 
-    def __init__(self, weight: np.ndarray, bias: np.ndarray, act: int, grid, pixels: int):
+    def __init__(self, weight: np.ndarray, bias: np.ndarray, act: int, grid, pixels: int, threads: int):
         o, k = weight.shape
         self.o, self.k, self.nob, self.pixels = o, k, -(-o // OCB), pixels
         self.wp = pack_weights(weight)
@@ -372,7 +372,7 @@ class PackedGemm:
         self.kc = k_block(k, self.rows(), self.tiles)
         self.by_block = k * pixels <= BY_BLOCK_X
         from . import sized
-        self.fn = sized(gemm, self.rows() * pixels * k // 16)
+        self.fn = sized(gemm, self.rows() * pixels * k // 16, threads)
 
     def rows(self) -> int:
         return self.nob * OCB

@@ -84,7 +84,7 @@ class MatVec:
     """y = clip(w @ x + bias, activation bounds) for a constant w (O, K): the weights contiguous, the
     serial or parallel kernel chosen at prepare."""
 
-    def __init__(self, w, bias=None, act: int = 0):
+    def __init__(self, w, bias, act: int, threads: int):
         import numpy as np
 
         from . import sized
@@ -93,7 +93,7 @@ class MatVec:
         self.w = np.ascontiguousarray(w, np.float32)
         self.bias = np.zeros(self.w.shape[0], np.float32) if bias is None else np.ascontiguousarray(bias, np.float32)
         self.lo, self.hi = epilogue(act, NO_GRID)[:2]
-        self.fn = sized(matvec, self.w.size)
+        self.fn = sized(matvec, self.w.size, threads)
 
     def __call__(self, x, y) -> None:
         """x (K,), y (O,) C-contiguous."""

@@ -78,7 +78,7 @@ def quantize_packed(x, inv_s, lo, hi, off, cols):
                     dst[k] = word
 
 
-def int8_convolution(geometry, q, alpha, bias, act, grids, in_shape, out_shape):
+def int8_convolution(geometry, q, alpha, bias, act, grids, in_shape, out_shape, threads: int):
     """The kernel function for one int8 convolution (group 1), or None when the geometry is not covered.
 
     `q` (O, C*kh*kw) int8 in (c, i, j) order with per-channel `alpha`; `grids` a conv.Int8Grids.
@@ -99,7 +99,7 @@ def int8_convolution(geometry, q, alpha, bias, act, grids, in_shape, out_shape):
     k4 = kh * kw * cp // 4
     # VNNI does 16 multiply-adds per element operation of kernels.sized's measure
     weights = Int8Weights(wk.reshape(cout, -1), off * q.astype(np.int32).sum(1), scale, bias,
-                          work=cout * oh * ow * k4 * 4 // 16)
+                          cout * oh * ow * k4 * 4 // 16, threads)
     f32 = np.float32
     epf = (f32(0 if act else -np.inf), f32(6 if act == 2 else np.inf), f32(1 / s_out), f32(s_out), f32(out_lo), f32(out_hi))
     pixels = oh * ow
@@ -109,8 +109,8 @@ def int8_convolution(geometry, q, alpha, bias, act, grids, in_shape, out_shape):
     grid = None if direct else np.full((h + t + b, w + l + r, cp), off, np.uint8)
     grid32 = None if direct else grid.view(np.uint32)
     inv_in = f32(1 / s_in)
-    quantize = sized(quantize_packed if direct else quantize_hwc, cin * h * w)
-    unfold = None if direct else sized(im2col_packed, words.size)
+    quantize = sized(quantize_packed if direct else quantize_hwc, cin * h * w, threads)
+    unfold = None if direct else sized(im2col_packed, words.size, threads)
 
     def run(inputs, outputs):
         x, y = inputs[0], outputs[0]

@@ -17,7 +17,7 @@ from numba.extending import intrinsic
 
 from . import aligned_empty, sized
 from .llvmir import columns_to_rows, data_of, first_lanes, vector_ops
-from .fgemm import BY_BLOCK_X, HAS_AVX512, OCB, epilogue_of, gemm, gemm_batched, k_block, tile_count  # noqa: F401
+from .fgemm import BY_BLOCK_X, OCB, epilogue_of, gemm, gemm_batched, k_block, tile_count  # noqa: F401
 
 
 # multiply-adds below which one BLAS call costs less than a pack and a gemm call (1 thread: 16x32x256
@@ -80,7 +80,7 @@ def pack_rows(a, ones, out):
 class RowGemm:
     """y (M, N) = finish(a (M, K) @ b (K, N) + bias) for a constant b; a is packed on every call."""
 
-    def __init__(self, b: np.ndarray, bias, act: int, grid, m: int):
+    def __init__(self, b: np.ndarray, bias, act: int, grid, m: int, threads: int):
         k, n = b.shape
         self.m, self.n, self.ones = m, n, 1 if bias is not None else 0
         self.kp = k + self.ones
@@ -94,8 +94,8 @@ class RowGemm:
         self.kc = k_block(self.kp, nob * OCB, tile_count(n))
         self.by_block = self.kp * n <= BY_BLOCK_X
         self.epf, self.grid = epilogue_of(act, grid)
-        self.pack = sized(pack_rows, m * self.kp)
-        self.fn = sized(gemm, nob * OCB * n * self.kp // 16)
+        self.pack = sized(pack_rows, m * self.kp, threads)
+        self.fn = sized(gemm, nob * OCB * n * self.kp // 16, threads)
 
     def __call__(self, a: np.ndarray, y: np.ndarray) -> None:
         """a (M, K) rows (any strides), y (M, N) C-contiguous."""
@@ -107,7 +107,7 @@ class RowGemm:
 class BatchedMatMul:
     """out (B, M, N) = a (B, M, K) @ b (B, K, N), both activations, b C-contiguous."""
 
-    def __init__(self, batches: int, m: int, k: int, n: int):
+    def __init__(self, batches: int, m: int, k: int, n: int, threads: int):
         from .fgemm import IDENTITY
         self.shape = (batches, m, k, n)
         nob = -(-m // OCB)
@@ -117,8 +117,8 @@ class BatchedMatMul:
         self.kc = k_block(k, nob * OCB, tile_count(n))
         self.by_block = k * n <= BY_BLOCK_X
         self.epf = IDENTITY
-        self.pack = sized(pack_rows, batches * m * k)
-        self.fn = sized(gemm_batched, batches * nob * OCB * n * k // 16)
+        self.pack = sized(pack_rows, batches * m * k, threads)
+        self.fn = sized(gemm_batched, batches * nob * OCB * n * k // 16, threads)
 
     def __call__(self, a: np.ndarray, b: np.ndarray, out: np.ndarray) -> None:
         nb, m, k, n = self.shape

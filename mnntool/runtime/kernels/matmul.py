@@ -13,7 +13,7 @@ def _float32(*vals) -> bool:
 
 
 @kernel("MatMul", "BatchMatMul")
-def matmul(node, ins, outs):
+def matmul(node, ins, outs, settings):
     from .fgemm import HAS_AVX512
     ta = bool(node.param.get("transposeA") or node.param.get("adjX"))
     tb = bool(node.param.get("transposeB") or node.param.get("adjY"))
@@ -30,13 +30,13 @@ def matmul(node, ins, outs):
                 # one row with weights past L2: the matrix-vector kernel's 16 streams (below, np.dot's
                 # call costs less: 1.6 against 2.1 us at 64x256, an unrolled LSTM's recurrence)
                 from .gemv import MatVec
-                mv = MatVec(b.T)
+                mv = MatVec(b.T, None, 0, settings.threads)
 
                 def run_vector(i, o):
                     mv(i[0].reshape(k), o[0].reshape(n))
                 return writes(run_vector)
             if m > 1 and m * k * n >= SMALL_GEMM:
-                rows = RowGemm(b, None, 0, NO_GRID, m)
+                rows = RowGemm(b, None, 0, NO_GRID, m, settings.threads)
 
                 def run_rows(i, o):         # batch dims folded into rows: one GEMM
                     rows(i[0].reshape(m, k), o[0].reshape(m, n))
@@ -59,7 +59,7 @@ def matmul(node, ins, outs):
             and tuple(sa[:-2]) == tuple(sb[:-2]) and np.prod(sa, dtype=np.int64) * sb[-1] >= SMALL_GEMM):
         from .linear import BatchedMatMul
         batches, (m, k), n = int(np.prod(sa[:-2])), sa[-2:], sb[-1]
-        bmm = BatchedMatMul(batches, m, k, n)
+        bmm = BatchedMatMul(batches, m, k, n, settings.threads)
 
         def run_batched(i, o):
             bmm(i[0].reshape(batches, m, k), np.ascontiguousarray(i[1]).reshape(batches, k, n), o[0])

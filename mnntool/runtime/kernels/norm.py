@@ -8,7 +8,7 @@ from . import kernel, returns, sized, writes
 
 
 @kernel("Scale")
-def scale(node, ins, outs):
+def scale(node, ins, outs, settings):
     rank = len(ins[0].shape)
     s = np.asarray(node.param["scaleData"], np.float32).reshape((1, -1) + (1,) * (rank - 2))
     b = node.param.get("biasData")
@@ -46,7 +46,7 @@ def layer_norm_rows(x, gamma, beta, eps, rms, out):
 
 
 @kernel("LayerNorm")
-def layer_norm(node, ins, outs):
+def layer_norm(node, ins, outs, settings):
     rank = len(ins[0].shape)
     axes = tuple(sorted(int(a) % rank for a in node.param.get("axis", [-1])))
     eps = float(node.param.get("epsilon", 1e-5))
@@ -59,7 +59,7 @@ def layer_norm(node, ins, outs):
         n = tail[0]
         gv = g if g is not None else np.ones(n, np.float32)
         bv = bt if bt is not None else np.zeros(n, np.float32)
-        rows = sized(layer_norm_rows, int(np.prod(ins[0].shape)) * 4)
+        rows = sized(layer_norm_rows, int(np.prod(ins[0].shape)) * 4, settings.threads)
 
         def run_rows(i, o):     # the last axis: one kernel, rows in parallel
             rows(np.ascontiguousarray(i[0], np.float32).reshape(-1, n), gv, bv, np.float32(eps), rms,
@@ -128,11 +128,11 @@ def softmax_rows(x, out):
 
 
 @kernel("Softmax")
-def softmax(node, ins, outs):
+def softmax(node, ins, outs, settings):
     shape = ins[0].shape
     axis = int(node.param.get("axis", -1))
     if shape is not None and len(shape) and axis % len(shape) == len(shape) - 1 and shape[-1] > 0:
-        rows = sized(softmax_rows, int(np.prod(shape)) * 8)
+        rows = sized(softmax_rows, int(np.prod(shape)) * 8, settings.threads)
 
         def run_rows(i, o):     # the last axis: rows in place
             n = shape[-1]
@@ -151,7 +151,7 @@ REDUCE = {"SUM": np.sum, "MEAN": np.mean, "MAXIMUM": np.max, "MINIMUM": np.min, 
 
 
 @kernel("Reduction")
-def reduction(node, ins, outs):
+def reduction(node, ins, outs, settings):
     p = node.param
     op = p.get("operation", "SUM")
     keep = bool(p.get("keepDims", False))

@@ -182,7 +182,7 @@ def suits(pixels: int, weight_bytes: int) -> bool:
 class OcGemm:
     """A convolution's weights packed for `ocgemm`, with its epilogue; called like fgemm.PackedGemm."""
 
-    def __init__(self, weight: np.ndarray, bias: np.ndarray, act: int, grid, pixels: int):
+    def __init__(self, weight: np.ndarray, bias: np.ndarray, act: int, grid, pixels: int, threads: int):
         from . import sized
         from .fgemm import epilogue_of
         o, k = weight.shape
@@ -191,7 +191,7 @@ class OcGemm:
         self.bias = np.zeros(self.wp.size // k, np.float32)
         self.bias[:o] = bias
         self.epf, self.grid = epilogue_of(act, grid)
-        self.fn = sized(ocgemm, o * k * pixels // 16)
+        self.fn = sized(ocgemm, o * k * pixels // 16, threads)
 
     def __call__(self, x: np.ndarray, xs: int, out: np.ndarray, os_: int) -> None:
         """x flat with row k at k * xs; out flat, O rows of stride os_."""

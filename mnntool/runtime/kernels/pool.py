@@ -118,7 +118,7 @@ def global_pool(x, is_max, out):
 
 
 @kernel("Pooling")
-def pooling(node, ins, outs):
+def pooling(node, ins, outs, settings):
     p = node.param
     is_max = p.get("type", "MAXPOOL") == "MAXPOOL"
     if p.get("isGlobal"):
@@ -162,7 +162,7 @@ def pooling(node, ins, outs):
 
 
 @kernel("Pooling3D")
-def pooling3d(node, ins, outs):
+def pooling3d(node, ins, outs, settings):
     if not node.param.get("isGlobal"):
         from ...errors import MnnToolError
         raise MnnToolError(f"Pooling3D '{node.name}': only global pooling is supported by the runtime")

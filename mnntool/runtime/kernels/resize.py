@@ -21,7 +21,7 @@ def _bilinear(x, y0, y1, wy, x0, x1, wx, out):
 
 
 @kernel("Interp")
-def interp(node, ins, outs):
+def interp(node, ins, outs, settings):
     p = node.param
     _, _, h, w = ins[0].shape
     oh, ow = outs[0].shape[2:]

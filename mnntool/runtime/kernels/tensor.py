@@ -14,12 +14,12 @@ def _ints(v) -> list[int]:
 
 
 @kernel("ConvertTensor", "Identity", "Dropout")
-def passthrough(node, ins, outs):
+def passthrough(node, ins, outs, settings):
     return returns(lambda i: [i[0]])
 
 
 @kernel("Reshape")
-def reshape(node, ins, outs):
+def reshape(node, ins, outs, settings):
     out_shape = tuple(outs[0].shape)
     if all(isinstance(d, int) for d in out_shape):
         return returns(lambda i: [i[0].reshape(out_shape)])
@@ -27,32 +27,32 @@ def reshape(node, ins, outs):
 
 
 @kernel("Flatten")
-def flatten(node, ins, outs):
+def flatten(node, ins, outs, settings):
     shape = tuple(outs[0].shape)
     return returns(lambda i: [i[0].reshape(shape)])
 
 
 @kernel("Permute")
-def permute(node, ins, outs):
+def permute(node, ins, outs, settings):
     perm = _ints(node.param["dims"])
     return writes(lambda i, o: np.copyto(o[0], i[0].transpose(perm)))
 
 
 @kernel("Squeeze", "Unsqueeze", "ExpandDims")
-def squeeze(node, ins, outs):
+def squeeze(node, ins, outs, settings):
     shape = tuple(outs[0].shape)
     return returns(lambda i: [i[0].reshape(shape)])
 
 
 @kernel("Concat")
-def concat(node, ins, outs):
+def concat(node, ins, outs, settings):
     axis = int(node.param.get("axis", 0))
     return writes(lambda i, o: np.concatenate([np.asarray(a).astype(o[0].dtype, copy=False) for a in i],
                                               axis=axis, out=o[0]))
 
 
 @kernel("Slice")
-def split(node, ins, outs):
+def split(node, ins, outs, settings):
     # the pieces as precomputed index tuples: np.split costs 4 us a call, these 0.6 (an LSTM splits its
     # gates once per time step)
     if len(ins) > 1 and ins[1].value is None:
@@ -63,7 +63,7 @@ def split(node, ins, outs):
 
 
 @kernel("StridedSlice")
-def strided_slice(node, ins, outs):
+def strided_slice(node, ins, outs, settings):
     """The index tuple built once when the bounds are known at prepare."""
     if any(v.value is None for v in ins[1:]):
         return by_definition(node)

@@ -105,7 +105,7 @@ def gemm_vnni(x, wp, k4, oc, ep, epf, out):
 class Int8Weights:
     """An (OC, K) int8 weight packed for the tile, with its epilogue rows padded to whole tiles."""
 
-    def __init__(self, wq: np.ndarray, offset, scale, bias, work: int | None = None):
+    def __init__(self, wq: np.ndarray, offset, scale, bias, work: int, threads: int):
         """`work`: element operations per call, to run serially when small (see kernels.sized)."""
         oc, k = wq.shape
         self.oc, self.k4 = oc, -(-k // 4)
@@ -116,7 +116,7 @@ class Int8Weights:
         pad = lambda a, dt: np.concatenate([np.asarray(a, dt), np.zeros(rows - oc, dt)])  # noqa: E731
         self.ep = (pad(offset, np.int32), pad(scale, np.float32), pad(bias, np.float32))
         from . import sized
-        self.gemm = gemm_vnni if work is None else sized(gemm_vnni, work)
+        self.gemm = sized(gemm_vnni, work, threads)
 
     def matmul(self, x: np.ndarray, epf: tuple, out: np.ndarray) -> None:
         """out (OC, P) float32."""

@@ -132,7 +132,7 @@ def tile_size(oh: int, ow: int) -> int:
 class Winograd:
     """Prepared state for one convolution: transformed, packed weights and the scratch buffers."""
 
-    def __init__(self, weight, bias, cin, h, w, oh, ow, t, l, act, grid):
+    def __init__(self, weight, bias, cin, h, w, oh, ow, t, l, act, grid, threads: int):
         m = self.m = tile_size(oh, ow)
         a2 = (m + 2) ** 2
         cout = weight.shape[0]
@@ -152,10 +152,10 @@ class Winograd:
         self.zero_bias = np.zeros(-(-cout // OC_BLOCK) * OC_BLOCK if self.oc else self.nob * OCB, np.float32)
         self.a2, self.tiles = a2, tiles
         self.kc = k_block(cin, self.nob * OCB, tile_count(tiles))
-        self.fwd = sized(input_transform4 if m == 4 else input_transform2, a2 * cin * tiles * 4)
-        self.gemm = sized(ocgemm if self.oc else gemm_batched, a2 * self.nob * OCB * cin * tiles // 16)
+        self.fwd = sized(input_transform4 if m == 4 else input_transform2, a2 * cin * tiles * 4, threads)
+        self.gemm = sized(ocgemm if self.oc else gemm_batched, a2 * self.nob * OCB * cin * tiles // 16, threads)
         self.cout = cout
-        self.inv = sized(output_transform4 if m == 4 else output_transform2, cout * oh * ow * 8)
+        self.inv = sized(output_transform4 if m == 4 else output_transform2, cout * oh * ow * 8, threads)
 
     def __call__(self, x, y):
         cin, tiles, rows, a2 = self.cin, self.tiles, self.nob * OCB, self.a2
