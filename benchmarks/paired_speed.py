@@ -23,14 +23,14 @@ sys.path.insert(0, str(ROOT))
 from mnntool.tuning import tune_process  # noqa: E402
 
 tune_process()      # as the CLI does: the timed runs are in this process
-from mnntool.bench import _Runner  # noqa: E402
+from mnntool.runners import backend_runner  # noqa: E402
 from mnntool.inputs import random_feeds  # noqa: E402
 from benchmarks.isolated import converted, save_rows  # noqa: E402
 
 
 def paired(mnn_path: Path, onnx_path: Path, runs: int) -> dict:
-    runners = {"mnntool": _Runner(mnn_path, "numba", 1, {}), "ort": _Runner(onnx_path, "onnxruntime", 1, {}),
-               "mnn": _Runner(mnn_path, "mnn", 1, {})}
+    runners = {"mnntool": backend_runner(mnn_path, "numba", 1), "ort": backend_runner(onnx_path, "onnxruntime", 1),
+               "mnn": backend_runner(mnn_path, "mnn", 1)}
     feeds = random_feeds(runners["mnntool"].graph, None)
     for r in runners.values():
         for _ in range(10):

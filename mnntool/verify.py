@@ -1,8 +1,9 @@
 """Which layer broke it? Compare every tensor of a .mnn model with its source model, layer by layer.
 
-The source runs in its own framework (references.py: onnxruntime for ONNX and OpenCV for Caffe with
-every intermediate tensor exposed, torch and TensorFlow for their final outputs); the .mnn runs in mnntool's runtime keeping every tensor (or, with backend "mnn", in
-the real MNN runtime, asked for the same tensors by name). Tensors are matched by name: passes
+The source runs on its framework's runner (runners/: onnxruntime for ONNX and OpenCV for Caffe with
+every intermediate tensor exposed, torch and TensorFlow for their final outputs); the .mnn on
+mnntool's runtime keeping every tensor (or, with backend "mnn", on the real MNN runtime, asked for the
+same tensors by name). Tensors are matched by name: passes
 keep the name of the last tensor of what they fuse, so fused-away tensors are listed as unmatched.
 """
 from __future__ import annotations
@@ -15,23 +16,7 @@ from .compare import metrics
 from .errors import MnnToolError
 from .format import reader
 from .inputs import random_feeds
-from .references import reference
-
-
-def _ours(model: Path, g, feeds: dict, backend: str, wanted: list[str], threads: int | None):
-    if backend == "numba":
-        from .runtime.session import Session
-        return Session(g, threads).run(feeds, keep_all=True), "numba"
-    if backend == "mnn":
-        from .runtime.mnn_backend import MnnSession
-        produced = {o for n in g.nodes for o in n.outputs}
-        names = [n for n in wanted if n in produced] or list(g.outputs)
-        names += [o for o in g.outputs if o not in names]
-        try:
-            return MnnSession(str(model), g.inputs, names, threads).run(feeds), "mnn"
-        except Exception:
-            return MnnSession(str(model), g.inputs, list(g.outputs), threads).run(feeds), "mnn (outputs only)"
-    raise MnnToolError(f"unknown backend '{backend}' (numba, mnn)")
+from .runners import backend_runner, reference_runner
 
 
 def verify(source, model, feeds: dict | list | None = None, shapes: dict | None = None, backend: str = "numba",
@@ -79,9 +64,13 @@ def _verify_one(source, model, feeds, shapes, backend, min_cosine, max_abs, thre
             raise MnnToolError(f"input '{name}' has shape {list(feeds[name].shape)}, the model wants "
                                f"{list(g.tensors[name].shape)}")
     shapes = {k: tuple(v.shape) for k, v in feeds.items()}
-    ref, order = reference(source, feeds, shapes)
-    ours, used_backend = _ours(model, g, {k: feeds[k] for k in g.inputs}, backend,
-                               [n for n, _ in order], threads)
+    ref, order = reference_runner(source, shapes).run_all(feeds)
+    runner = backend_runner(model, backend, threads, {k: shapes[k] for k in g.inputs}) \
+        if backend != "onnxruntime" else None
+    if runner is None:
+        raise MnnToolError("verify compares the .mnn file: --backend numba or mnn")
+    ours, _ = runner.run_all({k: feeds[k] for k in g.inputs}, [n for n, _ in order])
+    used_backend = runner.name
     producer = {o: n.op for n in g.nodes for o in n.outputs}
     layers, unmatched = [], []
     for name, op_type in order:

@@ -23,19 +23,17 @@ def detect(path: str | Path, framework: str | None = None) -> str:
     return FRAMEWORKS[suffix]
 
 
+# framework name (and its aliases) -> (module, loader)
+LOADERS = {"onnx": ("onnx", "load_onnx"), "torchscript": ("torchscript", "load_torchscript"),
+           "caffe": ("caffe", "load_caffe"), "tensorflow": ("tensorflow", "load_tensorflow")}
+ALIASES = {"torch": "torchscript", "pytorch": "torchscript", "tf": "tensorflow", "keras": "tensorflow"}
+
+
 def load(path: str | Path, framework: str | None = None, input_shapes: dict | None = None):
     fw = detect(path, framework)
-    if fw == "onnx":
-        from .onnx import load_onnx
-        return load_onnx(path, input_shapes or {})
-    if fw in ("torchscript", "torch", "pytorch"):
-        from .torchscript import load_torchscript
-        return load_torchscript(path, input_shapes or {})
-    if fw == "caffe":
-        from .caffe import load_caffe
-        return load_caffe(path, input_shapes or {})
-    if fw in ("tensorflow", "tf", "keras"):
-        from .tensorflow import load_tensorflow
-        return load_tensorflow(path, input_shapes or {})
-    raise MnnToolError(f"{path}: framework '{fw}' is not supported (supported: onnx, torchscript, caffe, "
-                       "tensorflow)")
+    fw = ALIASES.get(fw, fw)
+    if fw not in LOADERS:
+        raise MnnToolError(f"{path}: framework '{fw}' is not supported (supported: {', '.join(LOADERS)})")
+    import importlib
+    module, loader = LOADERS[fw]
+    return getattr(importlib.import_module(f"{__name__}.{module}"), loader)(path, input_shapes or {})
