@@ -19,7 +19,7 @@ sys.path.insert(0, str(ROOT))
 from fixtures.models import build  # noqa: E402
 from mnntool.api import convert  # noqa: E402
 from benchmarks.isolated import bench, save_rows, speed_args  # noqa: E402
-from mnntool.quant import quantize_file  # noqa: E402
+from mnntool.quant import QuantConfig, quantize_file  # noqa: E402
 from mnntool.runtime.kernels.vnni import HAS_VNNI  # noqa: E402
 
 
@@ -36,7 +36,7 @@ def main():
             calib.mkdir()
             for k in range(4):
                 np.save(calib / f"{k}.npy", np.random.default_rng(k).standard_normal((1, 3, 224, 224)).astype(np.float32))
-            quantize_file(fp32, int8, int8=True, calib=calib, method="minmax")
+            quantize_file(fp32, int8, QuantConfig(int8=True, calib=calib, method="minmax"))
             for t in args.threads:
                 ms = {f"{who}_{kind}": bench(path, who, t, 5, args.runs)["median_ms"]
                       for kind, path in (("fp32", fp32), ("int8", int8)) for who in ("numba", "mnn")}

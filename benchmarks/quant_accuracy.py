@@ -23,7 +23,7 @@ import mnntool  # noqa: E402
 from mnntool.api import convert  # noqa: E402
 from mnntool.errors import MnnToolError  # noqa: E402
 from mnntool.format import reader  # noqa: E402
-from mnntool.quant import quantize_file  # noqa: E402
+from mnntool.quant import QuantConfig, quantize_file  # noqa: E402
 from mnntool.quant.data import ImagePrep  # noqa: E402
 from mnntool.runtime.mnn_backend import MnnSession  # noqa: E402
 
@@ -79,8 +79,8 @@ def main():
             results = {}
             for method in ("mse", "percentile", "minmax", "kl"):
                 out = tmp / f"{name}_{method}.mnn"
-                quantize_file(fp32_mnn, out, int8=True, calib=tmp / "calib", method=method,
-                              prep=ImagePrep(mean=(MEAN,) * 3, normal=(NORMAL,) * 3))
+                quantize_file(fp32_mnn, out, QuantConfig(int8=True, calib=tmp / "calib", method=method,
+                                                         prep=ImagePrep(mean=(MEAN,) * 3, normal=(NORMAL,) * 3)))
                 m = MnnSession(str(out), g.inputs, g.outputs)
                 results[f"mnntool {method}"] = score(ref, [m.run({"input": x})["output"] for x in test_x])
                 ours = mnntool.load(out)       # the same file in mnntool's own int8 runtime

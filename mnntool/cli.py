@@ -335,20 +335,22 @@ def quant(src: str = typer.Argument(..., help="A float .mnn model."),
     """Quantize a .mnn model: int8 PTQ, weight-only int8/int4, or fp16 -- files the MNN runtime runs."""
     from rich.progress import BarColumn, Progress
 
-    from .quant import quantize_file
-    prep = _image_prep(mean, normal, size, fmt, std)
-    kwargs = dict(int8=int8, calib=calib, method=method, per_channel=per_channel, batches=batches,
-                  weight_bits=weight_bits, fp16=fp16, asymmetric=asymmetric, block_size=block_size,
-                  skip=[x.strip() for x in skip.split(",") if x.strip()] if skip else (), auto_skip=auto_skip,
-                  bias_correction=bias_correction, symmetric_activations=symmetric_activations, prep=prep,
-                  config=config)
+    from .quant import QuantConfig, quantize_file
+    cfg = QuantConfig(int8=int8, weight_bits=weight_bits, fp16=fp16, calib=calib, method=method,
+                      per_channel=per_channel, batches=batches,
+                      skip=tuple(x.strip() for x in skip.split(",") if x.strip()) if skip else (),
+                      auto_skip=auto_skip, bias_correction=bias_correction,
+                      symmetric_activations=symmetric_activations, prep=_image_prep(mean, normal, size, fmt, std),
+                      asymmetric=asymmetric, block_size=block_size)
+    if config:
+        cfg = cfg.with_file(config)
     if as_json or not int8:
-        r = quantize_file(src, dst, **kwargs)
+        r = quantize_file(src, dst, cfg)
     else:
         with Progress("[progress.description]{task.description}", BarColumn(), "{task.completed}",
                       console=err, transient=True) as prog:
             task = prog.add_task("calibrating", total=None)
-            r = quantize_file(src, dst, progress=lambda n: prog.advance(task, n), **kwargs)
+            r = quantize_file(src, dst, cfg, progress=lambda n: prog.advance(task, n))
     if as_json:
         print(json.dumps(r))
         return

@@ -54,22 +54,3 @@ def load_feeds(specs, g: Graph) -> dict[str, np.ndarray]:
         if x.dtype.kind == "f" and not np.isfinite(x).all():
             raise MnnToolError(f"input '{name}' contains NaN or infinite values")
     return feeds
-
-
-def dir_feeds(folder, g: Graph, limit: int | None = None) -> list[dict[str, np.ndarray]]:
-    """A folder of samples: .npy (single-input models) or .npz (inputs by name), sorted by file name."""
-    folder = Path(folder)
-    if not folder.is_dir():
-        raise MnnToolError(f"{folder}: not a directory")
-    files = sorted(p for p in folder.iterdir() if p.suffix.lower() in (".npy", ".npz"))
-    if not files:
-        raise MnnToolError(f"{folder}: no .npy/.npz samples in the folder")
-    samples = []
-    for p in files[:limit] if limit else files:
-        spec = str(p) if p.suffix.lower() == ".npz" or len(g.inputs) != 1 else f"{g.inputs[0]}={p}"
-        feeds = load_feeds([spec], g)
-        missing = [n for n in g.inputs if n not in feeds]
-        if missing:
-            raise MnnToolError(f"{p}: no data for input(s) {', '.join(missing)}")
-        samples.append(feeds)
-    return samples

@@ -81,15 +81,17 @@ def targets(g: Graph, skip: set[str]) -> list:
     return out
 
 
-def calibrate(g: Graph, samples: list[dict], method: str, nodes, progress=None,
+def calibrate(g: Graph, samples, method: str, nodes, progress=None,
               asymmetric: bool = True) -> tuple[dict[str, Grid], dict]:
     """Per-tensor int8 grids for the inputs and outputs of `nodes`, and per-channel input means."""
     names = sorted({n.inputs[0] for n in nodes} | {n.outputs[0] for n in nodes})
     producers = g.producers()
     cals = {t: make(method, asymmetric and _source(t, producers) in ONE_SIDED_PRODUCERS) for t in names}
-    means: dict[str, np.ndarray] = {}
+    sums: dict[str, np.ndarray] = {}
     sess = Session(g)
-    for k, feeds in enumerate(samples):
+    count = 0
+    for feeds in samples:       # a stream: one sample at a time, only histograms and sums kept
+        count += 1
         every = sess.run(feeds, keep_all=True)
         for t in names:
             if t not in every:
@@ -98,16 +100,18 @@ def calibrate(g: Graph, samples: list[dict], method: str, nodes, progress=None,
         for n in nodes:
             x = every[n.inputs[0]]
             m = x.mean(axis=(0, 2, 3)) if x.ndim == 4 else x.reshape(-1, x.shape[-1]).mean(0)
-            means[n.name] = means.get(n.name, 0) + m / len(samples)
+            sums[n.name] = sums.get(n.name, 0) + m.astype(np.float64)
         if progress:
             progress(1)
-    return {t: c.grid() for t, c in cals.items()}, means
+    if count == 0:
+        raise MnnToolError("no calibration samples")
+    return {t: c.grid() for t, c in cals.items()}, {k: v / count for k, v in sums.items()}
 
 
-def quantize_int8(g: Graph, samples: list[dict], method: str = "kl", per_channel: bool = True,
+def quantize_int8(g: Graph, samples, method: str = "kl", per_channel: bool = True,
                   skip: set[str] = frozenset(), bias_correction: bool = True, progress=None,
                   asymmetric: bool = True) -> Graph:
-    if not samples:
+    if len(samples) == 0:
         raise MnnToolError("no calibration samples")
     q = copy.deepcopy(g)
     nodes = targets(q, set(skip))

@@ -15,7 +15,7 @@ import mnntool
 from mnntool import api
 from mnntool.compare import metrics
 from mnntool.format import reader
-from mnntool.quant import quantize_file
+from mnntool.quant import QuantConfig, quantize_file
 from mnntool.format.idst import dequantize
 from mnntool.quant.weights import quantize_weight
 from tests.conftest import mnn_run
@@ -64,7 +64,7 @@ def test_codec_reads_mnn_made_weights_and_writes_the_same_precision(tmp_path, ex
 def test_weight_only_files_run_in_mnn(resnet_mnn, tmp_path, args):
     src, _ = resnet_mnn
     dst = tmp_path / "w.mnn"
-    r = quantize_file(src, dst, **args)
+    r = quantize_file(src, dst, QuantConfig(**args))
     assert r["size_after"] < r["size_before"] / (1.9 if args.get("fp16") else 3.5)
     g = reader.load(dst)
     x = {"input": np.random.default_rng(9).standard_normal((1, 3, 224, 224)).astype(np.float32)}
@@ -79,7 +79,7 @@ def test_weight_only_files_run_in_mnn(resnet_mnn, tmp_path, args):
 def test_int8_file_runs_in_mnn(resnet_mnn, tmp_path, method):
     src, calib = resnet_mnn
     dst = tmp_path / "q.mnn"
-    r = quantize_file(src, dst, int8=True, calib=calib, method=method)
+    r = quantize_file(src, dst, QuantConfig(int8=True, calib=calib, method=method))
     assert r["size_after"] < r["size_before"] / 3.5 and r["int8_layers"] >= 20
     g = reader.load(dst)
     assert sum(1 for n in g.nodes if "symmetricQuan" in n.param) == r["int8_layers"]
@@ -95,9 +95,9 @@ def test_int8_file_runs_in_mnn(resnet_mnn, tmp_path, method):
 def test_skip_and_auto_skip(resnet_mnn, tmp_path):
     src, calib = resnet_mnn
     first = reader.load(src).nodes[1].name
-    r = quantize_file(src, tmp_path / "s.mnn", int8=True, calib=calib, skip=[first])
+    r = quantize_file(src, tmp_path / "s.mnn", QuantConfig(int8=True, calib=calib, skip=[first]))
     assert first not in [l["name"] for l in r["layers"] if l["int8"]]
-    r = quantize_file(src, tmp_path / "a.mnn", int8=True, calib=calib, method="kl", auto_skip=0.9999)
+    r = quantize_file(src, tmp_path / "a.mnn", QuantConfig(int8=True, calib=calib, method="kl", auto_skip=0.9999))
     assert min(o["cosine"] for o in r["outputs"]) >= 0.9999
     assert r["int8_layers"] > 0 or r["auto_skipped"]
 
@@ -184,7 +184,7 @@ def test_block_size_files_run_in_mnn_and_beat_per_channel(tmp_path, asymmetric):
     errors = {}
     for block in (None, 32):
         dst = tmp_path / f"w{block}.mnn"
-        r = quantize_file(fp32, dst, weight_bits=4, asymmetric=asymmetric, block_size=block)
+        r = quantize_file(fp32, dst, QuantConfig(weight_bits=4, asymmetric=asymmetric, block_size=block))
         assert r["block_layers"] == (2 if block else 0)        # the 16-channel conv keeps per-channel scales
         g = reader.load(dst)
         theirs, ours = mnn_run(dst, g.inputs, g.outputs, feeds), mnntool.load(dst).run(feeds)
@@ -261,7 +261,7 @@ def test_convolutions_before_an_average_pool_stay_float(tmp_path):
     calib.mkdir()
     for k in range(4):
         np.save(calib / f"{k}.npy", rng.standard_normal((1, 3, 16, 16)).astype(np.float32))
-    quantize_file(tmp_path / "m.mnn", tmp_path / "q.mnn", int8=True, calib=calib, batches=4)
+    quantize_file(tmp_path / "m.mnn", tmp_path / "q.mnn", QuantConfig(int8=True, calib=calib, batches=4))
     q = reader.load(tmp_path / "q.mnn")
     convs = [n for n in q.nodes if n.op == "Convolution"]
     assert ["symmetricQuan" in n.param for n in convs] == [True, False, False]

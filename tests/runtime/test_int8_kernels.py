@@ -14,7 +14,7 @@ from onnx import TensorProto as TP, helper as h, numpy_helper as nh
 import mnntool
 from mnntool import api
 from mnntool.format import reader
-from mnntool.quant import quantize_file
+from mnntool.quant import QuantConfig, quantize_file
 from mnntool.runtime.kernels import vnni
 from tests.conftest import mnn_run
 from mnntool.compare import metrics
@@ -74,7 +74,7 @@ def test_integer_convolution(tmp_path, name, one_sided, monkeypatch):
     calib.mkdir()
     for i in range(3):
         np.save(calib / f"{i}.npy", r.standard_normal((n, cin, *hw)).astype(np.float32))
-    quantize_file(tmp_path / "m.mnn", tmp_path / "q.mnn", int8=True, calib=calib, method="minmax")
+    quantize_file(tmp_path / "m.mnn", tmp_path / "q.mnn", QuantConfig(int8=True, calib=calib, method="minmax"))
     q = reader.load(tmp_path / "q.mnn")
     conv = next(node for node in q.nodes if "symmetricQuan" in node.param)
     assert conv.param["symmetricQuan"]["zeroPoint"] == (-127 if one_sided else 0)

@@ -1,0 +1,60 @@
+"""What `quant` does, as one value: the CLI, the Python API and a --config JSON file all fill it."""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+
+from ..errors import MnnToolError
+from .calibrate import CALIBRATORS
+from .data import ImagePrep
+
+FILE_KEYS = ("method", "skip", "per_channel", "batches", "symmetric_activations")   # what --config may set
+
+
+@dataclass(frozen=True)
+class QuantConfig:
+    # the mode: exactly one
+    int8: bool = False
+    weight_bits: int | None = None      # weight-only, 8 or 4
+    fp16: bool = False
+    # int8 post-training quantization
+    calib: object = None                # a folder of samples, or a data.CalibrationReader
+    method: str = "mse"
+    per_channel: bool = True
+    batches: int | None = None          # calibrate on the first N samples
+    skip: tuple = ()                    # layers (or tensors) kept in float
+    auto_skip: float | None = None      # keep the fewest layers in float for output cosine >= this
+    bias_correction: bool = True
+    symmetric_activations: bool = False
+    prep: ImagePrep | None = field(default=None)
+    # weight-only
+    asymmetric: bool = False
+    block_size: int | None = None
+
+    def with_file(self, path) -> QuantConfig:
+        """This config with a JSON file's settings on top (its `skip` adds to ours)."""
+        try:
+            cfg = json.loads(Path(path).read_text())
+        except FileNotFoundError:
+            raise MnnToolError(f"{path}: no such config file") from None
+        except json.JSONDecodeError as e:
+            raise MnnToolError(f"{path}: not valid JSON ({e.msg} at line {e.lineno})") from None
+        if not isinstance(cfg, dict):
+            raise MnnToolError(f"{path}: a config file holds one JSON object")
+        unknown = sorted(set(cfg) - set(FILE_KEYS))
+        if unknown:
+            raise MnnToolError(f"{path}: unknown setting(s) {', '.join(unknown)} (known: {', '.join(FILE_KEYS)})")
+        if "skip" in cfg:
+            cfg["skip"] = tuple(self.skip) + tuple(cfg["skip"])
+        return replace(self, **cfg)
+
+    def check(self) -> None:
+        if sum([bool(self.int8), self.weight_bits is not None, bool(self.fp16)]) != 1:
+            raise MnnToolError("choose exactly one of --int8, --weight-bits 8|4, --fp16")
+        if self.block_size is not None and self.weight_bits is None:
+            raise MnnToolError("--block-size applies to weight-only quantization: add --weight-bits 8|4")
+        if self.int8 and self.calib is None:
+            raise MnnToolError("--int8 needs calibration data: --calib DIR")
+        if self.int8 and self.method not in CALIBRATORS:
+            raise MnnToolError(f"unknown calibration method '{self.method}' ({', '.join(CALIBRATORS)})")
