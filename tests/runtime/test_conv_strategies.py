@@ -89,3 +89,15 @@ def test_geometry_of_same_padding():
     c = {"kernelX": 3, "kernelY": 3, "strideX": 2, "strideY": 2, "padMode": "SAME", "group": 1}
     g = Geometry.of(c, (1, 4, 8, 9), (1, 4, 4, 5))
     assert (g.t, g.l, g.b, g.r) == (0, 1, 1, 1)     # odd totals put the extra row/column at the end
+
+
+def test_fixture_convolutions_get_fast_kernels(fixture_model, tmp_path):
+    """A strategy that raises falls back to the op's numpy definition (correct, ~10x slower): no
+    convolution of the fixtures may end there."""
+    from mnntool.api import convert, load_session
+    convert(fixture_model("mobilenetv2"), tmp_path / "m.mnn")
+    sess = load_session(tmp_path / "m.mnn", threads=1)
+    sess.prepare({"input": (1, 3, 224, 224)})
+    slow = [s.name for s in sess.plan.steps if s.op.startswith("Convolution")
+            and "by_definition" in getattr(s.kernel.fn, "__qualname__", "")]
+    assert not slow

@@ -1,0 +1,31 @@
+"""How a float convolution runs: one unit per strategy, each saying which layers it suits and how it
+builds the kernel; the first in `STRATEGIES` that suits a layer's `Geometry` runs it (as MNN's
+ConvolutionFloatFactory picks among its executions).
+
+Every threshold (depthwise.py, dense.py) carries the measurement that set it (1 thread unless said otherwise; the
+commit that introduced the strategy has the model-level numbers).
+"""
+from __future__ import annotations
+
+from ..llvmir import host_has
+from .base import Geometry, Layer, Strategy
+from .dense import (BlasIm2col, BlasRows, Im2colChannelsInLanes, ImplicitIm2col, MatVecRows, PackedRows, Pointwise,
+                    TapsInPlace, Winograd3x3)
+from .depthwise import (BorderDepthwise3x3, ChannelsLastDepthwise, FlatDepthwise3x3, GenericDepthwise,
+                        PlaneDepthwise3x3, RowDepthwise3x3, StripDepthwise3x3)
+
+__all__ = ["Geometry", "Layer", "Strategy", "STRATEGIES", "pick", "HAS_AVX512"]
+
+HAS_AVX512 = host_has("avx512f")
+
+# In order of preference: the first that suits a layer runs it.
+STRATEGIES: list[Strategy] = [
+    FlatDepthwise3x3(), RowDepthwise3x3(), StripDepthwise3x3(), PlaneDepthwise3x3(), ChannelsLastDepthwise(),
+    BorderDepthwise3x3(), GenericDepthwise(),
+    Winograd3x3(), MatVecRows(), PackedRows(), BlasRows(), Pointwise(), Im2colChannelsInLanes(), TapsInPlace(),
+    ImplicitIm2col(), BlasIm2col(),
+]
+
+
+def pick(g: Geometry, avx512: bool = HAS_AVX512) -> Strategy:
+    return next(s for s in STRATEGIES if (avx512 or not s.avx512) and s.suits(g))

@@ -1,0 +1,143 @@
+"""The pieces every convolution strategy uses: the layer's Geometry, what it is built from (Layer),
+the Strategy unit, and the small helpers their kernels share."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import NamedTuple
+
+import numpy as np
+
+from .. import Kernel, sized, writes
+from ..grid import NO_GRID, to_grid
+
+
+@dataclass(frozen=True)
+class Geometry:
+    """A convolution layer's shapes and window, all a strategy needs to decide."""
+    n: int
+    cin: int
+    h: int
+    w: int
+    cout: int
+    oh: int
+    ow: int
+    kh: int = 1
+    kw: int = 1
+    sh: int = 1
+    sw: int = 1
+    dh: int = 1
+    dw: int = 1
+    t: int = 0
+    l: int = 0      # noqa: E741
+    b: int = 0
+    r: int = 0
+    group: int = 1
+
+    @classmethod
+    def of(cls, c: dict, in_shape, out_shape) -> Geometry:
+        """From MNN's Convolution2DCommon table and the NCHW input and output shapes."""
+        n, cin, h, w = (int(d) for d in in_shape)
+        _, cout, oh, ow = (int(d) for d in out_shape)
+        kh, kw = c.get("kernelY", 1), c.get("kernelX", 1)
+        sh, sw = c.get("strideY", 1), c.get("strideX", 1)
+        dh, dw = c.get("dilateY", 1), c.get("dilateX", 1)
+        pads = c.get("pads")
+        if c.get("padMode") == "SAME":
+            ph = max((oh - 1) * sh + dh * (kh - 1) + 1 - h, 0)
+            pw = max((ow - 1) * sw + dw * (kw - 1) + 1 - w, 0)
+            t, l, b, r = ph // 2, pw // 2, ph - ph // 2, pw - pw // 2
+        elif c.get("padMode") == "VALID":
+            t = l = b = r = 0
+        elif pads is not None and len(pads) == 4:
+            t, l, b, r = (int(p) for p in pads)
+        else:
+            t = b = c.get("padY", 0)
+            l = r = c.get("padX", 0)
+        return cls(n, cin, h, w, cout, oh, ow, kh, kw, sh, sw, dh, dw, t, l, b, r, c.get("group", 1) or 1)
+
+    @property
+    def window(self) -> tuple:
+        """(kh, kw, sh, sw, dh, dw, t, l, b, r) as the Numba kernels take it."""
+        return self.kh, self.kw, self.sh, self.sw, self.dh, self.dw, self.t, self.l, self.b, self.r
+
+    @property
+    def padded(self) -> bool:
+        return bool(self.t or self.l or self.b or self.r)
+
+    @property
+    def depthwise(self) -> bool:
+        return self.group == self.cin == self.cout and self.group > 1
+
+    @property
+    def k3(self) -> bool:
+        """3x3, undilated, the same stride both ways."""
+        return self.kh == self.kw == 3 and self.dh == self.dw == 1 and self.sh == self.sw
+
+    @property
+    def fully_connected(self) -> bool:
+        """A matmul's rows as a 1x1 convolution on 1x1 maps."""
+        return self.kh == self.kw == 1 and self.h == self.w == self.oh == self.ow == 1 and self.group == 1
+
+    @property
+    def one_by_one(self) -> bool:
+        """1x1, unpadded, group 1: a GEMM on (every sh-th row and sw-th column of) the input."""
+        return self.kh == self.kw == 1 and not self.padded and self.group == 1
+
+    @property
+    def out_size(self) -> int:
+        return self.cout * self.oh * self.ow
+
+    @property
+    def weight_bytes(self) -> int:
+        return self.cout * (self.cin // self.group) * self.kh * self.kw * 4
+
+
+class Layer(NamedTuple):
+    """What a strategy builds from besides the geometry."""
+    weight: np.ndarray      # (cout, cin/group * kh * kw)
+    bias: np.ndarray
+    act: int                # grid.RELU / RELU6 / 0
+    grid: tuple = NO_GRID   # the int8 grid the output is rounded to, or NO_GRID
+    threads: int = 1
+
+
+class Strategy:
+    name = ""
+    avx512 = False      # needs AVX-512
+
+    def suits(self, g: Geometry) -> bool:
+        raise NotImplementedError
+
+    def build(self, g: Geometry, layer: Layer) -> Kernel:
+        raise NotImplementedError
+
+
+def per_image(g: Geometry, one):
+    """A kernel running `one(x_i, y_i)` over the batch."""
+    def run(inputs, outputs):
+        x, y = inputs[0], outputs[0]
+        for i in range(g.n):
+            one(x[i], y[i])
+    return writes(run)
+
+
+def regrid_of(g: Geometry, layer: Layer):
+    """Rounding to the output grid, for the paths whose own epilogue does not round."""
+    rounding = sized(to_grid, g.n * g.out_size, layer.threads)
+
+    def regrid(y):
+        if layer.grid[1] > 0:
+            flat = y.reshape(-1, y.shape[-1])
+            rounding(flat, layer.grid, flat)
+    return regrid
+
+
+def padder(g: Geometry):
+    padded = np.zeros((g.cin, g.h + g.t + g.b, g.w + g.l + g.r), np.float32) if g.padded else None
+
+    def pad(x):
+        if padded is None:
+            return x
+        padded[:, g.t:g.t + g.h, g.l:g.l + g.w] = x
+        return padded
+    return pad

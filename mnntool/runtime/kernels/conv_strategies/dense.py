@@ -1,0 +1,220 @@
+"""Dense and grouped strategies: Winograd, the fully connected forms (matvec, packed rows, BLAS), 1x1
+GEMMs, im2col on the channels-in-lanes GEMM, implicit im2col (taps in place or tiled), and BLAS im2col
+for anything else."""
+from __future__ import annotations
+
+import numpy as np
+
+from .. import sized, writes
+from ..conv_loops import bias_act, im2col
+from ..grid import apply_act
+from .base import Geometry, Layer, Strategy, padder, per_image, regrid_of
+
+# Winograd F(4x4, 3x3) from 8 input and output channels: below that its transforms cost more than
+# the multiplications they save.
+WINOGRAD_MIN_CHANNELS = 8
+# Implicit im2col reads its taps in place (no panel copy) for output rows from 32 wide whose packed
+# weights fit L2 (256 KB): MobileNetV2's stem 0.43 -> 0.28 ms, ResNet-18's 2.9 -> 2.5 ms.
+TAPS_IN_PLACE_MIN_WIDTH, L2_BYTES = 32, 256 * 1024
+
+
+
+class Winograd3x3(Strategy):
+    """Stride-1 3x3 group-1 layers by Winograd F(4x4, 3x3) or F(2x2, 3x3) (winograd.Winograd)."""
+    name, avx512 = "winograd", True
+
+    def suits(self, g):
+        return (g.k3 and g.sh == 1 and g.group == 1 and g.cin >= WINOGRAD_MIN_CHANNELS
+                and g.cout >= WINOGRAD_MIN_CHANNELS)
+
+    def build(self, g, layer):
+        from ..winograd import Winograd
+        wino = Winograd(layer.weight, layer.bias, g.cin, g.h, g.w, g.oh, g.ow, g.t, g.l, layer.act, layer.grid,
+                        layer.threads)
+        return per_image(g, wino)
+
+
+class MatVecRows(Strategy):
+    """Batch 1 of a fully connected layer: weights streamed from memory 16 rows at once (gemv.MatVec)."""
+    name, avx512 = "matvec", True
+
+    def suits(self, g):
+        return g.fully_connected and g.n == 1
+
+    def build(self, g, layer):
+        from ..gemv import MatVec
+        mv, regrid = MatVec(layer.weight.reshape(g.cout, g.cin), layer.bias, layer.act, layer.threads), regrid_of(g, layer)
+
+        def run(inputs, outputs):
+            y = outputs[0].reshape(g.cout)
+            mv(inputs[0].reshape(g.cin), y)
+            regrid(y)
+        return writes(run)
+
+
+class PackedRows(Strategy):
+    """Many rows of a fully connected layer (a transformer's tokens) on packed weights (linear.RowGemm)."""
+    name, avx512 = "row-gemm", True
+
+    def suits(self, g):
+        from ..linear import SMALL_GEMM
+        return g.fully_connected and g.n * g.cin * g.cout >= SMALL_GEMM
+
+    def build(self, g, layer):
+        from ..linear import RowGemm
+        rows = RowGemm(layer.weight.reshape(g.cout, g.cin).T, layer.bias, layer.act, layer.grid, g.n, layer.threads)
+
+        def run(inputs, outputs):
+            rows(inputs[0].reshape(g.n, g.cin), outputs[0].reshape(g.n, g.cout))
+        return writes(run)
+
+
+class BlasRows(Strategy):
+    """A fully connected layer as one BLAS matmul."""
+    name = "blas-rows"
+
+    def suits(self, g):
+        return g.fully_connected
+
+    def build(self, g, layer):
+        wt, regrid = np.ascontiguousarray(layer.weight.T), regrid_of(g, layer)
+
+        def run(inputs, outputs):
+            y = outputs[0].reshape(g.n, g.cout)
+            np.matmul(inputs[0].reshape(g.n, g.cin), wt, out=y)
+            y += layer.bias
+            apply_act(y, layer.act)
+            regrid(y)
+        return writes(run)
+
+
+class Pointwise(Strategy):
+    """1x1 (strided: on every sh-th row and sw-th column) as one GEMM, channels-in-lanes (ocgemm) where
+    its pixel count suits, else fgemm's packed tiles."""
+    name, avx512 = "pointwise", True
+
+    def suits(self, g):
+        return g.one_by_one
+
+    def build(self, g, layer):
+        from ..fgemm import PackedGemm
+        from ..ocgemm import OcGemm, suits
+        pixels, subsample = g.oh * g.ow, g.sh > 1 or g.sw > 1
+        packed = (OcGemm if suits(pixels, g.weight_bytes) else PackedGemm)(layer.weight, layer.bias, layer.act,
+                                                                            layer.grid, pixels, layer.threads)
+        picked = np.empty((g.cin, g.oh, g.ow), np.float32) if subsample else None
+
+        def one(x, y):
+            if subsample:
+                np.copyto(picked, x[:, :(g.oh - 1) * g.sh + 1:g.sh, :(g.ow - 1) * g.sw + 1:g.sw])
+            packed((picked if subsample else x).reshape(-1), pixels, y.reshape(-1), pixels)
+        return per_image(g, one)
+
+
+class Im2colChannelsInLanes(Strategy):
+    """Few output pixels (a 7x7 map): a small im2col matrix and the channels-in-lanes GEMM."""
+    name, avx512 = "im2col-oc", True
+
+    def suits(self, g):
+        from ..ocgemm import suits
+        return g.group == 1 and suits(g.oh * g.ow, g.weight_bytes)
+
+    def build(self, g, layer):
+        from ..ocgemm import OcGemm
+        cols = np.empty((g.cin * g.kh * g.kw, g.oh * g.ow), np.float32)
+        unfold = sized(im2col, cols.size, layer.threads)
+        gemm = OcGemm(layer.weight, layer.bias, layer.act, layer.grid, g.oh * g.ow, layer.threads)
+        pad = padder(g)
+
+        def one(x, y):
+            unfold(pad(x), g.kh, g.kw, g.sh, g.sw, g.dh, g.dw, g.oh, g.ow, cols)
+            gemm(cols.reshape(-1), g.oh * g.ow, y.reshape(-1), g.oh * g.ow)
+        return per_image(g, one)
+
+
+def _phases(g: Geometry, layer: Layer):
+    """The packed weights and the input's phase planes (big enough for every tap of every output
+    pixel; their zero border is the padding) that implicit im2col reads."""
+    from ..fgemm import PackedGemm, phase_split
+    packed = PackedGemm(layer.weight, layer.bias, layer.act, layer.grid, g.oh * g.ow, layer.threads)
+    hq = max(-(-(g.h + g.t + g.b) // g.sh), g.oh + (g.kh - 1) * g.dh // g.sh)
+    wq = max(-(-(g.w + g.l + g.r) // g.sw), g.ow + (g.kw - 1) * g.dw // g.sw)
+    phases = np.zeros((g.cin * g.sh * g.sw, hq, wq), np.float32)
+    split = sized(phase_split, g.cin * g.h * g.w, layer.threads)
+    return packed, phases, hq, wq, lambda x: split(x, g.t, g.l, g.sh, g.sw, phases)
+
+
+class TapsInPlace(Strategy):
+    """Implicit im2col whose tiles read the taps in place through an offset table (fgemm.conv_rows)."""
+    name, avx512 = "im2col-in-place", True
+
+    def suits(self, g):
+        from ..fgemm import OCB
+        packed_bytes = -(-g.cout // OCB) * OCB * g.cin * g.kh * g.kw * 4
+        return g.group == 1 and g.ow >= TAPS_IN_PLACE_MIN_WIDTH and packed_bytes <= L2_BYTES
+
+    def build(self, g, layer):
+        from ..fgemm import conv_rows, tap_offsets
+        packed, phases, hq, wq, split = _phases(g, layer)
+        koff = tap_offsets(g.cin, g.kh, g.kw, g.sh, g.sw, g.dh, g.dw, hq, wq)
+        rows = sized(conv_rows, packed.rows() * g.oh * g.ow * g.cin * g.kh * g.kw // 16, layer.threads)
+
+        def one(x, y):
+            split(x)
+            rows(phases, koff, g.oh, g.ow, wq, packed.wp, g.cin * g.kh * g.kw, g.cout, packed.bias, packed.epf,
+                 packed.grid, y.reshape(-1))
+        return per_image(g, one)
+
+
+class ImplicitIm2col(Strategy):
+    """Group 1: tiles of fgemm.conv_im2col over the input's phase planes, no im2col matrix."""
+    name, avx512 = "im2col-implicit", True
+
+    def suits(self, g):
+        return g.group == 1
+
+    def build(self, g, layer):
+        from ..fgemm import conv_im2col
+        packed, phases, hq, wq, split_phases = _phases(g, layer)
+        # output-channel blocks split across threads when the pixel tiles alone leave threads idle
+        split = min(packed.nob, -(-2 * layer.threads // packed.tiles)) if layer.threads > 1 else 1
+        implicit = sized(conv_im2col, packed.rows() * g.oh * g.ow * g.cin * g.kh * g.kw // 16, layer.threads)
+
+        def one(x, y):
+            split_phases(x)
+            implicit(phases, g.cin, g.kh, g.kw, g.sh, g.sw, g.dh, g.dw, g.oh, g.ow, packed.wp, packed.kc, g.cout,
+                     split, packed.bias, packed.epf, packed.grid, y.reshape(-1))
+        return per_image(g, one)
+
+
+class BlasIm2col(Strategy):
+    """Anything: an im2col matrix (none for 1x1) and BLAS's sgemm per group, then bias and activation."""
+    name = "blas-im2col"
+
+    def suits(self, g):
+        return True
+
+    def build(self, g, layer):
+        cg, og = g.cin // g.group, g.cout // g.group
+        pointwise = g.one_by_one and g.sh == g.sw == 1
+        weight = layer.weight
+        epilogue = sized(bias_act, g.out_size, layer.threads)
+        wg = [np.ascontiguousarray(weight[k * og:(k + 1) * og]) for k in range(g.group)]
+        cols = None if pointwise else np.empty((cg * g.kh * g.kw * g.group, g.oh * g.ow), np.float32)
+        unfold = None if pointwise else sized(im2col, cols.size, layer.threads)
+        pad = padder(g)
+
+        def one(x, y):
+            yi = y.reshape(g.cout, g.oh * g.ow)
+            if pointwise:
+                np.matmul(weight, x.reshape(g.cin, g.h * g.w), out=yi)
+            else:
+                unfold(pad(x), g.kh, g.kw, g.sh, g.sw, g.dh, g.dw, g.oh, g.ow, cols)
+                if g.group == 1:
+                    np.matmul(weight, cols, out=yi)
+                else:
+                    rows = cg * g.kh * g.kw
+                    for k in range(g.group):
+                        np.matmul(wg[k], cols[k * rows:(k + 1) * rows], out=yi[k * og:(k + 1) * og])
+            epilogue(yi, layer.bias, layer.act, layer.grid)
+        return per_image(g, one)

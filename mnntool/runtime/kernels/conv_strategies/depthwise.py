@@ -1,0 +1,135 @@
+"""Depthwise strategies: the AVX-512 3x3 kernels of dw3 (flat, rows, strips), then the Numba loops
+(padded plane, channels innermost, border-checking rows, any window)."""
+from __future__ import annotations
+
+import numpy as np
+
+from .. import sized, writes
+from ..conv_loops import depthwise, depthwise3x3, depthwise3x3_s1, depthwise_hwc
+from .base import Geometry, Layer, Strategy, padder, per_image, regrid_of
+
+# Maps up to this wide run the 3x3 depthwise as one flat pass per channel: a 7-wide row strip leaves
+# 9 of the 16 lanes idle.
+FLAT_DW_MAX_WIDTH = 8
+# Channels-innermost depthwise up to this output width: rows of 14 and 7 are too short to vectorize,
+# 16 channels are not (14x14 and 7x7 layers 2-4x faster; MobileNetV2 17.5 -> 15.1 ms).
+CHANNELS_LAST_MAX_WIDTH = 16
+# The padded-plane 3x3 depthwise (MobileNetV2's depthwise 6.0 -> 3.2 ms) was measured on 3x3 layers
+# padded by 1 and maps from 7 wide; narrower maps and wider pads were left to the other kernels
+# without a measurement of their own.
+PLANE_DW_MAX_PAD, PLANE_DW_MIN_WIDTH = 2, 7
+
+class FlatDepthwise3x3(Strategy):
+    """Tiny stride-1 maps as one flat run per channel (dw3.depthwise3x3_flat)."""
+    name, avx512 = "dw3-flat", True
+
+    def suits(self, g):
+        return (g.depthwise and g.k3 and g.sh == 1 and (g.oh, g.ow) == (g.h, g.w)
+                and g.ow <= FLAT_DW_MAX_WIDTH)
+
+    def build(self, g, layer):
+        from .. import dw3
+        from ..fgemm import epilogue_of
+        w9, (epf, on_grid) = dw_weights(g, layer).reshape(-1), epilogue_of(layer.act, layer.grid)
+        masks, offs = dw3.flat_masks(g.h, g.w, g.t, g.l)
+        flat = sized(dw3.depthwise3x3_flat, g.out_size * 9, layer.threads)
+        return per_image(g, lambda x, y: flat(x, w9, layer.bias, masks, offs, epf, on_grid, y))
+
+
+class RowDepthwise3x3(Strategy):
+    """Wide maps (from dw3.ROWS_FROM_WIDTH) row by row, stride 1 or 2 (dw3.depthwise3x3)."""
+    name, avx512 = "dw3-rows", True
+
+    def suits(self, g):
+        from .. import dw3
+        return g.depthwise and g.k3 and g.sh in (1, 2) and g.w >= dw3.ROWS_FROM_WIDTH
+
+    def build(self, g, layer):
+        from .. import dw3
+        from ..fgemm import epilogue_of
+        w9, (epf, on_grid) = dw_weights(g, layer).reshape(-1), epilogue_of(layer.act, layer.grid)
+        rows = sized(dw3.depthwise3x3, g.out_size * 9, layer.threads)
+        return per_image(g, lambda x, y: rows(x, w9, layer.bias, g.sh, g.t, g.l, epf, on_grid, y))
+
+
+class StripDepthwise3x3(Strategy):
+    """Narrower maps in strips of 16 columns down dw3.STRIP_ROWS rows, stride 1 or 2."""
+    name, avx512 = "dw3-strips", True
+
+    def suits(self, g):
+        return g.depthwise and g.k3 and g.sh in (1, 2)
+
+    def build(self, g, layer):
+        from .. import dw3
+        from ..fgemm import epilogue_of
+        w9, (epf, on_grid) = dw_weights(g, layer).reshape(-1), epilogue_of(layer.act, layer.grid)
+        strips, zrow = sized(dw3.depthwise3x3_strips, g.out_size * 9, layer.threads), np.zeros(g.w, np.float32)
+        return per_image(g, lambda x, y: strips(x, w9, layer.bias, g.sh, g.t, g.l, epf, on_grid, zrow,
+                                                 dw3.STRIP_ROWS, y))
+
+
+class PlaneDepthwise3x3(Strategy):
+    """Stride 1 on a zero-bordered copy of each channel (conv.depthwise3x3_s1): branch-free rows."""
+    name = "dw3-plane"
+
+    def suits(self, g):
+        return (g.depthwise and g.k3 and g.sh == 1 and max(g.t, g.l, g.b, g.r) <= PLANE_DW_MAX_PAD
+                and g.ow >= PLANE_DW_MIN_WIDTH)
+
+    def build(self, g, layer):
+        xp = np.zeros((g.cin, max(g.h + g.t + g.b, g.oh + 2), max(g.w + g.l + g.r, g.ow + 2)), np.float32)
+        wd = dw_weights(g, layer)
+        fn = sized(depthwise3x3_s1, g.out_size * 9, layer.threads)
+        return per_image(g, lambda x, y: fn(x, wd, layer.bias, g.t, g.l, xp, y, layer.act, layer.grid))
+
+
+class ChannelsLastDepthwise(Strategy):
+    """Small maps with the channels innermost (conv.depthwise_hwc), any kernel size."""
+    name = "dw-channels-last"
+
+    def suits(self, g):
+        return g.depthwise and g.ow <= CHANNELS_LAST_MAX_WIDTH and g.sh == g.sw and g.dh == g.dw == 1
+
+    def build(self, g, layer):
+        xp = np.zeros((max(g.h + g.t + g.b, (g.oh - 1) * g.sh + g.kh), max(g.w + g.l + g.r, (g.ow - 1) * g.sw + g.kw),
+                       g.cin), np.float32)
+        yp = np.empty((g.oh, g.ow, g.cout), np.float32)
+        wt = np.ascontiguousarray(dw_weights(g, layer).reshape(g.cout, g.kh * g.kw).T)
+        hwc = sized(depthwise_hwc, g.out_size * g.kh * g.kw, layer.threads)
+        return per_image(g, lambda x, y: hwc(x, wt, layer.bias, g.kh, g.kw, g.sh, g.t, g.l, xp, yp, y, layer.act,
+                                              layer.grid))
+
+
+class BorderDepthwise3x3(Strategy):
+    """3x3, stride 1 or 2, padding read as zeros by checking the border taps (conv.depthwise3x3)."""
+    name = "dw3-border"
+
+    def suits(self, g):
+        return g.depthwise and g.k3 and g.sh in (1, 2) and max(g.t, g.l, g.b, g.r) <= PLANE_DW_MAX_PAD
+
+    def build(self, g, layer):
+        zrow, wd = np.zeros(g.w, np.float32), dw_weights(g, layer)
+        fn = sized(depthwise3x3, g.out_size * 9, layer.threads)
+        return per_image(g, lambda x, y: fn(x, wd, layer.bias, g.sh, g.t, g.l, zrow, y, layer.act, layer.grid))
+
+
+class GenericDepthwise(Strategy):
+    """Any depthwise window on a padded copy (conv.depthwise)."""
+    name = "dw-generic"
+
+    def suits(self, g):
+        return g.depthwise
+
+    def build(self, g, layer):
+        wd, pad, regrid = dw_weights(g, layer), padder(g), regrid_of(g, layer)
+
+        def run(inputs, outputs):
+            x, y = inputs[0], outputs[0]
+            for i in range(g.n):
+                depthwise(pad(x[i]), wd, layer.bias, g.sh, g.sw, g.dh, g.dw, y[i], layer.act)
+            regrid(y)
+        return writes(run)
+
+
+def dw_weights(g: Geometry, layer: Layer) -> np.ndarray:
+    return np.ascontiguousarray(layer.weight.reshape(g.cout, g.kh, g.kw))
