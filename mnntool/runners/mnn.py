@@ -19,7 +19,6 @@ class MnnRunner(Runner):
             self.path = Path(self._tmp.name) / "model.mnn"
             convert(path, self.path, input_shapes=shapes)
         self.graph = load_graph(self.path, input_shapes=shapes)
-        self._open = MnnSession
         self.session = MnnSession(str(self.path), self.graph.inputs, self.graph.outputs, threads=threads)
 
     def run(self, feeds):
@@ -35,7 +34,8 @@ class MnnRunner(Runner):
         order = [(o, n.op) for n in g.nodes for o in n.outputs if o in set(names)]
         try:
             self.name = "mnn"
-            return self._open(str(self.path), g.inputs, names, self.threads).run(feeds), order
+            from ..runtime.mnn_backend import MnnSession
+            return MnnSession(str(self.path), g.inputs, names, self.threads).run(feeds), order
         except Exception:
             self.name = "mnn (outputs only)"
             return self.run(feeds), [(o, "output") for o in g.outputs]

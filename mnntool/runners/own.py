@@ -9,11 +9,11 @@ from .base import Runner
 class OwnRunner(Runner):
     name = "numba"
 
-    def __init__(self, path: Path, threads: int | None, shapes: dict, graph=None):
+    def __init__(self, path: Path, threads: int | None, shapes: dict):
         from ..api import load_graph
         from ..runtime.session import Session
-        self.graph = graph if graph is not None else load_graph(path, input_shapes=shapes)
-        if graph is None and path.suffix.lower() != ".mnn":
+        self.graph = load_graph(path, input_shapes=shapes)
+        if path.suffix.lower() != ".mnn":
             from ..passes import run_pipeline
             run_pipeline(self.graph, 1)      # a source model runs as `convert` would write it
         self.session = Session(self.graph, threads)
