@@ -420,6 +420,10 @@ def main():
     except MnnToolError as e:
         err.print(f"[red]error:[/] {u(e)}", highlight=False, soft_wrap=True)
         sys.exit(e.code)
+    except MemoryError as e:      # a model or input too large for this machine: one line, like any user error
+        err.print(f"[red]error:[/] out of memory{': ' + u(' '.join(str(e).split())) if str(e) else ''}",
+                  highlight=False, soft_wrap=True)
+        sys.exit(2)
 
 
 if __name__ == "__main__":

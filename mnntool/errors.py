@@ -7,3 +7,8 @@ class MnnToolError(Exception):
     def __init__(self, message: str, code: int = 2):
         super().__init__(message)
         self.code = code
+
+
+class InvalidModel(MnnToolError):
+    """A model whose own parameters contradict each other (a group that does not divide the channels,
+    weights of the wrong size): refused at prepare, before any kernel touches memory."""

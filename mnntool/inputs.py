@@ -9,6 +9,9 @@ from .errors import MnnToolError
 from .ir.graph import Graph
 
 
+MAX_INPUT_BYTES = 1 << 30     # random inputs are drawn in float64 first: 2 GB at this bound
+
+
 def random_feeds(g: Graph, shapes: dict | None = None, seed: int = 0) -> dict[str, np.ndarray]:
     """Normal floats; small non-negative ints for integer inputs (token ids, indices)."""
     rng = np.random.default_rng(seed)
@@ -18,6 +21,9 @@ def random_feeds(g: Graph, shapes: dict | None = None, seed: int = 0) -> dict[st
         shape = (shapes or {}).get(name) or t.shape
         if shape is None or not all(isinstance(d, int) and d > 0 for d in shape):
             raise MnnToolError(f"input '{name}' has an unknown shape {shape}; give it with --input-shape")
+        nbytes = int(np.prod(shape, dtype=np.float64)) * 4
+        if nbytes > MAX_INPUT_BYTES:
+            raise MnnToolError(f"input '{name}' of shape {list(shape)} would take {nbytes / 2**30:.1f} GB")
         if np.dtype(t.dtype).kind in "iub":
             feeds[name] = rng.integers(0, 100, size=shape).astype(t.dtype)
         else:

@@ -100,7 +100,8 @@ def load(path: str | os.PathLike) -> Graph:
         if not net.get("oplists"):
             raise FormatError("no ops")
         g = net_to_graph(net)
-    except (FormatError, KeyError, ValueError, TypeError) as e:
-        raise MnnToolError(f"{path}: not a valid MNN model ({e})") from None
+    except (FormatError, KeyError, ValueError, TypeError, IndexError, AttributeError, OverflowError) as e:
+        # every way a corrupt table shows itself while it is decoded (an op without outputs: IndexError)
+        raise MnnToolError(f"{path}: not a valid MNN model ({type(e).__name__}: {' '.join(str(e).split())[:160]})") from None
     g.name = path.stem
     return g

@@ -12,7 +12,7 @@ from dataclasses import replace as copy_info
 
 import numpy as np
 
-from ..errors import MnnToolError
+from ..errors import InvalidModel, MnnToolError
 from ..ir.graph import Graph
 from ..ir.ops import REGISTRY, Val
 from ..ir.shape_inference import infer_node, infer_shapes
@@ -60,7 +60,7 @@ def kernel_for(node, ins, outs, settings: Settings) -> Kernel:
         if node.op in REGISTRY:
             return generic_kernel(node)
         raise
-    except (ImportError, NameError):     # a defect of mnntool's own code: never hidden behind the slow path
+    except (ImportError, NameError, InvalidModel):     # mnntool's own defect, or a file that contradicts itself
         raise
     except Exception as e:
         if node.op in REGISTRY:
@@ -68,6 +68,24 @@ def kernel_for(node, ins, outs, settings: Settings) -> Kernel:
         raise MnnToolError(f"{node.op} '{node.name}': cannot prepare ({type(e).__name__}: {e})") from None
 
 
+def _one_line(e: Exception, limit: int = 200) -> str:
+    text = " ".join(str(e).split())
+    return text if len(text) <= limit else text[:limit] + "..."
+
+
+MAX_TENSOR_BYTES = 1 << 31   # no tensor of a model that runs on a phone comes near 2 GB; a corrupt shape does
+
+
+def _check_size(name: str, v: Val) -> None:
+    if v.shape is None or not all(isinstance(d, int) for d in v.shape):
+        return
+    size = 1
+    for d in v.shape:
+        size *= max(d, 0)
+    nbytes = size * (np.dtype(v.dtype).itemsize if v.dtype else 4)
+    if nbytes > MAX_TENSOR_BYTES:
+        raise InvalidModel(f"tensor '{name}' would have shape {list(v.shape)} ({nbytes / 2**30:.1f} GB): "
+                           "the model's shapes are corrupt or the input shape is far too large")
 SMALL_OPERAND = 1 << 12     # elements: run-time operands up to this size are passed to factories as values
 MAX_PLANS = 8               # plans kept per session, one per distinct set of input shapes
 
@@ -116,6 +134,8 @@ class Session:
             self.plan, self._plan_key = self._plans[key], key
             return self.plan
         vals = infer_shapes(g)
+        for name, v in vals.items():
+            _check_size(name, v)
         if any(vals.get(o) is None or vals[o].shape is None or not all(isinstance(d, int) for d in vals[o].shape)
                for n in g.nodes for o in n.outputs if o):
             # an output shape depends on values known only at run time: run op by op (see _run_eager)
@@ -274,6 +294,9 @@ class Session:
         for name in g.inputs:
             env[name] = np.ascontiguousarray(np.asarray(feeds[name]), dtype=np.dtype(g.tensors[name].dtype))
         for k, node in enumerate(g.nodes):
+            missing = [i for i in node.inputs if i and i not in env]
+            if missing:
+                raise InvalidModel(f"{node.op} '{node.name}' reads '{missing[0]}', which no earlier op produces")
             xs = [env[i] if i else None for i in node.inputs]
             small = [x is not None and x.size <= SMALL_OPERAND for x in xs]
             key = (k,) + tuple((x.shape, x.dtype.str, x.tobytes() if sm else None) if x is not None else None
@@ -283,6 +306,8 @@ class Session:
                 ins = [Val(x.shape, str(x.dtype), x if sm else None) if x is not None else Val(None)
                        for x, sm in zip(xs, small)]
                 outs = infer_node(node, ins)
+                for name, v in zip(node.outputs, outs):
+                    _check_size(name, v)
                 if any(v.shape is None or not all(isinstance(d, int) for d in v.shape) for v in outs):
                     built = (generic_kernel(node), outs)
                 else:
@@ -300,7 +325,7 @@ class Session:
             except MnnToolError:
                 raise
             except Exception as e:
-                raise MnnToolError(f"{node.op} '{node.name}': {type(e).__name__}: {e}") from None
+                raise MnnToolError(f"{node.op} '{node.name}' failed: {type(e).__name__}: {_one_line(e)}") from None
             for name, v in zip(node.outputs, res):
                 if name:
                     env[name] = np.asarray(v)
@@ -316,16 +341,24 @@ class Session:
         self._feed(plan, feeds)
         slots = plan.slots
         timer = time.perf_counter
-        for fn, ins, views, outs in plan.calls:
-            args = [slots[i] for i in ins]
-            t0 = timer() if profile is not None else 0.0
-            if views is not None:
-                fn(args, views)
-            else:
-                for o, v in zip(outs, fn(args)):
-                    slots[o] = v
-            if profile is not None:
-                profile.append(timer() - t0)
+        fn = None
+        try:
+            for fn, ins, views, outs in plan.calls:
+                args = [slots[i] for i in ins]
+                t0 = timer() if profile is not None else 0.0
+                if views is not None:
+                    fn(args, views)
+                else:
+                    for o, v in zip(outs, fn(args)):
+                        slots[o] = v
+                if profile is not None:
+                    profile.append(timer() - t0)
+        except MnnToolError:
+            raise
+        except Exception as e:      # the loop variable names the step that failed (no cost while none does)
+            step = next((s for s in plan.steps if s.kernel.fn is fn), None)
+            where = f"{step.op} '{step.name}'" if step else "a step"
+            raise MnnToolError(f"{where} failed: {type(e).__name__}: {_one_line(e)}") from None
         if keep_all:
             return {n: np.array(slots[i]) for i, n in enumerate(plan.names) if slots[i] is not None}
         return {n: np.array(slots[i]) for n, i in plan.output_slots.items()}

@@ -9,6 +9,7 @@ import math
 
 import numpy as np
 
+from ...errors import InvalidModel
 from . import Val, define, ints, numel
 
 
@@ -77,15 +78,32 @@ def _windows(xp, kh, kw, sh, sw, dh, dw, oh, ow):
     return np.stack([np.stack(row, axis=2) for row in taps], axis=2)
 
 
+def _check_groups(node, cin, cout) -> None:
+    """A group that does not divide the channels, or weights of another size, make a file that no
+    runtime can run: refused with the node's name (MNN's resize refuses it too)."""
+    c = node.param["common"]
+    group = c.get("group", 1) or 1
+    if not (isinstance(cin, int) and isinstance(cout, int)):
+        return
+    if group < 1 or cin % group or cout % group:
+        raise InvalidModel(f"{node.op} '{node.name}': group {group} does not divide {cin} input and {cout} "
+                           "output channels")
+    w = node.param.get("weight")
+    want = cout * (cin // group) * c.get("kernelX", 1) * c.get("kernelY", 1)
+    if w is not None and len(w) and np.size(w) != want:
+        raise InvalidModel(f"{node.op} '{node.name}': {np.size(w)} weights, {want} expected")
+
+
 @define("Convolution", "ConvolutionDepthwise", param="Convolution2D", inputs=("x", "weight?", "bias?"))
 class Convolution:
     """2-D convolution, NCHW; weight [outputCount, inputCount / group, kH, kW] and bias in the parameter
     table, or as the 2nd and 3rd inputs when they are computed at run time."""
     def infer(node, ins):
         c = node.param["common"]
-        n, _, h, w = ins[0].shape
+        n, cin, h, w = ins[0].shape
         *_, oh, ow = _geometry(c, h, w) if isinstance(h, int) and isinstance(w, int) else (None,) * 7 + (h, w)
         cout = c.get("outputCount") or (ins[1].shape[0] if len(ins) > 1 else None)
+        _check_groups(node, cin, cout)
         return [Val((n, cout, oh, ow), "float32")]
 
     def flops(node, ins, outs):

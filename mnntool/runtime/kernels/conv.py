@@ -6,6 +6,7 @@ from typing import NamedTuple
 
 import numpy as np
 
+from ...errors import InvalidModel
 from . import Kernel, kernel, sized, writes
 from .conv_loops import col2im
 from .conv_strategies import Geometry, Layer, pick
@@ -16,6 +17,7 @@ from .grid import NO_GRID, activation, apply_act, grid_of, to_grid
 def convolution(node, ins, outs, settings):
     cout = node.param["common"]["outputCount"]
     weight = np.ascontiguousarray(conv_weight(node.param, cout))
+    Geometry.of(node.param["common"], ins[0].shape, outs[0].shape).check(weight.size, f"{node.op} '{node.name}'")
     bias = np.asarray(node.param.get("bias", np.zeros(cout)), np.float32).reshape(-1)
     if bias.size != cout:
         bias = np.zeros(cout, np.float32)
@@ -110,7 +112,11 @@ def deconvolution(node, ins, outs, settings):
     group = c.get("group", 1) or 1
     act = activation(c)
     cg, og = cin // group, cout // group
-    weight = conv_weight(node.param, cin).reshape(cin, og * kh * kw)
+    weight = conv_weight(node.param, cin)
+    if min(kh, kw, sh, sw, dh, dw, group) < 1 or cin % group or cout % group or weight.size != cin * og * kh * kw:
+        raise InvalidModel(f"{node.op} '{node.name}': group {group}, kernel {kh}x{kw}, stride {sh}x{sw} and "
+                           f"{weight.size} weights do not fit {cin} -> {cout} channels")
+    weight = weight.reshape(cin, og * kh * kw)
     wt = [np.ascontiguousarray(weight[k * cg:(k + 1) * cg].T) for k in range(group)]   # (og*kh*kw, cg)
     bias = np.asarray(node.param.get("bias", np.zeros(cout)), np.float32).reshape(cout, 1, 1)
     ch = max((h - 1) * sh + dh * (kh - 1) + 1, t + oh)

@@ -55,6 +55,26 @@ class Geometry:
             l = r = c.get("padX", 0)
         return cls(n, cin, h, w, cout, oh, ow, kh, kw, sh, sw, dh, dw, t, l, b, r, c.get("group", 1) or 1)
 
+    def check(self, weight_size: int, where: str) -> None:
+        """What MNN's resize checks, before any kernel indexes memory with these numbers."""
+        from ....errors import InvalidModel
+        bad = None
+        if min(self.kh, self.kw, self.sh, self.sw, self.dh, self.dw, self.group) < 1:
+            bad = f"kernel {self.kh}x{self.kw}, stride {self.sh}x{self.sw}, dilation {self.dh}x{self.dw}, group {self.group}"
+        elif min(self.t, self.l, self.b, self.r) < 0:
+            bad = f"negative padding {[self.t, self.l, self.b, self.r]}"
+        elif self.cin % self.group or self.cout % self.group:
+            bad = f"group {self.group} does not divide {self.cin} input and {self.cout} output channels"
+        elif weight_size != self.cout * (self.cin // self.group) * self.kh * self.kw:
+            bad = (f"{weight_size} weights for {self.cout} x {self.cin // self.group} x {self.kh} x {self.kw}")
+        elif min(self.n, self.cin, self.h, self.w, self.cout, self.oh, self.ow) < 1:
+            bad = f"empty input {[self.n, self.cin, self.h, self.w]} or output {[self.n, self.cout, self.oh, self.ow]}"
+        elif ((self.oh - 1) * self.sh + (self.kh - 1) * self.dh + 1 > self.h + self.t + self.b
+              or (self.ow - 1) * self.sw + (self.kw - 1) * self.dw + 1 > self.w + self.l + self.r):
+            bad = f"output {self.oh}x{self.ow} reads past the padded {self.h}x{self.w} input"
+        if bad:
+            raise InvalidModel(f"{where}: {bad}")
+
     @property
     def window(self) -> tuple:
         """(kh, kw, sh, sw, dh, dw, t, l, b, r) as the Numba kernels take it."""
