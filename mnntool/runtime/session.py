@@ -56,11 +56,11 @@ def kernel_for(node, ins, outs, settings: Settings) -> Kernel:
         return generic_kernel(node)
     try:
         return factory(node, ins, outs, settings)
+    except (ImportError, NameError, InvalidModel):     # mnntool's own defect, or a file that contradicts itself
+        raise
     except MnnToolError:
         if node.op in REGISTRY:
             return generic_kernel(node)
-        raise
-    except (ImportError, NameError, InvalidModel):     # mnntool's own defect, or a file that contradicts itself
         raise
     except Exception as e:
         if node.op in REGISTRY:

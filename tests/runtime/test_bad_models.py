@@ -63,3 +63,16 @@ def test_fuzzed_files_end_cleanly(tmp_path):
     r = json.loads(out.read_text())
     assert sum(r["counts"].values()) == 150
     assert not r["failures"], r["failures"][:5]
+
+
+def test_invalid_parameters_are_not_hidden_behind_the_numpy_fallback():
+    """A factory's InvalidModel reaches the user; the op's numpy definition does not run in its place."""
+    from mnntool.errors import InvalidModel
+    from mnntool.ir.ops import Val
+    from mnntool.runtime.session import kernel_for
+    from mnntool.runtime.settings import Settings
+    node = Node("Convolution", ["x"], ["y"], "conv",
+                {"common": {"outputCount": 6, "kernelX": 3, "kernelY": 3, "padX": 1, "padY": 1},
+                 "weight": np.ones(6 * 4 * 9, np.float32), "bias": np.zeros(6, np.float32)})
+    with pytest.raises(InvalidModel, match="reads past"):      # a 20x20 output from an 8x8 input
+        kernel_for(node, [Val((1, 4, 8, 8), "float32")], [Val((1, 6, 20, 20), "float32")], Settings(1))
