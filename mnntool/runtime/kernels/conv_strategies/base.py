@@ -7,6 +7,7 @@ from typing import NamedTuple
 
 import numpy as np
 
+from ....ir.ops.nn import pads_of, same_pads
 from .. import Kernel, sized, writes
 from ..grid import NO_GRID, to_grid
 
@@ -41,18 +42,12 @@ class Geometry:
         kh, kw = c.get("kernelY", 1), c.get("kernelX", 1)
         sh, sw = c.get("strideY", 1), c.get("strideX", 1)
         dh, dw = c.get("dilateY", 1), c.get("dilateX", 1)
-        pads = c.get("pads")
-        if c.get("padMode") == "SAME":
-            ph = max((oh - 1) * sh + dh * (kh - 1) + 1 - h, 0)
-            pw = max((ow - 1) * sw + dw * (kw - 1) + 1 - w, 0)
-            t, l, b, r = ph // 2, pw // 2, ph - ph // 2, pw - pw // 2
+        if c.get("padMode") == "SAME":      # from the output size shape inference gave
+            (t, b), (l, r) = same_pads(h, oh, kh, sh, dh), same_pads(w, ow, kw, sw, dw)
         elif c.get("padMode") == "VALID":
             t = l = b = r = 0
-        elif pads is not None and len(pads) == 4:
-            t, l, b, r = (int(p) for p in pads)
         else:
-            t = b = c.get("padY", 0)
-            l = r = c.get("padX", 0)
+            t, l, b, r = pads_of(c)
         return cls(n, cin, h, w, cout, oh, ow, kh, kw, sh, sw, dh, dw, t, l, b, r, c.get("group", 1) or 1)
 
     def check(self, weight_size: int, where: str) -> None:
