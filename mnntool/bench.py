@@ -48,9 +48,13 @@ def bench(path, backend: str = "numba", threads: int = 1, warmup: int = 5, runs:
     per_step = defaultdict(float)
     for _ in range(runs):
         t0 = time.perf_counter()
-        steps = r.profile(feeds) if profile else r.run(feeds) and None
+        if profile:
+            steps = r.profile(feeds) or []
+        else:
+            r.run(feeds)
+            steps = []
         times.append((time.perf_counter() - t0) * 1e3)
-        for name, op, dt in steps or ():
+        for name, op, dt in steps:
             per_step[(name, op)] += dt
         if progress:
             progress(1)
