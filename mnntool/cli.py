@@ -169,8 +169,13 @@ def verify(source: str = typer.Argument(..., help="The source model (.onnx, .pt,
            report: Optional[str] = typer.Option(None, "--report", help="Write an HTML report."),
            top: int = typer.Option(10, "--top", help="Worst layers to show."),
            mean: Optional[str] = MEAN, normal: Optional[str] = NORMAL, size: Optional[str] = SIZE,
+           allow_io: bool = typer.Option(False, "--allow-io-ops", help="Run TensorFlow graphs whose ops reach "
+                                         "files or Python (WriteFile, PyFunc, ...): only for models you trust."),
            fmt: str = FORMAT, threads: int = THREADS, as_json: bool = JSON):
-    """Per-layer comparison with the source framework; exit 1 when the outputs miss the thresholds."""
+    """Per-layer comparison with the source framework; exit 1 when the outputs miss the thresholds.
+
+    The source model runs in its own framework (onnxruntime, torch, TensorFlow, OpenCV), and with it
+    whatever the file holds: verify only models you trust. Converting never runs model code."""
     from .format import reader as mnn_reader
     from .format.writer import atomic_write
     from .inputs import load_feeds
@@ -180,7 +185,7 @@ def verify(source: str = typer.Argument(..., help="The source model (.onnx, .pt,
     g = mnn_reader.load(model)
     prep = _image_prep(mean, normal, size, fmt)
     feeds = calibration_samples(calib, g, prep, samples) if calib else (load_feeds(inputs, g) if inputs else None)
-    r = run_verify(source, model, feeds, shapes, backend, min_cosine, max_abs, threads)
+    r = run_verify(source, model, feeds, shapes, backend, min_cosine, max_abs, threads, allow_io)
     if report:
         atomic_write(report, html_report(r).encode())
     if as_json:

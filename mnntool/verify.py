@@ -20,12 +20,15 @@ from .runners import backend_runner, reference_runner
 
 
 def verify(source, model, feeds: dict | list | None = None, shapes: dict | None = None, backend: str = "numba",
-           min_cosine: float = 0.999, max_abs: float | None = None, threads: int | None = None) -> dict:
-    """Per-layer metrics over one sample (a dict) or several (a list of dicts, metrics over all of them)."""
+           min_cosine: float = 0.999, max_abs: float | None = None, threads: int | None = None,
+           allow_io: bool = False) -> dict:
+    """Per-layer metrics over one sample (a dict) or several (a list of dicts, metrics over all of them).
+    The source runs in its own framework, its code with it: TensorFlow graphs with file or Python ops are
+    refused unless `allow_io`."""
     samples = feeds if isinstance(feeds, list) else [feeds]
     merged_ref, merged_ours, result = {}, {}, None
     for sample in samples:
-        r, ref, ours = _verify_one(source, model, sample, shapes, backend, min_cosine, max_abs, threads)
+        r, ref, ours = _verify_one(source, model, sample, shapes, backend, min_cosine, max_abs, threads, allow_io)
         result = result or r
         for k, v in ref.items():
             merged_ref.setdefault(k, []).append(np.asarray(v).ravel())
@@ -47,7 +50,7 @@ def verify(source, model, feeds: dict | list | None = None, shapes: dict | None 
     return result
 
 
-def _verify_one(source, model, feeds, shapes, backend, min_cosine, max_abs, threads):
+def _verify_one(source, model, feeds, shapes, backend, min_cosine, max_abs, threads, allow_io):
     source, model = Path(source), Path(model)
     if not source.exists():
         raise MnnToolError(f"{source}: no such file")
@@ -64,7 +67,7 @@ def _verify_one(source, model, feeds, shapes, backend, min_cosine, max_abs, thre
             raise MnnToolError(f"input '{name}' has shape {list(feeds[name].shape)}, the model wants "
                                f"{list(g.tensors[name].shape)}")
     shapes = {k: tuple(v.shape) for k, v in feeds.items()}
-    ref, order = reference_runner(source, shapes).run_all(feeds)
+    ref, order = reference_runner(source, shapes, allow_io).run_all(feeds)
     runner = backend_runner(model, backend, threads, {k: shapes[k] for k in g.inputs}) \
         if backend != "onnxruntime" else None
     if runner is None:

@@ -28,7 +28,7 @@ def backend_runner(path, backend: str, threads: int | None = 1, shapes: dict | N
     return _class(*BACKENDS[backend])(Path(path), threads, shapes or {})
 
 
-def reference_runner(source, shapes: dict | None = None) -> Runner:
+def reference_runner(source, shapes: dict | None = None, allow_io: bool = False) -> Runner:
     """The source model's own framework, every tensor it can expose kept: what verify compares against."""
     from ..frontends import detect
     source = Path(source)
@@ -38,4 +38,5 @@ def reference_runner(source, shapes: dict | None = None) -> Runner:
     fw = detect(source)
     if fw not in REFERENCES:
         raise MnnToolError(f"{source}: verify cannot run {fw} models")
-    return _class(*REFERENCES[fw])(source, None, shapes or {}, reference=True)
+    extra = {"allow_io": allow_io} if fw == "tensorflow" else {}
+    return _class(*REFERENCES[fw])(source, None, shapes or {}, reference=True, **extra)

@@ -1,4 +1,7 @@
-"""TensorFlow/Keras itself: the final outputs, named as the TensorFlow frontend names them."""
+"""TensorFlow/Keras itself: the final outputs, named as the TensorFlow frontend names them.
+
+Running a SavedModel runs its code (restore and initializer functions too), so graphs holding ops that
+reach files or Python are refused unless the caller allows them; Keras files load in safe mode."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -9,9 +12,14 @@ from .base import Runner
 class TfRunner(Runner):
     name = "tensorflow"
 
-    def __init__(self, path: Path, threads: int | None, shapes: dict, reference: bool = True):
+    def __init__(self, path: Path, threads: int | None, shapes: dict, reference: bool = True,
+                 allow_io: bool = False):
         from ..frontends.tensorflow import _tf
         self.tf, self.path, self.shapes, self.graph = _tf(), path, shapes, None
+        if not allow_io and path.suffix.lower() not in (".keras", ".h5", ".hdf5"):
+            from ..frontends.tensorflow.saved_model import io_ops_in, refuse_io
+            refuse_io(path, io_ops_in(path), " unless --allow-io-ops says so (TensorFlow runs them when it "
+                                             "loads or runs the model)")
 
     def run(self, feeds):
         tf, source = self.tf, self.path
@@ -21,7 +29,7 @@ class TfRunner(Runner):
             return {k: v.numpy() for k, v in out.items()}
         if source.suffix.lower() in (".keras", ".h5", ".hdf5"):
             import keras
-            model = keras.models.load_model(str(source), compile=False)
+            model = keras.models.load_model(str(source), compile=False, safe_mode=True)
             xs = [feeds[t.name.split(":")[0]] for t in model.inputs]
             out = model(xs if len(xs) > 1 else xs[0], training=False)
             flat = [o.numpy() for o in (out if isinstance(out, (list, tuple)) else [out])]

@@ -1,7 +1,9 @@
 """TensorFlow (SavedModel directories, frozen GraphDef .pb, Keras .keras/.h5) -> IR.
 
-Models are frozen first (variables become constants) with TensorFlow itself, then the GraphDef is walked
-op by op from the outputs back, so only what the outputs need is converted."""
+SavedModels and .pb files are read as protobuf data (function calls inlined, variables read from the
+checkpoint: the model's own code never runs); Keras files are loaded in Keras's safe mode and frozen with
+TensorFlow. The GraphDef is then walked op by op from the outputs back, so only what they need is
+converted."""
 from __future__ import annotations
 
 import os
@@ -13,7 +15,9 @@ from ...fdio import redirected_fd
 from ...ir.graph import Graph
 from ..shaped import T, rename_tensor
 from .context import TfCtx
+from .inline import Flattened
 from .ops import CONST_EVAL, OPS
+from .saved_model import read_saved_model, refuse_io
 
 SKIP = {"NoOp", "Assert", "SaveV2", "RestoreV2", "VarHandleOp", "AssignVariableOp"}
 
@@ -60,7 +64,7 @@ def _freeze(tf, fn):
 def _from_keras(tf, path, shapes):
     import keras
     try:
-        model = keras.models.load_model(str(path), compile=False)
+        model = keras.models.load_model(str(path), compile=False, safe_mode=True)
     except Exception as e:
         raise MnnToolError(f"{path}: Keras cannot load it ({type(e).__name__}: {str(e)[:120]})") from None
     names = [getattr(t, "name", f"input_{k}").split(":")[0] for k, t in enumerate(model.inputs)]
@@ -73,28 +77,6 @@ def _from_keras(tf, path, shapes):
     out_names = ["output"] if len(outputs) == 1 else [f"output_{k}" for k in range(len(outputs))]
     return gd, [(t.op.name, n, list(s.shape)) for t, n, s in zip(inputs, names, specs)], \
         [(t.name, n) for t, n in zip(outputs, out_names)]
-
-
-def _from_saved_model(tf, path, shapes):
-    try:
-        loaded = tf.saved_model.load(str(path))
-    except Exception as e:
-        raise MnnToolError(f"{path}: not a loadable SavedModel ({type(e).__name__}: {str(e)[:120]})") from None
-    sigs = getattr(loaded, "signatures", {})
-    key = "serving_default" if "serving_default" in sigs else next(iter(sigs), None)
-    if key is None:
-        raise MnnToolError(f"{path}: the SavedModel has no serving signature")
-    fn = sigs[key]
-    gd, inputs, outputs = _freeze(tf, fn)
-    out_keys = sorted(fn.structured_outputs) if isinstance(fn.structured_outputs, dict) else \
-        [f"output_{k}" for k in range(len(outputs))]
-    specs = []
-    for t in inputs:
-        name = t.op.name
-        public = name
-        specs.append((name, public, _resolve_shape(path, public, t.shape.as_list() if t.shape.rank is not None
-                                                   else None, shapes.get(public))))
-    return gd, specs, [(t.name, k) for t, k in zip(outputs, out_keys)]
 
 
 def _from_graphdef(tf, path, shapes):
@@ -123,43 +105,25 @@ def _ref(s: str) -> str:
     return s if ":" in s else s + ":0"
 
 
-def _needed(gd, outputs):
-    """The nodes the outputs depend on, in dependency order."""
-    by_name = {n.name: n for n in gd.node}
-    order, seen = [], set()
-    for ref, _ in outputs:
-        stack = [(ref.split(":")[0], False)]
-        while stack:
-            name, done = stack.pop()
-            if done:
-                order.append(by_name[name])
-                continue
-            if name in seen or name not in by_name:
-                continue
-            seen.add(name)
-            stack.append((name, True))
-            for i in by_name[name].input:
-                if not i.startswith("^"):
-                    stack.append((i.split(":")[0], False))
-    return order
-
-
 def load_tensorflow(path, input_shapes: dict) -> Graph:
     path = Path(path)
     if not path.exists():
         raise MnnToolError(f"{path}: no such file or directory")
     tf = _tf()
+    values: dict = {}
     if path.is_dir():
-        gd, specs, outputs = _from_saved_model(tf, path, input_shapes)
-    elif path.suffix.lower() in (".keras", ".h5", ".hdf5"):
-        gd, specs, outputs = _from_keras(tf, path, input_shapes)
+        nodes, values, specs, outputs = read_saved_model(path, _resolve_shape, input_shapes)
     else:
-        gd, specs, outputs = _from_graphdef(tf, path, input_shapes)
+        reader = _from_keras if path.suffix.lower() in (".keras", ".h5", ".hdf5") else _from_graphdef
+        gd, specs, outputs = reader(tf, path, input_shapes)
+        flat = Flattened(gd, path)
+        nodes = flat.needed([r for r, _ in outputs])
+        outputs = [(flat.resolve(r), k) for r, k in outputs]
+        refuse_io(path, nodes)
     unknown = set(input_shapes) - {public for _, public, _ in specs}
     if unknown:
         raise MnnToolError(f"{path}: --input-shape names {', '.join(sorted(unknown))}, but the inputs are "
                            f"{', '.join(p for _, p, _ in specs)}")
-    nodes = _needed(gd, outputs)
     bad = {}
     for n in nodes:
         if n.op not in OPS and n.op not in CONST_EVAL and n.op not in ("Placeholder", "Const") and n.op not in SKIP:
@@ -187,7 +151,7 @@ def load_tensorflow(path, input_shapes: dict) -> Graph:
         if n.op in SKIP:
             continue
         if n.op == "Const":
-            env[f"{n.name}:0"] = attr(n, "value")
+            env[f"{n.name}:0"] = values[n.name] if n.name in values else attr(n, "value")
             continue
         args = [env[_ref(i)] for i in n.input if not i.startswith("^")]
         try:
