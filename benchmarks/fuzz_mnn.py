@@ -1,7 +1,8 @@
-"""Byte-flipped .mnn files through `info` and `run`: each must end in a correct run or one clean error
-(MnnToolError), never a crash, a hang or another exception.
+"""Byte-flipped .mnn files through `info` and `run`, and byte-flipped .onnx files through `convert` and a
+run of what it wrote: each must end in a correct run or one clean error (MnnToolError), never a crash,
+a hang or another exception.
 
-    python benchmarks/fuzz_mnn.py [--cases 10000] [--seed 0] [--json out.json]
+    python benchmarks/fuzz_mnn.py [--target mnn|onnx] [--cases 10000] [--seed 0] [--json out.json]
 
 Each case runs in a forked child (a segfault kills only the child) with a 4 GB address-space limit
 beyond what the parent had mapped: an allocation past it is a MemoryError, which the CLI reports in
@@ -63,7 +64,7 @@ def seed_models(folder: Path) -> list[Path]:
         h.make_node("Slice", ["cat", "st", "en", "ax"], ["s"]),
         h.make_node("Transpose", ["s"], ["t"], perm=[0, 2, 3, 1]),
         h.make_node("ReduceMean", ["t"], ["y"], axes=[1, 2], keepdims=0)], "b",
-        [h.make_tensor_value_info("x", TP.FLOAT, [1, 3, 6, 6])], [h.make_tensor_value_info("y", TP.FLOAT, None)],
+        [h.make_tensor_value_info("x", TP.FLOAT, [1, 3, 6, 6])], [h.make_tensor_value_info("y", TP.FLOAT, [1, 4])],
         [w("w1", 3, 3, 1, 1), nh.from_array(np.array([1, 1, 2, 2], np.float32), "scales"),
          nh.from_array(np.array([1], np.int64), "st"), nh.from_array(np.array([5], np.int64), "en"),
          nh.from_array(np.array([1], np.int64), "ax")])
@@ -90,12 +91,18 @@ def mutate(data: bytes, rng: random.Random) -> bytes:
 
 
 def _child(path: str) -> None:
-    """info, then a run on random inputs, as the CLI does them."""
+    """info, then a run on random inputs, as the CLI does them (an .onnx is converted first)."""
     from mnntool import api
     from mnntool.errors import MnnToolError
     from mnntool.inputs import random_feeds
     from mnntool.runtime.session import Session
     try:
+        if path.endswith(".onnx"):
+            out = path[:-5] + ".mnn"
+            if os.path.exists(out):
+                os.unlink(out)
+            api.convert(path, out)
+            path = out
         api.info(path)
         g = api.load_graph(path)
         Session(g, 1).run(random_feeds(g, None))
@@ -139,7 +146,7 @@ def run_case(path: str, log: str) -> tuple[str, str]:
     return {0: (OK, ""), 3: (CLEAN, ""), 6: (OOM, "")}.get(code, (EXCEPTION, detail if code == 4 else f"multi-line error {detail}"))
 
 
-def fuzz(cases: int, seed: int = 0, progress=None) -> dict:
+def fuzz(cases: int, seed: int = 0, progress=None, target: str = "mnn") -> dict:
     from mnntool import api
     from mnntool.inputs import random_feeds
     from mnntool.runtime.session import Session
@@ -151,8 +158,10 @@ def fuzz(cases: int, seed: int = 0, progress=None) -> dict:
         for s in seeds:      # compile every kernel in the parent: children inherit it
             g = api.load_graph(s)
             Session(g, 1).run(random_feeds(g, None))
+        if target == "onnx":
+            seeds = [s.with_suffix(".onnx") for s in seeds]
         blobs = [s.read_bytes() for s in seeds]
-        case_path, log = str(tmp / "case.mnn"), str(tmp / "case.log")
+        case_path, log = str(tmp / f"case.{target}"), str(tmp / "case.log")
         for k in range(cases):
             Path(case_path).write_bytes(mutate(rng.choice(blobs), rng))
             outcome, detail = run_case(case_path, log)
@@ -161,7 +170,7 @@ def fuzz(cases: int, seed: int = 0, progress=None) -> dict:
                 failures.append({"case": k, "outcome": outcome, "detail": detail})
             if progress:
                 progress(k + 1, counts)
-    return {"cases": cases, "seed": seed, "counts": dict(counts), "failures": failures}
+    return {"target": target, "cases": cases, "seed": seed, "counts": dict(counts), "failures": failures}
 
 
 def main():
@@ -170,13 +179,14 @@ def main():
     ap.add_argument("--cases", type=int, default=10000)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--json", type=str, default=None)
+    ap.add_argument("--target", choices=("mnn", "onnx"), default="mnn")
     args = ap.parse_args()
     t0 = time.time()
 
     def progress(k, counts):
         if k % 500 == 0:
             print(f"{k} cases {dict(counts)} {time.time() - t0:.0f}s", flush=True)
-    r = fuzz(args.cases, args.seed, progress)
+    r = fuzz(args.cases, args.seed, progress, args.target)
     r["seconds"] = time.time() - t0
     kinds = Counter(f["detail"].split(" @ ")[-1] + " " + f["detail"].split(":")[0] for f in r["failures"])
     print(json.dumps(r["counts"]), f"in {r['seconds']:.0f}s")

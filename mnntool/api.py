@@ -64,8 +64,9 @@ def convert(src, dst, framework: str | None = None, input_shapes: dict | None = 
         passes = LOWERING + [p for p in passes if p not in REQUIRED + LOWERING] + REQUIRED
     report = run_pipeline(g, optimize, passes)
     validate(g, str(src))
-    size = writer.save(g, dst, biz_code, sources)
-    return {"source": str(src), "output": str(dst), "ops": len(g.nodes), "params": g.param_count(),
+    params = g.param_count()
+    size = writer.save(g, dst, biz_code, sources, consume=True)
+    return {"source": str(src), "output": str(dst), "ops": len(g.nodes), "params": params,
             "size_bytes": size, "passes_changed": list(report), "passes": report, "optimize": optimize,
             "seconds": round(time.perf_counter() - t0, 3)}
 

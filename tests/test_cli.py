@@ -94,10 +94,11 @@ def test_text_file(tmp_path):
 
 def test_unsupported_ops_listed_all_at_once(tmp_path):
     g = h.make_graph([h.make_node("Relu", ["x"], ["a"]), h.make_node("Einsum", ["a", "a"], ["b"], name="ein1",
-                                                                      equation="ij,ij->ij"),
+                                                                      equation="kij,kij->kij"),
                       h.make_node("Det", ["b"], ["c"], name="det1"), h.make_node("Einsum", ["c", "c"], ["y"],
-                                                                                 name="ein2", equation="ij,ij->ij")],
-                     "g", [h.make_tensor_value_info("x", TP.FLOAT, [2, 2])], [h.make_tensor_value_info("y", TP.FLOAT, None)])
+                                                                                 name="ein2", equation="i,i->i")],
+                     "g", [h.make_tensor_value_info("x", TP.FLOAT, [3, 2, 2])],
+                     [h.make_tensor_value_info("y", TP.FLOAT, None)])
     src = tmp_path / "u.onnx"
     onnx.save(h.make_model(g, opset_imports=[h.make_opsetid("", 17)]), src)
     assert_one_line_error(*run("convert", src, tmp_path / "o.mnn"), "Einsum (ein1, ein2)", "Det (det1)")

@@ -6,6 +6,7 @@ looping or allocating without bound.
 """
 from __future__ import annotations
 
+import mmap
 import struct
 
 import flatbuffers
@@ -91,32 +92,52 @@ def default_fields(table: str) -> dict:
 # ----------------------------------------------------------------------------------------- writing
 
 def encode(table: str, obj: dict) -> bytes:
+    return bytes(encode_buffer(table, obj))
+
+
+def encode_buffer(table: str, obj: dict, size_hint: int = 0, consume: bool = False) -> memoryview:
+    """The encoded table as a view of the builder's buffer. With a size hint the buffer is one anonymous
+    mapping of that size, whose pages count only once written (flatbuffers builds back to front, and
+    would otherwise double its buffer, copy it, and copy it again for the output). `consume` drops each
+    vector from `obj` once it is in the buffer, so a large model's weights are not held twice."""
     builder = flatbuffers.Builder(1024)
-    root = _build_table(builder, table, obj)
+    if size_hint > 1 << 20:
+        builder.Bytes = mmap.mmap(-1, size_hint)
+        builder.head = size_hint
+    root = _build_table(builder, table, obj, consume)
     builder.Finish(root)
-    return bytes(builder.Output())
+    return memoryview(builder.Bytes)[builder.Head():]
 
 
-def _build_vector(builder, elem: str, values):
+def _numpy_vector(builder, x: np.ndarray) -> int:
+    """builder.CreateNumpyVector without its tobytes() copy of the array."""
+    x = np.ascontiguousarray(x.astype(x.dtype.newbyteorder("<"), copy=False)).reshape(-1)
+    builder.StartVector(x.itemsize, x.size, x.dtype.alignment)
+    builder.head = builder.head - x.nbytes
+    np.frombuffer(builder.Bytes, np.uint8, x.nbytes, builder.head)[:] = x.view(np.uint8)
+    builder.vectorNumElems = x.size
+    return builder.EndVector()
+
+
+def _build_vector(builder, elem: str, values, consume: bool = False):
     if elem in SCALAR_FMT or elem in ENUMS:
         if elem in ENUMS:
             base = ENUMS[elem][0]
             values = [_enum_value(elem, v) for v in values]
         else:
             base = elem
-        arr = np.ascontiguousarray(np.asarray(values).astype(NP_DTYPE[base], copy=False))
-        return builder.CreateNumpyVector(arr.reshape(-1))
+        return _numpy_vector(builder, np.asarray(values).astype(NP_DTYPE[base], copy=False))
     if elem == "string":
         offs = [builder.CreateString(str(s)) for s in values]
     else:
-        offs = [_build_table(builder, elem, v) for v in values]
+        offs = [_build_table(builder, elem, v, consume) for v in values]
     builder.StartVector(4, len(offs), 4)
     for off in reversed(offs):
         builder.PrependUOffsetTRelative(off)
     return builder.EndVector()
 
 
-def _build_table(builder, table: str, obj: dict) -> int:
+def _build_table(builder, table: str, obj: dict, consume: bool = False) -> int:
     fields = TABLES[table]
     offsets = {}
     for slot, name, ftype, _ in fields:
@@ -124,15 +145,17 @@ def _build_table(builder, table: str, obj: dict) -> int:
         if value is None:
             continue
         if ftype.startswith("["):
-            offsets[slot] = _build_vector(builder, ftype[1:-1], value)
+            offsets[slot] = _build_vector(builder, ftype[1:-1], value, consume)
+            if consume:
+                obj[name] = value = None
         elif ftype == "string":
             offsets[slot] = builder.CreateString(str(value))
         elif ftype in TABLES:
-            offsets[slot] = _build_table(builder, ftype, value)
+            offsets[slot] = _build_table(builder, ftype, value, consume)
         elif ftype in UNIONS:
             member = obj.get(name + "_type")
             if member and member != "NONE":
-                offsets[slot] = _build_table(builder, member, value)
+                offsets[slot] = _build_table(builder, member, value, consume)
     builder.StartObject(max((f[0] for f in fields), default=-1) + 1)
     for slot, name, ftype, default in fields:
         if slot in offsets:

@@ -11,7 +11,7 @@ from ..errors import MnnToolError
 from ..ir import ops
 from ..ir.graph import Graph
 from ..ir.dtypes import to_mnn
-from .flatbuf import encode
+from .flatbuf import encode, encode_buffer
 
 BLOB_FIELD = {"DT_FLOAT": ("float32s", np.float32), "DT_INT32": ("int32s", np.int32),
               "DT_INT8": ("int8s", np.int8), "DT_UINT8": ("uint8s", np.uint8)}
@@ -21,13 +21,16 @@ def blob(value: np.ndarray) -> dict:
     arr = np.asarray(value)
     dtype = "DT_FLOAT" if arr.dtype == np.float16 else to_mnn(arr.dtype)   # constants are stored as float32
     field, np_type = BLOB_FIELD[dtype]
-    out = {"dataFormat": "NCHW", "dataType": dtype, field: arr.astype(np_type).reshape(-1)}
+    out = {"dataFormat": "NCHW", "dataType": dtype, field: arr.astype(np_type, copy=False).reshape(-1)}
     if arr.ndim:
         out["dims"] = np.array(arr.shape, dtype=np.int32)
     return out
 
 
-def graph_to_net(g: Graph, biz_code: str = "mnntool") -> dict:
+def graph_to_net(g: Graph, biz_code: str = "mnntool", consume: bool = False) -> dict:
+    """The Net table as a dict. `consume` moves the constants out of the graph into it (see save)."""
+    constants = set(g.constants)
+    take = g.constants.pop if consume else g.constants.__getitem__
     names: list[str] = []
     index: dict[str, int] = {}
 
@@ -45,9 +48,9 @@ def graph_to_net(g: Graph, biz_code: str = "mnntool") -> dict:
                         "main": {"dims": dims, "dtype": to_mnn(t.dtype), "dformat": "NCHW"}})
     for node in g.nodes:
         for i in node.inputs:
-            if i in g.constants and i not in index:
+            if i in constants and i not in index:
                 oplists.append({"type": "Const", "name": i, "outputIndexes": [idx(i)], "main_type": "Blob",
-                                "main": blob(g.constants[i])})
+                                "main": blob(take(i))})
         param_type = node.param_type or (ops.get(node.op).param if node.op in ops.REGISTRY else None)
         op = {"type": node.op, "name": node.name or node.outputs[0],
               "inputIndexes": [idx(i) for i in node.inputs], "outputIndexes": [idx(o) for o in node.outputs]}
@@ -58,15 +61,15 @@ def graph_to_net(g: Graph, biz_code: str = "mnntool") -> dict:
             op["defaultDimentionFormat"] = node.fmt
         oplists.append(op)
     for o in g.outputs:
-        if o in g.constants and o not in index:
+        if o in constants and o not in index:
             oplists.append({"type": "Const", "name": o, "outputIndexes": [idx(o)], "main_type": "Blob",
-                            "main": blob(g.constants[o])})
+                            "main": blob(take(o))})
     net = {"bizCode": biz_code, "oplists": oplists, "outputName": list(g.outputs), "sourceType": g.source,
            "tensorName": names, "tensorNumber": len(names), "extraInfo": {"version": "mnntool"}}
     describes = []
     for name, k in index.items():     # inferred shapes and int8 scales, where MNN keeps per-tensor facts
         t = g.tensors.get(name)
-        if t is None or name in g.constants:
+        if t is None or name in constants:
             continue
         d = {"index": k}
         if t.shape is not None and all(isinstance(x, int) for x in t.shape):
@@ -132,7 +135,25 @@ def atomic_write(path: str | os.PathLike, data: bytes, sources=()) -> None:
         raise
 
 
-def save(g: Graph, path: str | os.PathLike, biz_code: str = "mnntool", sources=()) -> int:
-    data = to_bytes(g, biz_code)
+def _size_hint(g: Graph) -> int:
+    """About the file's size (arrays as stored, 4 bytes an element at most, plus room for the tables)."""
+    arrays = list(g.constants.values())
+    stack = [n.param for n in g.nodes]
+    while stack:
+        v = stack.pop()
+        if isinstance(v, np.ndarray):
+            arrays.append(v)
+        elif isinstance(v, dict):
+            stack.extend(v.values())
+        elif isinstance(v, (list, tuple)) and len(v) < 64:
+            stack.extend(v)
+    return sum(a.size * max(a.itemsize, 4) for a in arrays) + (1 << 20) + 4096 * len(g.nodes)
+
+
+def save(g: Graph, path: str | os.PathLike, biz_code: str = "mnntool", sources=(), consume: bool = False) -> int:
+    """Write the graph as a .mnn. With `consume` the graph's constants are moved into the file as it is
+    built and the graph is left without them: a large model's weights are then held once, not twice."""
+    hint = _size_hint(g)
+    data = encode_buffer("Net", graph_to_net(g, biz_code, consume), hint, consume)
     atomic_write(path, data, sources)
     return len(data)

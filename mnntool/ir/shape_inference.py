@@ -7,6 +7,12 @@ from .graph import Graph
 from .ops import REGISTRY, Val
 
 SMALL_VALUE = 64    # elements: values this small are carried along (shape arithmetic), larger ones are not
+# ops whose output can be far larger than their inputs: evaluated only when their output shape is known
+GROWING = {"Fill", "Tile", "BroadcastTo", "Range", "OneHot", "EyeLike", "Interp", "Padding"}
+
+
+def _numel(shape) -> float:
+    return float(np.prod([d if isinstance(d, int) and d >= 0 else np.inf for d in shape], dtype=np.float64))
 
 
 def infer_node(node, ins: list[Val]) -> list[Val]:
@@ -22,7 +28,8 @@ def infer_node(node, ins: list[Val]) -> list[Val]:
             outs = inferred + outs[len(inferred):]
         except (ValueError, KeyError, IndexError, TypeError, ZeroDivisionError, AttributeError):
             outs = [Val(None)] * len(node.outputs)
-    if (node.op != "Input" and outs and all(v.value is None for v in outs) and ins
+    small = all(_numel(v.shape) <= SMALL_VALUE if v.shape is not None else node.op not in GROWING for v in outs)
+    if (node.op != "Input" and outs and small and all(v.value is None for v in outs) and ins
             and all(v.value is not None and np.size(v.value) <= SMALL_VALUE for v in ins)):
         try:
             with np.errstate(all="ignore"):

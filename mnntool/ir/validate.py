@@ -2,14 +2,19 @@
 written (MNN segfaults on an output no op produces, or on dims past int32)."""
 from __future__ import annotations
 
+import numpy as np
+
 from ..errors import MnnToolError
 from .graph import Graph
 
 INT32_MAX = 2**31 - 1
+MAX_TENSOR_BYTES = 1 << 31   # no tensor of a model that runs on a phone comes near 2 GB; a corrupt shape does
 
 
 def validate(g: Graph, where: str = "") -> None:
+    from .shape_inference import infer_shapes
     prefix = f"{where}: " if where else ""
+    infer_shapes(g)          # the shapes as written, after every pass
     known = set(g.inputs) | set(g.constants)
     produced: dict[str, str] = {}
     for node in g.nodes:
@@ -37,6 +42,10 @@ def validate(g: Graph, where: str = "") -> None:
         if count > INT32_MAX:
             raise MnnToolError(f"{prefix}tensor '{name}' would hold {count} elements ({list(info.shape)}), beyond "
                                "MNN's int32 sizes")
+        nbytes = count * (np.dtype(info.dtype).itemsize if info.dtype else 4)
+        if nbytes > MAX_TENSOR_BYTES:
+            raise MnnToolError(f"{prefix}tensor '{name}' would take {nbytes / 2**30:.1f} GB ({list(info.shape)}); "
+                               "neither MNN nor mnntool could run the model")
     for name, value in g.constants.items():
         if any(d > INT32_MAX for d in value.shape):
             raise MnnToolError(f"{prefix}constant '{name}' has a dimension beyond MNN's int32")

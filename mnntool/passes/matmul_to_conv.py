@@ -55,7 +55,7 @@ class MatMulToConvPass:
                 Node("Reshape", [mm.inputs[0], g.add_const(f"{flat}_shape", np.array([rows, k, 1, 1], np.int32))],
                      [flat], flat, {"dimType": "NCHW"}),
                 Node("Convolution", [flat], [conv_out], mm.name,
-                     {"common": common, "weight": np.ascontiguousarray(weight.T).astype(np.float32).reshape(-1),
+                     {"common": common, "weight": np.ascontiguousarray(weight.T, np.float32).reshape(-1),
                       "bias": bias}),
                 Node("Reshape", [conv_out, g.add_const(f"{out}_shape", np.array(list(a.shape[:-1]) + [n_out],
                                                                                    np.int32))],
@@ -66,5 +66,7 @@ class MatMulToConvPass:
             if last is not mm:
                 g.nodes.remove(last)
             g.nodes[at:at] = new
+            if mm.inputs[1] not in g.outputs:
+                del g.constants[mm.inputs[1]]      # now inside the convolution: not held twice until dead_code
             changed = True
         return changed

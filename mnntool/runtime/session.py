@@ -16,6 +16,7 @@ from ..errors import InvalidModel, MnnToolError
 from ..ir.graph import Graph
 from ..ir.ops import REGISTRY, Val
 from ..ir.shape_inference import infer_node, infer_shapes
+from ..ir.validate import MAX_TENSOR_BYTES
 from .kernels import KERNELS, Kernel, aligned_empty, by_definition
 from .kernels.program import Programs
 from .settings import Settings
@@ -73,7 +74,6 @@ def _one_line(e: Exception, limit: int = 200) -> str:
     return text if len(text) <= limit else text[:limit] + "..."
 
 
-MAX_TENSOR_BYTES = 1 << 31   # no tensor of a model that runs on a phone comes near 2 GB; a corrupt shape does
 
 
 def _check_size(name: str, v: Val) -> None:

@@ -55,10 +55,11 @@ def test_truncated_file(tmp_path):
         assert_one_line_error(*run(cmd, cut), "cut.mnn")
 
 
-def test_fuzzed_files_end_cleanly(tmp_path):
+@pytest.mark.parametrize("target", ["mnn", "onnx"])
+def test_fuzzed_files_end_cleanly(tmp_path, target):
     out = tmp_path / "fuzz.json"
     p = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "fuzz_mnn.py"), "--cases", "150", "--seed", "7",
-                        "--json", str(out)], capture_output=True, text=True, timeout=600)
+                        "--target", target, "--json", str(out)], capture_output=True, text=True, timeout=600)
     assert p.returncode == 0, p.stderr[-2000:]
     r = json.loads(out.read_text())
     assert sum(r["counts"].values()) == 150

@@ -71,7 +71,7 @@ def ir_value(arr: np.ndarray) -> np.ndarray:
     """A constant as the IR carries it: floats as float32, integers and booleans as int32."""
     arr = np.asarray(arr)
     if arr.dtype.kind == "f" or arr.dtype.name in ("bfloat16",) or "float8" in arr.dtype.name:
-        return arr.astype(np.float32)
+        return arr.astype(np.float32, copy=False)     # weights are not copied (they are large)
     if arr.dtype.kind in "iub":
         return to_int32(arr.astype(np.int64)) if arr.dtype.kind != "b" else arr.astype(np.int32)
     return arr

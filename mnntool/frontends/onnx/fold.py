@@ -90,13 +90,35 @@ def _evaluate(node, vals, opset):
     return ev.run(None, feeds)
 
 
-def fold(model: onnx.ModelProto, rounds: int = 8) -> onnx.ModelProto:
-    """The model with every constant-computable node replaced by an initializer (in place)."""
+class _Initializers(dict):
+    """Initializer values read when a fold needs them: most weights are never folded, and reading them
+    all here would hold the model twice."""
+
+    def __init__(self, tensors, weights):
+        super().__init__()
+        self.tensors, self.weights = tensors, weights
+
+    def __contains__(self, name):
+        return dict.__contains__(self, name) or name in self.tensors
+
+    def __getitem__(self, name):
+        if not dict.__contains__(self, name):
+            t = self.tensors[name]
+            self[name] = self.weights.array(t) if self.weights is not None else numpy_helper.to_array(t)
+        return dict.__getitem__(self, name)
+
+    def get(self, name, default=None):
+        return self[name] if name in self else default
+
+
+def fold(model: onnx.ModelProto, weights=None, rounds: int = 8) -> onnx.ModelProto:
+    """The model with every constant-computable node replaced by an initializer (in place). `weights`
+    reads initializers whose data stayed in the file (weights.Weights)."""
     g = model.graph
     opset = _opset(model)
     graph_inputs = {i.name for i in g.input}
     # an initializer that is also a graph input may be fed at run time: not a constant (ONNX IR rule)
-    vals = {i.name: numpy_helper.to_array(i) for i in g.initializer if i.name not in graph_inputs}
+    vals = _Initializers({i.name: i for i in g.initializer if i.name not in graph_inputs}, weights)
     outputs = {o.name for o in g.output}
     changed_any = False
     for _ in range(rounds):

@@ -7,6 +7,7 @@ from onnx import numpy_helper
 from ...errors import MnnToolError
 from ...ir.dtypes import to_mnn
 from .context import ir_value, shape_int32, to_int32
+from .fold import MAX_FOLD_ELEMENTS
 from .nn import converts
 
 ONNX_DTYPES = {1: "float32", 2: "uint8", 3: "int8", 4: "uint16", 5: "int16", 6: "int32", 7: "int64", 9: "bool",
@@ -347,9 +348,11 @@ def constant(ctx, node, a):
 def constant_of_shape(ctx, node, a):
     value = numpy_helper.to_array(a["value"]).reshape(-1) if "value" in a else np.zeros(1, np.float32)
     value = ir_value(value)
-    shp = ctx.const(node.input[0])
+    shp = ctx.exact(node.input[0])
     if shp is not None:
-        ctx.g.constants[node.output[0]] = np.full([int(s) for s in shp.reshape(-1)], value[0], value.dtype)
-        return
+        dims = shape_int32(ctx, node, shp, "shape")
+        if np.prod(dims.astype(np.float64)) <= MAX_FOLD_ELEMENTS:
+            ctx.g.constants[node.output[0]] = np.full(dims.tolist(), value[0], value.dtype)
+            return
     ctx.emit("Fill", [node.input[0], ctx.g.add_const(node.name + "_value", value.reshape(()))], [node.output[0]],
              {}, node.name, fmt="NCHW")
