@@ -125,3 +125,17 @@ def test_output_no_op_produces_is_refused(tmp_path):
     with pytest.raises(MnnToolError, match="ghost"):
         api.convert(src, tmp_path / "m.mnn")
     assert not (tmp_path / "m.mnn").exists()
+
+
+def test_weights_past_what_a_mnn_holds_are_refused_before_writing(tmp_path):
+    """A .mnn is one FlatBuffers file (2 GB at most): larger weights are one line, not a corrupt file."""
+    from mnntool.format import writer
+    from mnntool.ir.graph import Graph, Node
+    g = Graph(source="ONNX", name="big")
+    g.inputs, g.outputs = ["x"], ["y"]
+    g.info("x").shape, g.info("x").dtype = (1, 4), "float32"
+    g.constants["w"] = np.lib.stride_tricks.as_strided(np.zeros(1, np.float32), (600_000_000,), (0,))
+    g.nodes.append(Node("BinaryOp", ["x", "w"], ["y"], "y", {"opType": "ADD"}))
+    with pytest.raises(MnnToolError, match="2 GB"):
+        writer.save(g, tmp_path / "m.mnn")
+    assert not list(tmp_path.iterdir())

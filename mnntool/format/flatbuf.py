@@ -102,10 +102,14 @@ def encode_buffer(table: str, obj: dict, size_hint: int = 0, consume: bool = Fal
     vector from `obj` once it is in the buffer, so a large model's weights are not held twice."""
     builder = flatbuffers.Builder(1024)
     if size_hint > 1 << 20:
+        size_hint = min(size_hint, flatbuffers.Builder.MAX_BUFFER_SIZE)
         builder.Bytes = mmap.mmap(-1, size_hint)
         builder.head = size_hint
-    root = _build_table(builder, table, obj, consume)
-    builder.Finish(root)
+    try:
+        root = _build_table(builder, table, obj, consume)
+        builder.Finish(root)
+    except flatbuffers.builder.BuilderSizeError:
+        raise FormatError("the file would pass 2 GB, the most a FlatBuffers file (a .mnn) can hold") from None
     return memoryview(builder.Bytes)[builder.Head():]
 
 

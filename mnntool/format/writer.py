@@ -11,7 +11,9 @@ from ..errors import MnnToolError
 from ..ir import ops
 from ..ir.graph import Graph
 from ..ir.dtypes import to_mnn
-from .flatbuf import encode, encode_buffer
+from .flatbuf import FormatError, encode, encode_buffer
+
+FLATBUFFERS_MAX = 2**31 - 1
 
 BLOB_FIELD = {"DT_FLOAT": ("float32s", np.float32), "DT_INT32": ("int32s", np.int32),
               "DT_INT8": ("int8s", np.int8), "DT_UINT8": ("uint8s", np.uint8)}
@@ -154,6 +156,12 @@ def save(g: Graph, path: str | os.PathLike, biz_code: str = "mnntool", sources=(
     """Write the graph as a .mnn. With `consume` the graph's constants are moved into the file as it is
     built and the graph is left without them: a large model's weights are then held once, not twice."""
     hint = _size_hint(g)
-    data = encode_buffer("Net", graph_to_net(g, biz_code, consume), hint, consume)
+    if hint > FLATBUFFERS_MAX:
+        raise MnnToolError(f"{path}: the model's weights come to {hint / 2**30:.1f} GB, and a .mnn (one "
+                           "FlatBuffers file) holds 2 GB; MNN's separate weight files are not written yet")
+    try:
+        data = encode_buffer("Net", graph_to_net(g, biz_code, consume), hint, consume)
+    except FormatError as e:
+        raise MnnToolError(f"{path}: {e}") from None
     atomic_write(path, data, sources)
     return len(data)
