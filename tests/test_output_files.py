@@ -105,26 +105,27 @@ def test_more_threads_than_cores_warns(tmp_path):
     assert done.returncode == 0 and "warning" in done.stderr and "core" in done.stderr
 
 
+def _refused_graph(tmp_path, g, match):
+    """The graph saved as ONNX, refused by convert with `match` in the error, and no output left."""
+    src = tmp_path / "m.onnx"
+    onnx.save(h.make_model(g, opset_imports=[h.make_opsetid("", 17)]), src)
+    with pytest.raises(MnnToolError, match=match):
+        api.convert(src, tmp_path / "m.mnn")
+    assert not (tmp_path / "m.mnn").exists()
+
+
 def test_reshape_beyond_int32_is_refused_not_clipped(tmp_path):
     from onnx import numpy_helper as nh
     g = h.make_graph([h.make_node("Reshape", ["x", "s"], ["y"])], "g", [h.make_tensor_value_info("x", TP.FLOAT, [1, 4])],
                      [h.make_tensor_value_info("y", TP.FLOAT, None)],
                      initializer=[nh.from_array(np.array([1, 2**40], np.int64), "s")])
-    src = tmp_path / "m.onnx"
-    onnx.save(h.make_model(g, opset_imports=[h.make_opsetid("", 17)]), src)
-    with pytest.raises(MnnToolError, match="int32"):
-        api.convert(src, tmp_path / "m.mnn")
-    assert not (tmp_path / "m.mnn").exists()
+    _refused_graph(tmp_path, g, "int32")
 
 
 def test_output_no_op_produces_is_refused(tmp_path):
     g = h.make_graph([h.make_node("Relu", ["x"], ["y"])], "g", [h.make_tensor_value_info("x", TP.FLOAT, [1, 4])],
                      [h.make_tensor_value_info("y", TP.FLOAT, [1, 4]), h.make_tensor_value_info("ghost", TP.FLOAT, [1])])
-    src = tmp_path / "m.onnx"
-    onnx.save(h.make_model(g, opset_imports=[h.make_opsetid("", 17)]), src)
-    with pytest.raises(MnnToolError, match="ghost"):
-        api.convert(src, tmp_path / "m.mnn")
-    assert not (tmp_path / "m.mnn").exists()
+    _refused_graph(tmp_path, g, "ghost")
 
 
 def test_weights_past_what_a_mnn_holds_are_refused_before_writing(tmp_path):
