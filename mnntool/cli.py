@@ -5,13 +5,14 @@ import json
 import os
 import re
 import sys
-from typing import List, Optional
+from typing import List, Literal, Optional
 
 from .tuning import tune_process
 
 tune_process()      # before numpy and Numba load (see mnntool.tuning)
 
 import typer  # noqa: E402
+import typer.core  # noqa: E402
 from rich.console import Console  # noqa: E402
 from rich.table import Table  # noqa: E402
 
@@ -28,6 +29,16 @@ def u(value) -> str:
     characters (terminal escapes) replaced, Rich markup escaped."""
     return escape(_CONTROL.sub("?", str(value)))
 
+_type_shown = typer.core.TyperOption.display_type_rich
+
+
+def _flag_type(self, ctx):
+    """A flag takes no value: show no type for it (Typer labels every option, flags as '<bool>')."""
+    return None if self.is_flag else _type_shown(self, ctx)
+
+
+typer.core.TyperOption.display_type_rich = _flag_type
+
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
                   help="Convert, optimize, quantize, check and time models in MNN's .mnn format.")
 console = Console(soft_wrap=True)      # lines are not broken at 80 columns when piped
@@ -38,6 +49,10 @@ FRAMEWORK = typer.Option(None, "--framework", "-f", help="Force the source frame
 INPUT_SHAPE = typer.Option(None, "--input-shape", help="Fix an input's shape: NAME:1x3x224x224 (repeatable).")
 JSON = typer.Option(False, "--json", help="Print one JSON object for machines.")
 THREADS = typer.Option(1, "--threads", "-t", min=1, help="Threads for kernels and BLAS.")
+SAMPLES = typer.Option(None, "--samples", "-n", min=1, help="Use at most N samples of --calib (default: verify 4, "
+                       "quant all).")
+Runtime = Literal["numba", "mnn"]                        # checked at parse time: Typer lists the choices
+BenchBackend = Literal["numba", "onnxruntime", "mnn"]
 INPUTS = typer.Option(None, "--input", "-i", help="Input data: NAME=file.npy or a .npz of all inputs (repeatable).")
 MEAN = typer.Option(None, "--mean", help="Image preprocessing: per-channel mean, e.g. 127.5,127.5,127.5.")
 NORMAL = typer.Option(None, "--normal", help="Image preprocessing: per-channel multiplier after the mean (1/std).")
@@ -75,6 +90,25 @@ def _image_prep(mean, normal, size, fmt, std=None):
             raise MnnToolError(f"--size '{size}': expected WxH") from None
     return ImagePrep(mean=_floats(mean, "--mean") or (0.0, 0.0, 0.0), normal=norm or (1.0, 1.0, 1.0), size=wh,
                      fmt=fmt.upper())
+
+
+class _progress:
+    """A progress bar on stderr while `with` runs (Rich leaves it out when stderr is not a terminal);
+    entering gives the function that advances it by n steps."""
+
+    def __init__(self, what: str, total: int | None):
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeRemainingColumn
+        self.prog = Progress("[progress.description]{task.description}", BarColumn(), MofNCompleteColumn(),
+                             TimeRemainingColumn(), console=err, transient=True)
+        self.what, self.total = what, total
+
+    def __enter__(self):
+        self.prog.__enter__()
+        task = self.prog.add_task(self.what, total=self.total)
+        return lambda n=1: self.prog.advance(task, n)
+
+    def __exit__(self, *exc):
+        return self.prog.__exit__(*exc)
 
 
 def _human(n: float, unit: str = "") -> str:
@@ -162,15 +196,17 @@ def info(path: str = typer.Argument(..., help="A .mnn or .onnx model."),
 def verify(source: str = typer.Argument(..., help="The source model (.onnx, .pt, .prototxt, .pb, .keras or a SavedModel directory)."),
            model: str = typer.Argument(..., help="The .mnn file to check."),
            inputs: Optional[List[str]] = INPUTS,
-           calib: Optional[str] = typer.Option(None, "--calib", help="A folder of .npy/.npz samples."),
-           samples: int = typer.Option(4, "--samples", min=1, help="How many samples of --calib to use."),
+           calib: Optional[str] = typer.Option(None, "--calib", help="A folder of .npy/.npz samples or images."),
+           samples: Optional[int] = SAMPLES,
            input_shape: Optional[List[str]] = INPUT_SHAPE,
            min_cosine: float = typer.Option(0.999, "--min-cosine", help="Pass threshold per tensor."),
            max_abs: Optional[float] = typer.Option(None, "--max-abs", help="Optional max abs error per tensor."),
-           backend: str = typer.Option("numba", "--backend", "-b", help="numba (mnntool's runtime) or mnn."),
+           backend: Runtime = typer.Option("numba", "--backend", "-b",
+                                           help="The runtime that runs the .mnn: numba (mnntool's) or mnn."),
            report: Optional[str] = typer.Option(None, "--report", help="Write an HTML report."),
            top: int = typer.Option(10, "--top", help="Worst layers to show."),
-           mean: Optional[str] = MEAN, normal: Optional[str] = NORMAL, size: Optional[str] = SIZE,
+           mean: Optional[str] = MEAN, normal: Optional[str] = NORMAL, std: Optional[str] = STD,
+           size: Optional[str] = SIZE,
            allow_io: bool = typer.Option(False, "--allow-io-ops", help="Run TensorFlow graphs whose ops reach "
                                          "files or Python (WriteFile, PyFunc, ...): only for models you trust."),
            fmt: str = FORMAT, threads: int = THREADS, as_json: bool = JSON):
@@ -185,9 +221,14 @@ def verify(source: str = typer.Argument(..., help="The source model (.onnx, .pt,
     from .verify import html_report, verify as run_verify
     shapes = api.parse_input_shapes(input_shape)
     g = mnn_reader.load(model)
-    prep = _image_prep(mean, normal, size, fmt)
-    feeds = calibration_samples(calib, g, prep, samples) if calib else (load_feeds(inputs, g) if inputs else None)
-    r = run_verify(source, model, feeds, shapes, backend, min_cosine, max_abs, threads, allow_io)
+    prep = _image_prep(mean, normal, size, fmt, std)
+    feeds = calibration_samples(calib, g, prep, samples or 4) if calib else (load_feeds(inputs, g) if inputs else None)
+    if as_json or not isinstance(feeds, list) or len(feeds) < 2:
+        r = run_verify(source, model, feeds, shapes, backend, min_cosine, max_abs, threads, allow_io)
+    else:
+        with _progress("comparing samples", len(feeds)) as step:
+            r = run_verify(source, model, feeds, shapes, backend, min_cosine, max_abs, threads, allow_io,
+                           progress=step)
     if report:
         atomic_write(report, html_report(r).encode())
     if as_json:
@@ -270,13 +311,12 @@ def bench(model: str = typer.Argument(..., help="A .mnn model (or the .onnx sour
           warmup: int = typer.Option(5, "--warmup", "-w", min=0, help="Untimed runs first."),
           runs: int = typer.Option(50, "--runs", "-r", min=1, help="Timed runs."),
           input_shape: Optional[List[str]] = INPUT_SHAPE,
-          backend: str = typer.Option("numba", "--backend", "-b", help="numba (mnntool), onnxruntime or mnn."),
+          backend: BenchBackend = typer.Option("numba", "--backend", "-b",
+                                               help="numba (mnntool), onnxruntime (the source .onnx) or mnn."),
           profile: bool = typer.Option(False, "--profile", help="Time every op (numba backend)."),
           top: int = typer.Option(10, "--top", help="Rows of the profile tables."),
           as_json: bool = JSON):
     """Time a model: latency statistics, cold start, load time, GFLOP/s, memory, per-op profile."""
-    from rich.progress import BarColumn, Progress, TimeRemainingColumn
-
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
     if threads > cores:
         err.print(f"[yellow]warning:[/] --threads {threads} on {cores} core(s): the threads share the cores, "
@@ -288,11 +328,8 @@ def bench(model: str = typer.Argument(..., help="A .mnn model (or the .onnx sour
         r = run_bench(model, backend, threads, warmup, runs, shapes, profile)
         print(json.dumps(r))
         return
-    with Progress("[progress.description]{task.description}", BarColumn(), "{task.completed}/{task.total}",
-                  TimeRemainingColumn(), console=err, transient=True) as prog:
-        task = prog.add_task(f"{backend} x{threads}", total=warmup + runs)
-        r = run_bench(model, backend, threads, warmup, runs, shapes, profile,
-                      progress=lambda n: prog.advance(task, n))
+    with _progress(f"{backend} x{threads}", warmup + runs) as step:
+        r = run_bench(model, backend, threads, warmup, runs, shapes, profile, progress=step)
     t = Table(title=f"{u(model)} on {backend}, {threads} thread(s), {runs} runs")
     for col in ("median", "mean", "min", "p90", "p99", "first run", "load+prepare", "GFLOP/s", "peak RSS"):
         t.add_column(col, justify="right")
@@ -322,7 +359,8 @@ def quant(src: str = typer.Argument(..., help="A float .mnn model."),
           calib: Optional[str] = typer.Option(None, "--calib", help="Folder of .npy/.npz samples or images."),
           method: str = typer.Option("mse", "--method", help="Activation calibration: mse, kl, percentile, minmax."),
           per_channel: bool = typer.Option(True, "--per-channel/--per-tensor", help="Weight scales."),
-          batches: Optional[int] = typer.Option(None, "--batches", min=1, help="Use at most N calibration samples."),
+          samples: Optional[int] = SAMPLES,
+          batches: Optional[int] = typer.Option(None, "--batches", min=1, hidden=True, help="Old name of --samples."),
           weight_bits: Optional[int] = typer.Option(None, "--weight-bits", help="Weight-only: 8 or 4 bits."),
           asymmetric: bool = typer.Option(False, "--asymmetric", help="Weight-only: (min, scale) per channel."),
           block_size: Optional[int] = typer.Option(None, "--block-size",
@@ -336,16 +374,14 @@ def quant(src: str = typer.Argument(..., help="A float .mnn model."),
               False, "--symmetric-activations",
               help="int8: zero point 0 for every tensor (default: never-negative tensors use all 255 levels)."),
           config: Optional[str] = typer.Option(None, "--config",
-                                               help="JSON: method, skip, per_channel, batches, symmetric_activations."),
+                                               help="JSON: method, skip, per_channel, samples, symmetric_activations."),
           mean: Optional[str] = MEAN, normal: Optional[str] = NORMAL, std: Optional[str] = STD,
           size: Optional[str] = SIZE, fmt: str = FORMAT, input_shape: Optional[List[str]] = INPUT_SHAPE,
-          as_json: bool = JSON):
+          threads: int = THREADS, as_json: bool = JSON):
     """Quantize a .mnn model: int8 PTQ, weight-only int8/int4, or fp16 -- files the MNN runtime runs."""
-    from rich.progress import BarColumn, Progress
-
     from .quant import QuantConfig, quantize_file
     cfg = QuantConfig(int8=int8, weight_bits=weight_bits, fp16=fp16, calib=calib, method=method,
-                      per_channel=per_channel, batches=batches,
+                      per_channel=per_channel, samples=samples or batches, threads=threads,
                       skip=tuple(x.strip() for x in skip.split(",") if x.strip()) if skip else (),
                       auto_skip=auto_skip, bias_correction=bias_correction,
                       symmetric_activations=symmetric_activations, prep=_image_prep(mean, normal, size, fmt, std),
@@ -356,10 +392,8 @@ def quant(src: str = typer.Argument(..., help="A float .mnn model."),
     if as_json or not int8:
         r = quantize_file(src, dst, cfg)
     else:
-        with Progress("[progress.description]{task.description}", BarColumn(), "{task.completed}",
-                      console=err, transient=True) as prog:
-            task = prog.add_task("calibrating", total=None)
-            r = quantize_file(src, dst, cfg, progress=lambda n: prog.advance(task, n))
+        with _progress("calibrating", None) as step:
+            r = quantize_file(src, dst, cfg, progress=step)
     if as_json:
         print(json.dumps(r))
         return
@@ -426,14 +460,30 @@ def main():
     """Typer's standalone mode handles usage errors (exit 2) and typer.Exit codes; our own errors, which
     users cause, become one line and their exit code."""
     try:
-        app()
+        rv = app(standalone_mode=False)
+    except typer.Abort:
+        err.print("aborted")
+        sys.exit(130)
+    except typer.exceptions.TyperException as e:     # a usage error: Typer's box on stderr, and the JSON object
+        from typer import rich_utils
+        rich_utils.rich_format_error(e)
+        if "--json" in sys.argv[1:]:
+            print(json.dumps({"error": e.format_message(), "exit_code": e.exit_code}))
+        sys.exit(e.exit_code)
     except MnnToolError as e:
-        err.print(f"[red]error:[/] {u(e)}", highlight=False, soft_wrap=True)
-        sys.exit(e.code)
+        _fail(str(e), e.code)
     except MemoryError as e:      # a model or input too large for this machine: one line, like any user error
-        err.print(f"[red]error:[/] out of memory{': ' + u(' '.join(str(e).split())) if str(e) else ''}",
-                  highlight=False, soft_wrap=True)
-        sys.exit(2)
+        _fail(f"out of memory{': ' + ' '.join(str(e).split()) if str(e) else ''}", 2)
+    sys.exit(rv if isinstance(rv, int) else 0)
+
+
+def _fail(message: str, code: int):
+    """The error as one line on stderr, and with --json also as a JSON object on stdout (a pipeline that
+    parses stdout sees why, not an empty document)."""
+    err.print(f"[red]error:[/] {u(message)}", highlight=False, soft_wrap=True)
+    if "--json" in sys.argv[1:]:
+        print(json.dumps({"error": message, "exit_code": code}))
+    sys.exit(code)
 
 
 if __name__ == "__main__":

@@ -21,7 +21,7 @@ from .runners import backend_runner, reference_runner
 
 def verify(source, model, feeds: dict | list | None = None, shapes: dict | None = None, backend: str = "numba",
            min_cosine: float = 0.999, max_abs: float | None = None, threads: int | None = None,
-           allow_io: bool = False) -> dict:
+           allow_io: bool = False, progress=None) -> dict:
     """Per-layer metrics over one sample (a dict) or several (a list of dicts, metrics over all of them).
     The source runs in its own framework, its code with it: TensorFlow graphs with file or Python ops are
     refused unless `allow_io`."""
@@ -30,6 +30,8 @@ def verify(source, model, feeds: dict | list | None = None, shapes: dict | None 
     for sample in samples:
         r, ref, ours = _verify_one(source, model, sample, shapes, backend, min_cosine, max_abs, threads, allow_io)
         result = result or r
+        if progress:
+            progress(1)
         for k, v in ref.items():
             merged_ref.setdefault(k, []).append(np.asarray(v).ravel())
         for k, v in ours.items():
@@ -111,36 +113,32 @@ def _verify_one(source, model, feeds, shapes, backend, min_cosine, max_abs, thre
 
 
 def html_report(r: dict) -> str:
-    """One self-contained page: verdict, a cosine-per-layer chart and the full layer table."""
-    import html
+    """One self-contained page: verdict, final outputs, a cosine-per-layer chart with labelled axes,
+    the layer table and the tensors without a counterpart. Jinja2 escapes every value (names come from
+    the model file)."""
+    from importlib.resources import files
+
+    from jinja2 import Environment, select_autoescape
+    env = Environment(autoescape=select_autoescape(default=True, default_for_string=True))
+    page = env.from_string(files("mnntool").joinpath("templates/verify.html").read_text())
+    return page.render(r=r, chart=_chart(r))
+
+
+def _chart(r: dict, width: int = 900, height: int = 260) -> dict:
+    """Cosine per matched layer as polyline points, on axes from the lowest cosine (or the threshold) to 1."""
     layers = r["layers"]
-    width, height = 900, 220
-    pts = []
-    lo = min([m["cosine"] for m in layers] + [r["min_cosine"]]) if layers else 0.99
-    lo = min(lo, 0.999)
-    for k, m in enumerate(layers):
-        x = 40 + (width - 60) * (k / max(len(layers) - 1, 1))
-        y = 10 + (height - 40) * (1 - (m["cosine"] - lo) / max(1 - lo, 1e-12))
-        pts.append(f"{x:.1f},{y:.1f}")
-    thr_y = 10 + (height - 40) * (1 - (r["min_cosine"] - lo) / max(1 - lo, 1e-12))
-    rows = []
-    for m in layers:
-        cls = "bad" if not m["pass"] else ""
-        mark = " &#9664; first failing" if m["name"] == r["first_failing"] else ""
-        rows.append(f"<tr class='{cls}'><td>{html.escape(m['name'])}{mark}</td><td>{m['op']}</td><td>{m['mnn_op']}</td>"
-                    f"<td>{m['cosine']:.6f}</td><td>{m['max_abs']:.3g}</td><td>{m['rel_l2']:.3g}</td>"
-                    f"<td>{m['snr_db']:.1f}</td></tr>")
-    verdict = "PASS" if r["pass"] else "FAIL"
-    return f"""<!doctype html><html><head><meta charset="utf-8"><title>mnntool verify: {html.escape(r['model'])}</title>
-<style>body{{font-family:sans-serif;margin:2em}} table{{border-collapse:collapse}} td,th{{padding:2px 8px;
-border-bottom:1px solid #ddd;font-size:13px}} tr.bad td{{background:#fdd}} .v{{font-size:22px;font-weight:bold;
-color:{'#080' if r['pass'] else '#c00'}}}</style></head><body>
-<h2>{html.escape(r['model'])} vs {html.escape(r['source'])}</h2>
-<p class="v">{verdict}</p><p>backend {r['backend']}, threshold cosine &ge; {r['min_cosine']}; {len(layers)} layers
-matched, {len(r['unmatched'])} without a counterpart; first failing: {html.escape(str(r['first_failing']))}</p>
-<svg width="{width}" height="{height}" style="border:1px solid #ccc"><polyline fill="none" stroke="#36c"
-stroke-width="1.5" points="{' '.join(pts)}"/><line x1="40" x2="{width - 20}" y1="{thr_y:.1f}" y2="{thr_y:.1f}"
-stroke="#c00" stroke-dasharray="4"/><text x="4" y="14" font-size="11">1.0</text>
-<text x="4" y="{height - 30}" font-size="11">{lo:.4f}</text></svg>
-<table><tr><th>tensor</th><th>source op</th><th>mnn op</th><th>cosine</th><th>max abs</th><th>rel L2</th>
-<th>SNR dB</th></tr>{''.join(rows)}</table></body></html>"""
+    left, right, top, bottom = 70, 20, 10, 45
+    lo = min([m["cosine"] for m in layers] + [r["min_cosine"], 0.999])
+    lo = max(lo, -1.0)
+
+    def y(c):
+        return top + (height - top - bottom) * (1 - (c - lo) / max(1 - lo, 1e-12))
+    n = len(layers)
+    xs = [left + (width - left - right) * (k / max(n - 1, 1)) for k in range(n)]
+    ticks = [lo + (1 - lo) * f for f in (0, 0.25, 0.5, 0.75, 1)]
+    return {"width": width, "height": height, "left": left, "right": width - right, "top": top,
+            "base": height - bottom, "threshold_y": y(r["min_cosine"]),
+            "points": " ".join(f"{x:.1f},{y(m['cosine']):.1f}" for x, m in zip(xs, layers)),
+            "yticks": [(y(t), f"{t:.5f}") for t in ticks],
+            "xticks": [(xs[k], k) for k in sorted({0, n // 2, n - 1})] if n else [],
+            "fails": [(xs[k], y(m["cosine"])) for k, m in enumerate(layers) if not m["pass"]]}

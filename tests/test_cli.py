@@ -149,7 +149,10 @@ def test_bench_and_run_bad_input(tmp_path, small_onnx):
     out = tmp_path / "m.mnn"
     assert run("convert", small_onnx, out, "--input-shape", "x:1x3x8x8")[0] == 0
     assert_one_line_error(*run("bench", out, "--backend", "onnxruntime"), "needs the source .onnx")
-    assert_one_line_error(*run("bench", out, "--backend", "tpu"), "unknown backend")
+    code, stdout, err = run("bench", out, "--backend", "tpu", "--json")      # refused while parsing, listed
+    assert code == 2 and "'tpu' is not one of" in err and "Traceback" not in err
+    assert json.loads(stdout) == {"exit_code": 2, "error": "Invalid value for '--backend' / '-b': Value error, "
+                                  "'tpu' is not one of 'numba', 'onnxruntime', 'mnn'."}
     np.save(tmp_path / "bad.npy", np.full((1, 3, 8, 8), np.nan, np.float32))
     assert_one_line_error(*run("run", out, "--input", f"x={tmp_path / 'bad.npy'}"), "NaN")
     np.save(tmp_path / "small.npy", np.zeros((1, 3, 4, 4), np.float32))
@@ -183,3 +186,26 @@ def test_version_ops_and_pass_list_need_no_model():
         assert o.returncode == 0 and op in json.loads(o.stdout)["ops"], (fw, o.stderr)
     bad = run("ops", "--framework", "nope")
     assert bad.returncode == 2 and len(bad.stderr.strip().splitlines()) == 1
+
+
+def test_json_errors_and_shared_options(tmp_path, small_onnx):
+    """--json puts an error on stdout too; one option name per meaning; flags show no '<bool>' type."""
+    code, stdout, err = run("convert", tmp_path / "none.onnx", tmp_path / "o.mnn", "--json")
+    assert code == 2 and err.startswith("error:") and json.loads(stdout) == {
+        "error": f"{tmp_path / 'none.onnx'}: no such file", "exit_code": 2}
+    assert run("convert", tmp_path / "none.onnx", tmp_path / "o.mnn")[1] == ""      # no JSON without --json
+    for cmd in ("verify", "quant"):
+        helptext = run(cmd, "--help")[1]
+        for opt in ("--samples", "--threads", "--input-shape", "--mean", "--std", "--normal", "--size", "--format"):
+            assert opt in helptext, (cmd, opt)
+        assert "<bool>" not in helptext and "--batches" not in helptext
+    assert "<numba|mnn>" in run("verify", "--help")[1]
+
+
+def test_install_hints_keep_their_extras():
+    """Rich reads '[torch]' as markup; the CLI escapes messages so the hint prints as written."""
+    code = ("import sys; from mnntool import cli; from mnntool.errors import MnnToolError\n"
+            "def boom(**kw): raise MnnToolError(\"needs torch: pip install 'mnntool[torch]'\")\n"
+            "cli.app = boom; cli.main()")
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert p.returncode == 2 and "pip install 'mnntool[torch]'" in p.stderr, p.stderr

@@ -120,3 +120,22 @@ def test_torchscript_and_tf_sources(tmp_path, kind):
     assert code == 0, err
     r = json.loads(out)
     assert r["pass"] and all(o["cosine"] >= 0.9999 for o in r["outputs"])
+
+
+def test_html_report_escapes_names_and_has_every_section():
+    from mnntool.verify import html_report
+    layer = lambda name, cos: {"name": name, "op": "Conv", "mnn_op": "Convolution", "cosine": cos,  # noqa: E731
+                               "max_abs": 0.1, "rel_l2": 0.01, "snr_db": 40.0, "pass": cos >= 0.999}
+    r = {"source": "m.onnx", "model": "<b>m</b>.mnn", "backend": "numba", "min_cosine": 0.999, "max_abs": None,
+         "samples": 2, "layers": [layer("<script>alert(1)</script>", 1.0), layer("c2", 0.5)],
+         "unmatched": [{"name": "fused_bn", "op": "BatchNormalization"}],
+         "outputs": [{"name": "y", "cosine": 0.5, "max_abs": 1.0, "rel_l2": 0.5, "snr_db": 3.0, "pass": False}],
+         "first_failing": "c2", "pass": False}
+    page = html_report(r)
+    assert "<script>" not in page and "&lt;script&gt;" in page and "&lt;b&gt;m&lt;/b&gt;.mnn" in page
+    assert "layer (in execution order)" in page and "cosine vs source" in page       # axis labels
+    assert "Final outputs" in page and ">y<" in page and "fused_bn" in page and "BatchNormalization" in page
+    assert "First layer below the threshold: <b>c2</b>" in page and "None" not in page
+    r.update(first_failing=None, layers=[layer("c1", 1.0)], unmatched=[], pass_=True)
+    page = html_report(r)
+    assert "Every matched layer meets the threshold" in page and "None" not in page

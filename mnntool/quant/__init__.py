@@ -55,8 +55,8 @@ def quantize_file(src, dst, config: QuantConfig, progress=None) -> dict:
     report: dict = {"source": str(src), "output": str(dst), "size_before": src.stat().st_size}
     if cfg.int8:
         data = _reader(cfg.calib, _shaped(g, cfg.input_shapes, src), cfg.prep)
-        if cfg.batches:
-            data = data.split(cfg.batches)[0]
+        if cfg.samples:
+            data = data.split(cfg.samples)[0]
         # the last fifth is held out to measure the result (one sample serves both)
         n = len(data)
         calib_set, held_out = data.split(n - max(1, n // 5)) if n > 1 else (data, data)
@@ -64,13 +64,14 @@ def quantize_file(src, dst, config: QuantConfig, progress=None) -> dict:
 
         def quantize(extra_skip):
             return quantize_int8(g, calib_set, cfg.method, cfg.per_channel, skip | set(extra_skip),
-                                 cfg.bias_correction, progress=progress, asymmetric=not cfg.symmetric_activations)
+                                 cfg.bias_correction, progress=progress, asymmetric=not cfg.symmetric_activations,
+                                 threads=cfg.threads)
         if cfg.auto_skip is not None:
-            q, skipped, acc = run_auto_skip(g, quantize, held, cfg.auto_skip)
+            q, skipped, acc = run_auto_skip(g, quantize, held, cfg.auto_skip, threads=cfg.threads)
             report["auto_skipped"] = skipped
         else:
             q = quantize(set())
-            acc = layer_report(g, q, held)
+            acc = layer_report(g, q, held, cfg.threads)
         report.update(mode="int8", method=cfg.method, per_channel=cfg.per_channel, calibration_samples=len(calib_set),
                       held_out_samples=len(held_out), symmetric_activations=cfg.symmetric_activations)
     else:
@@ -81,7 +82,7 @@ def quantize_file(src, dst, config: QuantConfig, progress=None) -> dict:
             raise MnnToolError(f"{src}: no float convolution weights to compress")
         report.update(mode="fp16" if cfg.fp16 else f"weight-int{cfg.weight_bits}", asymmetric=cfg.asymmetric,
                       layers=n, block_size=cfg.block_size, block_layers=blocked)
-        acc = layer_report(g, q, [random_feeds(g)])
+        acc = layer_report(g, q, [random_feeds(g)], cfg.threads)
     report["size_after"] = writer.save(q, dst)
     report["ratio"] = report["size_before"] / report["size_after"]
     report["outputs"] = acc["outputs"]

@@ -9,7 +9,8 @@ from ..errors import MnnToolError
 from .calibrate import CALIBRATORS
 from .data import ImagePrep
 
-FILE_KEYS = ("method", "skip", "per_channel", "batches", "symmetric_activations")   # what --config may set
+FILE_KEYS = ("method", "skip", "per_channel", "samples", "symmetric_activations")   # what --config may set
+OLD_KEYS = {"batches": "samples"}
 
 
 @dataclass(frozen=True)
@@ -22,7 +23,8 @@ class QuantConfig:
     calib: object = None                # a folder of samples, or a data.CalibrationReader
     method: str = "mse"
     per_channel: bool = True
-    batches: int | None = None          # calibrate on the first N samples
+    samples: int | None = None          # calibrate on the first N samples
+    threads: int = 1                    # for the runtime sessions that calibrate and evaluate
     skip: tuple = ()                    # layers (or tensors) kept in float
     auto_skip: float | None = None      # keep the fewest layers in float for output cosine >= this
     bias_correction: bool = True
@@ -43,6 +45,7 @@ class QuantConfig:
             raise MnnToolError(f"{path}: not valid JSON ({e.msg} at line {e.lineno})") from None
         if not isinstance(cfg, dict):
             raise MnnToolError(f"{path}: a config file holds one JSON object")
+        cfg = {OLD_KEYS.get(k, k): v for k, v in cfg.items()}
         unknown = sorted(set(cfg) - set(FILE_KEYS))
         if unknown:
             raise MnnToolError(f"{path}: unknown setting(s) {', '.join(unknown)} (known: {', '.join(FILE_KEYS)})")

@@ -82,13 +82,13 @@ def targets(g: Graph, skip: set[str]) -> list:
 
 
 def calibrate(g: Graph, samples, method: str, nodes, progress=None,
-              asymmetric: bool = True) -> tuple[dict[str, Grid], dict]:
+              asymmetric: bool = True, threads: int = 1) -> tuple[dict[str, Grid], dict]:
     """Per-tensor int8 grids for the inputs and outputs of `nodes`, and per-channel input means."""
     names = sorted({n.inputs[0] for n in nodes} | {n.outputs[0] for n in nodes})
     producers = g.producers()
     cals = {t: make(method, asymmetric and _source(t, producers) in ONE_SIDED_PRODUCERS) for t in names}
     sums: dict[str, np.ndarray] = {}
-    sess = Session(g)
+    sess = Session(g, threads)
     count = 0
     for feeds in samples:       # a stream: one sample at a time, only histograms and sums kept
         count += 1
@@ -110,7 +110,7 @@ def calibrate(g: Graph, samples, method: str, nodes, progress=None,
 
 def quantize_int8(g: Graph, samples, method: str = "kl", per_channel: bool = True,
                   skip: set[str] = frozenset(), bias_correction: bool = True, progress=None,
-                  asymmetric: bool = True) -> Graph:
+                  asymmetric: bool = True, threads: int = 1) -> Graph:
     if len(samples) == 0:
         raise MnnToolError("no calibration samples")
     q = copy.deepcopy(g)
@@ -119,7 +119,7 @@ def quantize_int8(g: Graph, samples, method: str = "kl", per_channel: bool = Tru
         if skip:
             return q      # everything asked to stay float
         raise MnnToolError("the model has no float convolutions to quantize")
-    grids, means = calibrate(q, samples, method, nodes, progress, asymmetric)
+    grids, means = calibrate(q, samples, method, nodes, progress, asymmetric, threads)
     for n in nodes:
         c = n.param["common"]
         cout = c["outputCount"]

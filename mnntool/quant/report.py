@@ -9,11 +9,11 @@ from ..ir.graph import Graph
 from ..runtime.session import Session
 
 
-def layer_report(fp32: Graph, quant: Graph, samples: list[dict]) -> dict:
+def layer_report(fp32: Graph, quant: Graph, samples: list[dict], threads: int = 1) -> dict:
     """Cosine of every conv output and of the final outputs, over all held-out samples together."""
     convs = [n for n in quant.nodes if n.op in ("Convolution", "ConvolutionDepthwise")]
     names = [n.outputs[0] for n in convs] + list(quant.outputs)
-    ref_s, q_s = Session(fp32), Session(quant)
+    ref_s, q_s = Session(fp32, threads), Session(quant, threads)
     ref, got = {k: [] for k in names}, {k: [] for k in names}
     for feeds in samples:
         a, b = ref_s.run(feeds, keep_all=True), q_s.run(feeds, keep_all=True)
@@ -40,11 +40,12 @@ def worst_first(report: dict) -> list[dict]:
     return sorted([l for l in report["layers"] if l["int8"]], key=lambda l: l["cosine"])
 
 
-def auto_skip(fp32: Graph, quantize, held_out: list[dict], target: float, progress=None) -> tuple[Graph, list, dict]:
+def auto_skip(fp32: Graph, quantize, held_out: list[dict], target: float, progress=None,
+              threads: int = 1) -> tuple[Graph, list, dict]:
     """Mixed precision: rank the int8 layers by the error each adds (its output cosine minus its input's),
     then binary-search the fewest of the worst-ranked to keep in float so every output cosine >= target."""
     q = quantize(set())
-    rep = layer_report(fp32, q, held_out)
+    rep = layer_report(fp32, q, held_out, threads)
     if min(o["cosine"] for o in rep["outputs"]) >= target:
         return q, [], rep
     by_tensor = {l["tensor"]: l["cosine"] for l in rep["layers"]}
@@ -61,7 +62,7 @@ def auto_skip(fp32: Graph, quantize, held_out: list[dict], target: float, progre
     while lo <= hi:
         k = (lo + hi) // 2
         cand = quantize(set(ranked[:k]))
-        cand_rep = layer_report(fp32, cand, held_out)
+        cand_rep = layer_report(fp32, cand, held_out, threads)
         if progress:
             progress(k, cand_rep)
         if min(o["cosine"] for o in cand_rep["outputs"]) >= target:
@@ -70,4 +71,4 @@ def auto_skip(fp32: Graph, quantize, held_out: list[dict], target: float, progre
         else:
             lo = k + 1
     q, skipped, rep = best
-    return q, skipped, rep if rep is not None else layer_report(fp32, q, held_out)
+    return q, skipped, rep if rep is not None else layer_report(fp32, q, held_out, threads)

@@ -25,7 +25,11 @@ class OrtRunner(Runner):
             self.session = self._open(str(path), optimize=True)
 
     def _open(self, model, optimize: bool):
-        import onnxruntime as ort
+        try:
+            import onnxruntime as ort
+        except ImportError:
+            raise MnnToolError("running the source .onnx needs onnxruntime: pip install 'mnntool[onnxruntime]'") \
+                from None
         opts = ort.SessionOptions()
         if self.threads:
             opts.intra_op_num_threads = self.threads

@@ -13,7 +13,7 @@ def _mnn():
         with redirected_fd(1, 2):
             import MNN  # noqa: N811
     except ImportError:
-        raise MnnToolError("the MNN runtime is not installed: pip install 'mnntool[test]' (or mnn>=3.6)") from None
+        raise MnnToolError("the MNN runtime is not installed: pip install 'mnntool[mnn]'") from None
     return MNN
 
 
