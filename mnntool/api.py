@@ -63,6 +63,9 @@ def convert(src, dst, framework: str | None = None, input_shapes: dict | None = 
         from .passes import LOWERING, REQUIRED
         passes = LOWERING + [p for p in passes if p not in REQUIRED + LOWERING] + REQUIRED
     report = run_pipeline(g, optimize, passes)
+    if g.int8_plan:
+        from .quant.ptq import apply_int8_plan
+        apply_int8_plan(g)
     validate(g, str(src))
     params = g.param_count()
     size = writer.save(g, dst, biz_code, sources, consume=True)

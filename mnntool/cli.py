@@ -45,7 +45,7 @@ console = Console(soft_wrap=True)      # lines are not broken at 80 columns when
 err = Console(stderr=True, soft_wrap=True)
 
 FRAMEWORK = typer.Option(None, "--framework", "-f", help="Force the source framework: onnx, torch.export (.pt2), "
-                         "torchscript, tensorflow, caffe or mnn.")
+                         "torchscript, tensorflow, tflite, caffe or mnn.")
 INPUT_SHAPE = typer.Option(None, "--input-shape", help="Fix an input's shape: NAME:1x3x224x224 (repeatable).")
 JSON = typer.Option(False, "--json", help="Print one JSON object for machines.")
 THREADS = typer.Option(1, "--threads", "-t", min=1, help="Threads for kernels and BLAS.")
@@ -122,7 +122,7 @@ def _human(n: float, unit: str = "") -> str:
 @app.command()
 def convert(src: Optional[str] = typer.Argument(None, help="Source model: .onnx, .pt2 (torch.export), .pt "
                                                                "(TorchScript), .prototxt "
-                                                               "(Caffe), .pb / .keras / .h5 / SavedModel dir (TensorFlow)."),
+                                                               "(Caffe), .pb / .keras / .h5 / SavedModel dir (TensorFlow), .tflite."),
             dst: Optional[str] = typer.Argument(None, help="Output .mnn file."),
             framework: Optional[str] = FRAMEWORK, input_shape: Optional[List[str]] = INPUT_SHAPE,
             optimize: int = typer.Option(1, "--optimize", "-O", min=0, max=2,
@@ -414,7 +414,7 @@ def quant(src: str = typer.Argument(..., help="A float .mnn model."),
 
 
 @app.command()
-def ops(framework: str = typer.Option("onnx", "--framework", "-f", help="onnx, torch, tf or caffe."),
+def ops(framework: str = typer.Option("onnx", "--framework", "-f", help="onnx, torch, tf, tflite or caffe."),
         as_json: bool = JSON):
     """List the source ops a frontend converts (as MNNConvert's --OP does)."""
     names = supported_ops(framework)
@@ -437,10 +437,13 @@ def supported_ops(framework: str) -> list[str]:
     if fw in ("tf", "tensorflow"):
         from .frontends.tensorflow import supported_ops as tf_ops
         return tf_ops()
+    if fw == "tflite":
+        from .frontends.tflite import supported_ops as tflite_ops
+        return tflite_ops()
     if fw == "caffe":
         from .frontends.caffe import supported_layers
         return supported_layers()
-    raise MnnToolError(f"--framework {framework}: expected onnx, torch (or pt2), tf or caffe")
+    raise MnnToolError(f"--framework {framework}: expected onnx, torch (or pt2), tf, tflite or caffe")
 
 
 def _version(value: bool):

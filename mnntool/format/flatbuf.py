@@ -13,12 +13,24 @@ import flatbuffers
 import numpy as np
 
 from .schema_tables import ENUMS, TABLES, UNIONS
+from typing import NamedTuple
+
+
+class Schema(NamedTuple):
+    """A FlatBuffers schema as tables: {table: [(slot, field, type, default)]}, {enum: (base, {name: value})},
+    {union: {member: tag}}. MNN's is the default; the TFLite frontend reads with its own."""
+    tables: dict
+    enums: dict
+    unions: dict
+
+
+MNN = Schema(TABLES, ENUMS, UNIONS)
 
 SCALAR_FMT = {"bool": "<B", "byte": "<b", "ubyte": "<B", "int8": "<b", "uint8": "<B", "short": "<h",
-              "ushort": "<H", "int": "<i", "int32": "<i", "uint": "<I", "uint32": "<I", "long": "<q",
+              "ushort": "<H", "int": "<i", "int32": "<i", "uint": "<I", "uint32": "<I", "long": "<q", "ulong": "<Q",
               "int64": "<q", "float": "<f", "double": "<d"}
 NP_DTYPE = {"bool": "u1", "byte": "i1", "ubyte": "u1", "int8": "i1", "uint8": "u1", "short": "<i2",
-            "ushort": "<u2", "int": "<i4", "int32": "<i4", "uint": "<u4", "uint32": "<u4", "long": "<i8",
+            "ushort": "<u2", "int": "<i4", "int32": "<i4", "uint": "<u4", "uint32": "<u4", "long": "<i8", "ulong": "<u8",
             "int64": "<i8", "float": "<f4", "double": "<f8"}
 PREPEND_SLOT = {"<B": "PrependUint8Slot", "<b": "PrependInt8Slot", "<h": "PrependInt16Slot",
                 "<H": "PrependUint16Slot", "<i": "PrependInt32Slot", "<I": "PrependUint32Slot",
@@ -30,43 +42,43 @@ class FormatError(ValueError):
     """The bytes are not a well-formed MNN flatbuffer."""
 
 
-def _enum_value(enum: str, value) -> int:
+def _enum_value(enum: str, value, sc: Schema = MNN) -> int:
     if isinstance(value, str):
         try:
-            return ENUMS[enum][1][value]
+            return sc.enums[enum][1][value]
         except KeyError:
             raise ValueError(f"{value!r} is not a value of enum {enum}") from None
     return int(value)
 
 
-def _enum_name(enum: str, value: int):
-    for name, v in ENUMS[enum][1].items():
+def _enum_name(enum: str, value: int, sc: Schema = MNN):
+    for name, v in sc.enums[enum][1].items():
         if v == value:
             return name
     return value
 
 
-def _kind(ftype: str) -> tuple[str, str]:
+def _kind(ftype: str, sc: Schema = MNN) -> tuple[str, str]:
     """Classify a schema type as ('scalar'|'enum'|'string'|'table'|'union'|'utag', base)."""
     if ftype.startswith("ubyte (tag of"):
         return "utag", ftype.split()[-1].rstrip(")")
     if ftype in SCALAR_FMT:
         return "scalar", ftype
-    if ftype in ENUMS:
+    if ftype in sc.enums:
         return "enum", ftype
     if ftype == "string":
         return "string", ftype
-    if ftype in UNIONS:
+    if ftype in sc.unions:
         return "union", ftype
-    if ftype in TABLES:
+    if ftype in sc.tables:
         return "table", ftype
     raise KeyError(f"unknown schema type {ftype}")
 
 
-def _default(ftype: str, default: str):
-    kind, base = _kind(ftype)
+def _default(ftype: str, default: str, sc: Schema = MNN):
+    kind, base = _kind(ftype, sc)
     if kind == "enum":
-        return _enum_value(base, default) if default else 0
+        return _enum_value(base, default, sc) if default else 0
     if kind in ("scalar", "utag"):
         if default in ("", None):
             return 0
@@ -76,16 +88,16 @@ def _default(ftype: str, default: str):
     return None
 
 
-def default_fields(table: str) -> dict:
+def default_fields(table: str, sc: Schema = MNN) -> dict:
     """The scalar/enum fields of a table with their schema defaults (enums by name)."""
     out = {}
-    for _, name, ftype, default in TABLES[table]:
-        kind, base = _kind(ftype) if not ftype.startswith("[") else ("vector", ftype)
+    for _, name, ftype, default in sc.tables[table]:
+        kind, base = _kind(ftype, sc) if not ftype.startswith("[") else ("vector", ftype)
         if kind == "scalar":
-            v = _default(ftype, default)
+            v = _default(ftype, default, sc)
             out[name] = bool(v) if base == "bool" else v
         elif kind == "enum":
-            out[name] = _enum_name(base, _default(ftype, default))
+            out[name] = _enum_name(base, _default(ftype, default, sc), sc)
     return out
 
 
@@ -187,9 +199,10 @@ def _build_table(builder, table: str, obj: dict, consume: bool = False) -> int:
 # ----------------------------------------------------------------------------------------- reading
 
 class _Reader:
-    def __init__(self, buf: bytes):
+    def __init__(self, buf: bytes, sc: Schema = MNN):
         self.buf = memoryview(buf)
         self.n = len(buf)
+        self.sc = sc
 
     def _check(self, pos: int, size: int):
         if pos < 0 or size < 0 or pos + size > self.n:
@@ -211,8 +224,9 @@ class _Reader:
         if vt_size < 4 or vt_size % 2:
             raise FormatError(f"bad vtable size {vt_size} at {vt}")
         self._check(vt, vt_size)
-        out = default_fields(table)
-        for slot, name, ftype, _ in TABLES[table]:
+        sc = self.sc
+        out = default_fields(table, sc)
+        for slot, name, ftype, _ in sc.tables[table]:
             entry = 4 + 2 * slot
             if entry + 2 > vt_size:
                 continue
@@ -223,22 +237,22 @@ class _Reader:
             if ftype.startswith("["):
                 out[name] = self.vector(ftype[1:-1], self.deref(fpos), depth)
                 continue
-            kind, base = _kind(ftype)
+            kind, base = _kind(ftype, sc)
             if kind == "scalar":
                 v = self.u(SCALAR_FMT[base], fpos)
                 out[name] = bool(v) if base == "bool" else v
             elif kind == "enum":
-                out[name] = _enum_name(base, self.u(SCALAR_FMT[ENUMS[base][0]], fpos))
+                out[name] = _enum_name(base, self.u(SCALAR_FMT[sc.enums[base][0]], fpos), sc)
             elif kind == "utag":
                 tag = self.u("<B", fpos)
-                out[name] = next((k for k, v in UNIONS[base].items() if v == tag), "NONE") if tag else "NONE"
+                out[name] = next((k for k, v in sc.unions[base].items() if v == tag), tag) if tag else "NONE"
             elif kind == "string":
                 out[name] = self.string(self.deref(fpos))
             elif kind == "table":
                 out[name] = self.table(base, self.deref(fpos), depth + 1)
             elif kind == "union":
                 member = out.get(name + "_type", "NONE")
-                if member != "NONE":
+                if member != "NONE" and member in sc.tables:
                     out[name] = self.table(member, self.deref(fpos), depth + 1)
         return out
 
@@ -253,13 +267,14 @@ class _Reader:
     def vector(self, elem: str, pos: int, depth: int):
         length = self.u("<I", pos)
         start = pos + 4
-        if elem in SCALAR_FMT or elem in ENUMS:
-            base = ENUMS[elem][0] if elem in ENUMS else elem
+        sc = self.sc
+        if elem in SCALAR_FMT or elem in sc.enums:
+            base = sc.enums[elem][0] if elem in sc.enums else elem
             dt = np.dtype(NP_DTYPE[base])
             self._check(start, length * dt.itemsize)
             arr = np.frombuffer(self.buf, dtype=dt, count=length, offset=start).copy()
-            if elem in ENUMS:
-                return [_enum_name(elem, int(v)) for v in arr]
+            if elem in sc.enums:
+                return [_enum_name(elem, int(v), sc) for v in arr]
             return arr.astype(bool) if base == "bool" else arr
         self._check(start, length * 4)
         if elem == "string":
@@ -267,10 +282,10 @@ class _Reader:
         return [self.table(elem, self.deref(start + 4 * i), depth + 1) for i in range(length)]
 
 
-def decode(buf: bytes, table: str) -> dict:
+def decode(buf: bytes, table: str, sc: Schema = MNN) -> dict:
     if len(buf) < 8:
         raise FormatError(f"{len(buf)} bytes is too short for a flatbuffer")
-    reader = _Reader(buf)
+    reader = _Reader(buf, sc)
     try:
         return reader.table(table, reader.deref(0))
     except (struct.error, RecursionError, OverflowError) as e:

@@ -7,7 +7,7 @@ from ..errors import MnnToolError
 
 FRAMEWORKS = {".onnx": "onnx", ".pt2": "torch.export", ".pt": "torchscript", ".pth": "torchscript", ".torchscript": "torchscript",
               ".prototxt": "caffe", ".caffemodel": "caffe", ".pb": "tensorflow", ".keras": "tensorflow",
-              ".h5": "tensorflow", ".hdf5": "tensorflow"}
+              ".h5": "tensorflow", ".hdf5": "tensorflow", ".tflite": "tflite"}
 
 
 def detect(path: str | Path, framework: str | None = None) -> str:
@@ -26,7 +26,8 @@ def detect(path: str | Path, framework: str | None = None) -> str:
 # framework name (and its aliases) -> (module, loader)
 LOADERS = {"onnx": ("onnx", "load_onnx"), "torchscript": ("torchscript", "load_torchscript"),
            "torch.export": ("torchscript.exported", "load_exported"),
-           "caffe": ("caffe", "load_caffe"), "tensorflow": ("tensorflow", "load_tensorflow")}
+           "caffe": ("caffe", "load_caffe"), "tensorflow": ("tensorflow", "load_tensorflow"),
+           "tflite": ("tflite", "load_tflite")}
 ALIASES = {"pt2": "torch.export", "export": "torch.export", "torch": "torchscript", "pytorch": "torchscript", "tf": "tensorflow", "keras": "tensorflow"}
 
 

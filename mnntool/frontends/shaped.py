@@ -82,6 +82,18 @@ class ShapedCtx(Ctx):
             del self.g.constants[c]
 
 
+def emit_onnx(ctx, op_type: str, inputs: list, outs: list[str], attrs: dict | None = None) -> list[T]:
+    """Emit what the ONNX frontend's converter of `op_type` emits for these operands (one lowering per
+    meaning for every frontend); Python values become constants, None an omitted input."""
+    from onnx import helper
+
+    from .onnx.nn import CONVERTERS
+    names = [ctx.tensor(i) if i is not None and not isinstance(i, str) else (i or "") for i in inputs]
+    proto = helper.make_node(op_type, names, list(outs), name=outs[0], **(attrs or {}))
+    CONVERTERS[op_type](ctx, proto, attrs or {})
+    return [T(o) for o in outs]
+
+
 def conv_param(kh, kw, cout, cin, group, stride=(1, 1), dilation=(1, 1), pads=(0, 0, 0, 0)) -> dict:
     """MNN's Convolution2DCommon for explicit pads (top, left, bottom, right)."""
     top, left, bottom, right = (int(p) for p in pads)

@@ -39,6 +39,9 @@ class Graph:
     constants: dict[str, np.ndarray] = field(default_factory=dict)
     source: str = "ONNX"       # NetSource name
     name: str = "model"
+    # convolutions a quantized source model runs in int8, by node name: {"weight": int8 (O, I*kh*kw),
+    # "alpha": per-channel scales, "input"/"output": (scale, zero point)}; applied after the passes
+    int8_plan: dict = field(default_factory=dict)
 
     def info(self, name: str) -> TensorInfo:
         if name not in self.tensors:

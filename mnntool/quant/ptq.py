@@ -17,7 +17,7 @@ from ..ir.graph import Graph
 from ..runtime.session import Session
 from .calibrate import make
 from ..format.idst import dequantize
-from .weights import quantize_weight
+from .weights import idst_table, quantize_weight
 
 CONVS = ("Convolution", "ConvolutionDepthwise")
 SYMMETRIC = {"method": "DEFAULT", "nbits": 8, "zeroPoint": 0, "outputZeroPoint": 0, "clampMin": -127,
@@ -137,10 +137,37 @@ def quantize_int8(g: Graph, samples, method: str = "kl", per_channel: bool = Tru
                 shift = np.concatenate([e[g_ * og:(g_ + 1) * og] @ mu[g_ * cin_g:(g_ + 1) * cin_g]
                                         for g_ in range(group)])
                 n.param["bias"] = (np.asarray(n.param["bias"], np.float64) + shift).astype(np.float32)
-        (qp["scaleIn"], z_in), (qp["scaleOut"], z_out) = grids[n.inputs[0]], grids[n.outputs[0]]
-        n.param["quanParameter"] = qp
-        n.param["symmetricQuan"] = dict(SYMMETRIC, zeroPoint=z_in, outputZeroPoint=z_out)
-        n.param.pop("weight")
-    for t, (s, z) in grids.items():
-        q.info(t).quant = {"scale": float(s), "zero": float(z), "min": -127.0, "max": 127.0, "type": "DT_INT8"}
+        set_int8(q, n, qp, grids[n.inputs[0]], grids[n.outputs[0]])
     return q
+
+
+def set_int8(g: Graph, n, qp: dict, grid_in: Grid, grid_out: Grid) -> None:
+    """Make convolution `n` an int8 one: its weight table, its symmetricQuan, and both tensors' grids."""
+    (qp["scaleIn"], z_in), (qp["scaleOut"], z_out) = grid_in, grid_out
+    n.param["quanParameter"] = qp
+    n.param["symmetricQuan"] = dict(SYMMETRIC, zeroPoint=z_in, outputZeroPoint=z_out)
+    n.param.pop("weight", None)
+    for t, (s, z) in ((n.inputs[0], grid_in), (n.outputs[0], grid_out)):
+        g.info(t).quant = {"scale": float(s), "zero": float(z), "min": -127.0, "max": 127.0, "type": "DT_INT8"}
+
+
+def apply_int8_plan(g: Graph) -> int:
+    """The int8 convolutions a quantized source model declared (Graph.int8_plan), after the passes: its
+    own int8 weights when the float weights still equal them (a pass that folded something into the
+    layer changed them: requantized then), its own grids. Returns how many layers became int8."""
+    done = 0
+    for n in g.nodes:
+        plan = g.int8_plan.get(n.name)
+        if plan is None or n.op not in CONVS or n.param.get("weight") is None:
+            continue
+        cout = n.param["common"]["outputCount"]
+        w = np.asarray(n.param["weight"], np.float32).reshape(cout, -1)
+        q, alpha = plan["weight"], plan["alpha"]
+        if q.shape == w.shape and np.allclose(q * alpha[:, None], w, rtol=1e-5, atol=1e-7):
+            qp = idst_table(q, alpha, cout)
+        else:
+            qp = quantize_weight(w, 8, False, cout)
+        set_int8(g, n, qp, plan["input"], plan["output"])
+        done += 1
+    g.int8_plan = {}
+    return done

@@ -30,10 +30,15 @@ def quantize_weight(w: np.ndarray, bits: int = 8, asymmetric: bool = False, rows
         q = np.clip(np.round(x / scale[:, None]), -qmax, qmax)
         alpha = scale
         extra = {"aMin": 0, "readType": 0}
-    return {"buffer": pack(q.astype(np.int8).reshape(header_rows, -1), header_rows, bits),
-            "alpha": alpha.astype(np.float32), "type": 1,
+    return idst_table(q, alpha, header_rows, bits, **extra)
+
+
+def idst_table(q: np.ndarray, alpha: np.ndarray, rows: int, bits: int = 8, aMin: int = 0, readType: int = 0) -> dict:
+    """Integer weights (any shape with `rows` output channels) and their scales as MNN's IDSTQuan table."""
+    return {"buffer": pack(np.asarray(q).astype(np.int8).reshape(rows, -1), rows, bits),
+            "alpha": np.asarray(alpha, np.float32), "type": 1,
             "useInt32": False, "quantScale": 1.0, "aMaxOrBits": bits, "has_scaleInt": False, "shapeInt32": False,
-            **extra}
+            "aMin": aMin, "readType": readType}
 
 
 def fp16_weight(w: np.ndarray) -> dict:

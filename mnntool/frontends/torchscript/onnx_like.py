@@ -4,23 +4,17 @@ timm models trace to. Shapes are static in this frontend, so sizes and ranges fo
 from __future__ import annotations
 
 import numpy as np
-from onnx import helper
 
-from ..onnx.nn import CONVERTERS
-from ..shaped import T
+from ..shaped import T, emit_onnx
 from .context import aten
 from .prim import SCALAR_TYPES
 
 
 def onnx_op(ctx, node, op_type: str, inputs: list, attrs: dict | None = None, outputs: int = 1) -> list[T]:
-    """Emit what the ONNX converter of `op_type` emits for these operands (Python values become
-    constants); returns the output tensors."""
-    names = [ctx.tensor(i) if i is not None and not isinstance(i, str) else (i or "") for i in inputs]
+    """Emit what the ONNX converter of `op_type` emits for these operands; returns the output tensors."""
     base = ctx.out(node)
-    outs = [base] + [ctx.g.fresh_name(f"{base}_{k}") for k in range(1, outputs)]
-    proto = helper.make_node(op_type, names, outs, name=base, **(attrs or {}))
-    CONVERTERS[op_type](ctx, proto, attrs or {})
-    return [T(o) for o in outs]
+    return emit_onnx(ctx, op_type, inputs, [base] + [ctx.g.fresh_name(f"{base}_{k}") for k in range(1, outputs)],
+                     attrs)
 
 
 @aten("aten::hardsigmoid")
