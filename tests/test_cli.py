@@ -181,7 +181,8 @@ def test_version_ops_and_pass_list_need_no_model():
     assert v.returncode == 0 and v.stdout.startswith("mnntool ")
     p = run("convert", "--passes", "list", "--json")
     assert p.returncode == 0 and "fold_batch_norm" in json.loads(p.stdout)["passes"]
-    for fw, op in (("onnx", "Conv"), ("caffe", "Convolution"), ("tf", "Conv2D"), ("torch", "aten::conv2d")):
+    for fw, op in (("onnx", "Conv"), ("caffe", "Convolution"), ("tf", "Conv2D"), ("torch", "aten::conv2d"),
+                    ("tflite", "CONV_2D")):
         o = run("ops", "--framework", fw, "--json")
         assert o.returncode == 0 and op in json.loads(o.stdout)["ops"], (fw, o.stderr)
     bad = run("ops", "--framework", "nope")

@@ -22,8 +22,9 @@ class TfCtx(ShapedCtx):
     def is_nchw(self, x) -> bool:
         return isinstance(x, T) and x in self.nchw
 
-    def rank(self, x) -> int:
-        return np.ndim(x) if not isinstance(x, T) else len(self.shape_of(x))
+    def rank(self, x) -> int | None:
+        """A tensor's rank (the ONNX converters this context also serves ask by name), a value's ndim."""
+        return super().rank(x) if isinstance(x, str) else np.ndim(x)
 
     def tf_shape(self, x) -> tuple:
         """The shape as TensorFlow sees it."""

@@ -24,7 +24,7 @@ QUANTIZED = ("int8", "uint8", "int16", "int32", "int64")
 
 
 def supported_ops() -> list[str]:
-    return sorted(OPS)
+    return sorted(set(OPS) | {"WHILE"})
 
 
 @dataclass
@@ -307,12 +307,12 @@ def load_tflite(path, input_shapes: dict) -> Graph:
         if dtype in ("int8", "uint8") and ctx.grid(i) is not None:
             scale, zero = ctx.grid(i)
             zero = zero + 128 if dtype == "uint8" else zero
-            if v == public:         # the float result carries the public name: free it for the int8 one
-                new = g.fresh_name(public + "_float")
-                rename_tensor(g, str(v), new)
-                v = T(new)
-            v = emit_onnx(ctx, "QuantizeLinear", [v, np.float32(scale), np.asarray(zero, dtype)],
+            q = emit_onnx(ctx, "QuantizeLinear", [v, np.float32(scale), np.asarray(zero, dtype)],
                           [ctx.tmp(public + "_quantized")])[0]
+            v = ctx.emit("Cast", [q], [ctx.tmp(public + "_" + dtype)],
+                         {"srcT": "DT_INT32", "dstT": "DT_INT8" if dtype == "int8" else "DT_UINT8"})[0]
+        if v != public and (public in g.tensors or public in g.constants or public in g.producers()):
+            rename_tensor(g, public, g.fresh_name(public + "_inner"))    # an inner tensor has the name
         if v in g.inputs:
             raise MnnToolError(f"{path}: output '{public}' is the input itself")
         g.outputs.append(str(v))

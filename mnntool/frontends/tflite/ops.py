@@ -145,11 +145,9 @@ def resize(ctx: TfCtx, o, args, outs):
 @op("DEPTH_TO_SPACE", "SPACE_TO_DEPTH")
 def depth_space(ctx: TfCtx, o, args, outs):
     x = ctx.as_nchw(args[0])
-    onnx_type = "DepthToSpace" if o.code == "DEPTH_TO_SPACE" else "SpaceToDepth"
-    attrs = {"blocksize": int(o.opts["block_size"])}
-    if onnx_type == "DepthToSpace":
-        attrs["mode"] = "DCR"           # TensorFlow's channel order
-    return ctx.mark(emit_onnx(ctx, onnx_type, [x], outs, attrs), True)
+    ir_op = "DepthToSpace" if o.code == "DEPTH_TO_SPACE" else "SpaceToDepth"
+    # DCR: TensorFlow's channel order
+    return ctx.mark(ctx.emit(ir_op, [x], outs, {"blockSize": int(o.opts["block_size"]), "mode": "DCR"}, o.name), True)
 
 
 @op("LOCAL_RESPONSE_NORMALIZATION")
@@ -165,11 +163,11 @@ def lrn(ctx: TfCtx, o, args, outs):
 # ---- elementwise: keep the layout mark -----------------------------------------------------------------
 
 BINARY = {"ADD": "Add", "SUB": "Sub", "MUL": "Mul", "DIV": "Div", "MAXIMUM": "Max", "MINIMUM": "Min", "POW": "Pow",
-          "LESS": "Less", "GREATER": "Greater", "LESS_EQUAL": "LessOrEqual", "GREATER_EQUAL": "GreaterOrEqual",
+          "LESS": "Less", "GREATER": "Greater", "GREATER_EQUAL": "GreaterOrEqual",
           "EQUAL": "Equal", "LOGICAL_AND": "And", "LOGICAL_OR": "Or", "FLOOR_MOD": "Mod"}
 UNARY = {"ABS": "Abs", "NEG": "Neg", "EXP": "Exp", "LOG": "Log", "SQRT": "Sqrt", "SIN": "Sin", "COS": "Cos",
          "FLOOR": "Floor", "CEIL": "Ceil", "ROUND": "Round", "LOGISTIC": "Sigmoid", "TANH": "Tanh", "RELU": "Relu",
-         "ELU": "Elu", "HARD_SWISH": "HardSwish", "LOGICAL_NOT": "Not", "SIGN": "Sign"}
+         "ELU": "Elu", "HARD_SWISH": "HardSwish"}
 
 
 @op(*BINARY)
@@ -205,7 +203,7 @@ def unary(ctx: TfCtx, o, args, outs):
     return ctx.mark(emit_onnx(ctx, UNARY[o.code], [ctx.tensor(args[0])], outs), ctx.is_nchw(args[0]))
 
 
-@op("RSQRT", "SQUARE", "RELU6", "RELU_N1_TO_1", "RELU_0_TO_1", "LEAKY_RELU", "GELU", "ZEROS_LIKE")
+@op("RSQRT", "SQUARE", "LEAKY_RELU", "GELU")
 def unary_other(ctx: TfCtx, o, args, outs):
     x = ctx.tensor(args[0])
     nchw = ctx.is_nchw(x)
@@ -213,22 +211,12 @@ def unary_other(ctx: TfCtx, o, args, outs):
         ys = ctx.emit("UnaryOp", [x], outs, {"opType": "RSQRT", "T": "DT_FLOAT"})
     elif o.code == "SQUARE":
         ys = ctx.emit("UnaryOp", [x], outs, {"opType": "SQUARE", "T": "DT_FLOAT"})
-    elif o.code in ("RELU6", "RELU_N1_TO_1", "RELU_0_TO_1"):
-        lo, hi = {"RELU6": (0.0, 6.0), "RELU_N1_TO_1": (-1.0, 1.0), "RELU_0_TO_1": (0.0, 1.0)}[o.code]
-        ys = ctx.emit("ReLU6", [x], outs, {"minValue": lo, "maxValue": hi})
     elif o.code == "LEAKY_RELU":
         ys = emit_onnx(ctx, "LeakyRelu", [x], outs, {"alpha": float(o.opts["alpha"])})
-    elif o.code == "GELU":
-        ys = emit_onnx(ctx, "Gelu", [x], outs, {"approximate": "tanh" if o.opts.get("approximate") else "none"})
     else:
-        ys = emit_onnx(ctx, "Sub", [x, x], outs)
+        ys = emit_onnx(ctx, "Gelu", [x], outs, {"approximate": "tanh" if o.opts.get("approximate") else "none"})
     return ctx.mark(ys, nchw)
 
-
-@op("PRELU")
-def prelu(ctx: TfCtx, o, args, outs):
-    ins, nchw = _align(ctx, args[:2])
-    return ctx.mark(emit_onnx(ctx, "PRelu", ins, outs), nchw)
 
 
 @op("ADD_N")
@@ -370,22 +358,6 @@ def reshape(ctx: TfCtx, o, args, outs):
     return emit_onnx(ctx, "Reshape", [x, shape], outs)
 
 
-@op("SQUEEZE")
-def squeeze(ctx: TfCtx, o, args, outs):
-    x = ctx.tensor(ctx.as_nhwc(args[0]))
-    dims = [int(d) for d in o.opts.get("squeeze_dims", [])]
-    if not dims:
-        dims = [k for k, d in enumerate(ctx.shape_of(x)) if d == 1]
-    return emit_onnx(ctx, "Squeeze", [x, np.asarray(dims, np.int64)], outs)
-
-
-@op("EXPAND_DIMS")
-def expand_dims(ctx: TfCtx, o, args, outs):
-    x = ctx.tensor(ctx.as_nhwc(args[0]))
-    axis = int(_const(ctx, o, args[1], "the axis").reshape(-1)[0])
-    if axis < 0:
-        axis += len(ctx.shape_of(x)) + 1
-    return emit_onnx(ctx, "Unsqueeze", [x, np.asarray([axis], np.int64)], outs)
 
 
 @op("TRANSPOSE")
@@ -444,7 +416,6 @@ def strided_slice(ctx: TfCtx, o, args, outs):
     opts = o.opts
     if opts.get("ellipsis_mask") or opts.get("new_axis_mask") or opts.get("offset"):
         _fail(ctx, o, "ellipsis, new-axis and offset masks are not supported")
-    shape = ctx.shape_of(x)
     starts, ends, shrink = [], [], []
     big = np.iinfo(np.int32).max       # constants are stored as int32
     for k in range(len(begin)):
@@ -464,26 +435,22 @@ def strided_slice(ctx: TfCtx, o, args, outs):
                   [outs[0] if not shrink else ctx.tmp(outs[0] + "_sl")])[0]
     if shrink:
         y = emit_onnx(ctx, "Squeeze", [y, np.asarray(shrink, np.int64)], outs)[0]
-    del shape
     return [y]
 
 
-@op("PAD", "PADV2", "MIRROR_PAD")
+@op("PAD", "MIRROR_PAD")
 def pad(ctx: TfCtx, o, args, outs):
     x = args[0]
     pads = _const(ctx, o, args[1], "the paddings").astype(np.int64)
-    value = np.asarray(args[2], np.float32).reshape(()) if o.code == "PADV2" and len(args) > 2 else None
     mode = "constant" if o.code != "MIRROR_PAD" else ("reflect" if o.opts.get("mode", 0) == 0 else "edge")
     if o.code == "MIRROR_PAD" and o.opts.get("mode", 0) == 1:
         _fail(ctx, o, "SYMMETRIC mirror padding is not supported")
     if ctx.is_nchw(x) and pads.shape[0] == 4:
         p = pads[[0, 3, 1, 2]]
-        ys = emit_onnx(ctx, "Pad", [x, np.concatenate([p[:, 0], p[:, 1]])] + ([value] if value is not None else []),
-                       outs, {"mode": mode})
+        ys = emit_onnx(ctx, "Pad", [x, np.concatenate([p[:, 0], p[:, 1]])], outs, {"mode": mode})
         return ctx.mark(ys, True)
     x = ctx.tensor(ctx.as_nhwc(x))
-    return emit_onnx(ctx, "Pad", [x, np.concatenate([pads[:, 0], pads[:, 1]])] + ([value] if value is not None else []),
-                     outs, {"mode": mode})
+    return emit_onnx(ctx, "Pad", [x, np.concatenate([pads[:, 0], pads[:, 1]])], outs, {"mode": mode})
 
 
 @op("TILE", "BROADCAST_TO")
@@ -512,12 +479,6 @@ def select(ctx: TfCtx, o, args, outs):
     return emit_onnx(ctx, "Where", _nhwc(ctx, args[:3]), outs)
 
 
-@op("SHAPE")
-def shape_op(ctx: TfCtx, o, args, outs):
-    x = ctx.as_nhwc(args[0])
-    s = emit_onnx(ctx, "Shape", [ctx.tensor(x)], [ctx.tmp(outs[0] + "_s")])
-    return emit_onnx(ctx, "Cast", s, outs, {"to": 7 if o.opts.get("out_type", 2) == 4 else 6})
-
 
 CAST_TO = {"float32": 1, "int32": 6, "int64": 7, "bool": 9, "int8": 3, "uint8": 2}
 
@@ -539,39 +500,3 @@ def cumsum(ctx: TfCtx, o, args, outs):
                                                       "reverse": int(bool(o.opts.get("reverse")))})
 
 
-@op("FILL")
-def fill(ctx: TfCtx, o, args, outs):
-    dims = _const(ctx, o, args[0], "the dims").astype(np.int64).reshape(-1)
-    value = np.asarray(args[1]).reshape(())
-    return [ctx.tensor(np.full(tuple(dims), value))]
-
-
-@op("RANGE")
-def range_(ctx: TfCtx, o, args, outs):
-    return emit_onnx(ctx, "Range", list(args[:3]), outs)
-
-
-@op("UNIDIRECTIONAL_SEQUENCE_LSTM")
-def lstm(ctx: TfCtx, o, args, outs):
-    """The fused Keras LSTM as ONNX's LSTM: gates reordered (TFLite i, f, c, o -> ONNX i, o, f, c), both
-    biases in the input half, zero initial states (TFLite's variable tensors start at zero)."""
-    x = ctx.tensor(ctx.as_nhwc(args[0]))
-    if any(args[k] is not None for k in (9, 10, 11, 16, 17)) or any(
-            len(args) > k and args[k] is not None for k in (20, 21, 22, 23)):
-        _fail(ctx, o, "peephole, projection and layer-norm LSTMs are not supported")
-    wi, wf, wc, wo = (_const(ctx, o, args[k], "the input weights").astype(np.float32) for k in (1, 2, 3, 4))
-    ri, rf, rc, ro = (_const(ctx, o, args[k], "the recurrent weights").astype(np.float32) for k in (5, 6, 7, 8))
-    bi, bf, bc, bo = (_const(ctx, o, args[k], "the biases").astype(np.float32) for k in (12, 13, 14, 15))
-    hidden = wi.shape[0]
-    W = np.concatenate([wi, wo, wf, wc])[None]
-    R = np.concatenate([ri, ro, rf, rc])[None]
-    B = np.concatenate([bi, bo, bf, bc, np.zeros(4 * hidden, np.float32)])[None]
-    time_major = bool(o.opts.get("time_major"))
-    attrs = {"hidden_size": hidden, "layout": 0 if time_major else 1}
-    if o.opts.get("cell_clip"):
-        attrs["clip"] = float(o.opts["cell_clip"])
-    if o.opts.get("fused_activation_function", 4) not in (4, 0):
-        _fail(ctx, o, "only the tanh LSTM activation is supported")
-    y = emit_onnx(ctx, "LSTM", [x, W, R, B], [ctx.tmp(outs[0] + "_y")], attrs)[0]
-    s = ctx.shape_of(y)          # layout 1: B, T, 1, H; layout 0: T, 1, B, H
-    return ctx.reshape(y, [s[0], s[1], hidden] if not time_major else [s[0], s[2], hidden], outs[0])
