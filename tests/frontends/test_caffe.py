@@ -108,3 +108,15 @@ def test_missing_weights_blob_names_the_layer(tmp_path):
     proto = b.save(tmp_path)
     proto.with_suffix(".caffemodel").write_bytes(b"")
     assert_one_line_error(*run("convert", proto, tmp_path / "o.mnn"), "Convolution layer 'conv'", "weight")
+
+
+def test_vendored_descriptor_is_what_protoc_makes():
+    """caffe.desc is protoc's compilation of caffe.proto (oneof, extensions, comments: protoc's parser)."""
+    pytest.importorskip("grpc_tools")
+    import importlib.util
+    from pathlib import Path
+    spec = importlib.util.spec_from_file_location("caffe_descriptor", Path(__file__).parents[2] / "tools" /
+                                                  "caffe_descriptor.py")
+    tool = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(tool)
+    assert tool.compile_descriptor() == (tool.HERE / "caffe.desc").read_bytes()
