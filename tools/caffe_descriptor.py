@@ -3,6 +3,7 @@
 --check exits 1 when the checked-in descriptor differs from what protoc makes now."""
 from __future__ import annotations
 
+import subprocess
 import sys
 import tempfile
 from pathlib import Path
@@ -11,12 +12,13 @@ HERE = Path(__file__).resolve().parent.parent / "mnntool" / "frontends" / "caffe
 
 
 def compile_descriptor() -> bytes:
-    from grpc_tools import protoc
+    """protoc in a child process (in-process, grpc_tools' protobuf can crash beside another copy loaded)."""
     with tempfile.TemporaryDirectory() as d:
         out = Path(d) / "caffe.desc"
-        code = protoc.main(["protoc", f"-I{HERE}", f"--descriptor_set_out={out}", str(HERE / "caffe.proto")])
-        if code != 0:
-            raise SystemExit(f"protoc failed ({code})")
+        p = subprocess.run([sys.executable, "-m", "grpc_tools.protoc", f"-I{HERE}", f"--descriptor_set_out={out}",
+                            str(HERE / "caffe.proto")], capture_output=True, text=True)
+        if p.returncode != 0:
+            raise SystemExit(f"protoc failed ({p.returncode}): {p.stderr.strip()}")
         return out.read_bytes()
 
 

@@ -13,7 +13,7 @@ from pathlib import Path
 from ...errors import MnnToolError
 from ...fdio import redirected_fd
 from ...ir.graph import Graph
-from ..shaped import T, rename_tensor
+from ..shaped import T
 from .context import TfCtx
 from .inline import Flattened
 from .ops import CONST_EVAL, OPS
@@ -171,10 +171,6 @@ def load_tensorflow(path, input_shapes: dict) -> Graph:
         v = env[_ref(ref)]
         if not isinstance(v, T):
             raise MnnToolError(f"{path}: output '{public}' is a constant")
-        v = ctx.as_nhwc(v)
-        if v in g.inputs:
-            raise MnnToolError(f"{path}: output '{public}' is the input itself")
-        g.outputs.append(str(v))
-        rename_tensor(g, str(v), public)
+        ctx.publish(ctx.as_nhwc(v), public)
     ctx.drop_unused_constants()
     return g

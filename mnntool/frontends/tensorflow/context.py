@@ -7,7 +7,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..shaped import ShapedCtx, T
+from ...errors import MnnToolError
+from ..shaped import ShapedCtx, T, rename_tensor
 
 TO_NCHW, TO_NHWC = [0, 3, 1, 2], [0, 2, 3, 1]
 NHWC_AXIS_IN_NCHW = {0: 0, 1: 2, 2: 3, 3: 1}
@@ -68,6 +69,17 @@ class TfCtx(ShapedCtx):
             return c
         c = c.reshape((1,) * (4 - c.ndim) + c.shape)
         return np.ascontiguousarray(c.transpose(TO_NCHW))
+
+    def publish(self, v: T, public: str) -> None:
+        """Make `v` a graph output under the source model's name (an inner tensor holding that name,
+        such as the NCHW copy of an NHWC output, is renamed first)."""
+        g = self.g
+        if v in g.inputs:
+            raise MnnToolError(f"{self.path}: output '{public}' is the input itself")
+        if v != public and (public in g.tensors or public in g.constants or public in g.producers()):
+            rename_tensor(g, public, g.fresh_name(public + "_inner"))
+        g.outputs.append(str(v))
+        rename_tensor(g, str(v), public)
 
     def out(self, node, k: int = 0) -> str:
         return self.tmp(node.name if k == 0 else f"{node.name}:{k}")

@@ -126,20 +126,24 @@ def pool(ctx, node, args):
     return ctx.mark(ctx.emit("Pooling", [x], [ctx.out(node)], param, node.name), not native)
 
 
-@op("ResizeBilinear", "ResizeNearestNeighbor")
-def resize(ctx, node, args):
-    x = ctx.as_nchw(args[0])
-    size = _const(ctx, node, args[1], "the size").reshape(-1)
-    align, half = bool(attr(node, "align_corners", False)), bool(attr(node, "half_pixel_centers", False))
-    bilinear = node.op == "ResizeBilinear"
+def interp_param(bilinear: bool, align: bool, half: bool, size) -> dict:
+    """MNN's Interp for TensorFlow's (and TFLite's) resize flags: bilinear or nearest, corner alignment."""
     if bilinear:
         rtype, ctm = 2, "AlignCorners" if align else ("HalfPixels" if half else "Asymmetric")
     elif align:
         rtype, ctm = 4, "AlignCorners"
     else:
         rtype, ctm = 1, "TensorflowHalfPixels" if half else "Asymmetric"
-    param = {"resizeType": rtype, "alignCorners": align, "halfPixelCenters": half, "ctm": ctm,
-             "outputHeight": int(size[0]), "outputWidth": int(size[1])}
+    return {"resizeType": rtype, "alignCorners": align, "halfPixelCenters": half, "ctm": ctm,
+            "outputHeight": int(size[0]), "outputWidth": int(size[1])}
+
+
+@op("ResizeBilinear", "ResizeNearestNeighbor")
+def resize(ctx, node, args):
+    x = ctx.as_nchw(args[0])
+    size = _const(ctx, node, args[1], "the size").reshape(-1)
+    param = interp_param(node.op == "ResizeBilinear", bool(attr(node, "align_corners", False)),
+                         bool(attr(node, "half_pixel_centers", False)), size)
     return ctx.mark(ctx.emit("Interp", [x], [ctx.out(node)], param, node.name, fmt="NCHW"), True)
 
 

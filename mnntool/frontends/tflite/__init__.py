@@ -15,7 +15,7 @@ import numpy as np
 from ...errors import MnnToolError
 from ...format.flatbuf import FormatError, decode
 from ...ir.graph import Graph
-from ..shaped import T, emit_onnx, rename_tensor
+from ..shaped import T, emit_onnx
 from ..tensorflow.context import TfCtx
 from .ops import OPS
 from .schema import BUILTIN_OPS, SCHEMA, TENSOR_TYPES
@@ -35,6 +35,10 @@ class Operator:
     inputs: list
     outputs: list
     opts: dict = field(default_factory=dict)
+
+    @property
+    def op(self) -> str:        # read by the messages the TensorFlow frontend's helpers write
+        return self.code
 
 
 class TfliteCtx(TfCtx):
@@ -311,11 +315,6 @@ def load_tflite(path, input_shapes: dict) -> Graph:
                           [ctx.tmp(public + "_quantized")])[0]
             v = ctx.emit("Cast", [q], [ctx.tmp(public + "_" + dtype)],
                          {"srcT": "DT_INT32", "dstT": "DT_INT8" if dtype == "int8" else "DT_UINT8"})[0]
-        if v != public and (public in g.tensors or public in g.constants or public in g.producers()):
-            rename_tensor(g, public, g.fresh_name(public + "_inner"))    # an inner tensor has the name
-        if v in g.inputs:
-            raise MnnToolError(f"{path}: output '{public}' is the input itself")
-        g.outputs.append(str(v))
-        rename_tensor(g, str(v), public)
+        ctx.publish(v, public)
     ctx.drop_unused_constants()
     return g

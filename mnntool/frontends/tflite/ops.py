@@ -9,25 +9,14 @@ from __future__ import annotations
 
 import numpy as np
 
-from ...errors import MnnToolError
 from ...ir.ops.nn import pool_param
 from ...registry import registrar
 from ..shaped import T, conv_op, conv_param, emit_onnx
 from ..tensorflow.context import NHWC_AXIS_IN_NCHW, TfCtx
-from ..tensorflow.ops import _align, _same_pads
+from ..tensorflow.ops import _align, _const, _fail, _same_pads, interp_param
 
 OPS = {}
 op = registrar(OPS)
-
-
-def _fail(ctx, o, what):
-    raise MnnToolError(f"{ctx.path}: {o.code} (operator {o.index}): {what}")
-
-
-def _const(ctx, o, v, what):
-    if isinstance(v, T):
-        _fail(ctx, o, f"{what} must be a constant")
-    return np.asarray(v)
 
 
 def activation(ctx, o, x: T, out: str) -> list[T]:
@@ -130,15 +119,8 @@ def pool(ctx: TfCtx, o, args, outs):
 def resize(ctx: TfCtx, o, args, outs):
     x = ctx.as_nchw(args[0])
     size = _const(ctx, o, args[1], "the size").reshape(-1)
-    align, half = bool(o.opts.get("align_corners")), bool(o.opts.get("half_pixel_centers"))
-    if o.code == "RESIZE_BILINEAR":
-        rtype, ctm = 2, "AlignCorners" if align else ("HalfPixels" if half else "Asymmetric")
-    elif align:
-        rtype, ctm = 4, "AlignCorners"
-    else:
-        rtype, ctm = 1, "TensorflowHalfPixels" if half else "Asymmetric"
-    param = {"resizeType": rtype, "alignCorners": align, "halfPixelCenters": half, "ctm": ctm,
-             "outputHeight": int(size[0]), "outputWidth": int(size[1])}
+    param = interp_param(o.code == "RESIZE_BILINEAR", bool(o.opts.get("align_corners")),
+                         bool(o.opts.get("half_pixel_centers")), size)
     return ctx.mark(ctx.emit("Interp", [x], outs, param, o.name, fmt="NCHW"), True)
 
 
