@@ -261,7 +261,7 @@ def test_convolutions_before_an_average_pool_stay_float(tmp_path):
     calib.mkdir()
     for k in range(4):
         np.save(calib / f"{k}.npy", rng.standard_normal((1, 3, 16, 16)).astype(np.float32))
-    quantize_file(tmp_path / "m.mnn", tmp_path / "q.mnn", QuantConfig(int8=True, calib=calib, batches=4))
+    quantize_file(tmp_path / "m.mnn", tmp_path / "q.mnn", QuantConfig(int8=True, calib=calib, samples=4))
     q = reader.load(tmp_path / "q.mnn")
     convs = [n for n in q.nodes if n.op == "Convolution"]
     assert ["symmetricQuan" in n.param for n in convs] == [True, False, False]
