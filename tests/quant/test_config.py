@@ -54,7 +54,7 @@ def test_config_file_on_top(tmp_path):
     p = tmp_path / "c.json"
     p.write_text(json.dumps({"method": "kl", "skip": ["b"], "batches": 3}))
     cfg = QuantConfig(int8=True, calib="d", skip=("a",)).with_file(p)
-    assert (cfg.method, cfg.skip, cfg.batches, cfg.calib) == ("kl", ("a", "b"), 3, "d")
+    assert (cfg.method, cfg.skip, cfg.samples, cfg.calib) == ("kl", ("a", "b"), 3, "d")
     p.write_text(json.dumps({"methd": "kl"}))
     with pytest.raises(MnnToolError, match="unknown setting.*methd"):
         QuantConfig(int8=True).with_file(p)
