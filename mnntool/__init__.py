@@ -44,7 +44,7 @@ def verify(source, model, *, feeds=None, input_shapes: dict | None = None, backe
     """Compare every tensor of the .mnn `model` with the `source` model run in its own framework, on
     `feeds` (a dict, a list of dicts, or None for random inputs). `report["pass"]` is the verdict;
     `report["first_failing"]` names the first layer under `min_cosine`."""
-    from .verify import verify as run
+    from .verifier import verify as run
     return run(source, model, feeds, input_shapes, backend, min_cosine, max_abs, threads)
 
 
@@ -57,7 +57,7 @@ def load(path, threads=None):
 def bench(path, *, backend: str = "numba", threads: int = 1, warmup: int = 5, runs: int = 50,
           input_shapes: dict | None = None, profile: bool = False) -> dict:
     """Time a model (median, percentiles, first run, load+prepare, GFLOP/s, peak RSS; per-op profile)."""
-    from .bench import bench as run
+    from .timing import bench as run
     return run(path, backend, threads, warmup, runs, input_shapes, profile)
 
 

@@ -218,7 +218,7 @@ def verify(source: str = typer.Argument(..., help="The source model (.onnx, .pt,
     from .format.writer import atomic_write
     from .inputs import load_feeds
     from .quant.data import calibration_samples
-    from .verify import html_report, verify as run_verify
+    from .verifier import html_report, verify as run_verify
     shapes = api.parse_input_shapes(input_shape)
     g = mnn_reader.load(model)
     prep = _image_prep(mean, normal, size, fmt, std)
@@ -322,7 +322,7 @@ def bench(model: str = typer.Argument(..., help="A .mnn model (or the .onnx sour
         err.print(f"[yellow]warning:[/] --threads {threads} on {cores} core(s): the threads share the cores, "
                   "so the timings measure contention, not the model", highlight=False)
 
-    from .bench import bench as run_bench
+    from .timing import bench as run_bench
     shapes = api.parse_input_shapes(input_shape)
     if as_json:
         r = run_bench(model, backend, threads, warmup, runs, shapes, profile)

@@ -6,7 +6,7 @@ import pytest
 
 from mnntool import api
 from mnntool.format import reader, writer
-from mnntool.verify import verify
+from mnntool.verifier import verify
 from tests.test_cli import assert_one_line_error, run
 
 
@@ -123,7 +123,7 @@ def test_torchscript_and_tf_sources(tmp_path, kind):
 
 
 def test_html_report_escapes_names_and_has_every_section():
-    from mnntool.verify import html_report
+    from mnntool.verifier import html_report
     layer = lambda name, cos: {"name": name, "op": "Conv", "mnn_op": "Convolution", "cosine": cos,  # noqa: E731
                                "max_abs": 0.1, "rel_l2": 0.01, "snr_db": 40.0, "pass": cos >= 0.999}
     r = {"source": "m.onnx", "model": "<b>m</b>.mnn", "backend": "numba", "min_cosine": 0.999, "max_abs": None,

@@ -129,7 +129,7 @@ def test_pickled_object_in_a_pt2_is_refused_unrun(tmp_path):
 def test_verify_against_eager_torch_layer_by_layer(tmp_path, suffix):
     """verify runs the program (or trace) in torch and compares every tensor whose name maps; a .mnn made
     from other weights fails at the first layer those weights touch."""
-    from mnntool.verify import verify
+    from mnntool.verifier import verify
 
     def save(seed, path):
         torch.manual_seed(seed)
