@@ -94,18 +94,18 @@ def _image_prep(mean, normal, size, fmt, std=None):
 
 class _progress:
     """A progress bar on stderr while `with` runs (Rich leaves it out when stderr is not a terminal);
-    entering gives the function that advances it by n steps."""
+    entering gives the function that advances it by n steps, or None when not `shown` (--json)."""
 
-    def __init__(self, what: str, total: int | None):
+    def __init__(self, what: str, total: int | None, shown: bool = True):
         from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeRemainingColumn
         self.prog = Progress("[progress.description]{task.description}", BarColumn(), MofNCompleteColumn(),
-                             TimeRemainingColumn(), console=err, transient=True)
-        self.what, self.total = what, total
+                             TimeRemainingColumn(), console=err, transient=True, disable=not shown)
+        self.what, self.total, self.shown = what, total, shown
 
     def __enter__(self):
         self.prog.__enter__()
         task = self.prog.add_task(self.what, total=self.total)
-        return lambda n=1: self.prog.advance(task, n)
+        return (lambda n=1: self.prog.advance(task, n)) if self.shown else None
 
     def __exit__(self, *exc):
         return self.prog.__exit__(*exc)
@@ -223,12 +223,9 @@ def verify(source: str = typer.Argument(..., help="The source model (.onnx, .pt,
     g = mnn_reader.load(model)
     prep = _image_prep(mean, normal, size, fmt, std)
     feeds = calibration_samples(calib, g, prep, samples or 4) if calib else (load_feeds(inputs, g) if inputs else None)
-    if as_json or not isinstance(feeds, list) or len(feeds) < 2:
-        r = run_verify(source, model, feeds, shapes, backend, min_cosine, max_abs, threads, allow_io)
-    else:
-        with _progress("comparing samples", len(feeds)) as step:
-            r = run_verify(source, model, feeds, shapes, backend, min_cosine, max_abs, threads, allow_io,
-                           progress=step)
+    several = isinstance(feeds, list) and len(feeds) > 1
+    with _progress("comparing samples", len(feeds) if several else 1, shown=several and not as_json) as step:
+        r = run_verify(source, model, feeds, shapes, backend, min_cosine, max_abs, threads, allow_io, progress=step)
     if report:
         atomic_write(report, html_report(r).encode())
     if as_json:
@@ -324,12 +321,11 @@ def bench(model: str = typer.Argument(..., help="A .mnn model (or the .onnx sour
 
     from .timing import bench as run_bench
     shapes = api.parse_input_shapes(input_shape)
+    with _progress(f"{backend} x{threads}", warmup + runs, shown=not as_json) as step:
+        r = run_bench(model, backend, threads, warmup, runs, shapes, profile, progress=step)
     if as_json:
-        r = run_bench(model, backend, threads, warmup, runs, shapes, profile)
         print(json.dumps(r))
         return
-    with _progress(f"{backend} x{threads}", warmup + runs) as step:
-        r = run_bench(model, backend, threads, warmup, runs, shapes, profile, progress=step)
     t = Table(title=f"{u(model)} on {backend}, {threads} thread(s), {runs} runs")
     for col in ("median", "mean", "min", "p90", "p99", "first run", "load+prepare", "GFLOP/s", "peak RSS"):
         t.add_column(col, justify="right")
@@ -389,11 +385,8 @@ def quant(src: str = typer.Argument(..., help="A float .mnn model."),
                       input_shapes=api.parse_input_shapes(input_shape))
     if config:
         cfg = cfg.with_file(config)
-    if as_json or not int8:
-        r = quantize_file(src, dst, cfg)
-    else:
-        with _progress("calibrating", None) as step:
-            r = quantize_file(src, dst, cfg, progress=step)
+    with _progress("calibrating", None, shown=int8 and not as_json) as step:
+        r = quantize_file(src, dst, cfg, progress=step)
     if as_json:
         print(json.dumps(r))
         return

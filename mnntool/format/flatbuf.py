@@ -8,12 +8,12 @@ from __future__ import annotations
 
 import mmap
 import struct
+from typing import NamedTuple
 
 import flatbuffers
 import numpy as np
 
 from .schema_tables import ENUMS, TABLES, UNIONS
-from typing import NamedTuple
 
 
 class Schema(NamedTuple):

@@ -70,6 +70,16 @@ class TfCtx(ShapedCtx):
         c = c.reshape((1,) * (4 - c.ndim) + c.shape)
         return np.ascontiguousarray(c.transpose(TO_NCHW))
 
+    def reduction_layout(self, x, axes: list[int], keep: bool) -> tuple:
+        """(input, axes, output marked NCHW) for reducing TensorFlow axes of x: on its NCHW copy when the
+        result keeps its dims or dropping them leaves the same axis order in both layouts (no permute
+        either way), else on the NHWC tensor."""
+        if self.is_nchw(x):
+            kept = [a for a in range(4) if a not in axes]
+            if keep or kept == [a for a in TO_NCHW if a not in axes]:
+                return x, sorted(NHWC_AXIS_IN_NCHW[a] for a in axes), keep
+        return self.as_nhwc(x), list(axes), False
+
     def publish(self, v: T, public: str) -> None:
         """Make `v` a graph output under the source model's name (an inner tensor holding that name,
         such as the NCHW copy of an NHWC output, is renamed first)."""

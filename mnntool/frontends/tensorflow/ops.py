@@ -60,13 +60,18 @@ def _same_pads(size, k, s, d=1):
     return total // 2, total - total // 2
 
 
+def same_pads_2d(x_hw, k, stride, dil) -> tuple:
+    """TensorFlow's SAME padding of a 2-D window as (top, left, bottom, right): the extra one at the end."""
+    (t, b), (l, r) = _same_pads(x_hw[0], k[0], stride[0], dil[0]), _same_pads(x_hw[1], k[1], stride[1], dil[1])
+    return (t, l, b, r)
+
+
 def _pads(ctx, node, x_hw, k, stride, dil):
     padding = attr(node, "padding", "VALID")
     if padding == "VALID":
         return (0, 0, 0, 0)
     if padding == "SAME":
-        (t, b), (l, r) = _same_pads(x_hw[0], k[0], stride[0], dil[0]), _same_pads(x_hw[1], k[1], stride[1], dil[1])
-        return (t, l, b, r)
+        return same_pads_2d(x_hw, k, stride, dil)
     if padding == "EXPLICIT":
         e = attr(node, "explicit_paddings")
         hw = (4, 6) if attr(node, "data_format", "NHWC") == "NCHW" else (2, 4)
@@ -257,13 +262,6 @@ def _axes(ctx, node, x, axes):
     return sorted(int(a) % rank for a in np.asarray(axes).reshape(-1))
 
 
-def _kept_order_matches(removed):
-    """Does dropping these NHWC axes leave the same axis order in NCHW? (Then the result needs no permute.)"""
-    nhwc = [a for a in range(4) if a not in removed]
-    nchw = [a for a in (0, 3, 1, 2) if a not in removed]
-    return nhwc == nchw
-
-
 REDUCE = {"Mean": "MEAN", "Sum": "SUM", "Max": "MAXIMUM", "Min": "MINIMUM", "Prod": "PROD"}
 
 
@@ -272,14 +270,10 @@ def reduce(ctx, node, args):
     x = args[0]
     axes = _axes(ctx, node, x, _const(ctx, node, args[1], "the axes"))
     keep = bool(attr(node, "keep_dims", False))
-    nchw = ctx.is_nchw(x) and (keep or _kept_order_matches(set(axes)))
-    if nchw:
-        axes = sorted(NHWC_AXIS_IN_NCHW[a] for a in axes)
-    else:
-        x = ctx.as_nhwc(x)
+    x, axes, nchw = ctx.reduction_layout(x, axes, keep)
     out = ctx.emit("Reduction", [x], [ctx.out(node)], {"operation": REDUCE[node.op], "dim": axes, "keepDims": keep,
                                                        "dType": "DT_FLOAT"}, node.name)
-    return ctx.mark(out, nchw and keep)
+    return ctx.mark(out, nchw)
 
 
 CONST_EVAL.update({k: (lambda node, args, _f=f: [_f(args[0], axis=tuple(np.asarray(args[1]).reshape(-1).tolist()),
@@ -293,10 +287,7 @@ def squeeze(ctx, node, args):
     shape = ctx.tf_shape(x)
     dims = attr(node, "squeeze_dims", []) or [i for i, d in enumerate(shape) if d == 1]
     axes = sorted(int(d) % len(shape) for d in dims)
-    if ctx.is_nchw(x) and _kept_order_matches(set(axes)):
-        axes = sorted(NHWC_AXIS_IN_NCHW[a] for a in axes)
-    else:
-        x = ctx.as_nhwc(x)
+    x, axes, _ = ctx.reduction_layout(x, axes, False)     # squeezing drops dims as a reduction does
     return ctx.emit("Squeeze", [x], [ctx.out(node)], {"squeezeDims": axes}, node.name)
 
 

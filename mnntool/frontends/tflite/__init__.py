@@ -51,35 +51,33 @@ class TfliteCtx(TfCtx):
     def tflite_dtype(self, index: int) -> str:
         return TENSOR_TYPES.get(self.tensors[index]["type"], "?")
 
-    def grid(self, index: int):
-        """(scale, zero point) of a per-tensor quantized int8/uint8 tensor, else None. A uint8 tensor's
-        grid is moved to int8 (zero point - 128), the grid MNN's int8 tensors use."""
+    def stored_grid(self, index: int):
+        """(scale, zero point) as the file stores them for a per-tensor quantized int8/uint8 tensor, else None."""
         q = self.tensors[index].get("quantization") or {}
         scale, zp = q.get("scale"), q.get("zero_point")
         if scale is None or len(scale) != 1 or self.tflite_dtype(index) not in ("int8", "uint8"):
             return None
-        z = int(zp[0]) if zp is not None and len(zp) else 0
-        return float(scale[0]), z - 128 if self.tflite_dtype(index) == "uint8" else z
+        return float(scale[0]), int(zp[0]) if zp is not None and len(zp) else 0
 
-    def int8_plan(self, o, raw_node, weight, args):
-        """Record an int8 convolution (int8 weights per output channel, both activation grids)."""
-        if raw_node is None or weight is None:
-            return
+    def grid(self, index: int):
+        """The tensor's grid on MNN's int8 values: a uint8 tensor's zero point moves down by 128."""
+        g = self.stored_grid(index)
+        if g is None:
+            return None
+        return g[0], g[1] - 128 if self.tflite_dtype(index) == "uint8" else g[1]
+
+    def int8_plan(self, o, node, to_mnn):
+        """Record an int8 convolution: the file's int8 weights in MNN's layout (`to_mnn`, the transform its
+        float weights took), per-channel scales, both activation grids."""
         w_idx, x_idx, y_idx = o.inputs[1], o.inputs[0], o.outputs[0]
         q = self.raw.get((self.subgraph, w_idx))
         gin, gout = self.grid(x_idx), self.grid(y_idx)
         if q is None or gin is None or gout is None or self.tflite_dtype(w_idx) != "int8":
             return
-        qt = self.tensors[w_idx]["quantization"]
-        scale = np.asarray(qt["scale"], np.float32)
-        cout = raw_node.param["common"]["outputCount"]
-        if o.code == "CONV_2D":
-            qw = q.transpose(0, 3, 1, 2)
-        else:
-            qw = q[0].transpose(2, 0, 1)[:, None]
-        alpha = np.broadcast_to(scale, (cout,)).astype(np.float32)
-        self.g.int8_plan[raw_node.name] = {"weight": np.ascontiguousarray(qw, np.int8).reshape(cout, -1),
-                                           "alpha": alpha, "input": gin, "output": gout}
+        cout = node.param["common"]["outputCount"]
+        alpha = np.broadcast_to(np.asarray(self.tensors[w_idx]["quantization"]["scale"], np.float32), (cout,))
+        self.g.int8_plan[node.name] = {"weight": np.ascontiguousarray(to_mnn(q), np.int8).reshape(cout, -1),
+                                       "alpha": alpha.copy(), "input": gin, "output": gout}
 
 
 def _builtin(code: dict) -> str:
@@ -149,6 +147,7 @@ class Model:
         if not self.subgraphs:
             raise MnnToolError(f"{path}: the model has no subgraph")
         self._ops: dict[int, list[Operator]] = {}
+        self._constants: dict[int, dict] = {}
 
     def operators(self, k: int) -> list[Operator]:
         if k in self._ops:
@@ -175,34 +174,32 @@ class Model:
         return ops
 
     def constants(self, ctx, k: int) -> dict:
-        env = {}
-        for i, t in enumerate(self.subgraphs[k].get("tensors") or []):
-            value, raw = _constant(self.path, t, self.buffers)
-            if value is not None:
-                env[i] = value
-                if raw is not None:
-                    ctx.raw[(k, i)] = raw
-        return env
+        """Subgraph k's stored tensors (index -> array), decoded on first use (a loop body is called once
+        per step); their raw integers go to ctx.raw. A fresh dict each time: the caller extends it."""
+        if k not in self._constants:
+            env = {}
+            for i, t in enumerate(self.subgraphs[k].get("tensors") or []):
+                value, raw = _constant(self.path, t, self.buffers)
+                if value is not None:
+                    env[i] = value
+                    if raw is not None:
+                        ctx.raw[(k, i)] = raw
+            self._constants[k] = env
+        return dict(self._constants[k])
 
 
 def _fold(ctx, start: int) -> None:
     """Nodes emitted since `start` whose operands are all constants become constants (shape arithmetic,
-    loop counters): evaluated by the op's own definition."""
-    from ...ir.ops import REGISTRY
+    loop counters), under shape inference's own rule: only small values of small operands."""
+    from ...ir.shape_inference import infer_node
     g = ctx.g
     kept = g.nodes[:start]
     for node in g.nodes[start:]:
-        opdef = REGISTRY.get(node.op)
-        if node.inputs and opdef is not None and not node.graphs and all(i in g.constants for i in node.inputs) \
-                and all(g.constants[i].size <= 1 << 16 for i in node.inputs):
-            try:
-                with np.errstate(all="ignore"):
-                    values = opdef.evaluate(node, [g.constants[i] for i in node.inputs])
-            except Exception:
-                values = None
-            if values is not None and len(values) == len(node.outputs):
-                for o, v in zip(node.outputs, values):
-                    g.constants[o] = np.asarray(v)
+        if node.inputs and not node.graphs and all(i in g.constants for i in node.inputs):
+            outs = infer_node(node, [ctx.val(i) for i in node.inputs])
+            if outs and all(v.value is not None for v in outs):
+                for o, v in zip(node.outputs, outs):
+                    g.constants[o] = np.asarray(v.value)
                 continue
         kept.append(node)
     g.nodes = kept
@@ -290,10 +287,9 @@ def load_tflite(path, input_shapes: dict) -> Graph:
         t = tensors[i]
         shape = input_shapes.get(public) or [int(d) for d in t.get("shape", [])]
         dtype = ctx.tflite_dtype(i)
-        if dtype in ("int8", "uint8") and ctx.grid(i) is not None:
+        if ctx.stored_grid(i) is not None:
             x = ctx.add_input(public, shape, dtype)
-            scale, zero = ctx.grid(i)
-            zero = zero + 128 if dtype == "uint8" else zero
+            scale, zero = ctx.stored_grid(i)
             env[i] = emit_onnx(ctx, "DequantizeLinear", [x, np.float32(scale), np.asarray(zero, dtype)],
                                [ctx.tmp(public + "_dequantized")])[0]
         elif dtype in ("float32", "int32", "int64", "bool"):
@@ -308,9 +304,8 @@ def load_tflite(path, input_shapes: dict) -> Graph:
             raise MnnToolError(f"{path}: output '{public}' is a constant or not computed")
         v = ctx.as_nhwc(v)
         dtype = ctx.tflite_dtype(i)
-        if dtype in ("int8", "uint8") and ctx.grid(i) is not None:
-            scale, zero = ctx.grid(i)
-            zero = zero + 128 if dtype == "uint8" else zero
+        if ctx.stored_grid(i) is not None:
+            scale, zero = ctx.stored_grid(i)
             q = emit_onnx(ctx, "QuantizeLinear", [v, np.float32(scale), np.asarray(zero, dtype)],
                           [ctx.tmp(public + "_quantized")])[0]
             v = ctx.emit("Cast", [q], [ctx.tmp(public + "_" + dtype)],

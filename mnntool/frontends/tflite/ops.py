@@ -13,7 +13,7 @@ from ...ir.ops.nn import pool_param
 from ...registry import registrar
 from ..shaped import T, conv_op, conv_param, emit_onnx
 from ..tensorflow.context import NHWC_AXIS_IN_NCHW, TfCtx
-from ..tensorflow.ops import _align, _const, _fail, _same_pads, interp_param
+from ..tensorflow.ops import _align, _axes, _const, _fail, interp_param, same_pads_2d
 
 OPS = {}
 op = registrar(OPS)
@@ -43,10 +43,7 @@ def _raw(ctx, o, outs) -> str:
 
 
 def _pads(o, hw, k, stride, dil):
-    if o.opts.get("padding", 0) == 1:      # VALID
-        return (0, 0, 0, 0)
-    (t, b), (l, r) = _same_pads(hw[0], k[0], stride[0], dil[0]), _same_pads(hw[1], k[1], stride[1], dil[1])
-    return (t, l, b, r)
+    return (0, 0, 0, 0) if o.opts.get("padding", 0) == 1 else same_pads_2d(hw, k, stride, dil)     # 1: VALID
 
 
 def _bias(ctx, o, args, k, cout):
@@ -67,18 +64,23 @@ def conv2d(ctx: TfCtx, o, args, outs):
     if o.code == "CONV_2D":             # OHWI
         cout, kh, kw, cin_g = w.shape
         group = cin // cin_g
-        weight = w.transpose(0, 3, 1, 2)
+
+        def to_mnn(a):
+            return a.transpose(0, 3, 1, 2)
     else:                               # 1, H, W, C*multiplier
         _, kh, kw, cout = w.shape
         group = cin
-        weight = w[0].transpose(2, 0, 1)[:, None]
+
+        def to_mnn(a):
+            return a[0].transpose(2, 0, 1)[:, None]
+    weight = to_mnn(w)
     pads = _pads(o, (h, wd), (kh, kw), stride, dil)
     common = conv_param(kh, kw, cout, cin, group, stride, dil, pads)
     raw = ctx.emit(conv_op("Convolution", group, cin, cout), [x], [_raw(ctx, o, outs)],
                    {"common": common, "weight": np.ascontiguousarray(weight, np.float32).reshape(-1),
                     "bias": _bias(ctx, o, args, 2, cout)}, o.name)
     ctx.mark(raw, True)
-    ctx.int8_plan(o, raw_node=ctx.g.nodes[-1], weight=weight, args=args)
+    ctx.int8_plan(o, ctx.g.nodes[-1], to_mnn)
     return activation(ctx, o, raw[0], outs[0])
 
 
@@ -242,20 +244,10 @@ REDUCE = {"MEAN": "ReduceMean", "SUM": "ReduceSum", "REDUCE_MAX": "ReduceMax", "
 
 @op(*REDUCE)
 def reduce(ctx: TfCtx, o, args, outs):
-    x = args[0]
-    axes = [int(a) for a in _const(ctx, o, args[1], "the axes").reshape(-1)]
     keep = bool(o.opts.get("keep_dims"))
-    rank = ctx.rank(x)
-    axes = sorted(a % rank for a in axes)
-    if ctx.is_nchw(x):
-        mapped = sorted(NHWC_AXIS_IN_NCHW[a] for a in axes)
-        kept_nhwc = [a for a in range(4) if a not in axes]
-        same_order = [NHWC_AXIS_IN_NCHW[a] for a in kept_nhwc] == sorted(NHWC_AXIS_IN_NCHW[a] for a in kept_nhwc)
-        if keep or same_order:
-            ys = emit_onnx(ctx, REDUCE[o.code], [x, np.asarray(mapped, np.int64)], outs, {"keepdims": int(keep)})
-            return ctx.mark(ys, keep)
-    x = ctx.tensor(ctx.as_nhwc(x))
-    return emit_onnx(ctx, REDUCE[o.code], [x, np.asarray(axes, np.int64)], outs, {"keepdims": int(keep)})
+    x, axes, nchw = ctx.reduction_layout(args[0], _axes(ctx, o, args[0], _const(ctx, o, args[1], "the axes")), keep)
+    return ctx.mark(emit_onnx(ctx, REDUCE[o.code], [ctx.tensor(x), np.asarray(axes, np.int64)], outs,
+                              {"keepdims": int(keep)}), nchw)
 
 
 @op("ARG_MAX", "ARG_MIN")
@@ -310,7 +302,6 @@ def fully_connected(ctx: TfCtx, o, args, outs):
         y = emit_onnx(ctx, "Add", [y, np.asarray(args[2], np.float32)], [ctx.tmp(outs[0] + "_b")])[0]
     if keep and len(shape) != 2:
         y = ctx.reshape(y, list(shape[:-1]) + [ctx.shape_of(y)[-1]], ctx.tmp(outs[0] + "_nd"))[0]
-    ctx.int8_plan(o, raw_node=None, weight=None, args=args)
     return activation(ctx, o, y, outs[0])
 
 
