@@ -168,3 +168,25 @@ def test_corrupt_and_foreign_files(tmp_path):
     with pytest.raises(MnnToolError, match="not a TFLite model"):
         api.convert(bad, tmp_path / "o.mnn")
     assert not (tmp_path / "o.mnn").exists()
+
+
+def test_hostile_loops_are_refused(tmp_path):
+    """A WHILE whose body is the graph holding it, or one that never ends, is one error, not a crash."""
+    from mnntool.frontends.tflite import Model, TfliteCtx, run_subgraph
+    from mnntool.ir.graph import Graph
+    scalar = {"shape": np.zeros(0, np.int32), "type": 2, "buffer": 1, "name": "c", "quantization": None}
+    true = {"data": np.array([1, 0, 0, 0], np.uint8), "offset": 0, "size": 0}
+
+    def model(cond_k, body_k):
+        loop = {"opcode_index": 0, "inputs": [0], "outputs": [0], "builtin_options_type": "WhileOptions",
+                "builtin_options": {"cond_subgraph_index": cond_k, "body_subgraph_index": body_k}}
+        main = {"tensors": [scalar], "inputs": [0], "outputs": [0], "operators": [loop], "name": "main"}
+        cond = {"tensors": [scalar], "inputs": [0], "outputs": [0], "operators": [], "name": "cond"}
+        body = {"tensors": [dict(scalar, buffer=0)], "inputs": [0], "outputs": [0], "operators": [], "name": "body"}
+        return Model(tmp_path / "h.tflite", {"operator_codes": [{"builtin_code": 119, "deprecated_builtin_code": 119}],
+                                             "subgraphs": [main, cond, body], "buffers": [{}, true]})
+    for cond_k, body_k, message in ((1, 0, "nested more than"), (1, 2, "loop steps to unroll")):
+        m = model(cond_k, body_k)
+        ctx = TfliteCtx(Graph(), str(tmp_path / "h.tflite"), m.subgraphs[0]["tensors"])
+        with pytest.raises(MnnToolError, match=message):
+            run_subgraph(ctx, m, 0, m.constants(ctx, 0))

@@ -46,6 +46,8 @@ class TfliteCtx(TfCtx):
         super().__init__(graph, path)
         self.tensors = tensors          # the decoded Tensor tables of the subgraph being converted
         self.subgraph = 0
+        self.nesting = 0                 # WHILEs being unrolled around the current operator
+        self.trips = 0                   # loop steps unrolled so far
         self.raw: dict[tuple, np.ndarray] = {}    # (subgraph, tensor) -> its stored integers (quantized weights)
 
     def tflite_dtype(self, index: int) -> str:
@@ -84,7 +86,7 @@ def _builtin(code: dict) -> str:
     b = max(int(code.get("deprecated_builtin_code", 0)), int(code.get("builtin_code", 0)))
     if b == 32:
         return f"CUSTOM:{code.get('custom_code') or '?'}"
-    return BUILTIN_OPS[b] if b < len(BUILTIN_OPS) else f"BUILTIN_{b}"
+    return BUILTIN_OPS[b] if 0 <= b < len(BUILTIN_OPS) else f"BUILTIN_{b}"
 
 
 def _constant(path, t: dict, buffers: list):
@@ -133,7 +135,8 @@ def read_model(path: Path) -> dict:
         raise MnnToolError(f"{path}: corrupt TFLite flatbuffer ({e})") from None
 
 
-MAX_TRIPS = 4096      # a WHILE is unrolled; more steps than this is refused
+MAX_TRIPS = 4096      # WHILEs are unrolled; more loop steps than this in one model are refused
+MAX_NESTING = 16      # WHILEs inside loop bodies, at most this deep (a body that names itself recurses)
 
 
 class Model:
@@ -255,16 +258,28 @@ def _while(ctx, model: Model, o, args) -> list:
     """A WHILE whose condition folds to a constant at every step (loops over a known length: Keras RNNs)
     is unrolled; a condition on run-time values is refused."""
     cond_k, body_k = int(o.opts.get("cond_subgraph_index", 0)), int(o.opts.get("body_subgraph_index", 0))
-    values = list(args)
-    for _ in range(MAX_TRIPS + 1):
+    if ctx.nesting >= MAX_NESTING:
+        raise MnnToolError(f"{model.path}: WHILE '{o.name}': loops nested more than {MAX_NESTING} deep "
+                           "(a loop body that calls itself?)")
+    ctx.nesting += 1
+    try:
+        return _unroll(ctx, model, o, cond_k, body_k, list(args))
+    finally:
+        ctx.nesting -= 1
+
+
+def _unroll(ctx, model: Model, o, cond_k: int, body_k: int, values: list) -> list:
+    while True:
         c = _call(ctx, model, cond_k, values)[0]
         if isinstance(c, T) or c is None:
             raise MnnToolError(f"{model.path}: WHILE '{o.name}': the loop condition depends on run-time values "
                                "(only loops of a known length are converted)")
         if not bool(np.asarray(c).reshape(-1)[0]):
             return values
+        ctx.trips += 1          # counted over every loop, nested ones included: the unrolled size is bounded
+        if ctx.trips > MAX_TRIPS:
+            raise MnnToolError(f"{model.path}: WHILE '{o.name}': more than {MAX_TRIPS} loop steps to unroll")
         values = _call(ctx, model, body_k, values)
-    raise MnnToolError(f"{model.path}: WHILE '{o.name}': more than {MAX_TRIPS} steps")
 
 
 def load_tflite(path, input_shapes: dict) -> Graph:
