@@ -18,6 +18,7 @@ from ...ir.graph import Graph
 from ..shaped import T, emit_onnx
 from ..tensorflow.context import TfCtx
 from .ops import OPS
+from ..unrolled import LoopBudget, fold, folded, unroll
 from .schema import BUILTIN_OPS, SCHEMA, TENSOR_TYPES
 
 QUANTIZED = ("int8", "uint8", "int16", "int32", "int64")
@@ -46,8 +47,7 @@ class TfliteCtx(TfCtx):
         super().__init__(graph, path)
         self.tensors = tensors          # the decoded Tensor tables of the subgraph being converted
         self.subgraph = 0
-        self.nesting = 0                 # WHILEs being unrolled around the current operator
-        self.trips = 0                   # loop steps unrolled so far
+        self.loops = LoopBudget()
         self.raw: dict[tuple, np.ndarray] = {}    # (subgraph, tensor) -> its stored integers (quantized weights)
 
     def tflite_dtype(self, index: int) -> str:
@@ -135,10 +135,6 @@ def read_model(path: Path) -> dict:
         raise MnnToolError(f"{path}: corrupt TFLite flatbuffer ({e})") from None
 
 
-MAX_TRIPS = 4096      # WHILEs are unrolled; more loop steps than this in one model are refused
-MAX_NESTING = 16      # WHILEs inside loop bodies, at most this deep (a body that names itself recurses)
-
-
 class Model:
     """The decoded file: operator names, buffers, subgraphs (each with its constants read once)."""
 
@@ -191,23 +187,6 @@ class Model:
         return dict(self._constants[k])
 
 
-def _fold(ctx, start: int) -> None:
-    """Nodes emitted since `start` whose operands are all constants become constants (shape arithmetic,
-    loop counters), under shape inference's own rule: only small values of small operands."""
-    from ...ir.shape_inference import infer_node
-    g = ctx.g
-    kept = g.nodes[:start]
-    for node in g.nodes[start:]:
-        if node.inputs and not node.graphs and all(i in g.constants for i in node.inputs):
-            outs = infer_node(node, [ctx.val(i) for i in node.inputs])
-            if outs and all(v.value is not None for v in outs):
-                for o, v in zip(node.outputs, outs):
-                    g.constants[o] = np.asarray(v.value)
-                continue
-        kept.append(node)
-    g.nodes = kept
-
-
 def run_subgraph(ctx, model: Model, k: int, env: dict) -> dict:
     """Convert subgraph k's operators into ctx, its tensors' values in `env` (index -> T or array)."""
     sg = model.subgraphs[k]
@@ -234,8 +213,8 @@ def run_subgraph(ctx, model: Model, k: int, env: dict) -> dict:
                 except Exception as e:
                     raise MnnToolError(f"{model.path}: {o.code} '{o.name}': cannot convert "
                                        f"({type(e).__name__}: {e})") from None
-                _fold(ctx, start)
-                results = [ctx.g.constants[r] if isinstance(r, str) and r in ctx.g.constants else r for r in results]
+                fold(ctx, start)
+                results = folded(ctx, results)
             for i, v in zip(o.outputs, results):
                 env[i] = v
     finally:
@@ -258,28 +237,8 @@ def _while(ctx, model: Model, o, args) -> list:
     """A WHILE whose condition folds to a constant at every step (loops over a known length: Keras RNNs)
     is unrolled; a condition on run-time values is refused."""
     cond_k, body_k = int(o.opts.get("cond_subgraph_index", 0)), int(o.opts.get("body_subgraph_index", 0))
-    if ctx.nesting >= MAX_NESTING:
-        raise MnnToolError(f"{model.path}: WHILE '{o.name}': loops nested more than {MAX_NESTING} deep "
-                           "(a loop body that calls itself?)")
-    ctx.nesting += 1
-    try:
-        return _unroll(ctx, model, o, cond_k, body_k, list(args))
-    finally:
-        ctx.nesting -= 1
-
-
-def _unroll(ctx, model: Model, o, cond_k: int, body_k: int, values: list) -> list:
-    while True:
-        c = _call(ctx, model, cond_k, values)[0]
-        if isinstance(c, T) or c is None:
-            raise MnnToolError(f"{model.path}: WHILE '{o.name}': the loop condition depends on run-time values "
-                               "(only loops of a known length are converted)")
-        if not bool(np.asarray(c).reshape(-1)[0]):
-            return values
-        ctx.trips += 1          # counted over every loop, nested ones included: the unrolled size is bounded
-        if ctx.trips > MAX_TRIPS:
-            raise MnnToolError(f"{model.path}: WHILE '{o.name}': more than {MAX_TRIPS} loop steps to unroll")
-        values = _call(ctx, model, body_k, values)
+    return unroll(ctx.loops, f"{model.path}: WHILE '{o.name}'", lambda vs: _call(ctx, model, cond_k, vs)[0],
+                  lambda vs: _call(ctx, model, body_k, vs), list(args))
 
 
 def load_tflite(path, input_shapes: dict) -> Graph:
