@@ -16,14 +16,16 @@ from ...ir.graph import Graph
 from ..shaped import T
 from .context import TfCtx
 from .inline import Flattened
+from . import array_ops, math_ops, nn_ops  # noqa: F401  (they register converters)
+from .functions import IGNORED, ref as ref_of, run_nodes
 from .ops import CONST_EVAL, OPS
 from .saved_model import read_saved_model, refuse_io
 
-SKIP = {"NoOp", "Assert", "SaveV2", "RestoreV2", "VarHandleOp", "AssignVariableOp"}
+SKIP = {"SaveV2", "RestoreV2", "VarHandleOp", "AssignVariableOp"}     # the saver's, never on an output's path
 
 
 def supported_ops() -> list[str]:
-    return sorted(set(OPS) | set(CONST_EVAL) | {"Placeholder", "Const"})
+    return sorted(set(OPS) | set(CONST_EVAL) | IGNORED | {"Placeholder", "Const"})
 
 
 def _tf():
@@ -101,8 +103,31 @@ def _from_graphdef(tf, path, shapes):
     return gd, specs, outputs
 
 
-def _ref(s: str) -> str:
-    return s if ":" in s else s + ":0"
+def _body_functions(nodes, functions) -> list:
+    """The library functions control-flow nodes run (While/If/Case bodies and the calls inside them)."""
+    seen, todo = {}, [n for n in nodes]
+    while todo:
+        n = todo.pop()
+        for key in n.attr:
+            a = n.attr[key]
+            names = [a.func.name] if a.HasField("func") else [f.name for f in a.list.func]
+            for name in names:
+                if name in functions and name not in seen:
+                    seen[name] = functions[name]
+                    todo.extend(functions[name].node_def)
+    return list(seen.values())
+
+
+def _refuse_unsupported(path, nodes) -> None:
+    bad = {}
+    for n in nodes:
+        if n.op not in OPS and n.op not in CONST_EVAL and n.op not in ("Placeholder", "Const") \
+                and n.op not in SKIP | IGNORED:
+            bad.setdefault(n.op, []).append(n.name)
+    if bad:
+        listed = "; ".join(f"{op} ({', '.join(names[:3])}{', ...' if len(names) > 3 else ''})"
+                           for op, names in sorted(bad.items()))
+        raise MnnToolError(f"{path}: unsupported TensorFlow ops: {listed}")
 
 
 def load_tensorflow(path, input_shapes: dict) -> Graph:
@@ -112,63 +137,36 @@ def load_tensorflow(path, input_shapes: dict) -> Graph:
     tf = _tf()
     values: dict = {}
     if path.is_dir():
-        nodes, values, specs, outputs = read_saved_model(path, _resolve_shape, input_shapes)
+        nodes, values, specs, outputs, functions = read_saved_model(path, _resolve_shape, input_shapes)
     else:
         reader = _from_keras if path.suffix.lower() in (".keras", ".h5", ".hdf5") else _from_graphdef
         gd, specs, outputs = reader(tf, path, input_shapes)
         flat = Flattened(gd, path)
         nodes = flat.needed([r for r, _ in outputs])
         outputs = [(flat.resolve(r), k) for r, k in outputs]
-        refuse_io(path, nodes)
+        functions = flat.functions
+    bodies = _body_functions(nodes, functions)
+    inner = [n for f in bodies for n in f.node_def]
+    refuse_io(path, nodes + inner, " (inside a loop or branch body)" if inner else "")
     unknown = set(input_shapes) - {public for _, public, _ in specs}
     if unknown:
         raise MnnToolError(f"{path}: --input-shape names {', '.join(sorted(unknown))}, but the inputs are "
                            f"{', '.join(p for _, p, _ in specs)}")
-    bad = {}
-    for n in nodes:
-        if n.op not in OPS and n.op not in CONST_EVAL and n.op not in ("Placeholder", "Const") and n.op not in SKIP:
-            bad.setdefault(n.op, []).append(n.name)
-    if bad:
-        listed = "; ".join(f"{op} ({', '.join(names[:3])}{', ...' if len(names) > 3 else ''})"
-                           for op, names in sorted(bad.items()))
-        raise MnnToolError(f"{path}: unsupported TensorFlow ops: {listed}")
+    _refuse_unsupported(path, nodes + inner)
     g = Graph(source="TENSORFLOW", name=path.stem)
     ctx = TfCtx(g, str(path))
-    env: dict[str, object] = {}
-    dtypes = {}
-    for n in nodes:
-        if n.op == "Placeholder":
-            dtypes[n.name] = n.attr["dtype"].type
+    ctx.functions = functions
+    env: dict[str, object] = {f"{name}:0": v for name, v in values.items()}
+    dtypes = {n.name: n.attr["dtype"].type for n in nodes if n.op == "Placeholder"}
     for op_name, public, shape in specs:
         dtype = "int32" if dtypes.get(op_name) in (3, 9) else "float32"   # DT_INT32, DT_INT64
         env[f"{op_name}:0"] = ctx.add_input(public, shape, dtype)
-    from .ops import attr
     for n in nodes:
-        if n.op == "Placeholder":
-            if f"{n.name}:0" not in env:
-                raise MnnToolError(f"{path}: placeholder '{n.name}' is not a model input")
-            continue
-        if n.op in SKIP:
-            continue
-        if n.op == "Const":
-            env[f"{n.name}:0"] = values[n.name] if n.name in values else attr(n, "value")
-            continue
-        args = [env[_ref(i)] for i in n.input if not i.startswith("^")]
-        try:
-            if all(not isinstance(a, T) for a in args) and n.op in CONST_EVAL:
-                outs = CONST_EVAL[n.op](n, args)
-            elif n.op in OPS:
-                outs = OPS[n.op](ctx, n, args)
-            else:
-                raise MnnToolError(f"{path}: {n.op} '{n.name}': only supported on constants")
-        except MnnToolError:
-            raise
-        except Exception as e:
-            raise MnnToolError(f"{path}: {n.op} '{n.name}': cannot convert ({type(e).__name__}: {e})") from None
-        for k, v in enumerate(outs):
-            env[f"{n.name}:{k}"] = v
+        if n.op == "Placeholder" and f"{n.name}:0" not in env:
+            raise MnnToolError(f"{path}: placeholder '{n.name}' is not a model input")
+    run_nodes(ctx, [n for n in nodes if n.op not in SKIP and n.op != "Placeholder"], env)
     for ref, public in outputs:
-        v = env[_ref(ref)]
+        v = env[ref_of(ref)]
         if not isinstance(v, T):
             raise MnnToolError(f"{path}: output '{public}' is a constant")
         ctx.publish(ctx.as_nhwc(v), public)

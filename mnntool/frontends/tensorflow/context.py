@@ -9,6 +9,7 @@ import numpy as np
 
 from ...errors import MnnToolError
 from ..shaped import ShapedCtx, T, rename_tensor
+from ..unrolled import LoopBudget
 
 TO_NCHW, TO_NHWC = [0, 3, 1, 2], [0, 2, 3, 1]
 NHWC_AXIS_IN_NCHW = {0: 0, 1: 2, 2: 3, 3: 1}
@@ -19,6 +20,8 @@ class TfCtx(ShapedCtx):
         super().__init__(graph, path)
         self.nchw: set[str] = set()          # IR tensors holding a TF NHWC tensor in NCHW order
         self._views: dict[tuple, T] = {}     # (tensor, "nchw"/"nhwc") -> the permuted copy
+        self.functions: dict = {}            # the function library control-flow bodies come from
+        self.loops = LoopBudget()
 
     def is_nchw(self, x) -> bool:
         return isinstance(x, T) and x in self.nchw

@@ -101,7 +101,7 @@ def _checkpoint_keys(gd, mg, path) -> dict:
 
 
 def read_saved_model(path: Path, resolve_shape, shapes: dict):
-    """(nodes in dependency order, {Const node name: value}, input specs, outputs)."""
+    """(nodes in dependency order, {Const node name: value}, input specs, outputs, function library)."""
     import tensorflow as tf
     mg = _saved_model(path)
     sig = _signature(mg, path)
@@ -138,7 +138,7 @@ def read_saved_model(path: Path, resolve_shape, shapes: dict):
         shape = info.tensor_shape
         declared = None if shape.unknown_rank else [d.size if d.size >= 0 else None for d in shape.dim]
         specs.append((node, key, resolve_shape(path, key, declared, shapes.get(key))))
-    return nodes, values, specs, [(flat.resolve(r), k) for r, k in outputs]
+    return nodes, values, specs, [(flat.resolve(r), k) for r, k in outputs], flat.functions
 
 
 def _saver_parts(gd, mg) -> tuple[set, set]:

@@ -18,7 +18,7 @@ from ...ir.graph import Graph
 from ..shaped import T, emit_onnx
 from ..tensorflow.context import TfCtx
 from .ops import OPS
-from ..unrolled import LoopBudget, fold, folded, unroll
+from ..unrolled import fold, folded, unroll
 from .schema import BUILTIN_OPS, SCHEMA, TENSOR_TYPES
 
 QUANTIZED = ("int8", "uint8", "int16", "int32", "int64")
@@ -47,7 +47,6 @@ class TfliteCtx(TfCtx):
         super().__init__(graph, path)
         self.tensors = tensors          # the decoded Tensor tables of the subgraph being converted
         self.subgraph = 0
-        self.loops = LoopBudget()
         self.raw: dict[tuple, np.ndarray] = {}    # (subgraph, tensor) -> its stored integers (quantized weights)
 
     def tflite_dtype(self, index: int) -> str:

@@ -13,6 +13,7 @@ from ...ir.ops.nn import pool_param
 from ...registry import registrar
 from ..shaped import T, conv_op, conv_param, emit_onnx
 from ..tensorflow.context import NHWC_AXIS_IN_NCHW, TfCtx
+from ..tensorflow.nn_ops import deconv, depth_space, lrn
 from ..tensorflow.ops import _align, _axes, _const, _fail, interp_param, same_pads_2d
 
 OPS = {}
@@ -89,20 +90,9 @@ def transpose_conv(ctx: TfCtx, o, args, outs):
     shape = _const(ctx, o, args[0], "the output shape").astype(np.int64).reshape(-1)
     w = _const(ctx, o, args[1], "the filter").astype(np.float32)     # O, H, W, I
     x = ctx.as_nchw(args[2])
-    cout, kh, kw, cin = w.shape
-    oh, ow = int(shape[1]), int(shape[2])
-    sh, sw = o.opts["stride_h"], o.opts["stride_w"]
-    h, wd = ctx.shape_of(x)[2:]
-    # the transposed convolution's full output, cropped: SAME puts the extra row/col at the end
-    th, tw = max((h - 1) * sh + kh - oh, 0), max((wd - 1) * sw + kw - ow, 0)
-    pads = (th // 2, tw // 2, th - th // 2, tw - tw // 2)
-    common = conv_param(kh, kw, cout, cin, 1, (sh, sw), (1, 1), pads)
-    raw = ctx.emit("Deconvolution", [x], [_raw(ctx, o, outs)],
-                   {"common": common, "weight": np.ascontiguousarray(w.transpose(3, 0, 1, 2)).reshape(-1),
-                    "bias": _bias(ctx, o, args, 3, cout)}, o.name)
-    got = ctx.shape_of(raw[0])
-    if (got[2], got[3]) != (oh, ow):
-        _fail(ctx, o, f"output size {got[2]}x{got[3]} differs from the declared {oh}x{ow}")
+    stride = (o.opts["stride_h"], o.opts["stride_w"])
+    raw = deconv(ctx, x, w.transpose(3, 0, 1, 2), (int(shape[1]), int(shape[2])), stride, (1, 1),
+                 _bias(ctx, o, args, 3, w.shape[0]), _raw(ctx, o, outs), o.name)
     ctx.mark(raw, True)
     return activation(ctx, o, raw[0], outs[0])
 
@@ -127,21 +117,13 @@ def resize(ctx: TfCtx, o, args, outs):
 
 
 @op("DEPTH_TO_SPACE", "SPACE_TO_DEPTH")
-def depth_space(ctx: TfCtx, o, args, outs):
-    x = ctx.as_nchw(args[0])
-    ir_op = "DepthToSpace" if o.code == "DEPTH_TO_SPACE" else "SpaceToDepth"
-    # DCR: TensorFlow's channel order
-    return ctx.mark(ctx.emit(ir_op, [x], outs, {"blockSize": int(o.opts["block_size"]), "mode": "DCR"}, o.name), True)
+def depth_space_op(ctx: TfCtx, o, args, outs):
+    return depth_space(ctx, ctx.as_nchw(args[0]), o.code == "DEPTH_TO_SPACE", o.opts["block_size"], outs)
 
 
 @op("LOCAL_RESPONSE_NORMALIZATION")
-def lrn(ctx: TfCtx, o, args, outs):
-    x = ctx.as_nchw(args[0])
-    r = int(o.opts["radius"])
-    size = 2 * r + 1        # TF: sum over [c-r, c+r] of x^2, times alpha (not alpha/size as ONNX)
-    return ctx.mark(emit_onnx(ctx, "LRN", [x], outs, {"size": size, "alpha": float(o.opts["alpha"]) * size,
-                                                       "beta": float(o.opts["beta"]), "bias": float(o.opts["bias"])}),
-                    True)
+def lrn_op(ctx: TfCtx, o, args, outs):
+    return lrn(ctx, ctx.as_nchw(args[0]), o.opts["radius"], o.opts["alpha"], o.opts["beta"], o.opts["bias"], outs)
 
 
 # ---- elementwise: keep the layout mark -----------------------------------------------------------------
