@@ -217,7 +217,19 @@ def _log_softmax(ctx, node, x, axis, out):
 
 @converts("Where")
 def where(ctx, node, a):
-    ctx.emit("Select", list(node.input), [node.output[0]], {}, node.name)
+    """MNN's Select broadcasts only single elements: operands of other shapes are expanded first (when
+    the shapes are known)."""
+    ins = list(node.input)
+    shapes = [ctx.shape(i) if ctx.shape(i) is not None else
+              (tuple(ctx.g.constants[i].shape) if i in ctx.g.constants else None) for i in ins]
+    if all(s is not None for s in shapes):
+        full = tuple(np.broadcast_shapes(*shapes))
+        for k, (i, s) in enumerate(zip(ins, shapes)):
+            if tuple(s) != full and int(np.prod(s)) != 1:
+                wide = ctx.tmp(f"{node.output[0]}_in{k}")
+                ctx.emit("BroadcastTo", [i, ctx.int_const(f"{wide}_shape", list(full))], [wide], {}, wide)
+                ins[k] = wide
+    ctx.emit("Select", ins, [node.output[0]], {}, node.name)
 
 
 REDUCE = {"ReduceMean": "MEAN", "ReduceSum": "SUM", "ReduceMax": "MAXIMUM", "ReduceMin": "MINIMUM",

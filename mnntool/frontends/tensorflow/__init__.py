@@ -17,7 +17,7 @@ from ..shaped import T
 from .context import TfCtx
 from .inline import Flattened
 from . import array_ops, math_ops, nn_ops  # noqa: F401  (they register converters)
-from .functions import IGNORED, ref as ref_of, run_nodes
+from .functions import IGNORED, LIST_HANDLES, ref as ref_of, run_nodes
 from .ops import CONST_EVAL, OPS
 from .saved_model import read_saved_model, refuse_io
 
@@ -97,7 +97,7 @@ def _from_graphdef(tf, path, shapes):
             declared = None if shape_attr.unknown_rank else [d.size if d.size >= 0 else None for d in shape_attr.dim]
             specs.append((n.name, n.name, _resolve_shape(path, n.name, declared, shapes.get(n.name))))
     outputs = [(f"{n.name}:0", n.name) for n in gd.node
-               if n.name not in used and n.op not in SKIP | {"Const", "Placeholder"}]
+               if n.name not in used and n.op not in SKIP | IGNORED | LIST_HANDLES | {"Const", "Placeholder"}]
     if not outputs:
         raise MnnToolError(f"{path}: no output found")
     return gd, specs, outputs

@@ -18,6 +18,9 @@ from .ops import CONST_EVAL, OPS, _const, _fail, attr, op
 
 CALL_OPS = {"StatefulPartitionedCall", "PartitionedCall"}
 IGNORED = {"NoOp", "Assert"}       # no value: control edges only
+# ops whose result is a list handle, never a model output (an unused one dangles in traced graphs)
+LIST_HANDLES = {"TensorListReserve", "EmptyTensorList", "TensorListFromTensor", "TensorListSetItem",
+                "TensorListPushBack"}
 
 
 def ref(s: str) -> str:

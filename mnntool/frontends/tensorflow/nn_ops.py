@@ -86,12 +86,21 @@ def conv3d(ctx, node, args):
 def pool3d(ctx, node, args):
     x = _ncdhw(ctx, node, args[0])
     k, stride = _attr5(ctx, node, "ksize"), _attr5(ctx, node, "strides")
-    pads = _pads_3d(ctx, node, ctx.shape_of(x)[2:], k, stride, (1, 1, 1))
-    kind = "MaxPool" if node.op == "MaxPool3D" else "AveragePool"
-    extra = {} if kind == "MaxPool" else {"count_include_pad": 0}
-    y = emit_onnx(ctx, kind, [x], [_tmp(ctx, node, "y")], {"kernel_shape": k, "strides": stride, "pads": pads,
-                                                            **extra})[0]
-    return _ndhwc(ctx, node, y)
+    dims = ctx.shape_of(x)[2:]
+    pads = _pads_3d(ctx, node, dims, k, stride, (1, 1, 1))
+    p = {"kernel_shape": k, "strides": stride, "pads": pads}
+    if node.op == "MaxPool3D":
+        return _ndhwc(ctx, node, emit_onnx(ctx, "MaxPool", [x], [_tmp(ctx, node, "y")], p)[0])
+    # TF averages over the window's part inside the input: the padded average times window / part
+    total = emit_onnx(ctx, "AveragePool", [x], [_tmp(ctx, node, "sum")], {**p, "count_include_pad": 1})[0]
+    if any(pads):
+        out_dims = ctx.shape_of(total)[2:]
+        counts = [np.asarray([min(o * st - pb + kk, d) - max(o * st - pb, 0) for o in range(od)], np.float32)
+                  for od, st, pb, kk, d in zip(out_dims, stride, pads[:3], k, dims)]
+        part = counts[0][:, None, None] * counts[1][None, :, None] * counts[2][None, None, :]
+        total = emit_onnx(ctx, "Mul", [total, (np.prod(k) / part)[None, None].astype(np.float32)],
+                          [_tmp(ctx, node, "avg")])[0]
+    return _ndhwc(ctx, node, total)
 
 
 @op("MaxPoolV2")
@@ -136,17 +145,42 @@ def depth_space_op(ctx, node, args):
                        [ctx.out(node)])
 
 
+def _keys_cubic(d: np.ndarray, a: float) -> np.ndarray:
+    d = np.abs(d)
+    near = ((a + 2) * d - (a + 3)) * d * d + 1
+    far = ((a * d - 5 * a) * d + 8 * a) * d - 4 * a
+    return np.where(d <= 1, near, np.where(d < 2, far, 0.0))
+
+
+def cubic_matrix(n_in: int, n_out: int, align: bool, half: bool) -> np.ndarray:
+    """(n_out, n_in) weights of TensorFlow's bicubic resize along one axis: Keys' kernel with a = -0.75 and
+    edge taps repeated (legacy), or a = -0.5 with taps outside the input dropped and the rest renormalised
+    (half-pixel centers)."""
+    scale = (n_in - 1) / (n_out - 1) if align and n_out > 1 else n_in / n_out
+    a = -0.5 if half else -0.75
+    m = np.zeros((n_out, n_in), np.float64)
+    for o in range(n_out):
+        x = (o + 0.5) * scale - 0.5 if half else o * scale
+        i0 = int(np.floor(x))
+        taps = np.arange(i0 - 1, i0 + 3)
+        w = _keys_cubic(x - taps, a)
+        if half:
+            inside = (taps >= 0) & (taps < n_in)
+            taps, w = taps[inside], w[inside] / w[inside].sum()
+        np.add.at(m[o], np.clip(taps, 0, n_in - 1), w)
+    return m.astype(np.float32)
+
+
 @op("ResizeBicubic")
 def resize_bicubic(ctx, node, args):
+    """Separable with weights fixed by the sizes: two MatMuls with constant matrices, exact in both runtimes."""
     x = ctx.as_nchw(args[0])
-    size = _const(ctx, node, args[1], "the size").astype(np.int64).reshape(-1)
+    oh, ow = (int(v) for v in _const(ctx, node, args[1], "the size").reshape(-1))
     align, half = bool(attr(node, "align_corners", False)), bool(attr(node, "half_pixel_centers", False))
-    n, c = ctx.shape_of(x)[:2]
-    ctm = "align_corners" if align else "half_pixel" if half else "asymmetric"
-    y = emit_onnx(ctx, "Resize", [x, None, None, np.asarray([n, c, size[0], size[1]], np.int64)], [ctx.out(node)],
-                  {"mode": "cubic", "coordinate_transformation_mode": ctm,
-                   "cubic_coeff_a": -0.5 if half else -0.75})
-    return ctx.mark(y, True)
+    h, w = ctx.shape_of(x)[2:]
+    rows = emit_onnx(ctx, "MatMul", [x, np.ascontiguousarray(cubic_matrix(w, ow, align, half).T)],
+                     [_tmp(ctx, node, "w")])[0]
+    return ctx.mark(emit_onnx(ctx, "MatMul", [cubic_matrix(h, oh, align, half), rows], [ctx.out(node)]), True)
 
 
 @op("SpaceToBatchND", "BatchToSpaceND")
