@@ -1,4 +1,5 @@
-"""TensorFlow frontend: a Keras MobileNetV2 (.keras), a Keras ResNet-style SavedModel and a frozen .pb op zoo
+"""TensorFlow frontend: a Keras MobileNetV2 (.keras), a Keras ResNet-style SavedModel, a frozen .pb op zoo,
+Keras recurrent layers (.keras: While loops with TensorLists) and a Keras transformer block (SavedModel: einsums)
 -> .mnn -> mnntool's runtime and the real MNN runtime, compared with TensorFlow itself (cosine >= 0.9999,
 max abs <= 1e-3 x the output's scale)."""
 import os
@@ -18,10 +19,10 @@ from tests.test_cli import assert_one_line_error, run  # noqa: E402
 
 
 def _tf_outputs(name, path, g, x):
-    if name == "mobilenetv2":
+    if name in ("mobilenetv2", "rnn"):
         import keras
         return {"output": keras.models.load_model(str(path), compile=False)(x, training=False).numpy()}
-    if name == "resnet":
+    if name in ("resnet", "attention"):
         r = tf.saved_model.load(str(path)).signatures["serving_default"](**{g.inputs[0]: tf.constant(x)})
         return {k: v.numpy() for k, v in r.items()}
     gd = tf.compat.v1.GraphDef()
@@ -32,7 +33,7 @@ def _tf_outputs(name, path, g, x):
     return {o: v.numpy() for o, v in zip(g.outputs, pruned(tf.constant(x)))}
 
 
-@pytest.mark.parametrize("name", ["op_zoo", "resnet", "mobilenetv2"])
+@pytest.mark.parametrize("name", ["op_zoo", "resnet", "mobilenetv2", "rnn", "attention"])
 def test_tf_model_matches_tensorflow_in_both_runtimes(tmp_path, name):
     from fixtures.tf_models import build
     src = build(name, CACHE)

@@ -58,7 +58,7 @@ def _resolve_shape(path, name, declared, given):
 
 def _freeze(tf, fn):
     from tensorflow.python.framework.convert_to_constants import convert_variables_to_constants_v2
-    frozen = convert_variables_to_constants_v2(fn)
+    frozen = convert_variables_to_constants_v2(fn, lower_control_flow=False)     # While/If stay functional
     inputs = [t for t in frozen.inputs if t.dtype != tf.resource]
     return frozen.graph.as_graph_def(), inputs, list(frozen.outputs)
 

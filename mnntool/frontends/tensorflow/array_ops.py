@@ -57,11 +57,14 @@ def split(ctx, node, args):
         x, sizes, axis = _x(ctx, args[0]), _ints(ctx, node, args[1], "the sizes"), args[2]
         n = len(sizes)
     axis = int(_const(ctx, node, axis, "the axis").reshape(-1)[0]) % len(ctx.shape_of(x))
-    if sizes is not None and (sizes < 0).any():
-        sizes[sizes < 0] = ctx.shape_of(x)[axis] - sizes[sizes >= 0].sum()
+    dim = ctx.shape_of(x)[axis]
+    if sizes is None:
+        sizes = np.full(n, dim // n, np.int64)
+    elif (sizes < 0).any():
+        sizes[sizes < 0] = dim - sizes[sizes >= 0].sum()
     if n == 1:
-        return ctx.emit("Identity", [x], [ctx.out(node)], {})
-    return emit_onnx(ctx, "Split", [x] + ([sizes] if sizes is not None else []), _outs(ctx, node, n), {"axis": axis})
+        return ctx.emit("Identity", [ctx.tensor(x)], [ctx.out(node)], {})
+    return emit_onnx(ctx, "Split", [x, sizes], _outs(ctx, node, n), {"axis": axis})
 
 
 @op("Unpack")
@@ -69,7 +72,8 @@ def unpack(ctx, node, args):
     x = _x(ctx, args[0])
     axis = int(attr(node, "axis", 0)) % len(ctx.shape_of(x))
     n = ctx.shape_of(x)[axis]
-    parts = emit_onnx(ctx, "Split", [x], [_tmp(ctx, node, f"s{k}") for k in range(n)], {"axis": axis}) if n > 1 else [x]
+    parts = emit_onnx(ctx, "Split", [x, np.ones(n, np.int64)], [_tmp(ctx, node, f"s{k}") for k in range(n)],
+                      {"axis": axis}) if n > 1 else [x]
     return [emit_onnx(ctx, "Squeeze", [p, np.asarray([axis], np.int64)], [o])[0]
             for p, o in zip(parts, _outs(ctx, node, n))]
 
