@@ -8,7 +8,8 @@ from __future__ import annotations
 from ..ir.graph import Graph, Node
 
 NC4HW4_OPS = {"Convolution", "ConvolutionDepthwise", "Deconvolution", "DeconvolutionDepthwise", "Pooling",
-              "Scale", "Interp", "PReLU", "GridSample"}
+              "Scale", "Interp", "PReLU", "GridSample", "ROIPooling"}
+ALL_NC4HW4_INPUTS = {"ROIPooling"}      # MNN reads the regions (R, 5, 1, 1) in NC4HW4 as well
 AGNOSTIC_OPS = {"ReLU", "ReLU6", "Sigmoid", "TanH", "UnaryOp"}
 
 
@@ -37,7 +38,8 @@ class LayoutPass:
 
         for n in g.nodes:
             if n.op in NC4HW4_OPS:
-                n.inputs = [want(n.inputs[0], "NC4HW4")] + n.inputs[1:]
+                rest = [want(i, "NC4HW4") for i in n.inputs[1:]] if n.op in ALL_NC4HW4_INPUTS else n.inputs[1:]
+                n.inputs = [want(n.inputs[0], "NC4HW4")] + rest
                 fmt = "NC4HW4"
             elif n.op in AGNOSTIC_OPS and layout.get(n.inputs[0]) == "NC4HW4":
                 fmt = "NC4HW4"

@@ -9,11 +9,12 @@ import numpy as np
 from ...errors import MnnToolError
 from ...ir.graph import Graph
 from ..shaped import ShapedCtx, T
+from . import detection, structural  # noqa: F401  (they register layers)
 from .layers import LAYERS
 from .proto import messages
 
 SKIPPED = {"Input", "Accuracy", "SoftmaxWithLoss", "EuclideanLoss", "Silence"}
-NOT_FOR_INFERENCE = {"Data", "ImageData", "HDF5Data", "MemoryData", "WindowData", "DummyData", "Python"}
+NOT_FOR_INFERENCE = {"Data", "ImageData", "HDF5Data", "MemoryData", "WindowData", "Python"}
 
 
 def supported_layers() -> list[str]:
@@ -49,8 +50,34 @@ def read_net(proto: Path):
     except text_format.ParseError as e:
         raise MnnToolError(f"{proto}: not a Caffe prototxt ({str(e).splitlines()[0][:120]})") from None
     if len(net.layers) and not len(net.layer):
-        raise MnnToolError(f"{proto}: old (V1) Caffe format; upgrade it with Caffe's upgrade_net_proto_text first")
+        upgrade_v1(proto, net)
     return net
+
+
+def _v1_type(enum_name: str) -> str:
+    """CONVOLUTION -> Convolution, INNER_PRODUCT -> InnerProduct; the irregular names from a table."""
+    special = {"ABSVAL": "AbsVal", "BNLL": "BNLL", "LRN": "LRN", "MVN": "MVN", "RELU": "ReLU", "TANH": "TanH",
+               "ARGMAX": "ArgMax", "HDF5_DATA": "HDF5Data", "HDF5_OUTPUT": "HDF5Output", "IM2COL": "Im2col",
+               "SOFTMAX_LOSS": "SoftmaxWithLoss", "DUMMY_DATA": "DummyData"}
+    return special.get(enum_name) or "".join(w.capitalize() for w in enum_name.split("_"))
+
+
+def upgrade_v1(proto: Path, net) -> None:
+    """A V1 net (`layers { type: CONVOLUTION ... }`) rewritten as `layer` messages, as Caffe's
+    upgrade_net_proto_text does: the enum type becomes its name, the parameters are copied over."""
+    v1 = list(net.layers)
+    enum = messages()["V1LayerParameter"].DESCRIPTOR.enum_types_by_name["LayerType"]
+    for old in v1:
+        new = net.layer.add(name=old.name, type=_v1_type(enum.values_by_number[old.type].name))
+        new.bottom.extend(old.bottom)
+        new.top.extend(old.top)
+        new.include.extend(old.include)
+        new.exclude.extend(old.exclude)
+        new.blobs.extend(old.blobs)
+        for field, value in old.ListFields():
+            if field.name.endswith("_param"):
+                getattr(new, field.name).CopyFrom(value)
+    del net.layers[:]
 
 
 def read_weights(model: Path) -> dict[str, list[np.ndarray]]:

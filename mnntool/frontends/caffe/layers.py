@@ -174,8 +174,28 @@ def pooling(ctx, lay, blobs, bottoms, tops):
     if not kh or not kw:
         _fail(ctx, lay, "kernel size missing")
     ceil = p.ceil_mode and p.round_mode == 0
-    param = pool_param(kind, (kh, kw), (sh, sw), (ph, pw, ph, pw), bool(ceil), "INCLUDE_PADDING")
+    param = caffe_pool_param(kind, ctx.shape_of(bottoms[0])[2:], (kh, kw), (sh, sw), (ph, pw), bool(ceil))
     return ctx.emit("Pooling", [bottoms[0]], [tops[0]], param, lay.name)
+
+
+def caffe_pool_param(kind, hw, k, s, pads, ceil: bool) -> dict:
+    """Caffe's pooling: in ceil mode a last window that would start in the end padding is dropped. MNN's
+    ceil mode keeps it, so where the rule drops one the end pad is made explicit (floor mode) instead:
+    the same windows and, for averages, the same divisors."""
+    ends = []
+    for size, kk, ss, p in zip(hw, k, s, pads):
+        out = -(-(size + 2 * p - kk) // ss) + 1 if ceil else (size + 2 * p - kk) // ss + 1
+        if ceil and (out - 1) * ss >= size + p:
+            ends.append(max((out - 2) * ss + kk - size - p, 0))
+        else:
+            ends.append(None)
+    if all(e is None for e in ends):
+        return pool_param(kind, k, s, (pads[0], pads[1], pads[0], pads[1]), ceil, "INCLUDE_PADDING")
+    # every dim in floor mode: its end pad is what gives Caffe's count
+    full = [e if e is not None else ((-(-(size + 2 * p - kk) // ss) if ceil else (size + 2 * p - kk) // ss)
+                                     * ss + kk - size - p)
+            for e, size, kk, ss, p in zip(ends, hw, k, s, pads)]
+    return pool_param(kind, k, s, (pads[0], pads[1], max(full[0], 0), max(full[1], 0)), False, "INCLUDE_PADDING")
 
 
 @layer("InnerProduct")

@@ -415,3 +415,38 @@ class NonMaxSuppressionV2:
             if all(_iou(boxes[i], boxes[j]) <= iou_t for j in kept):
                 kept.append(int(i))
         return np.array(kept, np.int32)
+
+
+@define("ROIPooling", param="RoiParameters", inputs=("x", "rois"))
+class ROIPooling:
+    """Fast R-CNN's max pooling of each region (batch index, x1, y1, x2, y2 in input pixels times
+    spatialScale, rounded) into pooledHeight x pooledWidth bins; an empty bin is 0."""
+    def infer(node, ins):
+        p = node.param
+        return [Val((ins[1].shape[0], ins[0].shape[1], int(p["pooledHeight"]), int(p["pooledWidth"])), ins[0].dtype)]
+
+    def flops(node, ins, outs):
+        return numel(ins[0].shape[1:]) * (ins[1].shape[0] if ins[1].shape else 1)
+
+    def compute(node, xs):
+        p = node.param
+        x, rois = np.asarray(xs[0]), np.asarray(xs[1], np.float64).reshape(-1, 5)
+        ph_n, pw_n, scale = int(p["pooledHeight"]), int(p["pooledWidth"]), float(p["spatialScale"])
+        n, c, h, w = x.shape
+        out = np.zeros((rois.shape[0], c, ph_n, pw_n), x.dtype)
+
+        def rnd(v):                 # C's round(): halves away from zero
+            return int(np.sign(v) * np.floor(abs(v) + 0.5))
+        for r, (b, x1, y1, x2, y2) in enumerate(rois):
+            b = min(max(int(b), 0), n - 1)
+            sw, sh, ew, eh = rnd(x1 * scale), rnd(y1 * scale), rnd(x2 * scale), rnd(y2 * scale)
+            bh, bw = max(eh - sh + 1, 1) / ph_n, max(ew - sw + 1, 1) / pw_n
+            for i in range(ph_n):
+                hs = min(max(int(np.floor(i * bh)) + sh, 0), h)
+                he = min(max(int(np.ceil((i + 1) * bh)) + sh, 0), h)
+                for j in range(pw_n):
+                    ws = min(max(int(np.floor(j * bw)) + sw, 0), w)
+                    we = min(max(int(np.ceil((j + 1) * bw)) + sw, 0), w)
+                    if he > hs and we > ws:
+                        out[r, :, i, j] = x[b, :, hs:he, ws:we].max(axis=(1, 2))
+        return out
