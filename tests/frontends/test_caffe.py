@@ -93,7 +93,7 @@ def test_bad_caffe_inputs_give_one_line_errors(tmp_path):
     proto.with_suffix(".caffemodel").write_bytes(b"")
     assert_one_line_error(*run("convert", proto, out), "not a Caffe prototxt")
     proto.write_text("layers { name: 'conv' bottom: 'data' top: 'conv' }")
-    assert_one_line_error(*run("convert", proto, out), "V1")
+    assert_one_line_error(*run("convert", proto, out), "V1 layer 'conv' has no type")
     proto.write_text("input: 'data'\nlayer { name: 'r' type: 'ReLU' bottom: 'data' top: 'r' }")
     assert_one_line_error(*run("convert", proto, out), "--input-shape data:")
     assert not out.exists()

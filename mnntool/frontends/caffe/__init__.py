@@ -68,6 +68,8 @@ def upgrade_v1(proto: Path, net) -> None:
     v1 = list(net.layers)
     enum = messages()["V1LayerParameter"].DESCRIPTOR.enum_types_by_name["LayerType"]
     for old in v1:
+        if not old.type:
+            raise MnnToolError(f"{proto}: V1 layer '{old.name}' has no type")
         new = net.layer.add(name=old.name, type=_v1_type(enum.values_by_number[old.type].name))
         new.bottom.extend(old.bottom)
         new.top.extend(old.top)
