@@ -24,17 +24,30 @@ def _metrics(ref, got):
     return cos, float(np.abs(ref - got).max())
 
 
+def _random_statistics(model, rng):
+    """Batch norms with random statistics (and scale/offset where the layer has them), so that a wrong
+    fold shows: the last two weights are the moving mean and variance."""
+    import keras
+    for layer in model.layers:
+        if isinstance(layer, keras.layers.BatchNormalization):
+            ws = layer.get_weights()
+            c = ws[-1].shape[0]
+            new = [rng.random(c) * 0.5 + 0.75 if k == 0 and len(ws) == 4 else rng.standard_normal(c) * 0.1
+                   for k in range(len(ws) - 2)]
+            layer.set_weights(new + [rng.standard_normal(c) * 0.1, rng.random(c) * 0.5 + 0.75])
+
+
 def run_one(name: str, work: Path) -> dict:
     import keras
 
     import mnntool
-    from fixtures.tf_models import SEED, _randomize_bn
+    from fixtures.tf_models import SEED
     from mnntool import api
     from mnntool.runtime.mnn_backend import MnnSession
     keras.utils.set_random_seed(SEED)
     kwargs = {"input_shape": (224, 224, 3)} if name != "NASNetMobile" else {}
     m = getattr(keras.applications, name)(weights=None, **kwargs)
-    _randomize_bn(m, np.random.default_rng(SEED))
+    _random_statistics(m, np.random.default_rng(SEED))
     src = work / f"{name}.keras"
     m.save(str(src))
     x = np.random.default_rng(1).uniform(0, 255, (1,) + tuple(m.input.shape[1:])).astype(np.float32)
