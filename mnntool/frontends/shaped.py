@@ -94,6 +94,16 @@ def emit_onnx(ctx, op_type: str, inputs: list, outs: list[str], attrs: dict | No
     return [T(o) for o in outs]
 
 
+def reverse_axes(ctx, x, axes, out: str) -> T:
+    """x reversed along each axis, as a Gather of the indices backwards (a negative-step slice crashes MNN)."""
+    axes = [int(a) for a in axes]
+    for k, a in enumerate(axes):
+        n = ctx.shape_of(x)[a]
+        x = emit_onnx(ctx, "Gather", [x, np.arange(n - 1, -1, -1, dtype=np.int64)],
+                      [out if k == len(axes) - 1 else ctx.tmp(f"{out}_rev{a}")], {"axis": a})[0]
+    return x
+
+
 def conv_param(kh, kw, cout, cin, group, stride=(1, 1), dilation=(1, 1), pads=(0, 0, 0, 0)) -> dict:
     """MNN's Convolution2DCommon for explicit pads (top, left, bottom, right)."""
     top, left, bottom, right = (int(p) for p in pads)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..shaped import T, emit_onnx
+from ..shaped import T, emit_onnx, reverse_axes
 from .ops import CONST_EVAL, _const, _fail, attr, op
 
 
@@ -118,10 +118,7 @@ def reverse(ctx, node, args):
     axes = sorted({int(a) % rank for a in _ints(ctx, node, args[1], "the axes")})
     if not axes:
         return ctx.emit("Identity", [x], [ctx.out(node)], {})
-    big = np.iinfo(np.int32).max
-    n = len(axes)
-    return emit_onnx(ctx, "Slice", [x, np.full(n, -1, np.int64), np.full(n, -big, np.int64),
-                                    np.asarray(axes, np.int64), np.full(n, -1, np.int64)], [ctx.out(node)])
+    return [reverse_axes(ctx, x, axes, ctx.out(node))]
 
 
 @op("TopKV2")

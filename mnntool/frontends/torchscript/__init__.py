@@ -12,7 +12,7 @@ from pathlib import Path
 from ...errors import MnnToolError
 from ...ir.graph import Graph
 from ..shaped import T
-from . import control, math, nn, onnx_like, prim, tensor  # noqa: F401  (registration)
+from . import control, math, nn, onnx_like, pointwise, prim, tensor  # noqa: F401  (registration)
 from .context import ATEN, TorchCtx, _ivalue, torch_for
 
 
