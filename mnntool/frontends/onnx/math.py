@@ -222,8 +222,8 @@ def where(ctx, node, a):
     ins = list(node.input)
     shapes = [ctx.shape(i) if ctx.shape(i) is not None else
               (tuple(ctx.g.constants[i].shape) if i in ctx.g.constants else None) for i in ins]
-    if all(s is not None for s in shapes):
-        full = tuple(np.broadcast_shapes(*shapes))
+    if all(s is not None and all(isinstance(d, (int, np.integer)) for d in s) for s in shapes):
+        full = tuple(np.broadcast_shapes(*[tuple(int(d) for d in s) for s in shapes]))
         for k, (i, s) in enumerate(zip(ins, shapes)):
             if tuple(s) != full and int(np.prod(s)) != 1:
                 wide = ctx.tmp(f"{node.output[0]}_in{k}")
