@@ -164,6 +164,7 @@ def test_layer_matches_caffe_formula_in_both_runtimes(tmp_path, case):
     b = _net(case.split("_")[0], {k: v.shape for k, v in inputs.items()}, params, blobs)
     _, ours, theirs = _run(tmp_path, b, inputs, ["L"])
     ref = np.asarray(ref_fn(inputs), np.float32)
+    assert ours["L"].shape == theirs["L"].shape == ref.shape
     assert_close(ref, ours["L"])
     assert_close(ref, theirs["L"])
 

@@ -182,20 +182,17 @@ def caffe_pool_param(kind, hw, k, s, pads, ceil: bool) -> dict:
     """Caffe's pooling: in ceil mode a last window that would start in the end padding is dropped. MNN's
     ceil mode keeps it, so where the rule drops one the end pad is made explicit (floor mode) instead:
     the same windows and, for averages, the same divisors."""
-    ends = []
+    outs, dropped = [], False
     for size, kk, ss, p in zip(hw, k, s, pads):
         out = -(-(size + 2 * p - kk) // ss) + 1 if ceil else (size + 2 * p - kk) // ss + 1
         if ceil and (out - 1) * ss >= size + p:
-            ends.append(max((out - 2) * ss + kk - size - p, 0))
-        else:
-            ends.append(None)
-    if all(e is None for e in ends):
+            out, dropped = out - 1, True
+        outs.append(out)
+    if not dropped:
         return pool_param(kind, k, s, (pads[0], pads[1], pads[0], pads[1]), ceil, "INCLUDE_PADDING")
-    # every dim in floor mode: its end pad is what gives Caffe's count
-    full = [e if e is not None else ((-(-(size + 2 * p - kk) // ss) if ceil else (size + 2 * p - kk) // ss)
-                                     * ss + kk - size - p)
-            for e, size, kk, ss, p in zip(ends, hw, k, s, pads)]
-    return pool_param(kind, k, s, (pads[0], pads[1], max(full[0], 0), max(full[1], 0)), False, "INCLUDE_PADDING")
+    # floor mode in every dim, each end pad what makes Caffe's count of windows
+    ends = [max((o - 1) * ss + kk - size - p, 0) for o, size, kk, ss, p in zip(outs, hw, k, s, pads)]
+    return pool_param(kind, k, s, (pads[0], pads[1], ends[0], ends[1]), False, "INCLUDE_PADDING")
 
 
 @layer("InnerProduct")

@@ -189,10 +189,11 @@ def argmax(ctx, lay, blobs, bottoms, tops):
         return emit_onnx(ctx, "Cast", [idx], [tops[0]], {"to": 1})
     flat = ctx.reshape(x, [shape[0], 1, -1], _tmp(ctx, lay, "flat"))[0]
     vals, idx = emit_onnx(ctx, "TopK", [flat, k], [_tmp(ctx, lay, "v"), _tmp(ctx, lay, "i")], {"axis": -1})
-    fidx = _e(ctx, lay, "Cast", [idx], "fi", to=1)
-    if not p.out_max_val:
-        return emit_onnx(ctx, "Identity", [fidx], [tops[0]])
-    return emit_onnx(ctx, "Concat", [fidx, vals], [tops[0]], {"axis": 1})
+    y = _e(ctx, lay, "Cast", [idx], "fi", to=1)
+    if p.out_max_val:
+        y = _e(ctx, lay, "Concat", [y, vals], "iv", axis=1)
+    # Caffe's top keeps the bottom's rank: (N, 1 or 2, k, 1, ...)
+    return ctx.reshape(y, [shape[0], 2 if p.out_max_val else 1, int(p.top_k)] + [1] * (len(shape) - 3), tops[0])
 
 
 @layer("SPP")
@@ -211,7 +212,7 @@ def spp(ctx, lay, blobs, bottoms, tops):
         bins = 2 ** lv
         kh, kw = -(-h // bins), -(-w // bins)
         ph, pw = (kh * bins - h + 1) // 2, (kw * bins - w + 1) // 2
-        if lv == 0 and levels > 0 and bins == 1:
+        if lv == 0:                 # one bin: the whole map
             param = pool_param(kind, is_global=True)
         else:
             param = caffe_pool_param(kind, (h, w), (kh, kw), (kh, kw), (ph, pw), True)
