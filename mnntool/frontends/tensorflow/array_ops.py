@@ -35,13 +35,17 @@ def fill(ctx, node, args):
     return emit_onnx(ctx, "Expand", [_x(ctx, args[1]), _ints(ctx, node, args[0], "the dims")], [ctx.out(node)])
 
 
-@op("Slice")
-def slice_(ctx, node, args):
-    x = _x(ctx, args[0])
-    begin, size = _ints(ctx, node, args[1], "the begin"), _ints(ctx, node, args[2], "the size")
+def slice_begin_size(ctx, x, begin, size, outs):
+    """TensorFlow's (and TFLite's) Slice: a size of -1 runs to the end."""
     shape = ctx.shape_of(x)
     end = np.asarray([shape[k] if s < 0 else b + s for k, (b, s) in enumerate(zip(begin, size))], np.int64)
-    return emit_onnx(ctx, "Slice", [x, begin, end, np.arange(len(begin), dtype=np.int64)], [ctx.out(node)])
+    return emit_onnx(ctx, "Slice", [x, begin, end, np.arange(len(begin), dtype=np.int64)], outs)
+
+
+@op("Slice")
+def slice_(ctx, node, args):
+    return slice_begin_size(ctx, _x(ctx, args[0]), _ints(ctx, node, args[1], "the begin"),
+                            _ints(ctx, node, args[2], "the size"), [ctx.out(node)])
 
 
 def _outs(ctx, node, n):
@@ -56,26 +60,36 @@ def split(ctx, node, args):
     else:
         x, sizes, axis = _x(ctx, args[0]), _ints(ctx, node, args[1], "the sizes"), args[2]
         n = len(sizes)
-    axis = int(_const(ctx, node, axis, "the axis").reshape(-1)[0]) % len(ctx.shape_of(x))
+    axis = int(_const(ctx, node, axis, "the axis").reshape(-1)[0])
+    return split_sizes(ctx, x, axis, sizes, _outs(ctx, node, n))
+
+
+def split_sizes(ctx, x, axis: int, sizes, outs):
+    """TensorFlow's (and TFLite's) Split/SplitV: equal parts without sizes, a -1 size takes the rest."""
+    axis %= len(ctx.shape_of(x))
     dim = ctx.shape_of(x)[axis]
     if sizes is None:
-        sizes = np.full(n, dim // n, np.int64)
+        sizes = np.full(len(outs), dim // len(outs), np.int64)
     elif (sizes < 0).any():
         sizes[sizes < 0] = dim - sizes[sizes >= 0].sum()
-    if n == 1:
-        return ctx.emit("Identity", [ctx.tensor(x)], [ctx.out(node)], {})
-    return emit_onnx(ctx, "Split", [x, sizes], _outs(ctx, node, n), {"axis": axis})
+    if len(outs) == 1:
+        return ctx.emit("Identity", [ctx.tensor(x)], outs, {})
+    return emit_onnx(ctx, "Split", [x, sizes], outs, {"axis": axis})
 
 
 @op("Unpack")
 def unpack(ctx, node, args):
     x = _x(ctx, args[0])
     axis = int(attr(node, "axis", 0)) % len(ctx.shape_of(x))
+    return unstack(ctx, x, axis, _outs(ctx, node, ctx.shape_of(x)[axis]))
+
+
+def unstack(ctx, x, axis: int, outs):
+    """x's slices along `axis`, that axis dropped (Unpack, TFLite's UNPACK)."""
     n = ctx.shape_of(x)[axis]
-    parts = emit_onnx(ctx, "Split", [x, np.ones(n, np.int64)], [_tmp(ctx, node, f"s{k}") for k in range(n)],
+    parts = emit_onnx(ctx, "Split", [x, np.ones(n, np.int64)], [ctx.tmp(f"{outs[0]}_s{k}") for k in range(n)],
                       {"axis": axis}) if n > 1 else [x]
-    return [emit_onnx(ctx, "Squeeze", [p, np.asarray([axis], np.int64)], [o])[0]
-            for p, o in zip(parts, _outs(ctx, node, n))]
+    return [emit_onnx(ctx, "Squeeze", [p, np.asarray([axis], np.int64)], [o])[0] for p, o in zip(parts, outs)]
 
 
 @op("GatherV2", "Gather")

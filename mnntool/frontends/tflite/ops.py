@@ -13,6 +13,7 @@ from ...ir.ops.nn import pool_param
 from ...registry import registrar
 from ..shaped import T, conv_op, conv_param, emit_onnx
 from ..tensorflow.context import NHWC_AXIS_IN_NCHW, TfCtx
+from ..tensorflow.array_ops import slice_begin_size, split_sizes, unstack
 from ..tensorflow.nn_ops import deconv, depth_space, lrn
 from ..tensorflow.ops import _align, _axes, _const, _fail, interp_param, same_pads_2d
 
@@ -335,9 +336,7 @@ def pack(ctx: TfCtx, o, args, outs):
 @op("UNPACK")
 def unpack(ctx: TfCtx, o, args, outs):
     x = ctx.tensor(ctx.as_nhwc(args[0]))
-    axis = int(o.opts["axis"]) % len(ctx.shape_of(x))
-    parts = emit_onnx(ctx, "Split", [x], [ctx.tmp(f"{outs[0]}_s{k}") for k in range(len(outs))], {"axis": axis})
-    return [emit_onnx(ctx, "Squeeze", [p, np.asarray([axis], np.int64)], [out])[0] for p, out in zip(parts, outs)]
+    return unstack(ctx, x, int(o.opts["axis"]) % len(ctx.shape_of(x)), outs)
 
 
 @op("SPLIT", "SPLIT_V")
@@ -348,10 +347,7 @@ def split(ctx: TfCtx, o, args, outs):
         x, sizes, axis = args
         sizes = _const(ctx, o, sizes, "the sizes").astype(np.int64).reshape(-1)
     x = ctx.tensor(ctx.as_nhwc(x))
-    axis = int(_const(ctx, o, axis, "the axis").reshape(-1)[0]) % len(ctx.shape_of(x))
-    if sizes is not None and (sizes < 0).any():
-        sizes[sizes < 0] = ctx.shape_of(x)[axis] - sizes[sizes >= 0].sum()
-    return emit_onnx(ctx, "Split", [x] + ([sizes] if sizes is not None else []), outs, {"axis": axis})
+    return split_sizes(ctx, x, int(_const(ctx, o, axis, "the axis").reshape(-1)[0]), sizes, outs)
 
 
 @op("SLICE")
@@ -359,9 +355,7 @@ def slice_(ctx: TfCtx, o, args, outs):
     x = ctx.tensor(ctx.as_nhwc(args[0]))
     begin = _const(ctx, o, args[1], "the begin").astype(np.int64).reshape(-1)
     size = _const(ctx, o, args[2], "the size").astype(np.int64).reshape(-1)
-    shape = ctx.shape_of(x)
-    end = np.asarray([shape[k] if s < 0 else b + s for k, (b, s) in enumerate(zip(begin, size))], np.int64)
-    return emit_onnx(ctx, "Slice", [x, begin, end, np.arange(len(begin), dtype=np.int64)], outs)
+    return slice_begin_size(ctx, x, begin, size, outs)
 
 
 @op("STRIDED_SLICE")
