@@ -147,7 +147,8 @@ def load_tensorflow(path, input_shapes: dict) -> Graph:
         functions = flat.functions
     bodies = _body_functions(nodes, functions)
     inner = [n for f in bodies for n in f.node_def]
-    refuse_io(path, nodes + inner, " (inside a loop or branch body)" if inner else "")
+    refuse_io(path, nodes)
+    refuse_io(path, inner, " (inside a loop or branch body)")
     unknown = set(input_shapes) - {public for _, public, _ in specs}
     if unknown:
         raise MnnToolError(f"{path}: --input-shape names {', '.join(sorted(unknown))}, but the inputs are "

@@ -13,7 +13,7 @@ import numpy as np
 from ...errors import MnnToolError
 from ..shaped import T, emit_onnx
 from ..unrolled import fold, folded, unroll
-from .inline import flat_body
+from .inline import MAX_DEPTH, flat_body
 from .ops import CONST_EVAL, OPS, _const, _fail, attr, op
 
 CALL_OPS = {"StatefulPartitionedCall", "PartitionedCall"}
@@ -96,8 +96,8 @@ def call(ctx, fname: str, values: list, where: str) -> list:
     body, rets = flat_body(fdef, ctx.functions)
     ctx.loops.nesting += 1          # a function that calls itself is stopped by the nesting bound
     try:
-        if ctx.loops.nesting > 64:
-            raise MnnToolError(f"{ctx.path}: {where}: function calls nest deeper than 64")
+        if ctx.loops.nesting > MAX_DEPTH:
+            raise MnnToolError(f"{ctx.path}: {where}: function calls nest deeper than {MAX_DEPTH}")
         env = {f"{a}:0": v for a, v in zip(args, values)}
         run_nodes(ctx, _ordered(ctx.path, body), env)
     finally:

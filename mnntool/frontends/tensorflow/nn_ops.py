@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..shaped import conv_param, emit_onnx
-from .ops import OPS, _const, _fail, _nhwc_attr, _same_pads, _spatial_in, attr, bias_add, op, pool
+from .ops import OPS, _const, _fail, _nhwc_attr, _same_pads, _spatial_in, attr, bias_add, op, pool_2d
 
 
 def _tmp(ctx, node, tag):
@@ -106,13 +106,9 @@ def pool3d(ctx, node, args):
 @op("MaxPoolV2")
 def max_pool_v2(ctx, node, args):
     """MaxPool with ksize and strides as operands: the same op once they are known."""
-    for key, v in (("ksize", args[1]), ("strides", args[2])):
-        node.attr[key].list.i[:] = [int(i) for i in _const(ctx, node, v, key).reshape(-1)]
-    node.op = "MaxPool"
-    try:
-        return pool(ctx, node, args[:1])
-    finally:
-        node.op = "MaxPoolV2"
+    ksize, strides = (_const(ctx, node, v, key).reshape(-1).tolist() for v, key in ((args[1], "ksize"),
+                                                                                     (args[2], "strides")))
+    return pool_2d(ctx, node, args[0], ksize, strides, "MAXPOOL")
 
 
 OPS["BiasAddV1"] = bias_add

@@ -50,8 +50,7 @@ def _const(ctx, node, v, what):
 # ---- layout-sensitive ops: outputs are NCHW in the IR -------------------------------------------------------
 
 def _nhwc_attr(ctx, node, key, default):
-    v = attr(node, key, default)
-    return (v[2], v[3]) if attr(node, "data_format", "NHWC") == "NCHW" else (v[1], v[2])
+    return _hw(node, attr(node, key, default))
 
 
 def _same_pads(size, k, s, d=1):
@@ -120,15 +119,24 @@ def fused_batch_norm(ctx, node, args):
     return ctx.mark(out, not native) + [None] * 5
 
 
-@op("MaxPool", "AvgPool")
-def pool(ctx, node, args):
-    x, native = _spatial_in(ctx, node, args[0])
-    k, stride = _nhwc_attr(ctx, node, "ksize", [1] * 4), _nhwc_attr(ctx, node, "strides", [1] * 4)
+def _hw(node, v):
+    """The H, W entries of a 4-vector in the op's data format."""
+    return (v[2], v[3]) if attr(node, "data_format", "NHWC") == "NCHW" else (v[1], v[2])
+
+
+def pool_2d(ctx, node, x, ksize, strides, kind: str):
+    x, native = _spatial_in(ctx, node, x)
+    k, stride = _hw(node, ksize), _hw(node, strides)
     h, w = ctx.shape_of(x)[2:]
     t, l, b, r = _pads(ctx, node, (h, w), k, stride, (1, 1))
-    param = pool_param("MAXPOOL" if node.op == "MaxPool" else "AVEPOOL", k, stride, (t, l, b, r),
-                       count="EXCLUDE_PADDING")
+    param = pool_param(kind, k, stride, (t, l, b, r), count="EXCLUDE_PADDING")
     return ctx.mark(ctx.emit("Pooling", [x], [ctx.out(node)], param, node.name), not native)
+
+
+@op("MaxPool", "AvgPool")
+def pool(ctx, node, args):
+    return pool_2d(ctx, node, args[0], attr(node, "ksize", [1] * 4), attr(node, "strides", [1] * 4),
+                   "MAXPOOL" if node.op == "MaxPool" else "AVEPOOL")
 
 
 def interp_param(bilinear: bool, align: bool, half: bool, size) -> dict:

@@ -130,7 +130,6 @@ def read_saved_model(path: Path, resolve_shape, shapes: dict):
             del n.input[:]
             n.op = "Const"
         nodes = flat.needed(refs)
-    refuse_io(path, nodes)
     specs = []
     for key in sorted(sig.inputs):
         info = sig.inputs[key]
