@@ -8,8 +8,10 @@ from __future__ import annotations
 from ..ir.graph import Graph, Node
 
 NC4HW4_OPS = {"Convolution", "ConvolutionDepthwise", "Deconvolution", "DeconvolutionDepthwise", "Pooling",
-              "Scale", "Interp", "PReLU", "GridSample", "ROIPooling"}
-ALL_NC4HW4_INPUTS = {"ROIPooling"}      # MNN reads the regions (R, 5, 1, 1) in NC4HW4 as well
+              "Scale", "Interp", "PReLU", "GridSample", "ROIPooling", "DetectionOutput"}
+# MNN reads ROIPooling's regions (R, 5, 1, 1) and all of DetectionOutput's inputs in NC4HW4 as well
+ALL_NC4HW4_INPUTS = {"ROIPooling", "DetectionOutput"}
+RUN_TIME_ROWS = {"DetectionOutput"}
 AGNOSTIC_OPS = {"ReLU", "ReLU6", "Sigmoid", "TanH", "UnaryOp"}
 
 
@@ -54,9 +56,11 @@ class LayoutPass:
             for o in n.outputs:
                 layout[o] = fmt
                 g.info(o).layout = fmt
-        # graph outputs must be NCHW and keep their names
+        # graph outputs must be NCHW and keep their names, except those whose row count MNN sets as the op
+        # runs: a conversion after them was sized before, and would read stale rows
+        sized_at_run_time = {o for n in nodes if n.op in RUN_TIME_ROWS for o in n.outputs}
         for k, out in enumerate(g.outputs):
-            if layout.get(out) == "NC4HW4":
+            if layout.get(out) == "NC4HW4" and out not in sized_at_run_time:
                 producer = next(n for n in nodes if out in n.outputs)
                 inner = g.fresh_name(f"{out}__nc4hw4")
                 producer.outputs[producer.outputs.index(out)] = inner

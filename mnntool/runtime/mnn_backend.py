@@ -45,6 +45,9 @@ class MnnSession:
                                f"{len(self.outputs)} outputs)")
         result = {}
         for name, o in zip(self.outputs, outs):
+            if 0 in list(o.shape):         # MNN's read() fails on an empty tensor (no detections)
+                result[name] = np.zeros(list(o.shape), np.float32)
+                continue
             if o.data_format == expr.NC4HW4:
                 o = expr.convert(o, expr.NCHW)
             result[name] = np.array(o.read()).copy()

@@ -79,11 +79,11 @@ def test_bad_caffe_inputs_give_one_line_errors(tmp_path):
     from fixtures.caffe_models import NetBuilder
     b = NetBuilder("odd")
     x = b.input("data", [1, 3, 8, 8])
-    b.simple("det", "DetectionOutput", [x], (1, 3, 8, 8))
+    b.simple("det", "PSROIPooling", [x], (1, 3, 8, 8))
     b.simple("prop", "Proposal", ["det"], (1, 3, 8, 8))
     proto = b.save(tmp_path)
     out = tmp_path / "o.mnn"
-    assert_one_line_error(*run("convert", proto, out), "unsupported Caffe layers", "DetectionOutput ('det')",
+    assert_one_line_error(*run("convert", proto, out), "unsupported Caffe layers", "PSROIPooling ('det')",
                           "Proposal ('prop')")
     proto.with_suffix(".caffemodel").write_bytes(b"\xff\xff\xff garbage")
     assert_one_line_error(*run("convert", proto, out), "not a Caffe caffemodel")

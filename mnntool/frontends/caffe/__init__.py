@@ -166,6 +166,11 @@ def load_caffe(path, input_shapes: dict, weights=None) -> Graph:
                                f"({type(e).__name__}: {e})") from None
         for top, out in zip(lay.top, outs):
             env[top] = T(out)
+    sized_at_run_time = {o for n in g.nodes if n.op == "DetectionOutput" for o in n.outputs}
+    for n in g.nodes:
+        if sized_at_run_time & set(n.inputs):
+            raise MnnToolError(f"{proto}: layer '{n.name}' reads a DetectionOutput's result: MNN sizes the layers "
+                               "after it before it runs, so it must be an output of the net")
     used = {i for n in g.nodes for i in n.inputs}
     for lay in layers:
         for top in lay.top:

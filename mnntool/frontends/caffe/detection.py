@@ -1,9 +1,10 @@
 """Caffe's detection layers: SSD's PriorBox (a constant: it depends only on shapes and parameters) and
-Fast R-CNN's ROIPooling (MNN's ROIPooling op)."""
+DetectionOutput (MNN's DetectionOutput op), Fast R-CNN's ROIPooling (MNN's ROIPooling op)."""
 from __future__ import annotations
 
 import numpy as np
 
+from ..onnx.context import Ctx
 from .layers import _fail, layer
 
 
@@ -62,3 +63,51 @@ def roi_pooling(ctx, lay, blobs, bottoms, tops):
     return ctx.emit("ROIPooling", [bottoms[0], rois], [tops[0]],
                     {"pooledWidth": int(p.pooled_w), "pooledHeight": int(p.pooled_h),
                      "spatialScale": float(p.spatial_scale), "poolType": "MAXPOOL"}, lay.name)
+
+
+CENTER_SIZE = 2
+
+
+@layer("DetectionOutput")
+def detection_output(ctx, lay, blobs, bottoms, tops):
+    """MNN's DetectionOutput implements one configuration of SSD's layer (see the IR op); anything else is
+    refused rather than converted to a different meaning. MNN runs NMS over every box above the
+    confidence threshold, where Caffe first keeps the nms top_k best per class: the kept boxes among those
+    top_k are the same, MNN may add lower-scored ones. Rows come best first over all classes (Caffe groups
+    them by class); the image index column is 0 (one image)."""
+    p = lay.detection_output_param
+    if len(bottoms) != 3:
+        _fail(ctx, lay, f"{len(bottoms)} bottoms (location, confidence, priors expected; ARM refinement inputs "
+                        "are not supported)")
+    if not p.num_classes:
+        _fail(ctx, lay, "num_classes must be set")
+    for bad, what in ((not p.share_location, "share_location: false"),
+                      (p.background_label_id != 0, f"background_label_id {p.background_label_id}"),
+                      (p.code_type != CENTER_SIZE, f"code_type {p.code_type} (only CENTER_SIZE = 2)"),
+                      (p.variance_encoded_in_target, "variance_encoded_in_target: true"),
+                      (not p.normalized_bbox, "normalized_bbox: false"),
+                      (p.nms_param.eta != 1.0, f"adaptive NMS (eta {p.nms_param.eta})")):
+        if bad:
+            _fail(ctx, lay, f"{what} is not supported (MNN's DetectionOutput decodes shared CENTER_SIZE boxes "
+                            "with class 0 as the background)")
+    if ctx.shape_of(bottoms[0])[0] != 1:
+        _fail(ctx, lay, "MNN's DetectionOutput reads one image: the batch must be 1")
+    priors = ctx.shape_of(bottoms[2])
+    count = int(np.prod(priors)) // 8
+    if int(np.prod(ctx.shape_of(bottoms[0]))) != count * 4:
+        _fail(ctx, lay, f"{count} priors but {int(np.prod(ctx.shape_of(bottoms[0])))} location values")
+    if int(np.prod(ctx.shape_of(bottoms[1]))) != count * p.num_classes:
+        _fail(ctx, lay, f"{count} priors x {p.num_classes} classes but "
+                        f"{int(np.prod(ctx.shape_of(bottoms[1])))} confidences")
+    # MNN reads all three in NC4HW4 and matches the location's channels with the priors' height
+    loc = ctx.reshape(bottoms[0], [1, count * 4, 1, 1], ctx.tmp(lay.name + "_loc"))[0]
+    conf = ctx.reshape(bottoms[1], [1, count * p.num_classes, 1, 1], ctx.tmp(lay.name + "_conf"))[0]
+    pri = ctx.reshape(bottoms[2], [1, 2, count * 4, 1], ctx.tmp(lay.name + "_priors"))[0]
+    keep = int(p.keep_top_k) if p.keep_top_k > 0 else count * (int(p.num_classes) - 1)
+    nms_top_k = int(p.nms_param.top_k) if p.nms_param.HasField("top_k") else -1
+    # how many rows is known only at run time: emitted without shape inference
+    return Ctx.emit(ctx, "DetectionOutput", [loc, conf, pri], [tops[0]],
+                    {"classCount": int(p.num_classes), "nmsThresholdold": float(p.nms_param.nms_threshold),
+                     "nmsTopK": nms_top_k, "keepTopK": keep,
+                     "confidenceThreshold": float(p.confidence_threshold), "shareLocation": 1,
+                     "backgroundLable": 0, "varianceEncodedTarget": 0, "codeType": CENTER_SIZE}, lay.name)

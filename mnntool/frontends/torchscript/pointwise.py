@@ -94,13 +94,13 @@ def glu(ctx, node, args):
 
 
 BINARY = {"aten::maximum": "Max", "aten::minimum": "Min", "aten::logical_and": "And", "aten::logical_or": "Or",
-          "aten::logical_xor": "Xor", "aten::remainder": "Mod"}
+          "aten::logical_xor": "Xor", "aten::remainder": "Mod", "aten::fmod": "Mod"}
 
 
 @aten(*BINARY)
 def binary(ctx, node, args):
     a, b = like_tensor(ctx, args[0], args[1]), like_tensor(ctx, args[1], args[0])
-    attrs = {"fmod": 0} if BINARY[node.kind()] == "Mod" else {}
+    attrs = {"fmod": int(node.kind() == "aten::fmod")} if BINARY[node.kind()] == "Mod" else {}
     return onnx_op(ctx, node, BINARY[node.kind()], [a, b], attrs)
 
 

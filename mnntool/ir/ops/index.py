@@ -450,3 +450,71 @@ class ROIPooling:
                     if he > hs and we > ws:
                         out[r, :, i, j] = x[b, :, hs:he, ws:we].max(axis=(1, 2))
         return out
+
+
+def _decode_center_size(priors: np.ndarray, variances: np.ndarray, loc: np.ndarray) -> np.ndarray:
+    """SSD's CENTER_SIZE decoding of (P, 4) offsets against (P, 4) corner priors, in float32 as MNN."""
+    f = np.float32
+    pw, ph = priors[:, 2] - priors[:, 0], priors[:, 3] - priors[:, 1]
+    pcx, pcy = (priors[:, 0] + priors[:, 2]) * f(0.5), (priors[:, 1] + priors[:, 3]) * f(0.5)
+    cx = variances[:, 0] * loc[:, 0] * pw + pcx
+    cy = variances[:, 1] * loc[:, 1] * ph + pcy
+    w = np.exp(variances[:, 2] * loc[:, 2]) * pw
+    h = np.exp(variances[:, 3] * loc[:, 3]) * ph
+    return np.stack([cx - w * f(0.5), cy - h * f(0.5), cx + w * f(0.5), cy + h * f(0.5)], 1).astype(f)
+
+
+def _nms_corners(boxes: np.ndarray, threshold: float, limit: int) -> list[int]:
+    """Greedy NMS over boxes already sorted by score, as MNN's DetectionOutput: IoU of (xmin, ymin, xmax,
+    ymax) boxes, a box dropped when its IoU with a kept one exceeds the threshold; at most `limit` kept."""
+    kept: list[int] = []
+    area = (boxes[:, 2] - boxes[:, 0]) * (boxes[:, 3] - boxes[:, 1])
+    for i in range(boxes.shape[0]):
+        if len(kept) >= limit:
+            break
+        if kept:
+            k = np.asarray(kept)
+            b = boxes[k]
+            disjoint = ((boxes[i, 0] > b[:, 2]) | (boxes[i, 2] < b[:, 0]) | (boxes[i, 1] > b[:, 3])
+                        | (boxes[i, 3] < b[:, 1]))
+            inter = ((np.minimum(boxes[i, 2], b[:, 2]) - np.maximum(boxes[i, 0], b[:, 0]))
+                     * (np.minimum(boxes[i, 3], b[:, 3]) - np.maximum(boxes[i, 1], b[:, 1])))
+            inter = np.where(disjoint, np.float32(0), inter)
+            with np.errstate(divide="ignore", invalid="ignore"):
+                iou = inter / (area[i] + area[k] - inter)
+            if np.any(iou > threshold):
+                continue
+        kept.append(i)
+    return kept
+
+
+@define("DetectionOutput", param="DetectionOutput", inputs=("loc", "conf", "priors"))
+class DetectionOutput:
+    """SSD's detection head as MNN runs it (one image, boxes shared by the classes, CENTER_SIZE code, class
+    0 the background): decode every prior, keep per class (1..C-1) the boxes scoring above the confidence
+    threshold, NMS them (at most keepTopK), then keep the keepTopK best over all classes. Rows are
+    (label, score, xmin, ymin, xmax, ymax), best first; how many is known only at run time."""
+    def infer(node, ins):
+        raise ValueError("the count is known only at run time")
+
+    def compute(node, xs):
+        p = node.param
+        f = np.float32
+        classes, keep = int(p["classCount"]), int(p["keepTopK"])
+        thr, conf_t = float(p.get("nmsThresholdold", 0.0)), float(p.get("confidenceThreshold", 0.0))
+        pri = np.asarray(xs[2], f).reshape(2, -1)
+        priors, variances = pri[0].reshape(-1, 4), pri[1].reshape(-1, 4)
+        count = priors.shape[0]
+        loc = np.asarray(xs[0], f).reshape(-1)[:count * 4].reshape(count, 4)
+        conf = np.asarray(xs[1], f).reshape(-1)[:count * classes].reshape(count, classes)
+        boxes = _decode_center_size(priors, variances, loc)
+        rows = []
+        for c in range(1, classes):
+            cand = np.nonzero(conf[:, c] > conf_t)[0]
+            cand = cand[np.argsort(-conf[cand, c], kind="stable")]
+            for i in _nms_corners(boxes[cand], thr, keep):
+                j = cand[i]
+                rows.append((f(c), conf[j, c], *boxes[j]))
+        rows.sort(key=lambda r: -r[1])
+        out = np.asarray(rows[:keep], f).reshape(-1, 6)
+        return out.reshape(1, 1, -1, 6)
