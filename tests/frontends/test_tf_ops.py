@@ -288,8 +288,26 @@ def _assert(x):
         return tf.identity(x) + 1.0
 
 
+def _run_time_loop(x):
+    return tf.while_loop(lambda a: tf.reduce_sum(a) < 100.0, lambda a: a * 2.0 + 1.0, [x])[0]
+
+
+def _run_time_count(x):
+    """A counter against a count computed from the input, a convolution (its weights a loop constant) and
+    the counter cast to float in the body."""
+    n = tf.cast(tf.reduce_max(x) * 3.0, tf.int32)
+    w = tf.constant(np.random.default_rng(0).standard_normal((3, 3, 4, 4)).astype(np.float32) * 0.2)
+
+    def body(i, a):
+        return i + 1, tf.nn.relu(tf.nn.conv2d(a, w, 1, "SAME")) + tf.cast(i, tf.float32) * 0.1
+    return tf.while_loop(lambda i, a: i < n, body, [tf.constant(0), x])[1]
+
+
 X34 = u(3, 4)
 CONTROL = {
+    "While_run_time": ("StatelessWhile", _run_time_loop, [np.abs(u(2, 3))], None),
+    "While_run_time_stateful": ("While", _run_time_loop, [np.abs(u(2, 3))], {"StatelessWhile": "While"}),
+    "While_run_time_count": ("StatelessWhile", _run_time_count, [np.abs(u(1, 5, 6, 4))], None),
     "StatelessWhile": ("StatelessWhile", _loop, [u(2, 3)], None),
     "While": ("While", _loop, [u(2, 3)], {"StatelessWhile": "While"}),
     "StatelessIf_true": ("StatelessIf", _cond, [np.abs(X34)], None),
@@ -322,12 +340,13 @@ def test_tensor_list_ops_are_all_exercised(tmp_path):
     assert set(TENSOR_LIST_OPS) <= held, sorted(set(TENSOR_LIST_OPS) - held)
 
 
-def test_run_time_loop_condition_is_refused(tmp_path):
+def test_loop_variable_changing_shape_at_run_time_is_refused(tmp_path):
     from mnntool.errors import MnnToolError
 
     def fn(x):
-        return tf.while_loop(lambda a: tf.reduce_sum(a) < 100.0, lambda a: a * 2.0 + 1.0, [x])[0]
+        return tf.while_loop(lambda a: tf.reduce_sum(a) < 100.0, lambda a: tf.concat([a, a + 1.0], 0), [x],
+                             shape_invariants=[tf.TensorShape([None, 3])])[0]
     path, _ = save_pb(tmp_path, fn, [u(2, 3)])
-    with pytest.raises(MnnToolError, match="loop condition depends on run-time values"):
+    with pytest.raises(MnnToolError, match=r"loop variable 2 changes shape from \(2, 3\) to \(4, 3\)"):
         api.convert(path, tmp_path / "o.mnn")
     assert not (tmp_path / "o.mnn").exists()

@@ -118,8 +118,76 @@ def partitioned_call(ctx, node, args):
 def while_(ctx, node, args):
     cond, body = node.attr["cond"].func.name, node.attr["body"].func.name
     what = f"{ctx.path}: {_where(node)}"
+    first = call(ctx, cond, list(args), _where(node))[0]
+    if isinstance(first, T):
+        return _looped(ctx, node, cond, body, list(args), first)
     return unroll(ctx.loops, what, lambda vs: call(ctx, cond, vs, _where(node))[0],
                   lambda vs: call(ctx, body, vs, _where(node)), list(args))
+
+
+def _looped(ctx, node, cond: str, body: str, args: list, first: T) -> list:
+    """A loop whose condition is known only at run time, as MNN's While (ONNX Loop form): the body graph
+    runs the TF body and then the condition on its results, giving [condition, carried...]. TF passes
+    the constants a loop reads (weights) as loop variables: those the body returns unchanged stay
+    constants inside it; the others (a counter's start) are carried."""
+    if any(isinstance(a, TensorList) for a in args):
+        _fail(ctx, node, "a loop over a TensorList needs a condition known at conversion")
+    carried = {k for k, a in enumerate(args) if isinstance(a, T)}
+    while True:
+        sub, again, new = _loop_body(ctx, node, cond, body, args, carried)
+        varying = {k for k, a in enumerate(args) if k not in carried
+                   and (isinstance(new[k], T) or not np.array_equal(np.asarray(new[k]), np.asarray(a)))}
+        if not varying:
+            break
+        carried |= varying
+    order = sorted(carried)
+    outs = []
+    for k, v in enumerate([again] + [new[k] for k in order]):    # each body output a tensor of its own
+        v = sub.ctx.tensor(v)
+        if v in sub.inputs or v in outs or v in sub.constants:
+            v = sub.ctx.emit("Identity", [v], [sub.ctx.tmp(f"{sub.name}/out{k}")])[0]
+        outs.append(v)
+    sub.outputs = list(outs)
+    del sub.ctx
+    limit = ctx.tensor(np.asarray(2 ** 30, np.int32), node.name + "_max_trips")
+    inputs = [ctx.tensor(ctx.as_nhwc(args[k])) for k in order]
+    results = ctx.emit("While", [limit, first] + inputs, [ctx.out(node, k) for k in order],
+                       {"body_graph": sub.name}, node.name, graphs={"body_graph": sub})
+    by_k = dict(zip(order, results))
+    return [by_k.get(k, args[k]) for k in range(len(args))]
+
+
+def _loop_body(ctx, node, cond: str, body: str, args: list, carried: set):
+    """The body graph with args[k] an input for k in carried (else the constant itself); returns it,
+    the condition on the body's results and those results (tensors in NHWC, or constants)."""
+    from ...ir.graph import Graph
+    from .context import TfCtx
+    sub = Graph(source=ctx.g.source, name=ctx.g.fresh_name(f"{node.name}/body"))
+    sctx = sub.ctx = TfCtx(sub, ctx.path)
+    sctx.functions, sctx.loops = ctx.functions, ctx.loops
+    sctx.add_input(f"{sub.name}/iteration", (), "int32")
+    sctx.add_input(f"{sub.name}/cond", (), "bool")
+    values = []
+    for k, a in enumerate(args):
+        if k in carried:
+            a = ctx.tensor(ctx.as_nhwc(a))
+            a = sctx.add_input(f"{sub.name}/v{k}", ctx.shape_of(a), ctx.val(a).dtype)
+        values.append(a)
+    ctx.loops.nesting += 1
+    try:
+        new = call(sctx, body, list(values), _where(node))
+        if any(isinstance(v, TensorList) for v in new):
+            _fail(ctx, node, "a loop run at run time cannot carry a TensorList")
+        new = [sctx.as_nhwc(v) for v in new]
+        again = call(sctx, cond, list(new), _where(node))[0]
+    finally:
+        ctx.loops.nesting -= 1
+    for k in sorted(carried):
+        before, after = sctx.shape_of(values[k]), sctx.shape_of(new[k])
+        if before != after:
+            _fail(ctx, node, f"loop variable {k} changes shape from {before} to {after} (only loops whose "
+                             "variables keep their shapes run at run time)")
+    return sub, again, new
 
 
 def _select(ctx, node, pred, branches: list[list]) -> list:

@@ -428,8 +428,8 @@ def cast(ctx, node, args):
     from ...ir.dtypes import to_mnn
     import tensorflow as tf
     dst = tf.dtypes.as_dtype(attr(node, "DstT")).as_numpy_dtype
-    if np.dtype(dst) == np.float32:
-        return [args[0]]
+    if np.dtype(dst) == np.float32 and ctx.val(args[0]).dtype == "float32":
+        return [args[0]]            # float64 and half are float32 in the IR already
     return ctx.emit("Cast", [args[0]], [ctx.out(node)], {"dstT": to_mnn(str(np.dtype(dst)))}, node.name)
 
 
