@@ -4,40 +4,58 @@ from __future__ import annotations
 import math
 
 import numpy as np
-from numba import njit, prange, vectorize
+from numba import njit, prange
 
 from . import PLAN_ONLY, by_definition, kernel, returns, sized, writes
 from .norm import EXP_FLOOR, exp_poly, exp_split
 
 
-@vectorize(["float32(float32)"], cache=True)
-def _erf(x):
-    return math.erf(x)
+# the transcendental activations numpy lacks, as one compiled loop per kind over flat float32 arrays. Plain
+# cached functions, not Numba ufuncs: a ufunc builds its wrapper at every import (35 ms each), which
+# start-up paid for every model
+ACTIVATION_KINDS = {"ERF": 0, "SIGMOID": 1, "GELU_STANDARD": 2, "GELU": 3, "HARDSWISH": 4, "SILU": 5}
 
 
-@vectorize(["float32(float32)"], cache=True)
-def _sigmoid(x):
-    return 1.0 / (1.0 + math.exp(-x)) if x >= 0 else math.exp(x) / (1.0 + math.exp(x))
+@njit(cache=True)
+def activation_flat(x, out, kind):
+    n = x.shape[0]
+    if kind == 0:
+        for i in range(n):
+            out[i] = math.erf(x[i])
+    elif kind == 1:
+        for i in range(n):
+            v = x[i]
+            out[i] = 1.0 / (1.0 + math.exp(-v)) if v >= 0 else math.exp(v) / (1.0 + math.exp(v))
+    elif kind == 2:
+        for i in range(n):
+            out[i] = 0.5 * x[i] * (1.0 + math.erf(x[i] * 0.7071067811865476))
+    elif kind == 3:
+        for i in range(n):
+            v = x[i]
+            out[i] = 0.5 * v * (1.0 + math.tanh(0.7978845608028654 * (v + 0.044715 * v * v * v)))
+    elif kind == 4:
+        for i in range(n):
+            out[i] = x[i] * min(max(x[i] + 3.0, 0.0), 6.0) / 6.0
+    else:
+        for i in range(n):
+            out[i] = x[i] / (1.0 + math.exp(-x[i]))
 
 
-@vectorize(["float32(float32)"], cache=True)
-def _gelu_erf(x):
-    return 0.5 * x * (1.0 + math.erf(x * 0.7071067811865476))
+def _activation(name):
+    kind = ACTIVATION_KINDS[name]
+
+    def apply(x, out=None):
+        x = np.ascontiguousarray(x, np.float32)
+        res = np.empty_like(x) if out is None or not out.flags.c_contiguous else out
+        activation_flat(x.reshape(-1), res.reshape(-1), kind)
+        if out is not None and res is not out:
+            out[...] = res
+        return res if out is None else out
+    return apply
 
 
-@vectorize(["float32(float32)"], cache=True)
-def _gelu_tanh(x):
-    return 0.5 * x * (1.0 + math.tanh(0.7978845608028654 * (x + 0.044715 * x * x * x)))
-
-
-@vectorize(["float32(float32)"], cache=True)
-def _hardswish(x):
-    return x * min(max(x + 3.0, 0.0), 6.0) / 6.0
-
-
-@vectorize(["float32(float32)"], cache=True)
-def _silu(x):
-    return x / (1.0 + math.exp(-x))
+_erf, _sigmoid, _gelu_erf, _gelu_tanh, _hardswish, _silu = (
+    _activation(k) for k in ("ERF", "SIGMOID", "GELU_STANDARD", "GELU", "HARDSWISH", "SILU"))
 
 
 # erf as x P(x^2) / Q(x^2) on [-4, 4] (beyond, erf is +-1 in float32): Eigen's fast float erf. No exp,
