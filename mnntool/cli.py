@@ -369,6 +369,10 @@ def quant(src: str = typer.Argument(..., help="A float .mnn model."),
           symmetric_activations: bool = typer.Option(
               False, "--symmetric-activations",
               help="int8: zero point 0 for every tensor (default: never-negative tensors use all 255 levels)."),
+          float_weights: bool = typer.Option(
+              False, "--float-weights",
+              help="int8: layers kept in float keep fp32 weights (default: their weights are stored as int8, "
+                   "their compute stays float)."),
           config: Optional[str] = typer.Option(None, "--config",
                                                help="JSON: method, skip, per_channel, samples, symmetric_activations."),
           mean: Optional[str] = MEAN, normal: Optional[str] = NORMAL, std: Optional[str] = STD,
@@ -380,7 +384,8 @@ def quant(src: str = typer.Argument(..., help="A float .mnn model."),
                       per_channel=per_channel, samples=samples or batches, threads=threads,
                       skip=tuple(x.strip() for x in skip.split(",") if x.strip()) if skip else (),
                       auto_skip=auto_skip, bias_correction=bias_correction,
-                      symmetric_activations=symmetric_activations, prep=_image_prep(mean, normal, size, fmt, std),
+                      symmetric_activations=symmetric_activations, float_weights=float_weights,
+                      prep=_image_prep(mean, normal, size, fmt, std),
                       asymmetric=asymmetric, block_size=block_size,
                       input_shapes=api.parse_input_shapes(input_shape))
     if config:
@@ -396,6 +401,8 @@ def quant(src: str = typer.Argument(..., help="A float .mnn model."),
         console.print(f"  output {u(o['name'])}: cosine vs fp32 {o['cosine']:.6f}, max abs {o['max_abs']:.3g}")
     if r.get("auto_skipped") is not None:
         console.print(f"  kept in float: {u(', '.join(r['auto_skipped']) or 'none')}")
+    for f in r.get("float_layers", []):
+        console.print(f"  float layer {u(f['name'])}: {f['reason']}, {f['weights']} weights")
     if r["worst_layers"]:
         t = Table(title="worst int8 layers (cosine vs fp32, held-out samples)")
         t.add_column("layer")

@@ -40,7 +40,7 @@ def _shaped(g, shapes: dict, src):
 
 def quantize_file(src, dst, config: QuantConfig, progress=None) -> dict:
     """Quantize a .mnn file into another; returns the report (sizes, per-layer accuracy, skipped layers)."""
-    from .ptq import quantize_int8
+    from .ptq import float_report, quantize_int8
     from .report import auto_skip as run_auto_skip, layer_report, worst_first
     from .weight_only import compress_weights
     cfg = config
@@ -63,9 +63,12 @@ def quantize_file(src, dst, config: QuantConfig, progress=None) -> dict:
         held = list(held_out)       # auto-skip evaluates on it many times: read once
 
         def quantize(extra_skip):
-            return quantize_int8(g, calib_set, cfg.method, cfg.per_channel, skip | set(extra_skip),
-                                 cfg.bias_correction, progress=progress, asymmetric=not cfg.symmetric_activations,
-                                 threads=cfg.threads)
+            q = quantize_int8(g, calib_set, cfg.method, cfg.per_channel, skip | set(extra_skip),
+                              cfg.bias_correction, progress=progress, asymmetric=not cfg.symmetric_activations,
+                              threads=cfg.threads)
+            if not cfg.float_weights:       # the layers left float store int8 weights, computing in float
+                compress_weights(q, 8)
+            return q
         if cfg.auto_skip is not None:
             q, skipped, acc = run_auto_skip(g, quantize, held, cfg.auto_skip, threads=cfg.threads)
             report["auto_skipped"] = skipped
@@ -89,4 +92,6 @@ def quantize_file(src, dst, config: QuantConfig, progress=None) -> dict:
     report["layers"] = acc["layers"]
     report["worst_layers"] = [l["name"] for l in worst_first(acc)[:5]] if cfg.int8 else []
     report["int8_layers"] = sum(1 for l in acc["layers"] if l["int8"])
+    if cfg.int8:
+        report["float_layers"] = float_report(g, q, skip, report.get("auto_skipped") or [])
     return report

@@ -29,6 +29,7 @@ class QuantConfig:
     auto_skip: float | None = None      # keep the fewest layers in float for output cosine >= this
     bias_correction: bool = True
     symmetric_activations: bool = False
+    float_weights: bool = False         # layers kept float keep fp32 weights (default: weight-only int8)
     prep: ImagePrep | None = field(default=None)
     input_shapes: dict = field(default_factory=dict)   # open dims fixed for reading calibration data only
     # weight-only

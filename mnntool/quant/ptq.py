@@ -71,6 +71,21 @@ def float_layers(g: Graph) -> set[str]:
     return {name for name in heads + pooled if name}
 
 
+def float_report(g: Graph, q: Graph, skip: set[str], auto_skipped: list) -> list[dict]:
+    """Each convolution the int8 file computes in float, why, and how its weights are stored."""
+    keep = float_layers(g)
+    rows = []
+    for n in q.nodes:
+        if n.op not in CONVS or "symmetricQuan" in n.param:
+            continue
+        why = ("asked (--skip)" if n.name in skip or n.outputs[0] in skip else
+               "auto-skip" if n.name in auto_skipped else
+               "feeds an output or an average" if n.name in keep else "no weights to quantize")
+        qp = n.param.get("quanParameter")
+        rows.append({"name": n.name, "reason": why, "weights": "int8" if qp is not None else "fp32"})
+    return rows
+
+
 def targets(g: Graph, skip: set[str]) -> list:
     keep_float = float_layers(g)
     out = []

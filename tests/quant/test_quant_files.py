@@ -261,10 +261,18 @@ def test_convolutions_before_an_average_pool_stay_float(tmp_path):
     calib.mkdir()
     for k in range(4):
         np.save(calib / f"{k}.npy", rng.standard_normal((1, 3, 16, 16)).astype(np.float32))
-    quantize_file(tmp_path / "m.mnn", tmp_path / "q.mnn", QuantConfig(int8=True, calib=calib, samples=4))
+    r = quantize_file(tmp_path / "m.mnn", tmp_path / "q.mnn", QuantConfig(int8=True, calib=calib, samples=4))
     q = reader.load(tmp_path / "q.mnn")
     convs = [n for n in q.nodes if n.op == "Convolution"]
     assert ["symmetricQuan" in n.param for n in convs] == [True, False, False]
+    # the float layers are reported with their reason, and store int8 weights (weight-only) by default
+    assert [(f["name"], f["reason"], f["weights"]) for f in r["float_layers"]] == \
+        [(n.name, "feeds an output or an average", "int8") for n in convs[1:]]
+    assert all(n.param.get("weight") is None and n.param["quanParameter"] is not None for n in convs[1:])
+    kept = quantize_file(tmp_path / "m.mnn", tmp_path / "f.mnn",
+                         QuantConfig(int8=True, calib=calib, samples=4, float_weights=True))
+    assert [f["weights"] for f in kept["float_layers"]] == ["fp32", "fp32"]
+    assert r["size_after"] < kept["size_after"]
     x = {"x": rng.standard_normal((1, 3, 16, 16)).astype(np.float32)}
     theirs = mnn_run(tmp_path / "q.mnn", q.inputs, q.outputs, x)["y"]
     fp32 = mnntool.load(tmp_path / "m.mnn").run(x)["y"]
