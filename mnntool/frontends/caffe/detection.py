@@ -73,8 +73,8 @@ def detection_output(ctx, lay, blobs, bottoms, tops):
     """MNN's DetectionOutput implements one configuration of SSD's layer (see the IR op); anything else is
     refused rather than converted to a different meaning. MNN runs NMS over every box above the
     confidence threshold, where Caffe first keeps the nms top_k best per class: the kept boxes among those
-    top_k are the same, MNN may add lower-scored ones. Rows come best first over all classes (Caffe groups
-    them by class); the image index column is 0 (one image)."""
+    top_k are the same, MNN may add lower-scored ones. Rows are (label, score, box), best first, without
+    Caffe's image index column: MNN sets the row count as the op runs, so no layer may follow it."""
     p = lay.detection_output_param
     if len(bottoms) != 3:
         _fail(ctx, lay, f"{len(bottoms)} bottoms (location, confidence, priors expected; ARM refinement inputs "

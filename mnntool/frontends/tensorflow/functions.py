@@ -134,7 +134,7 @@ def _looped(ctx, node, cond: str, body: str, args: list, first: T) -> list:
         _fail(ctx, node, "a loop over a TensorList needs a condition known at conversion")
     carried = {k for k, a in enumerate(args) if isinstance(a, T)}
     while True:
-        sub, again, new = _loop_body(ctx, node, cond, body, args, carried)
+        sub, sctx, again, new = _loop_body(ctx, node, cond, body, args, carried)
         varying = {k for k, a in enumerate(args) if k not in carried
                    and (isinstance(new[k], T) or not np.array_equal(np.asarray(new[k]), np.asarray(a)))}
         if not varying:
@@ -143,12 +143,11 @@ def _looped(ctx, node, cond: str, body: str, args: list, first: T) -> list:
     order = sorted(carried)
     outs = []
     for k, v in enumerate([again] + [new[k] for k in order]):    # each body output a tensor of its own
-        v = sub.ctx.tensor(v)
+        v = sctx.tensor(v)
         if v in sub.inputs or v in outs or v in sub.constants:
-            v = sub.ctx.emit("Identity", [v], [sub.ctx.tmp(f"{sub.name}/out{k}")])[0]
+            v = sctx.emit("Identity", [v], [sctx.tmp(f"{sub.name}/out{k}")])[0]
         outs.append(v)
     sub.outputs = list(outs)
-    del sub.ctx
     limit = ctx.tensor(np.asarray(2 ** 30, np.int32), node.name + "_max_trips")
     inputs = [ctx.tensor(ctx.as_nhwc(args[k])) for k in order]
     results = ctx.emit("While", [limit, first] + inputs, [ctx.out(node, k) for k in order],
@@ -158,12 +157,12 @@ def _looped(ctx, node, cond: str, body: str, args: list, first: T) -> list:
 
 
 def _loop_body(ctx, node, cond: str, body: str, args: list, carried: set):
-    """The body graph with args[k] an input for k in carried (else the constant itself); returns it,
-    the condition on the body's results and those results (tensors in NHWC, or constants)."""
+    """The body graph with args[k] an input for k in carried (else the constant itself); returns it, its
+    context, the condition on the body's results and those results (tensors in NHWC, or constants)."""
     from ...ir.graph import Graph
     from .context import TfCtx
     sub = Graph(source=ctx.g.source, name=ctx.g.fresh_name(f"{node.name}/body"))
-    sctx = sub.ctx = TfCtx(sub, ctx.path)
+    sctx = TfCtx(sub, ctx.path)
     sctx.functions, sctx.loops = ctx.functions, ctx.loops
     sctx.add_input(f"{sub.name}/iteration", (), "int32")
     sctx.add_input(f"{sub.name}/cond", (), "bool")
@@ -187,7 +186,7 @@ def _loop_body(ctx, node, cond: str, body: str, args: list, carried: set):
         if before != after:
             _fail(ctx, node, f"loop variable {k} changes shape from {before} to {after} (only loops whose "
                              "variables keep their shapes run at run time)")
-    return sub, again, new
+    return sub, sctx, again, new
 
 
 def _select(ctx, node, pred, branches: list[list]) -> list:
