@@ -6,12 +6,12 @@ in NC4HW4; everything else reads NCHW. One conversion per tensor and target layo
 from __future__ import annotations
 
 from ..ir.graph import Graph, Node
+from ..ir.ops.index import RUN_TIME_ROWS
 
 NC4HW4_OPS = {"Convolution", "ConvolutionDepthwise", "Deconvolution", "DeconvolutionDepthwise", "Pooling",
               "Scale", "Interp", "PReLU", "GridSample", "ROIPooling", "DetectionOutput"}
 # MNN reads ROIPooling's regions (R, 5, 1, 1) and all of DetectionOutput's inputs in NC4HW4 as well
 ALL_NC4HW4_INPUTS = {"ROIPooling", "DetectionOutput"}
-RUN_TIME_ROWS = {"DetectionOutput"}
 AGNOSTIC_OPS = {"ReLU", "ReLU6", "Sigmoid", "TanH", "UnaryOp"}
 
 

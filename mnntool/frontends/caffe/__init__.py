@@ -8,6 +8,7 @@ import numpy as np
 
 from ...errors import MnnToolError
 from ...ir.graph import Graph
+from ...ir.ops.index import RUN_TIME_ROWS
 from ..shaped import ShapedCtx, T
 from . import detection, structural  # noqa: F401  (they register layers)
 from .layers import LAYERS
@@ -166,11 +167,12 @@ def load_caffe(path, input_shapes: dict, weights=None) -> Graph:
                                f"({type(e).__name__}: {e})") from None
         for top, out in zip(lay.top, outs):
             env[top] = T(out)
-    sized_at_run_time = {o for n in g.nodes if n.op == "DetectionOutput" for o in n.outputs}
+    sized_at_run_time = {o: n.op for n in g.nodes if n.op in RUN_TIME_ROWS for o in n.outputs}
     for n in g.nodes:
-        if sized_at_run_time & set(n.inputs):
-            raise MnnToolError(f"{proto}: layer '{n.name}' reads a DetectionOutput's result: MNN sizes the layers "
-                               "after it before it runs, so it must be an output of the net")
+        for i in n.inputs:
+            if i in sized_at_run_time:
+                raise MnnToolError(f"{proto}: layer '{n.name}' reads a {sized_at_run_time[i]}'s result: MNN sizes "
+                                   "the layers after it before it runs, so it must be an output of the net")
     used = {i for n in g.nodes for i in n.inputs}
     for lay in layers:
         for top in lay.top:

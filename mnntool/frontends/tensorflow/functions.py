@@ -132,15 +132,15 @@ def _looped(ctx, node, cond: str, body: str, args: list, first: T) -> list:
     constants inside it; the others (a counter's start) are carried."""
     if any(isinstance(a, TensorList) for a in args):
         _fail(ctx, node, "a loop over a TensorList needs a condition known at conversion")
-    carried = {k for k, a in enumerate(args) if isinstance(a, T)}
+    outer = {k: a for k, a in enumerate(args) if isinstance(a, T)}      # the While's operands, by variable
     while True:
-        sub, sctx, again, new = _loop_body(ctx, node, cond, body, args, carried)
-        varying = {k for k, a in enumerate(args) if k not in carried
+        sub, sctx, again, new = _loop_body(ctx, node, cond, body, args, outer)
+        varying = {k for k, a in enumerate(args) if k not in outer
                    and (isinstance(new[k], T) or not np.array_equal(np.asarray(new[k]), np.asarray(a)))}
         if not varying:
             break
-        carried |= varying
-    order = sorted(carried)
+        outer.update((k, ctx.tensor(args[k])) for k in varying)
+    order = sorted(outer)
     outs = []
     for k, v in enumerate([again] + [new[k] for k in order]):    # each body output a tensor of its own
         v = sctx.tensor(v)
@@ -148,17 +148,19 @@ def _looped(ctx, node, cond: str, body: str, args: list, first: T) -> list:
             v = sctx.emit("Identity", [v], [sctx.tmp(f"{sub.name}/out{k}")])[0]
         outs.append(v)
     sub.outputs = list(outs)
+    sctx.drop_unused_constants()
     limit = ctx.tensor(np.asarray(2 ** 30, np.int32), node.name + "_max_trips")
-    inputs = [ctx.tensor(ctx.as_nhwc(args[k])) for k in order]
+    inputs = [ctx.tensor(ctx.as_nhwc(outer[k])) for k in order]
     results = ctx.emit("While", [limit, first] + inputs, [ctx.out(node, k) for k in order],
                        {"body_graph": sub.name}, node.name, graphs={"body_graph": sub})
     by_k = dict(zip(order, results))
     return [by_k.get(k, args[k]) for k in range(len(args))]
 
 
-def _loop_body(ctx, node, cond: str, body: str, args: list, carried: set):
-    """The body graph with args[k] an input for k in carried (else the constant itself); returns it, its
-    context, the condition on the body's results and those results (tensors in NHWC, or constants)."""
+def _loop_body(ctx, node, cond: str, body: str, args: list, outer: dict):
+    """The body graph with an input for each variable in `outer` (the rest are the constants themselves);
+    returns it, its context, the condition on the body's results and those results (tensors in NHWC, or
+    constants)."""
     from ...ir.graph import Graph
     from .context import TfCtx
     sub = Graph(source=ctx.g.source, name=ctx.g.fresh_name(f"{node.name}/body"))
@@ -168,9 +170,9 @@ def _loop_body(ctx, node, cond: str, body: str, args: list, carried: set):
     sctx.add_input(f"{sub.name}/cond", (), "bool")
     values = []
     for k, a in enumerate(args):
-        if k in carried:
-            a = ctx.tensor(ctx.as_nhwc(a))
-            a = sctx.add_input(f"{sub.name}/v{k}", ctx.shape_of(a), ctx.val(a).dtype)
+        if k in outer:
+            shape = ctx.tf_shape(outer[k])      # the body sees every variable in NHWC
+            a = sctx.add_input(f"{sub.name}/v{k}", shape, ctx.val(outer[k]).dtype)
         values.append(a)
     ctx.loops.nesting += 1
     try:
@@ -181,7 +183,7 @@ def _loop_body(ctx, node, cond: str, body: str, args: list, carried: set):
         again = call(sctx, cond, list(new), _where(node))[0]
     finally:
         ctx.loops.nesting -= 1
-    for k in sorted(carried):
+    for k in sorted(outer):
         before, after = sctx.shape_of(values[k]), sctx.shape_of(new[k])
         if before != after:
             _fail(ctx, node, f"loop variable {k} changes shape from {before} to {after} (only loops whose "

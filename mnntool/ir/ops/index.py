@@ -488,6 +488,11 @@ def _nms_corners(boxes: np.ndarray, threshold: float, limit: int) -> list[int]:
     return kept
 
 
+# ops whose output row count MNN sets only as the op runs: anything MNN sized after them before the run
+# (a layout conversion, a consumer) reads stale rows, so their results must be graph outputs as they are
+RUN_TIME_ROWS = {"DetectionOutput"}
+
+
 @define("DetectionOutput", param="DetectionOutput", inputs=("loc", "conf", "priors"))
 class DetectionOutput:
     """SSD's detection head as MNN runs it (one image, boxes shared by the classes, CENTER_SIZE code, class
