@@ -373,6 +373,8 @@ def quant(src: str = typer.Argument(..., help="A float .mnn model."),
               False, "--float-weights",
               help="int8: layers kept in float keep fp32 weights (default: their weights are stored as int8, "
                    "their compute stays float)."),
+          workers: int = typer.Option(1, "--workers", "-w", min=1,
+                                      help="int8: calibrate in N local processes (same file as one process)."),
           config: Optional[str] = typer.Option(None, "--config",
                                                help="JSON: method, skip, per_channel, samples, symmetric_activations."),
           mean: Optional[str] = MEAN, normal: Optional[str] = NORMAL, std: Optional[str] = STD,
@@ -381,7 +383,7 @@ def quant(src: str = typer.Argument(..., help="A float .mnn model."),
     """Quantize a .mnn model: int8 PTQ, weight-only int8/int4, or fp16 -- files the MNN runtime runs."""
     from .quant import QuantConfig, quantize_file
     cfg = QuantConfig(int8=int8, weight_bits=weight_bits, fp16=fp16, calib=calib, method=method,
-                      per_channel=per_channel, samples=samples or batches, threads=threads,
+                      per_channel=per_channel, samples=samples or batches, threads=threads, workers=workers,
                       skip=tuple(x.strip() for x in skip.split(",") if x.strip()) if skip else (),
                       auto_skip=auto_skip, bias_correction=bias_correction,
                       symmetric_activations=symmetric_activations, float_weights=float_weights,

@@ -4,21 +4,36 @@ Feed a calibrator tensors (observe), then ask it for the range (amax) and the in
 A tensor that was never negative (a ReLU's output) gets the whole int8 range for [0, amax]: 254 steps
 with zero point -127 (real = scale * (q - zero)), as MNN's asymmetric (EMA) quantizer writes it, where a
 symmetric grid would waste the negative half. Other tensors get [-amax, amax] in 127 steps each way.
-The histogram grows (re-binning what it holds) when a batch exceeds its range, so one pass suffices.
+The histogram grows (summing runs of bins) when a batch exceeds its range, so one pass suffices, and
+histograms of separate shards of the data merge into exactly the histogram of the whole.
 """
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
-BINS = 2048
+BINS = 4096     # the used part (up to absmax) is 2048-4096 bins: the range is a power of two
 QMAX = 127
 
 
+def _edge_above(m: float) -> float:
+    """The least power of two above m (m > 0)."""
+    return math.ldexp(1.0, math.frexp(m)[1])
+
+
 class Histogram:
+    """Counts of |x| in `bins` equal bins over [0, edge), edge the least power of two above every |x|
+    seen. A value's bin is floor(|x| * bins / edge), exact in float64 since bins/edge is a power of two,
+    and widening the range by 2^k sums runs of 2^k bins, which is what binning at the wider range gives.
+    So the histogram depends only on the values seen, never on their order or on how they were split:
+    histograms of shards merge exactly (quant --workers gives the single process's file bit for bit).
+    """
+
     def __init__(self, bins: int = BINS):
         self.bins = bins
         self.counts = np.zeros(bins, np.float64)
-        self.edge = 0.0     # upper edge of the last bin
+        self.edge = 0.0     # upper edge of the last bin (0 while only zeros were seen)
         self.absmax = 0.0
         self.negative = False   # any value below zero seen
 
@@ -29,21 +44,39 @@ class Histogram:
         self.negative = self.negative or bool(x.min() < 0)
         a = np.abs(x)
         m = float(a.max())
+        if not math.isfinite(m):
+            raise ValueError("infinite or NaN values")
         self.absmax = max(self.absmax, m)
-        if m > self.edge:
-            new_edge = m if self.edge == 0 else max(m, self.edge * 2)
-            if self.edge > 0:     # re-bin what we have into the wider range
-                centers = (np.arange(self.bins) + 0.5) * (self.edge / self.bins)
-                idx = np.minimum((centers / new_edge * self.bins).astype(np.int64), self.bins - 1)
-                counts = np.zeros(self.bins)
-                np.add.at(counts, idx, self.counts)
-                self.counts = counts
-            self.edge = new_edge
+        if m > 0:
+            self._widen(_edge_above(m))
         if self.edge == 0:
             self.counts[0] += a.size
             return
-        hist, _ = np.histogram(a, bins=self.bins, range=(0.0, self.edge))
-        self.counts += hist
+        idx = (a.astype(np.float64) * (self.bins / self.edge)).astype(np.int64)
+        self.counts += np.bincount(idx, minlength=self.bins)
+
+    def _widen(self, edge: float) -> None:
+        if edge <= self.edge:
+            return
+        if self.edge > 0:
+            f = int(edge / self.edge)      # a power of two
+            counts = np.zeros(self.bins)
+            if f >= self.bins:
+                counts[0] = self.counts.sum()
+            else:
+                counts[:self.bins // f] = self.counts.reshape(-1, f).sum(1)
+            self.counts = counts
+        self.edge = edge
+
+    def merge(self, other: Histogram) -> None:
+        """Add another histogram's counts (of other samples of the same tensor)."""
+        self._widen(other.edge)
+        theirs = Histogram(self.bins)
+        theirs.counts, theirs.edge = other.counts.copy(), other.edge
+        theirs._widen(self.edge)
+        self.counts = self.counts + theirs.counts
+        self.absmax = max(self.absmax, other.absmax)
+        self.negative = self.negative or other.negative
 
     @property
     def width(self) -> float:

@@ -25,6 +25,7 @@ class QuantConfig:
     per_channel: bool = True
     samples: int | None = None          # calibrate on the first N samples
     threads: int = 1                    # for the runtime sessions that calibrate and evaluate
+    workers: int = 1                    # local processes calibrating shards of the samples (quant.shards)
     skip: tuple = ()                    # layers (or tensors) kept in float
     auto_skip: float | None = None      # keep the fewest layers in float for output cosine >= this
     bias_correction: bool = True
@@ -59,6 +60,8 @@ class QuantConfig:
             raise MnnToolError("choose exactly one of --int8, --weight-bits 8|4, --fp16")
         if self.block_size is not None and self.weight_bits is None:
             raise MnnToolError("--block-size applies to weight-only quantization: add --weight-bits 8|4")
+        if self.workers < 1:
+            raise MnnToolError(f"--workers must be at least 1, got {self.workers}")
         if self.int8 and self.calib is None:
             raise MnnToolError("--int8 needs calibration data: --calib DIR")
         if self.int8 and self.method not in CALIBRATORS:

@@ -17,7 +17,8 @@ from ..ir.graph import Graph
 from ..ir.ops import REGISTRY, Val
 from ..ir.shape_inference import infer_node, infer_shapes
 from ..ir.validate import MAX_TENSOR_BYTES
-from .kernels import KERNELS, PLAN_ONLY, Kernel, aligned_empty, by_definition
+from .kernels import KERNELS, PLAN_ONLY, Kernel, aligned_empty, by_definition, sized
+from .kernels.grid import grid_of, to_grid
 from .fusion import fuse_attention, fuse_silu
 from .kernels.control import SHAPE_FREE
 from .kernels.program import Programs
@@ -69,6 +70,31 @@ def kernel_for(node, ins, outs, settings: Settings) -> Kernel:
         if node.op in REGISTRY:
             return generic_kernel(node)
         raise MnnToolError(f"{node.op} '{node.name}': cannot prepare ({type(e).__name__}: {e})") from None
+
+
+def stored_grid(g: Graph, name: str) -> tuple | None:
+    """The int8 grid a tensor is stored on, if the file gives it one (a TensorQuantInfo of type int8).
+
+    MNN stores such a tensor as int8 whoever computes it: every reader sees its values rounded to
+    the grid, not only the int8 convolution it was calibrated for (DBNet's FPN: an Add feeding both a
+    convolution and an upsampling; the upsampling reads the rounded sum in MNN)."""
+    info = g.tensors.get(name)
+    q = info.quant if info is not None else None
+    if not q or q.get("type", "DT_INT8") != "DT_INT8" or not q.get("scale"):
+        return None
+    zero = float(q.get("zero", 0))
+    return grid_of(float(q["scale"]), float(q.get("min", -128)) - zero, float(q.get("max", 127)) - zero)
+
+
+def _rounding(grid: tuple, threads: int) -> Kernel:
+    """A step that gives readers the tensor on its int8 grid (a copy: the tensor may be a view)."""
+    def run(inputs):
+        x = np.ascontiguousarray(inputs[0], np.float32)
+        out = np.empty_like(x)
+        rows = x.reshape(-1, x.shape[-1]) if x.ndim else x.reshape(1, 1)
+        sized(to_grid, x.size, threads)(rows, grid, out.reshape(rows.shape))
+        return [out]
+    return Kernel(run, False, grid)
 
 
 def _one_line(e: Exception, limit: int = 200) -> str:
@@ -164,6 +190,7 @@ class Session:
         steps: list[Step] = []
         grids: dict[str, float] = {}
         programs, run = Programs(g.constants), []   # run: consecutive small elementwise nodes (kernels.program)
+        stored = {o: grid for n in g.nodes for o in n.outputs if o and (grid := stored_grid(g, o)) is not None}
 
         def build(node, ins, outs):
             k = kernel_for(node, ins, outs, self.settings)
@@ -173,6 +200,12 @@ class Session:
                 grids[node.outputs[0]] = k.out_grid
             steps.append(Step(node.name, node.op, k, [slot(i) if i else -1 for i in node.inputs],
                               [slot(o) for o in node.outputs]))
+            for o in node.outputs:
+                grid = stored.get(o)
+                if grid is not None and grids.get(o) != grid:
+                    grids[o] = grid
+                    steps.append(Step(node.name + " (int8 store)", "Int8Store", _rounding(grid, self.settings.threads),
+                                      [slot(o)], [slot(o)]))
 
         def emit(nodes, externals, outputs, k):
             name = nodes[0].name + (f" (+{len(nodes) - 1} ops)" if len(nodes) > 1 else "")
@@ -193,7 +226,7 @@ class Session:
         for node in (g.nodes if keep_all else fuse_silu(g, vals, fuse_attention(g, vals))):
             ins = [replace(vals.get(i, Val(None)), grid=grids.get(i)) for i in node.inputs]
             outs = [vals.get(o, Val(None)) for o in node.outputs]
-            if programs.accepts(node, ins, outs):
+            if programs.accepts(node, ins, outs) and not any(o in stored for o in node.outputs):
                 run.append((node, ins, outs))
                 continue
             flush()
@@ -339,6 +372,9 @@ class Session:
             for name, v in zip(node.outputs, res):
                 if name:
                     env[name] = np.asarray(v)
+                    grid = stored_grid(g, name)
+                    if grid is not None and kern.out_grid != grid:
+                        env[name] = _rounding(grid, 1).fn([env[name]])[0]
         names = env if keep_all else g.outputs
         return {n: np.array(env[n]) for n in names if n in env}
 

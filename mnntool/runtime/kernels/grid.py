@@ -29,9 +29,17 @@ def clamp_act(v, act):
 
 
 @njit(cache=True, fastmath=True, inline="always")
+def mnn_round(t):
+    """Rounding as MNN's int8 casts and epilogues do it: half away from zero (add +-0.5 in float32,
+    truncate). Grid values re-gridded by a pooling or a nearest upsampling land on exact halves often
+    (the calibrated scale is a multiple of half the input's), where rint's half-to-even differs."""
+    return np.trunc(t + (np.float32(0.5) if t >= 0 else np.float32(-0.5)))
+
+
+@njit(cache=True, fastmath=True, inline="always")
 def on_grid(v, grid):
     """v rounded to an int8 grid given as (1/scale, scale, min, max)."""
-    return min(max(np.rint(v * grid[0]), grid[2]), grid[3]) * grid[1]
+    return min(max(mnn_round(v * grid[0]), grid[2]), grid[3]) * grid[1]
 
 
 @njit(cache=True, fastmath=True, inline="always")
@@ -48,7 +56,7 @@ NO_GRID = (np.float32(1), np.float32(0), np.float32(0), np.float32(0))
 
 @njit(parallel=True, cache=True, fastmath=True)
 def to_grid(x, grid, out):
-    """out = clip(rint(x / s), min, max) * s over rows (out may be x); grid = (1/s, s, min, max)."""
+    """out = clip(round(x / s), min, max) * s over rows (out may be x); grid = (1/s, s, min, max)."""
     for r in prange(x.shape[0]):
         src, dst = x[r], out[r]
         for i in range(src.shape[0]):

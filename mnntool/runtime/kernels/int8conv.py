@@ -13,12 +13,13 @@ import numpy as np
 from numba import njit, prange
 
 from . import sized
+from .grid import mnn_round
 from .vnni import Int8Weights, pixel_blocks
 
 
 @njit(cache=True, fastmath=True, inline="always")
 def _byte(v, inv_s, lo, hi, off):
-    return np.uint32(np.int32(min(max(np.rint(v * inv_s), lo), hi)) + off)
+    return np.uint32(np.int32(min(max(mnn_round(v * inv_s), lo), hi)) + off)
 
 
 @njit(parallel=True, cache=True, fastmath=True)

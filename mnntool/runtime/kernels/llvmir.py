@@ -127,7 +127,9 @@ class Finish:
         self.builder, self.on_grid = builder, on_grid
         self.lo, self.hi, self.inv, self.step, self.q_lo, self.q_hi = (
             splat(builder, builder.extract_value(epf, k), f16) for k in range(6))
-        self.rint = declare(builder, "llvm.rint.v16f32", f16, f16)
+        self.trunc = declare(builder, "llvm.trunc.v16f32", f16, f16)
+        self.copysign = declare(builder, "llvm.copysign.v16f32", f16, f16, f16)
+        self.half = ir.Constant(f16, [0.5] * 16)
 
     def max(self, a, b):
         return self.builder.select(self.builder.fcmp_ordered(">", a, b), a, b)
@@ -138,7 +140,8 @@ class Finish:
     def __call__(self, v):
         b = self.builder
         v = self.min(self.max(v, self.lo), self.hi)
-        g = b.call(self.rint, [b.fmul(v, self.inv)])
+        t = b.fmul(v, self.inv)      # rounded half away from zero, as MNN does (grid.mnn_round)
+        g = b.call(self.trunc, [b.fadd(t, b.call(self.copysign, [self.half, t]))])
         g = b.fmul(self.min(self.max(g, self.q_lo), self.q_hi), self.step)
         return g if self.on_grid is True else b.select(self.on_grid, g, v)
 

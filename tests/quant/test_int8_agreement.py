@@ -1,0 +1,148 @@
+"""One meaning per int8 file: for each kind of op around int8 tensors, the file mnntool's quantizer
+writes gives the same output in mnntool's runtime and in MNN's (cosine >= 0.9999 between the two).
+
+Small torch models, exported with torch.onnx (dynamo=False), converted, quantized with 8 random
+calibration samples (mse) and run on a held-out input in both runtimes. Each is also compared with
+fp32 (cosine >= 0.99 in MNN) so a file that agrees by being broken in both fails.
+"""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+from torch import nn  # noqa: E402
+from torch.nn import functional as F  # noqa: E402
+
+from mnntool import api  # noqa: E402
+from mnntool.compare import metrics  # noqa: E402
+from mnntool.format import reader  # noqa: E402
+from mnntool.quant import QuantConfig, quantize_file  # noqa: E402
+from mnntool.runtime.session import Session  # noqa: E402
+from tests.conftest import mnn_run  # noqa: E402
+
+
+def _cbr(cin, cout, k=3, stride=1, act=nn.ReLU):
+    return nn.Sequential(nn.Conv2d(cin, cout, k, stride, k // 2), nn.BatchNorm2d(cout), act())
+
+
+class ConcatPool(nn.Module):
+    """squeezenet's fire module then a max pooling of the Concat (MNN pooled it differently when the
+    pooling's int8 output was on a one-sided grid and its input was float)."""
+    def __init__(self):
+        super().__init__()
+        self.stem, self.squeeze = _cbr(3, 16, stride=2), _cbr(16, 8, 1)
+        self.e1, self.e3 = _cbr(8, 16, 1), _cbr(8, 16, 3)
+        self.after, self.head = _cbr(32, 16, 1), nn.Conv2d(16, 4, 3, 1, 1)
+
+    def forward(self, x):
+        s = self.squeeze(self.stem(x))
+        y = torch.cat([self.e1(s), self.e3(s)], 1)
+        return self.head(self.after(F.max_pool2d(y, 3, 2, ceil_mode=True)))
+
+
+class FpnAdd(nn.Module):
+    """DBNet's FPN: a sum that feeds a convolution and an upsampling (the upsampling must read the sum
+    rounded to the grid MNN stores it on)."""
+    def __init__(self):
+        super().__init__()
+        self.c1, self.c2, self.c3 = _cbr(3, 16, stride=2), _cbr(16, 24, stride=2), _cbr(24, 32, stride=2)
+        self.l1, self.l2, self.l3 = nn.Conv2d(16, 16, 1), nn.Conv2d(24, 16, 1), nn.Conv2d(32, 16, 1)
+        self.s1, self.s2 = nn.Conv2d(16, 8, 3, 1, 1), nn.Conv2d(16, 8, 3, 1, 1)
+        self.head = nn.Conv2d(16, 4, 3, 1, 1)
+
+    def forward(self, x):
+        a = self.c1(x)
+        b = self.c2(a)
+        c = self.c3(b)
+        p2 = self.l2(b) + F.interpolate(self.l3(c), scale_factor=2.0, mode="nearest")
+        p1 = self.l1(a) + F.interpolate(p2, scale_factor=2.0, mode="nearest")
+        fused = torch.cat([self.s1(p1), F.interpolate(self.s2(p2), scale_factor=2.0, mode="nearest")], 1)
+        return self.head(fused)
+
+
+class HardSwishDepthwise(nn.Module):
+    """MobileNetV3's stem: hard-swish between int8 convolutions, a depthwise, a residual sum."""
+    def __init__(self):
+        super().__init__()
+        self.stem = _cbr(3, 16, stride=2, act=nn.Hardswish)
+        self.dw = nn.Sequential(nn.Conv2d(16, 16, 3, 1, 1, groups=16), nn.BatchNorm2d(16), nn.ReLU())
+        self.pw = nn.Conv2d(16, 16, 1)
+        self.out = nn.Conv2d(16, 8, 3, 1, 1)
+
+    def forward(self, x):
+        s = self.stem(x)
+        return self.out(s + self.pw(self.dw(s)))
+
+
+class SigmoidTranspose(nn.Module):
+    """A segmentation head: transposed convolution, sigmoid gate, concat with a skip."""
+    def __init__(self):
+        super().__init__()
+        self.down, self.mid = _cbr(3, 16, stride=2), _cbr(16, 16)
+        self.up = nn.ConvTranspose2d(16, 8, 2, 2)
+        self.skip = nn.Conv2d(3, 8, 3, 1, 1)
+        self.out = nn.Conv2d(16, 2, 3, 1, 1)
+
+    def forward(self, x):
+        m = self.mid(self.down(x))
+        u = self.up(m) * torch.sigmoid(self.up(m))
+        return self.out(torch.cat([u, self.skip(x)], 1))
+
+
+MODELS = {"concat_maxpool": ConcatPool, "fpn_add_resize": FpnAdd, "hardswish_depthwise": HardSwishDepthwise,
+          "sigmoid_convtranspose_concat": SigmoidTranspose}
+
+
+def _trained_statistics(m, x):
+    """Batch norms measured on data, so activations keep their scale through the layers."""
+    for mod in m.modules():
+        if isinstance(mod, nn.BatchNorm2d):
+            mod.momentum = None
+            mod.reset_running_stats()
+    with torch.no_grad():
+        m.train()(x)
+    return m.eval()
+
+
+@pytest.mark.parametrize("kind", sorted(MODELS))
+def test_int8_file_means_the_same_in_both_runtimes(tmp_path, kind):
+    torch.manual_seed(0)
+    rng = np.random.default_rng(0)
+    shape = (1, 3, 48, 64)
+    m = _trained_statistics(MODELS[kind](), torch.randn(8, *shape[1:]))
+    onnx_path, fp32, int8 = tmp_path / "m.onnx", tmp_path / "m.mnn", tmp_path / "m8.mnn"
+    torch.onnx.export(m, (torch.randn(*shape),), str(onnx_path), dynamo=False, opset_version=17,
+                      input_names=["x"], output_names=["y"])
+    api.convert(onnx_path, fp32)
+    samples = [{"x": rng.standard_normal(shape).astype(np.float32)} for _ in range(8)]
+    quantize_file(fp32, int8, QuantConfig(int8=True, calib=samples, method="mse"))
+    feeds = {"x": rng.standard_normal(shape).astype(np.float32)}
+    ref = Session(reader.load(fp32)).run(feeds)["y"]
+    ours = Session(reader.load(int8)).run(feeds)["y"]
+    theirs = mnn_run(int8, ["x"], ["y"], feeds)["y"].reshape(ours.shape)
+    assert metrics(ref, theirs)["cosine"] >= 0.99
+    agree = metrics(theirs, ours)
+    assert agree["cosine"] >= 0.9999, agree
+
+
+def test_two_workers_write_the_same_file(tmp_path):
+    """quant --workers 2 shards calibration over two processes and merges the statistics exactly: the
+    file is the single process's, byte for byte."""
+    torch.manual_seed(0)
+    rng = np.random.default_rng(1)
+    shape = (1, 3, 32, 48)
+    m = _trained_statistics(FpnAdd(), torch.randn(8, *shape[1:]))
+    onnx_path, fp32 = tmp_path / "m.onnx", tmp_path / "m.mnn"
+    torch.onnx.export(m, (torch.randn(*shape),), str(onnx_path), dynamo=False, opset_version=17,
+                      input_names=["x"], output_names=["y"])
+    api.convert(onnx_path, fp32)
+    calib = tmp_path / "calib"
+    calib.mkdir()
+    for k in range(11):
+        np.save(calib / f"{k:02d}.npy", (rng.standard_normal(shape) * (1 + k)).astype(np.float32))
+    files = {}
+    for workers in (1, 2):
+        files[workers] = tmp_path / f"w{workers}.mnn"
+        quantize_file(fp32, files[workers], QuantConfig(int8=True, calib=str(calib), method="kl", workers=workers))
+    assert files[1].read_bytes() == files[2].read_bytes()
