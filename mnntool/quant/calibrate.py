@@ -55,26 +55,26 @@ class Histogram:
         idx = (a.astype(np.float64) * (self.bins / self.edge)).astype(np.int64)
         self.counts += np.bincount(idx, minlength=self.bins)
 
+    def _at(self, edge: float) -> np.ndarray:
+        """The counts over [0, edge), a power of two at least this histogram's edge: runs of bins summed."""
+        if self.edge == 0 or edge == self.edge:
+            return self.counts
+        f = int(edge / self.edge)      # a power of two
+        counts = np.zeros(self.bins)
+        if f >= self.bins:
+            counts[0] = self.counts.sum()
+        else:
+            counts[:self.bins // f] = self.counts.reshape(-1, f).sum(1)
+        return counts
+
     def _widen(self, edge: float) -> None:
-        if edge <= self.edge:
-            return
-        if self.edge > 0:
-            f = int(edge / self.edge)      # a power of two
-            counts = np.zeros(self.bins)
-            if f >= self.bins:
-                counts[0] = self.counts.sum()
-            else:
-                counts[:self.bins // f] = self.counts.reshape(-1, f).sum(1)
-            self.counts = counts
-        self.edge = edge
+        if edge > self.edge:
+            self.counts, self.edge = self._at(edge), edge
 
     def merge(self, other: Histogram) -> None:
         """Add another histogram's counts (of other samples of the same tensor)."""
         self._widen(other.edge)
-        theirs = Histogram(self.bins)
-        theirs.counts, theirs.edge = other.counts.copy(), other.edge
-        theirs._widen(self.edge)
-        self.counts = self.counts + theirs.counts
+        self.counts = self.counts + other._at(self.edge)
         self.absmax = max(self.absmax, other.absmax)
         self.negative = self.negative or other.negative
 

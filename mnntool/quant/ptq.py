@@ -124,9 +124,12 @@ class Statistics:
             else:
                 self.hists[t] = h
         for k, v in other.sums.items():
-            mine = self.sums.get(k)
-            self.sums[k] = v if mine is None else [a + b for a, b in zip(mine, v)]
+            self.add_sum(k, v)
         self.count += other.count
+
+    def add_sum(self, layer: str, fixed: list) -> None:
+        mine = self.sums.get(layer)
+        self.sums[layer] = fixed if mine is None else [a + b for a, b in zip(mine, fixed)]
 
     def means(self) -> dict[str, np.ndarray]:
         scale = float(2 ** MEAN_FRACTION_BITS) * self.count
@@ -156,9 +159,7 @@ def collect(g: Graph, samples, names: list, layers: list, threads: int = 1, prog
         for name, tensor in layers:
             x = every[tensor]
             m = x.mean(axis=(0, 2, 3)) if x.ndim == 4 else x.reshape(-1, x.shape[-1]).mean(0)
-            fixed = _fixed(m)
-            mine = stats.sums.get(name)
-            stats.sums[name] = fixed if mine is None else [a + b for a, b in zip(mine, fixed)]
+            stats.add_sum(name, _fixed(m))
         if progress:
             progress(1)
     return stats
@@ -176,10 +177,10 @@ def calibrate(g: Graph, samples, method: str, nodes, progress=None,
         stats = collect(g, samples, names, layers, threads, progress)
     if stats.count == 0:
         raise MnnToolError("no calibration samples")
-    producers = g.producers()
+    producers, gridded = g.producers(), set(names)
     grids = {}
     for t in names:
-        cal = make(method, asymmetric and _one_sided(t, producers, set(names)))
+        cal = make(method, asymmetric and _one_sided(t, producers, gridded))
         cal.hist = stats.hists[t]
         grids[t] = cal.grid()
     return grids, stats.means()

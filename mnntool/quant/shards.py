@@ -30,7 +30,7 @@ def _chunks(samples, count: int) -> list:
 def _work(args):
     from .ptq import collect
     g, chunk, names, layers, threads = args
-    return len(chunk), collect(g, chunk, names, layers, threads)
+    return collect(g, chunk, names, layers, threads)
 
 
 def collect_sharded(g, samples, names, layers, threads: int, workers: int, progress=None):
@@ -44,8 +44,8 @@ def collect_sharded(g, samples, names, layers, threads: int, workers: int, progr
     with ProcessPoolExecutor(max_workers=min(workers, len(chunks)) or 1, mp_context=ctx) as pool:
         jobs = [pool.submit(_work, (g, chunk, names, layers, threads)) for chunk in chunks]
         for job in as_completed(jobs):
-            done, part = job.result()
+            part = job.result()
             stats.merge(part)
             if progress:
-                progress(done)
+                progress(part.count)
     return stats

@@ -72,18 +72,22 @@ def kernel_for(node, ins, outs, settings: Settings) -> Kernel:
         raise MnnToolError(f"{node.op} '{node.name}': cannot prepare ({type(e).__name__}: {e})") from None
 
 
-def stored_grid(g: Graph, name: str) -> tuple | None:
-    """The int8 grid a tensor is stored on, if the file gives it one (a TensorQuantInfo of type int8).
+def stored_grids(g: Graph) -> dict[str, tuple]:
+    """The int8 grid of each computed tensor the file gives one (a TensorQuantInfo of type int8).
 
     MNN stores such a tensor as int8 whoever computes it: every reader sees its values rounded to
     the grid, not only the int8 convolution it was calibrated for (DBNet's FPN: an Add feeding both a
     convolution and an upsampling; the upsampling reads the rounded sum in MNN)."""
-    info = g.tensors.get(name)
-    q = info.quant if info is not None else None
-    if not q or q.get("type", "DT_INT8") != "DT_INT8" or not q.get("scale"):
-        return None
-    zero = float(q.get("zero", 0))
-    return grid_of(float(q["scale"]), float(q.get("min", -128)) - zero, float(q.get("max", 127)) - zero)
+    grids = {}
+    for n in g.nodes:
+        for o in n.outputs:
+            info = g.tensors.get(o) if o else None
+            q = info.quant if info is not None else None
+            if q and q.get("type", "DT_INT8") == "DT_INT8" and q.get("scale"):
+                zero = float(q.get("zero", 0))
+                grids[o] = grid_of(float(q["scale"]), float(q.get("min", -128)) - zero,
+                                   float(q.get("max", 127)) - zero)
+    return grids
 
 
 def _rounding(grid: tuple, threads: int) -> Kernel:
@@ -138,6 +142,7 @@ class Session:
         self._plan_key = None
         self._plans: dict = {}
         self._dynamic: dict = {}      # kernels of the eager path, by (node index, operand shapes/values)
+        self._stored = stored_grids(graph)     # tensors every reader sees on their int8 grid
 
     @property
     def input_names(self) -> list[str]:
@@ -190,7 +195,7 @@ class Session:
         steps: list[Step] = []
         grids: dict[str, float] = {}
         programs, run = Programs(g.constants), []   # run: consecutive small elementwise nodes (kernels.program)
-        stored = {o: grid for n in g.nodes for o in n.outputs if o and (grid := stored_grid(g, o)) is not None}
+        stored = self._stored
 
         def build(node, ins, outs):
             k = kernel_for(node, ins, outs, self.settings)
@@ -372,9 +377,9 @@ class Session:
             for name, v in zip(node.outputs, res):
                 if name:
                     env[name] = np.asarray(v)
-                    grid = stored_grid(g, name)
+                    grid = self._stored.get(name)
                     if grid is not None and kern.out_grid != grid:
-                        env[name] = _rounding(grid, 1).fn([env[name]])[0]
+                        env[name] = _rounding(grid, self.settings.threads).fn([env[name]])[0]
         names = env if keep_all else g.outputs
         return {n: np.array(env[n]) for n in names if n in env}
 

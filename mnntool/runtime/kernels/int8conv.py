@@ -1,6 +1,6 @@
 """Int8 convolutions on integer arithmetic, the way MNN runs a `symmetricQuan` convolution.
 
-The float input is quantized once to its int8 grid, in steps k = rint(x / s) (stored as the byte
+The float input is quantized once to its int8 grid, in steps k = round(x / s) (half away from zero, as MNN; stored as the byte
 u8 = k + off with off = 128 + zero point, that is q + 128; channels last, so an im2col row is a few
 contiguous copies and the padding, real 0, is the byte off), multiplied by the int8 weights with
 32-bit accumulation (`vnni`), and the accumulator is rescaled, given the bias and the activation, and
@@ -24,7 +24,7 @@ def _byte(v, inv_s, lo, hi, off):
 
 @njit(parallel=True, cache=True, fastmath=True)
 def quantize_hwc(x, inv_s, lo, hi, off, t, l, xq):
-    """x (C, H, W) float -> xq[t + y, l + x, c] = clip(rint(x / s)) + off; the border is left as written."""
+    """x (C, H, W) float -> xq[t + y, l + x, c] = clip(round(x / s)) + off; the border is left as written."""
     C, H, W = x.shape
     for y in prange(H):
         dst = xq[t + y]
