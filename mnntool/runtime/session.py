@@ -73,7 +73,8 @@ def kernel_for(node, ins, outs, settings: Settings) -> Kernel:
 
 
 def stored_grids(g: Graph) -> dict[str, tuple]:
-    """The int8 grid of each computed tensor the file gives one (a TensorQuantInfo of type int8).
+    """The int8 grid and zero point of each computed tensor the file gives one (a TensorQuantInfo of
+    type int8), as (grid, zero).
 
     MNN stores such a tensor as int8 whoever computes it: every reader sees its values rounded to
     the grid, not only the int8 convolution it was calibrated for (DBNet's FPN: an Add feeding both a
@@ -85,9 +86,15 @@ def stored_grids(g: Graph) -> dict[str, tuple]:
             q = info.quant if info is not None else None
             if q and q.get("type", "DT_INT8") == "DT_INT8" and q.get("scale"):
                 zero = float(q.get("zero", 0))
-                grids[o] = grid_of(float(q["scale"]), float(q.get("min", -128)) - zero,
-                                   float(q.get("max", 127)) - zero)
+                grids[o] = (grid_of(float(q["scale"]), float(q.get("min", -128)) - zero,
+                                    float(q.get("max", 127)) - zero), zero)
     return grids
+
+
+def _stored_on(v: Val, stored: tuple | None) -> Val:
+    """v with the int8 grid and zero point the file stores its tensor on, if any: a kernel whose
+    arithmetic MNN does on int8 bytes (the average pooling) follows it."""
+    return v if stored is None else replace(v, grid=stored[0], zero=stored[1])
 
 
 def _rounding(grid: tuple, threads: int) -> Kernel:
@@ -142,7 +149,7 @@ class Session:
         self._plan_key = None
         self._plans: dict = {}
         self._dynamic: dict = {}      # kernels of the eager path, by (node index, operand shapes/values)
-        self._stored = stored_grids(graph)     # tensors every reader sees on their int8 grid
+        self._stored = stored_grids(graph)     # tensors every reader sees on their int8 grid: (grid, zero)
 
     @property
     def input_names(self) -> list[str]:
@@ -206,7 +213,7 @@ class Session:
             steps.append(Step(node.name, node.op, k, [slot(i) if i else -1 for i in node.inputs],
                               [slot(o) for o in node.outputs]))
             for o in node.outputs:
-                grid = stored.get(o)
+                grid = stored.get(o, (None,))[0]
                 if grid is not None and grids.get(o) != grid:
                     grids[o] = grid
                     steps.append(Step(node.name + " (int8 store)", "Int8Store", _rounding(grid, self.settings.threads),
@@ -230,7 +237,7 @@ class Session:
         # keep_all (verify) wants every tensor: nothing fused away
         for node in (g.nodes if keep_all else fuse_silu(g, vals, fuse_attention(g, vals))):
             ins = [replace(vals.get(i, Val(None)), grid=grids.get(i)) for i in node.inputs]
-            outs = [vals.get(o, Val(None)) for o in node.outputs]
+            outs = [_stored_on(vals.get(o, Val(None)), stored.get(o)) for o in node.outputs]
             if programs.accepts(node, ins, outs) and not any(o in stored for o in node.outputs):
                 run.append((node, ins, outs))
                 continue
@@ -350,9 +357,9 @@ class Session:
                                for x, sm in zip(xs, small))
             built = self._dynamic.get(key)
             if built is None:
-                ins = [Val(x.shape, str(x.dtype), x if sm else None) if x is not None else Val(None)
-                       for x, sm in zip(xs, small)]
-                outs = infer_node(node, ins)
+                ins = [_stored_on(Val(x.shape, str(x.dtype), x if sm else None), self._stored.get(i))
+                       if x is not None else Val(None) for x, sm, i in zip(xs, small, node.inputs)]
+                outs = [_stored_on(v, self._stored.get(o)) for v, o in zip(infer_node(node, ins), node.outputs)]
                 for name, v in zip(node.outputs, outs):
                     _check_size(name, v)
                 if node.op not in SHAPE_FREE and any(v.shape is None or not all(isinstance(d, int) for d in v.shape)
@@ -377,7 +384,7 @@ class Session:
             for name, v in zip(node.outputs, res):
                 if name:
                     env[name] = np.asarray(v)
-                    grid = self._stored.get(name)
+                    grid = self._stored.get(name, (None,))[0]
                     if grid is not None and kern.out_grid != grid:
                         env[name] = _rounding(grid, self.settings.threads).fn([env[name]])[0]
         names = env if keep_all else g.outputs

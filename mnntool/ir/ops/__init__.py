@@ -26,11 +26,12 @@ from ..graph import Node
 @dataclass
 class Val:
     """What shape inference knows of a tensor: shape, dtype and, for small known tensors, the value;
-    the runtime planner adds the int8 grid step its values lie on when a kernel rounds them to one."""
+    the runtime planner adds the int8 grid its values lie on (kernels.grid.grid_of) and its zero point."""
     shape: tuple | None
     dtype: str = "float32"
     value: Any = None
-    grid: float | None = None
+    grid: tuple | None = None
+    zero: float = 0.0
 
 
 def _no_flops(node, ins, outs) -> int:

@@ -4,7 +4,8 @@ from __future__ import annotations
 import numpy as np
 from numba import njit, prange
 
-from . import kernel, writes
+from . import Kernel, kernel, writes
+from .grid import mnn_round
 
 
 @njit(parallel=True, cache=True, fastmath=True)
@@ -117,10 +118,54 @@ def global_pool(x, is_max, out):
             out[r] = t / row.shape[0]
 
 
+@njit(parallel=True, cache=True)
+def int8_average(x, grid, offset, kh, kw, sh, sw, pt, pl, out):
+    """Average pooling as MNN's int8 kernel computes it: each value rounded to the output's grid and
+    stored as a byte k + offset (offset = zero point + 128, x86's unsigned bytes), the bytes summed
+    over the window clipped to the input, times 2^24 // count, shifted right by 24 (a floor), and
+    the offset taken back off. The count never includes padding."""
+    n, c, H, W = x.shape
+    oh, ow = out.shape[2], out.shape[3]
+    for nc in prange(n * c):
+        b, ch = nc // c, nc % c
+        for y in range(oh):
+            y0 = y * sh - pt
+            ya, yb = max(y0, 0), min(y0 + kh, H)
+            for xo in range(ow):
+                x0 = xo * sw - pl
+                xa, xb = max(x0, 0), min(x0 + kw, W)
+                total = np.int64(0)
+                for i in range(ya, yb):
+                    row = x[b, ch, i]
+                    for j in range(xa, xb):
+                        total += np.int64(min(max(mnn_round(row[j] * grid[0]), grid[2]), grid[3])) + offset
+                count = max((yb - ya) * (xb - xa), 1)
+                avg = (total * ((1 << 24) // count)) >> 24
+                out[b, ch, y, xo] = np.float32(avg - offset) * grid[1]
+
+
+def _int8_average(ins, outs) -> bool:
+    """Whether MNN runs this average pooling on int8 bytes: its output has an int8 grid and its input
+    either none (MNN quantizes it on the output's grid) or the same one. An input on another grid is
+    dequantized and pooled in float (then the float path rounds like MNN)."""
+    return outs[0].grid is not None and ins[0].grid in (None, outs[0].grid) and len(ins[0].shape) == 4
+
+
 @kernel("Pooling")
 def pooling(node, ins, outs, settings):
     p = node.param
     is_max = p.get("type", "MAXPOOL") == "MAXPOOL"
+    if not is_max and _int8_average(ins, outs):
+        h, w = ins[0].shape[2:]
+        oh, ow = outs[0].shape[2:]
+        if p.get("isGlobal"):
+            kh, kw, sh, sw, pt, pl = h, w, h, w, 0, 0
+        else:
+            kh, kw, sh, sw = p["kernelY"], p["kernelX"], p["strideY"], p["strideX"]
+            pt, pl = pool_pads(p, h, w, oh, ow, kh, kw, sh, sw)[:2]
+        grid, offset = outs[0].grid, int(outs[0].zero) + 128
+        return Kernel(lambda i, o: int8_average(np.ascontiguousarray(i[0], np.float32), grid, offset,
+                                                kh, kw, sh, sw, pt, pl, o[0]), True, grid)
     if p.get("isGlobal"):
         rows = int(np.prod(ins[0].shape[:2]))
         return writes(lambda i, o: global_pool(np.ascontiguousarray(i[0]).reshape(rows, -1), is_max, o[0].reshape(rows)))
