@@ -4,6 +4,14 @@ quantizer (KL). Reports cosine and top-1 agreement of int8 outputs vs fp32; mnnt
 in the MNN runtime and again in mnntool's own int8 runtime.
 
     python benchmarks/quant_accuracy.py [--models resnet18 mobilenetv2] [--calib 32] [--held-out 100]
+
+`--zoo` instead scores held-out architectures (timm/torchvision with random weights, the DBNet-style
+detector of fixtures/dbnet.py; exported with torch.onnx, dynamo=False) with one method (`--method`,
+mse by default): per model the int8 file's size ratio, its cosine vs fp32 in MNN and in mnntool's
+runtime, the two runtimes' agreement on the same file, and beside them onnxruntime's quantize_static
+(MinMax, QDQ per-channel) and MNN's own quantizer (KL) where they run:
+
+    python benchmarks/quant_accuracy.py --zoo [names...] [--calib 16] [--held-out 8]
 """
 from __future__ import annotations
 
@@ -54,13 +62,118 @@ def score(ref, got):
     return {"cosine": float(np.mean(cos)), "top1_agreement": float(np.mean(top1))}
 
 
+ZOO_DEFAULT = ["squeezenet1_1", "mobilenetv3_large_100", "efficientnet_b0", "regnety_008", "ghostnet_100",
+               "densenet121", "resnext26ts", "shufflenet_v2_x1_0", "lraspp_mobilenet_v3_large", "dbnet"]
+
+
+def _zoo_onnx(name: str, path: Path) -> tuple[str, tuple]:
+    """Export one held-out architecture; returns its input name and shape."""
+    import torch
+    if name == "dbnet":
+        from fixtures.dbnet import export
+        export(path, size=(224, 224))
+        return "images", (1, 3, 224, 224)
+    from fixtures.zoo import ZOO, _timm, _tv, _without_torchvision_ops, export as zoo_export, wrapped, Entry, _image
+    entry = ZOO.get(name) or Entry(_tv(name) if name in ("squeezenet1_1",) else _timm(name), _image())
+    _without_torchvision_ops()
+    torch.manual_seed(0)
+    model = wrapped(entry.build().eval())
+    shape = (1, 3, 224, 224) if name != "lraspp_mobilenet_v3_large" else (1, 3, 256, 256)
+    entry = Entry(entry.build, _image(*shape[:1], *shape[2:]), names=entry.names)
+    zoo_export(entry, model, path, "legacy")
+    return entry.names[0], shape
+
+
+def zoo_rows(names, calib_n: int, held_n: int, method: str) -> list[dict]:
+    import onnxruntime as ort
+    from onnxruntime.quantization import CalibrationDataReader, CalibrationMethod, QuantFormat, QuantType, quantize_static
+    from mnntool.compare import metrics
+    from mnntool.mnn_tools import mnnconvert, mnnquant
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp:
+        tmp = Path(tmp)
+        calib_imgs = images(tmp / "imgs", calib_n, 1)
+        test_imgs = images(tmp / "test", held_n, 2)
+        for name in names:
+            src = tmp / f"{name}.onnx"
+            inp, shape = _zoo_onnx(name, src)
+            size = shape[2:]
+
+            def prep(p):
+                from PIL import Image
+                x = np.asarray(Image.open(p).convert("RGB").resize(size[::-1]), np.float32)
+                return ((x - MEAN) * NORMAL).transpose(2, 0, 1)[None].copy()
+            calib = tmp / f"calib_{name}"
+            calib.mkdir()
+            for k, p in enumerate(calib_imgs):
+                np.save(calib / f"{k:03d}.npy", prep(p))
+            test_x = [prep(p) for p in test_imgs]
+            fp32, int8 = tmp / f"{name}.mnn", tmp / f"{name}_int8.mnn"
+            convert(src, fp32)
+            ort_sess = ort.InferenceSession(str(src))
+            out_name = ort_sess.get_outputs()[0].name
+            ref = [ort_sess.run(None, {inp: x})[0] for x in test_x]
+            report = quantize_file(fp32, int8, QuantConfig(int8=True, calib=str(calib), method=method))
+            theirs = MnnSession(str(int8), [inp], [out_name])
+            mnn_out = [theirs.run({inp: x})[out_name].reshape(r.shape) for x, r in zip(test_x, ref)]
+            ours_sess = mnntool.load(int8)
+            ours = [ours_sess.run({inp: x})[out_name].reshape(r.shape) for x, r in zip(test_x, ref)]
+            row = {"model": name, "size_ratio": fp32.stat().st_size / int8.stat().st_size,
+                   "float_layers": len(report.get("float_layers", [])),
+                   "cos_mnn": score(ref, mnn_out)["cosine"], "cos_mnntool": score(ref, ours)["cosine"],
+                   "agree": float(np.mean([metrics(a, b)["cosine"] for a, b in zip(mnn_out, ours)]))}
+
+            class Reader(CalibrationDataReader):
+                def __init__(self):
+                    self.it = iter([{inp: np.load(p)} for p in sorted(calib.glob("*.npy"))])
+
+                def get_next(self):
+                    return next(self.it, None)
+            try:
+                q = tmp / f"{name}_ort.onnx"
+                quantize_static(str(src), str(q), Reader(), quant_format=QuantFormat.QDQ, per_channel=True,
+                                activation_type=QuantType.QInt8, weight_type=QuantType.QInt8,
+                                calibrate_method=CalibrationMethod.MinMax)
+                s = ort.InferenceSession(str(q))
+                row["cos_ort_minmax"] = score(ref, [s.run(None, {inp: x})[0] for x in test_x])["cosine"]
+            except Exception as e:       # noqa: BLE001 -- a tool that fails on a model is reported, not fatal
+                row["cos_ort_minmax"] = float("nan")
+                print(f"{name}: onnxruntime quantize_static: {type(e).__name__}: {str(e)[:120]}", flush=True)
+            cfg = {"format": "RGB", "mean": [MEAN] * 3, "normal": [NORMAL] * 3, "width": size[1], "height": size[0],
+                   "path": str(tmp / "imgs") + "/", "used_image_num": calib_n,
+                   "feature_quantize_method": "KL", "weight_quantize_method": "MAX_ABS"}
+            (tmp / "cfg.json").write_text(json.dumps(cfg))
+            try:
+                mf = tmp / f"{name}_mnn_fp32.mnn"
+                mnnconvert("-f", "ONNX", "--modelFile", src, "--MNNModel", mf, "--bizCode", "bench")
+                mnnquant(mf, tmp / f"{name}_mnnq.mnn", tmp / "cfg.json")
+                m = MnnSession(str(tmp / f"{name}_mnnq.mnn"), [inp], [out_name])
+                row["cos_mnn_quantizer"] = score(ref, [m.run({inp: x})[out_name].reshape(r.shape)
+                                                       for x, r in zip(test_x, ref)])["cosine"]
+            except MnnToolError as e:
+                row["cos_mnn_quantizer"] = float("nan")
+                print(f"{name}: MNN's quantizer: {str(e)[:120]}", flush=True)
+            rows.append(row)
+            print(f"{name:26s} size {row['size_ratio']:.2f}x  cos MNN {row['cos_mnn']:.6f}  mnntool "
+                  f"{row['cos_mnntool']:.6f}  agree {row['agree']:.6f}  ORT {row['cos_ort_minmax']:.6f}  "
+                  f"MNN-quant {row['cos_mnn_quantizer']:.6f}", flush=True)
+    return rows
+
+
 def main():
     ap = argparse.ArgumentParser()
+    ap.add_argument("--zoo", nargs="*", default=None, help="held-out architectures (default: a set of 10)")
+    ap.add_argument("--method", default="mse")
     ap.add_argument("--models", nargs="+", default=["resnet18", "mobilenetv2"])
     ap.add_argument("--calib", type=int, default=32)
     ap.add_argument("--held-out", type=int, default=100)
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
+    if args.zoo is not None:
+        rows = zoo_rows(args.zoo or ZOO_DEFAULT, args.calib, args.held_out, args.method)
+        if args.json:
+            Path(args.json).write_text(json.dumps(rows, indent=1))
+        return
     import onnxruntime as ort
     from onnxruntime.quantization import (CalibrationDataReader, CalibrationMethod, QuantFormat, QuantType,
                                           quantize_static)

@@ -137,6 +137,7 @@ def check_input_shape(g: Graph, name: str, shape) -> None:
         raise MnnToolError(f"input '{name}': shape {list(shape)} does not match the model's {list(declared)}")
 
 
+RAW = " (before int8 store)"     # a stored tensor's name as its producer writes it, before rounding
 SMALL_OPERAND = 1 << 12     # elements: run-time operands up to this size are passed to factories as values
 MAX_PLANS = 8               # plans kept per session, one per distinct set of input shapes
 
@@ -210,14 +211,19 @@ class Session:
                 raise MnnToolError(f"{node.op} '{node.name}': output shape unknown at prepare time")
             if k.out_grid:
                 grids[node.outputs[0]] = k.out_grid
+            # an output the file stores on a grid the kernel does not round to is written under its raw
+            # name and rounded into its own slot by a step of its own (rounding in place could change
+            # a tensor the output is a view of; rounding into the producer's slot made the next run's
+            # rounding read the last run's result)
+            rounded = [o for o in node.outputs if stored.get(o, (None,))[0] not in (None, grids.get(o))]
+            for o in rounded:
+                vals[o + RAW] = vals.get(o, Val(None))
             steps.append(Step(node.name, node.op, k, [slot(i) if i else -1 for i in node.inputs],
-                              [slot(o) for o in node.outputs]))
-            for o in node.outputs:
-                grid = stored.get(o, (None,))[0]
-                if grid is not None and grids.get(o) != grid:
-                    grids[o] = grid
-                    steps.append(Step(node.name + " (int8 store)", "Int8Store", _rounding(grid, self.settings.threads),
-                                      [slot(o)], [slot(o)]))
+                              [slot(o + RAW if o in rounded else o) for o in node.outputs]))
+            for o in rounded:
+                grids[o] = grid = stored[o][0]
+                steps.append(Step(node.name + " (int8 store)", "Int8Store", _rounding(grid, self.settings.threads),
+                                  [slot(o + RAW)], [slot(o)]))
 
         def emit(nodes, externals, outputs, k):
             name = nodes[0].name + (f" (+{len(nodes) - 1} ops)" if len(nodes) > 1 else "")
@@ -418,6 +424,6 @@ class Session:
             where = f"{step.op} '{step.name}'" if step else "a step"
             raise MnnToolError(f"{where} failed: {type(e).__name__}: {_one_line(e)}") from None
         if keep_all:
-            return {n: np.array(slots[i]) for i, n in enumerate(plan.names) if slots[i] is not None}
+            return {n: np.array(slots[i]) for i, n in enumerate(plan.names) if slots[i] is not None and not n.endswith(RAW)}
         return {n: np.array(slots[i]) for n, i in plan.output_slots.items()}
 
