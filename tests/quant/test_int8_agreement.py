@@ -105,16 +105,23 @@ def _trained_statistics(m, x):
     return m.eval()
 
 
-@pytest.mark.parametrize("kind", sorted(MODELS))
-def test_int8_file_means_the_same_in_both_runtimes(tmp_path, kind):
+def _exported(tmp_path, model, shape):
+    """The model (seeded, batch norms measured) exported with torch.onnx and converted: (fp32 file, int8
+    file path to write)."""
     torch.manual_seed(0)
-    rng = np.random.default_rng(0)
-    shape = (1, 3, 48, 64)
-    m = _trained_statistics(MODELS[kind](), torch.randn(8, *shape[1:]))
+    m = _trained_statistics(model(), torch.randn(8, *shape[1:]))
     onnx_path, fp32, int8 = tmp_path / "m.onnx", tmp_path / "m.mnn", tmp_path / "m8.mnn"
     torch.onnx.export(m, (torch.randn(*shape),), str(onnx_path), dynamo=False, opset_version=17,
                       input_names=["x"], output_names=["y"])
     api.convert(onnx_path, fp32)
+    return fp32, int8
+
+
+@pytest.mark.parametrize("kind", sorted(MODELS))
+def test_int8_file_means_the_same_in_both_runtimes(tmp_path, kind):
+    rng = np.random.default_rng(0)
+    shape = (1, 3, 48, 64)
+    fp32, int8 = _exported(tmp_path, MODELS[kind], shape)
     samples = [{"x": rng.standard_normal(shape).astype(np.float32)} for _ in range(8)]
     quantize_file(fp32, int8, QuantConfig(int8=True, calib=samples, method="mse"))
     feeds = {"x": rng.standard_normal(shape).astype(np.float32)}
@@ -129,14 +136,9 @@ def test_int8_file_means_the_same_in_both_runtimes(tmp_path, kind):
 def test_two_workers_write_the_same_file(tmp_path):
     """quant --workers 2 shards calibration over two processes and merges the statistics exactly: the
     file is the single process's, byte for byte."""
-    torch.manual_seed(0)
     rng = np.random.default_rng(1)
     shape = (1, 3, 32, 48)
-    m = _trained_statistics(FpnAdd(), torch.randn(8, *shape[1:]))
-    onnx_path, fp32 = tmp_path / "m.onnx", tmp_path / "m.mnn"
-    torch.onnx.export(m, (torch.randn(*shape),), str(onnx_path), dynamo=False, opset_version=17,
-                      input_names=["x"], output_names=["y"])
-    api.convert(onnx_path, fp32)
+    fp32, _ = _exported(tmp_path, FpnAdd, shape)
     calib = tmp_path / "calib"
     calib.mkdir()
     for k in range(11):
@@ -184,14 +186,9 @@ def test_int8_layer_rounds_like_mnn(tmp_path, kind):
     MobileNetV3 they grew to cosine 0.998). Each tensor is asked of MNN alone: asking for several
     outputs at once changes which of them MNN keeps in int8."""
     model, op = LAYERS[kind]
-    torch.manual_seed(0)
     rng = np.random.default_rng(0)
     shape = (1, 16, 48, 64)
-    m = _trained_statistics(model(), torch.randn(8, *shape[1:]))
-    onnx_path, fp32, int8 = tmp_path / "m.onnx", tmp_path / "m.mnn", tmp_path / "m8.mnn"
-    torch.onnx.export(m, (torch.randn(*shape),), str(onnx_path), dynamo=False, opset_version=17,
-                      input_names=["x"], output_names=["y"])
-    api.convert(onnx_path, fp32)
+    fp32, int8 = _exported(tmp_path, model, shape)
     samples = [{"x": rng.standard_normal(shape).astype(np.float32)} for _ in range(8)]
     quantize_file(fp32, int8, QuantConfig(int8=True, calib=samples, method="mse"))
     feeds = {"x": rng.standard_normal(shape).astype(np.float32)}
@@ -214,14 +211,9 @@ def test_a_session_gives_each_run_its_own_answer(tmp_path):
     """Tensors the file stores on a grid are rounded by a step of their own: a session run on a second
     input must give what a new session gives (the rounding once read the previous run's values:
     EfficientNet-B0's second image came out at cosine 0.75)."""
-    torch.manual_seed(0)
     rng = np.random.default_rng(2)
     shape = (1, 3, 32, 48)
-    m = _trained_statistics(HardSwishDepthwise(), torch.randn(8, *shape[1:]))
-    onnx_path, fp32, int8 = tmp_path / "m.onnx", tmp_path / "m.mnn", tmp_path / "m8.mnn"
-    torch.onnx.export(m, (torch.randn(*shape),), str(onnx_path), dynamo=False, opset_version=17,
-                      input_names=["x"], output_names=["y"])
-    api.convert(onnx_path, fp32)
+    fp32, int8 = _exported(tmp_path, HardSwishDepthwise, shape)
     quantize_file(fp32, int8, QuantConfig(int8=True, method="mse",
                                           calib=[{"x": rng.standard_normal(shape).astype(np.float32)} for _ in range(4)]))
     g = reader.load(int8)
