@@ -50,9 +50,10 @@ def images(folder: Path, count: int, seed: int):
     return sorted(folder.glob("*.png"))
 
 
-def preprocess(path):
+def preprocess(path, size=(224, 224)):
+    """An image as the model's input: resized to size (H, W), (x - mean) * normal, NCHW."""
     from PIL import Image
-    x = np.asarray(Image.open(path).convert("RGB").resize((224, 224)), np.float32)
+    x = np.asarray(Image.open(path).convert("RGB").resize(size[::-1]), np.float32)
     return ((x - MEAN) * NORMAL).transpose(2, 0, 1)[None].copy()
 
 
@@ -98,16 +99,11 @@ def zoo_rows(names, calib_n: int, held_n: int, method: str) -> list[dict]:
             src = tmp / f"{name}.onnx"
             inp, shape = _zoo_onnx(name, src)
             size = shape[2:]
-
-            def prep(p):
-                from PIL import Image
-                x = np.asarray(Image.open(p).convert("RGB").resize(size[::-1]), np.float32)
-                return ((x - MEAN) * NORMAL).transpose(2, 0, 1)[None].copy()
             calib = tmp / f"calib_{name}"
             calib.mkdir()
             for k, p in enumerate(calib_imgs):
-                np.save(calib / f"{k:03d}.npy", prep(p))
-            test_x = [prep(p) for p in test_imgs]
+                np.save(calib / f"{k:03d}.npy", preprocess(p, size))
+            test_x = [preprocess(p, size) for p in test_imgs]
             fp32, int8 = tmp / f"{name}.mnn", tmp / f"{name}_int8.mnn"
             convert(src, fp32)
             ort_sess = ort.InferenceSession(str(src))
