@@ -101,3 +101,29 @@ def test_fixture_convolutions_get_fast_kernels(fixture_model, tmp_path):
     slow = [s.name for s in sess.plan.steps if s.op.startswith("Convolution")
             and "by_definition" in getattr(s.kernel.fn, "__qualname__", "")]
     assert not slow
+
+
+@pytest.mark.parametrize("g, kept", [
+    (geo(1, 8, 16, 16, 8, 3, p=24, d=24), (1, 1, 0, 0)),          # ASPP rate 24 on 16x16: its centre tap
+    (geo(1, 8, 16, 16, 8, 3, p=36, d=36), (1, 1, 0, 0)),
+    (geo(1, 8, 16, 16, 8, 3, p=12, d=12), (3, 3, 12, 12)),        # every tap reaches the map somewhere
+    (geo(1, 4, 6, 9, 4, 5, s=2, p=6, d=3), None),                 # strided: trimmed where it is exact
+    (geo(1, 6, 5, 5, 6, 3, p=8, d=8, group=6), (1, 1, 0, 0)),     # depthwise
+])
+def test_taps_reading_only_padding_are_dropped(g, kept):
+    from mnntool.runtime.kernels.conv_strategies import trimmed
+    rng = np.random.default_rng(0)
+    w = rng.standard_normal((g.cout, (g.cin // g.group) * g.kh * g.kw)).astype(np.float32)
+    g2, w2 = trimmed(g, w)
+    if kept is not None:
+        assert (g2.kh, g2.kw, g2.t, g2.l) == kept
+    assert (g2.oh, g2.ow) == (g.oh, g.ow) and min(g2.t, g2.l, g2.b, g2.r) >= 0
+    g2.check(w2.size, "trimmed")
+    x = rng.standard_normal((g.n, g.cin, g.h, g.w)).astype(np.float32)
+    b = rng.standard_normal(g.cout).astype(np.float32)
+    y = np.full((g.n, g.cout, g.oh, g.ow), np.nan, np.float32)
+    pick(g2).build(g2, Layer(w2, b, 0, NO_GRID, 1)).fn([x], [y])
+    ref = F.conv2d(F.pad(torch.from_numpy(x), (g.l, g.r, g.t, g.b)),
+                   torch.from_numpy(w.reshape(g.cout, g.cin // g.group, g.kh, g.kw)), torch.from_numpy(b),
+                   stride=(g.sh, g.sw), dilation=(g.dh, g.dw), groups=g.group).numpy()
+    assert np.abs(y - ref).max() <= 5e-5 * np.abs(ref).max()

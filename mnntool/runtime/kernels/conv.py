@@ -9,7 +9,7 @@ import numpy as np
 from ...errors import InvalidModel
 from . import Kernel, kernel, sized, writes
 from .conv_loops import col2im
-from .conv_strategies import Geometry, Layer, pick
+from .conv_strategies import Geometry, Layer, pick, trimmed
 from .grid import NO_GRID, activation, apply_act, grid_of, to_grid
 
 
@@ -108,7 +108,7 @@ def depthwise_int8_bias(node, bias: np.ndarray, grids: Int8Grids) -> np.ndarray:
 def convolution_float(node, ins, outs, weight, bias, settings, grid=NO_GRID) -> Kernel:
     """Float convolution on the first strategy that suits it; `grid` rounds its output to an int8 grid."""
     c = node.param["common"]
-    g = Geometry.of(c, ins[0].shape, outs[0].shape)
+    g, weight = trimmed(Geometry.of(c, ins[0].shape, outs[0].shape), weight)
     return pick(g).build(g, Layer(weight, bias, activation(c), grid, settings.threads))
 
 

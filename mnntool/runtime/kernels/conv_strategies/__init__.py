@@ -8,13 +8,13 @@ commit that introduced the strategy has the model-level numbers).
 from __future__ import annotations
 
 from ..llvmir import host_has
-from .base import Geometry, Layer, Strategy
+from .base import Geometry, Layer, Strategy, trimmed
 from .dense import (BlasIm2col, BlasRows, Im2colChannelsInLanes, ImplicitIm2col, MatVecRows, PackedRows, Pointwise,
                     TapsInPlace, Winograd3x3)
 from .depthwise import (BorderDepthwise3x3, ChannelsLastDepthwise, FlatDepthwise3x3, GenericDepthwise,
                         PlaneDepthwise3x3, RowDepthwise3x3, StripDepthwise3x3)
 
-__all__ = ["Geometry", "Layer", "Strategy", "STRATEGIES", "pick", "HAS_AVX512"]
+__all__ = ["Geometry", "Layer", "Strategy", "trimmed", "STRATEGIES", "pick", "HAS_AVX512"]
 
 HAS_AVX512 = host_has("avx512f")
 

@@ -2,7 +2,7 @@
 the Strategy unit, and the small helpers their kernels share."""
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import NamedTuple
 
 import numpy as np
@@ -105,6 +105,32 @@ class Geometry:
     @property
     def weight_bytes(self) -> int:
         return self.cout * (self.cin // self.group) * self.kh * self.kw * 4
+
+
+def _live_taps(k: int, d: int, s: int, pad: int, size: int, out: int) -> tuple[int, int]:
+    """The first and last tap along one axis that some output reads inside the input, the first kept
+    at most pad // d so the trimmed padding stays >= 0."""
+    live = [i for i in range(k) if any(0 <= y * s - pad + i * d < size for y in range(out))]
+    if not live:
+        return 0, k - 1
+    return min(live[0], pad // d), live[-1]
+
+
+def trimmed(g: Geometry, weight: np.ndarray) -> tuple[Geometry, np.ndarray]:
+    """The layer without the kernel rows and columns that read only padding for every output pixel:
+    DeepLab's ASPP branches (3x3, dilation 24 and 36 on a 16x16 map) are 1x1 convolutions in
+    disguise, and computing their other eight taps multiplies zeros (exact: only zero products go)."""
+    i0, i1 = _live_taps(g.kh, g.dh, g.sh, g.t, g.h, g.oh)
+    j0, j1 = _live_taps(g.kw, g.dw, g.sw, g.l, g.w, g.ow)
+    if (i0, i1, j0, j1) == (0, g.kh - 1, 0, g.kw - 1):
+        return g, weight
+    kh, kw = i1 - i0 + 1, j1 - j0 + 1
+    t, l = g.t - i0 * g.dh, g.l - j0 * g.dw
+    b = max(0, (g.oh - 1) * g.sh + (kh - 1) * g.dh + 1 - g.h - t)
+    r = max(0, (g.ow - 1) * g.sw + (kw - 1) * g.dw + 1 - g.w - l)
+    w = weight.reshape(g.cout, g.cin // g.group, g.kh, g.kw)[:, :, i0:i1 + 1, j0:j1 + 1]
+    g2 = replace(g, kh=kh, kw=kw, t=t, l=l, b=b, r=r, dh=g.dh if kh > 1 else 1, dw=g.dw if kw > 1 else 1)
+    return g2, np.ascontiguousarray(w.reshape(g.cout, -1))
 
 
 class Layer(NamedTuple):
