@@ -22,9 +22,14 @@ def geo(n, cin, h, w, cout, k, s=1, p=0, group=1, d=1):
 CASES = {
     "dw3 tiny map": (geo(1, 16, 7, 7, 16, 3, p=1, group=16), "dw3-flat", "dw3-plane"),
     "dw3 wide map": (geo(1, 8, 70, 70, 8, 3, p=1, group=8), "dw3-rows", "dw3-plane"),
-    "dw3 stride 2": (geo(2, 8, 40, 40, 8, 3, s=2, p=1, group=8), "dw3-strips", "dw3-border"),
-    "dw5 small map": (geo(1, 16, 14, 14, 16, 5, p=2, group=16), "dw-channels-last", "dw-channels-last"),
-    "dw5 dilated": (geo(1, 8, 40, 40, 8, 5, p=4, group=8, d=2), "dw-generic", "dw-generic"),
+    "dw3 stride 2": (geo(2, 8, 40, 40, 8, 3, s=2, p=1, group=8), "dw-strips", "dw3-border"),
+    "dw5 small map": (geo(1, 16, 14, 14, 16, 5, p=2, group=16), "dw-strips", "dw-channels-last"),
+    "dw5 stride 2": (geo(1, 8, 37, 35, 8, 5, s=2, p=2, group=8), "dw-strips", "dw-generic"),
+    "dw5 dilated": (geo(1, 8, 40, 40, 8, 5, p=4, group=8, d=2), "dw-strips", "dw-generic"),
+    "dw7": (geo(1, 8, 23, 23, 8, 7, p=3, group=8), "dw-strips", "dw-generic"),
+    "dw7 stride 2, unpadded": (geo(1, 8, 40, 40, 8, 7, s=2, group=8), "dw-strips", "dw-generic"),
+    "dw4 small map": (geo(1, 16, 12, 12, 16, 4, p=1, group=16), "dw-channels-last", "dw-channels-last"),
+    "dw4 large map": (geo(1, 8, 40, 40, 8, 4, p=1, group=8), "dw-generic", "dw-generic"),
     "3x3 dense": (geo(2, 16, 20, 20, 16, 3, p=1), "winograd", "blas-im2col"),
     "fc batch 1": (geo(1, 64, 1, 1, 32, 1), "matvec", "blas-rows"),
     "fc many rows": (geo(64, 128, 1, 1, 128, 1), "row-gemm", "blas-rows"),
@@ -73,7 +78,7 @@ def test_strategy_matches_torch(case, avx512):
     assert np.abs(got - ref).max() <= 5e-5 * np.abs(ref).max()
 
 
-@pytest.mark.parametrize("case", ["dw3 tiny map", "dw5 dilated", "fc batch 1", "1x1", "grouped"])
+@pytest.mark.parametrize("case", ["dw3 tiny map", "dw5 dilated", "dw4 large map", "fc batch 1", "1x1", "grouped"])
 def test_strategy_rounds_to_the_int8_grid(case):
     g, fast, _ = CASES[case]
     if not HAS_AVX512:

@@ -20,7 +20,6 @@ HAS_AVX512 = host_has("avx512f")
 # Strips (16 columns down a block of rows, set up once) beat one call per row 1.1-2x on maps up to 56
 # wide; on wider maps read cold from L3 the row walk's sequential reads win (112x112: 0.20 vs 0.35 ms)
 ROWS_FROM_WIDTH = 64
-STRIP_ROWS = 8
 
 
 def _make_row(stride: int, pool: bool = False):
@@ -142,102 +141,6 @@ def _make_row(stride: int, pool: bool = False):
 
 _row1, _row2 = _make_row(1), _make_row(2)
 _pool2 = _make_row(2, pool=True)
-
-
-def _make_strip(stride: int):
-    @intrinsic
-    def strip_kernel(typingctx, x, xo, H, W, t, l, x0, lanes_, y0, y1, ow, w, wo, bias, zrow, out, oo, epf, on_grid):
-        """Output columns x0 .. x0+15 (the first `lanes_`) of rows y0..y1-1 of one channel: out[oo + y*ow + x0 + i]
-        = finish(bias + sum_rj w[wo + 3r + j] * x[xo + (y*stride - t + r)*W + (x0 + i)*stride - l + j]),
-        taps outside the H x W plane reading zero. The column masks, nine weights and the epilogue are
-        set up once for the strip (the row kernel paid them per row); a row outside the plane reads
-        `zrow` (W zeros) instead."""
-        from llvmlite import ir
-        sig = types.void(x, types.intp, types.intp, types.intp, types.intp, types.intp, types.intp, types.intp,
-                         types.intp, types.intp, types.intp, w, types.intp, types.float32, zrow, out, types.intp, epf, types.intp)
-
-        def codegen(context, builder, sig, args):
-            xa, xo_, H_, W_, t_, l_, x0_, nl_, y0_, y1_, ow_, wa, wo_, bias_, za, oa, oo_, epfa, grid_ = args
-            i1, i32, i64, f32 = ir.IntType(1), ir.IntType(32), ir.IntType(64), ir.FloatType()
-            f16, m16 = ir.VectorType(f32, 16), ir.VectorType(i1, 16)
-            a = sig.args
-            xp = data_of(context, builder, a[0], xa, xo_)
-            wp = data_of(context, builder, a[11], wa, wo_)
-            zp = data_of(context, builder, a[14], za)
-            op = data_of(context, builder, a[15], oa, builder.add(oo_, x0_))
-            const = lambda v: ir.Constant(i64, v)   # noqa: E731
-            fma, mload, mstore = vector_ops(builder)
-            fzero = ir.Constant(f16, [0.0] * 16)
-            wv = [splat_(builder, builder.load(builder.gep(wp, [const(k)])), f16) for k in range(9)]
-            bv = splat_(builder, bias_, f16)
-            finish = Finish(builder, epfa, builder.icmp_signed("!=", grid_, const(0)))
-            base = builder.sub(builder.mul(x0_, const(stride)), l_)      # input column of lane 0, tap 0
-            in_row = lambda start: lanes(builder, builder.neg(start), builder.sub(W_, start))  # noqa: E731
-            if stride == 1:
-                starts = [builder.add(base, const(j)) for j in range(3)]
-                masks = [in_row(st) for st in starts]
-            else:   # two loads of 16 give taps 0 (even) and 1 (odd); tap 2 is the evens a lane on
-                starts = [builder.add(base, const(16 * v)) for v in range(3)]
-                masks = [in_row(starts[0]), in_row(starts[1]),
-                         builder.and_(in_row(starts[2]), ir.Constant(m16, [1] + [0] * 15))]
-                evens = ir.Constant(ir.VectorType(i32, 16), list(range(0, 32, 2)))
-                odds = ir.Constant(ir.VectorType(i32, 16), list(range(1, 32, 2)))
-                shift = ir.Constant(ir.VectorType(i32, 16), list(range(1, 17)))
-            keep = first_lanes(builder, nl_)
-
-            entry = builder.block
-            head, done = builder.append_basic_block("row"), builder.append_basic_block("rows_done")
-            builder.cbranch(builder.icmp_signed("<", y0_, y1_), head, done)
-            builder.position_at_end(head)
-            y = builder.phi(i64)
-            y.add_incoming(y0_, entry)
-            top = builder.sub(builder.mul(y, const(stride)), t_)
-            accs = [bv, fzero, fzero]
-            for r in range(3):
-                iy = builder.add(top, const(r))
-                inside = builder.and_(builder.icmp_signed(">=", iy, const(0)), builder.icmp_signed("<", iy, H_))
-                row = builder.select(inside, builder.gep(xp, [builder.mul(iy, W_)]), zp)
-                v = [builder.call(mload, [builder.bitcast(builder.gep(row, [st]), f16.as_pointer()), ir.Constant(i32, 4),
-                                          m, fzero]) for st, m in zip(starts, masks)]
-                if stride == 2:
-                    e = builder.shuffle_vector(v[0], v[1], evens)
-                    v = [e, builder.shuffle_vector(v[0], v[1], odds), builder.shuffle_vector(e, v[2], shift)]
-                for j in range(3):
-                    accs[r] = builder.call(fma, [v[j], wv[3 * r + j], accs[r]])
-            fin = finish(builder.fadd(builder.fadd(accs[0], accs[1]), accs[2]))
-            dst = builder.bitcast(builder.gep(op, [builder.mul(y, ow_)]), f16.as_pointer())
-            builder.call(mstore, [fin, dst, ir.Constant(i32, 4), keep])
-            nxt = builder.add(y, const(1))
-            y.add_incoming(nxt, builder.block)
-            builder.cbranch(builder.icmp_signed("<", nxt, y1_), head, done)
-            builder.position_at_end(done)
-            return context.get_dummy_value()
-        return sig, codegen
-    return strip_kernel
-
-
-_strip1, _strip2 = _make_strip(1), _make_strip(2)
-
-
-@njit(parallel=True, cache=True)
-def depthwise3x3_strips(x, w, b, s, t, l, epf, grid, zrow, rows, out):
-    """x (C, H, W) -> out (C, oh, ow) as `depthwise3x3`, in 16-column strips down blocks of `rows` output
-    rows (a block's input rows stay in L1 across its strips; whole-channel strips re-read a 112-wide
-    plane from L2 and walked it against the prefetcher)."""
-    C, H, W = x.shape
-    oh, ow = out.shape[1], out.shape[2]
-    xf, of = x.reshape(-1), out.reshape(-1)
-    nstrip = (ow + 15) // 16
-    for c in prange(C):
-        for y0 in range(0, oh, rows):
-            y1 = min(oh, y0 + rows)
-            for k in range(nstrip):
-                if s == 1:
-                    _strip1(xf, c * H * W, H, W, t, l, 16 * k, ow - 16 * k, y0, y1, ow, w, c * 9, b[c], zrow, of,
-                            c * oh * ow, epf, grid)
-                else:
-                    _strip2(xf, c * H * W, H, W, t, l, 16 * k, ow - 16 * k, y0, y1, ow, w, c * 9, b[c], zrow, of,
-                            c * oh * ow, epf, grid)
 
 
 @njit(parallel=True, cache=True)

@@ -12,7 +12,7 @@ from .base import Geometry, Layer, Strategy, trimmed
 from .dense import (BlasIm2col, BlasRows, Im2colChannelsInLanes, ImplicitIm2col, MatVecRows, PackedRows, Pointwise,
                     TapsInPlace, Winograd3x3)
 from .depthwise import (BorderDepthwise3x3, ChannelsLastDepthwise, FlatDepthwise3x3, GenericDepthwise,
-                        PlaneDepthwise3x3, RowDepthwise3x3, StripDepthwise3x3)
+                        PlaneDepthwise3x3, RowDepthwise3x3, StripDepthwise)
 
 __all__ = ["Geometry", "Layer", "Strategy", "trimmed", "STRATEGIES", "pick", "HAS_AVX512"]
 
@@ -20,7 +20,7 @@ HAS_AVX512 = host_has("avx512f")
 
 # In order of preference: the first that suits a layer runs it.
 STRATEGIES: list[Strategy] = [
-    FlatDepthwise3x3(), RowDepthwise3x3(), StripDepthwise3x3(), PlaneDepthwise3x3(), ChannelsLastDepthwise(),
+    FlatDepthwise3x3(), RowDepthwise3x3(), StripDepthwise(), PlaneDepthwise3x3(), ChannelsLastDepthwise(),
     BorderDepthwise3x3(), GenericDepthwise(),
     Winograd3x3(), MatVecRows(), PackedRows(), BlasRows(), Pointwise(), Im2colChannelsInLanes(), TapsInPlace(),
     ImplicitIm2col(), BlasIm2col(),

@@ -18,6 +18,8 @@ CHANNELS_LAST_MAX_WIDTH = 16
 # padded by 1 and maps from 7 wide; narrower maps and wider pads were left to the other kernels
 # without a measurement of their own.
 PLANE_DW_MAX_PAD, PLANE_DW_MIN_WIDTH = 2, 7
+# Strips go down blocks of this many output rows (their input rows stay in L1 across the strips).
+STRIP_ROWS = 8
 
 class FlatDepthwise3x3(Strategy):
     """Tiny stride-1 maps as one flat run per channel (dw3.depthwise3x3_flat)."""
@@ -52,20 +54,23 @@ class RowDepthwise3x3(Strategy):
         return per_image(g, lambda x, y: rows(x, w9, layer.bias, g.sh, g.t, g.l, epf, on_grid, y))
 
 
-class StripDepthwise3x3(Strategy):
-    """Narrower maps in strips of 16 columns down dw3.STRIP_ROWS rows, stride 1 or 2."""
-    name, avx512 = "dw3-strips", True
+class StripDepthwise(Strategy):
+    """3x3, 5x5 and 7x7 in strips of 16 columns down STRIP_ROWS rows, stride 1 (dilated or not)
+    or 2 (dwstrips.depthwise_strips)."""
+    name, avx512 = "dw-strips", True
 
     def suits(self, g):
-        return g.depthwise and g.k3 and g.sh in (1, 2)
+        from .. import dwstrips
+        return (g.depthwise and g.kh == g.kw and g.kh in dwstrips.SIZES and g.sh == g.sw and g.dh == g.dw
+                and (g.sh == 1 or (g.sh == 2 and g.dh == 1)))
 
     def build(self, g, layer):
-        from .. import dw3
+        from .. import dwstrips
         from ..fgemm import epilogue_of
-        w9, (epf, on_grid) = dw_weights(g, layer).reshape(-1), epilogue_of(layer.act, layer.grid)
-        strips, zrow = sized(dw3.depthwise3x3_strips, g.out_size * 9, layer.threads), np.zeros(g.w, np.float32)
-        return per_image(g, lambda x, y: strips(x, w9, layer.bias, g.sh, g.t, g.l, epf, on_grid, zrow,
-                                                 dw3.STRIP_ROWS, y))
+        wk, (epf, on_grid) = dw_weights(g, layer).reshape(-1), epilogue_of(layer.act, layer.grid)
+        strips, zrow = sized(dwstrips.depthwise_strips, g.out_size * g.kh * g.kw, layer.threads), np.zeros(g.w, np.float32)
+        return per_image(g, lambda x, y: strips(x, wk, layer.bias, g.kh, g.sh, g.dh, g.t, g.l, epf, on_grid, zrow,
+                                                 STRIP_ROWS, y))
 
 
 class PlaneDepthwise3x3(Strategy):
