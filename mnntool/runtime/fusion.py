@@ -8,6 +8,8 @@ multiplied by v, instead of 3 to 6 steps each passing over the L x L scores."""
 from __future__ import annotations
 
 from ..ir.graph import Graph, Node
+from .kernels.grid import (POST, POST_CLIP, POST_GELU, POST_GELU_TANH, POST_HARDSWISH, POST_LEAKY, POST_SIGMOID,
+                           POST_SILU, POST_TANH)
 
 FUSED_ATTENTION = "FusedAttention"
 
@@ -118,3 +120,57 @@ def fuse_silu(g: Graph, vals: dict, nodes: list[Node]) -> list[Node]:
         drop.add(k)
         replace[id(mul)] = Node(FUSED_SILU, [x], list(mul.outputs), f"{sig.name} (+1 op)", {})
     return [replace.get(id(n), n) for k, n in enumerate(nodes) if k not in drop]
+
+
+_UNARY_POSTS = {"SIGMOID": POST_SIGMOID, "SILU": POST_SILU, "HARDSWISH": POST_HARDSWISH, "GELU": POST_GELU_TANH,
+                "GELU_STANDARD": POST_GELU, "TANH": POST_TANH}
+
+
+def _post_of(n: Node) -> tuple | None:
+    """The activation node `n` computes as a Post (grid.POST_*, alpha, beta), or None."""
+    if n.op == FUSED_SILU:
+        return (POST_SILU, 0.0, 0.0)
+    if n.op == "Sigmoid":
+        return (POST_SIGMOID, 0.0, 0.0)
+    if n.op == "TanH":
+        return (POST_TANH, 0.0, 0.0)
+    if n.op == "UnaryOp" and n.param.get("opType") in _UNARY_POSTS:
+        return (_UNARY_POSTS[n.param["opType"]], 0.0, 0.0)
+    if n.op == "ReLU":
+        slope = float(n.param.get("slope", 0.0) or 0.0)
+        return (POST_LEAKY, slope, 0.0) if slope else (POST_CLIP, 0.0, float("inf"))
+    if n.op == "ReLU6":
+        return (POST_CLIP, float(n.param.get("minValue", 0.0)), float(n.param.get("maxValue", 6.0)))
+    return None
+
+
+def fuse_activations(g: Graph, vals: dict, nodes: list[Node], stored: dict) -> list[Node]:
+    """A float convolution whose only reader is an activation (SiLU, HardSwish, GELU, sigmoid, tanh,
+    leaky ReLU, clip) as one convolution node that applies it in its epilogue (param grid.POST): the
+    convolution's output is never written to memory and read back. Not where either tensor is stored
+    on an int8 grid (MNN rounds the convolution's output before the activation reads it)."""
+    users: dict[str, list[Node]] = {}
+    for n in nodes:
+        for i in dict.fromkeys(n.inputs):
+            users.setdefault(i, []).append(n)
+    outputs = set(g.outputs)
+    fused, drop = {}, set()
+    for conv in nodes:
+        if conv.op not in ("Convolution", "ConvolutionDepthwise") or len(conv.inputs) != 1 or \
+                POST in conv.param or (conv.param.get("quanParameter") or {}).get("scaleIn"):
+            continue
+        y = conv.outputs[0]
+        us = users.get(y, [])
+        if len(us) != 1 or y in outputs or y in stored:
+            continue
+        act = us[0]
+        post = _post_of(act)
+        if post is None or act.inputs[0] != y or len(act.outputs) != 1 or act.outputs[0] in stored:
+            continue
+        v, w = vals.get(y), vals.get(act.outputs[0])
+        if v is None or w is None or v.dtype != "float32" or w.dtype != "float32" or v.shape != w.shape:
+            continue
+        fused[id(conv)] = Node(conv.op, list(conv.inputs), list(act.outputs), f"{conv.name} (+{act.name})",
+                               {**conv.param, POST: post}, conv.param_type, conv.fmt)
+        drop.add(id(act))
+    return [fused.get(id(n), n) for n in nodes if id(n) not in drop]

@@ -19,7 +19,7 @@ from ..ir.shape_inference import infer_node, infer_shapes
 from ..ir.validate import MAX_TENSOR_BYTES
 from .kernels import KERNELS, PLAN_ONLY, Kernel, aligned_empty, by_definition, sized
 from .kernels.grid import grid_of, to_grid
-from .fusion import fuse_attention, fuse_silu
+from .fusion import fuse_activations, fuse_attention, fuse_silu
 from .kernels.control import SHAPE_FREE
 from .kernels.program import Programs
 from .settings import Settings
@@ -241,7 +241,8 @@ class Session:
                     build(*item)
             run.clear()
         # keep_all (verify) wants every tensor: nothing fused away
-        for node in (g.nodes if keep_all else fuse_silu(g, vals, fuse_attention(g, vals))):
+        fused = g.nodes if keep_all else fuse_activations(g, vals, fuse_silu(g, vals, fuse_attention(g, vals)), stored)
+        for node in fused:
             ins = [replace(vals.get(i, Val(None)), grid=grids.get(i)) for i in node.inputs]
             outs = [_stored_on(vals.get(o, Val(None)), stored.get(o)) for o in node.outputs]
             if programs.accepts(node, ins, outs) and not any(o in stored for o in node.outputs):

@@ -132,3 +132,36 @@ def test_taps_reading_only_padding_are_dropped(g, kept):
                    torch.from_numpy(w.reshape(g.cout, g.cin // g.group, g.kh, g.kw)), torch.from_numpy(b),
                    stride=(g.sh, g.sw), dilation=(g.dh, g.dw), groups=g.group).numpy()
     assert np.abs(y - ref).max() <= 5e-5 * np.abs(ref).max()
+
+
+def _torch_post(kind, y, alpha, beta):
+    from mnntool.runtime.kernels import grid as gr
+    return {gr.POST_SILU: F.silu, gr.POST_SIGMOID: torch.sigmoid, gr.POST_HARDSWISH: F.hardswish,
+            gr.POST_GELU_TANH: lambda t: F.gelu(t, approximate="tanh"), gr.POST_GELU: F.gelu, gr.POST_TANH: torch.tanh,
+            gr.POST_LEAKY: lambda t: F.leaky_relu(t, alpha), gr.POST_HARDSIGMOID: lambda t: torch.clamp(alpha * t + beta, 0, 1),
+            gr.POST_CLIP: lambda t: torch.clamp(t, alpha, beta)}[kind](y)
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_strategy_applies_a_fused_activation_like_torch(case):
+    """Every strategy applies Layer.post after the bias and ReLU6: in its IR epilogue, or after its kernel
+    (with_post). Reference: torch's conv2d, then torch's activation. Tolerance as above."""
+    from mnntool.runtime.kernels import grid as gr
+    from mnntool.runtime.kernels.conv_strategies import build
+    g = CASES[case][0]
+    rng = np.random.default_rng(3)
+    x = (rng.standard_normal((g.n, g.cin, g.h, g.w)) * 2).astype(np.float32)
+    w = (rng.standard_normal((g.cout, g.cin // g.group, g.kh, g.kw)) / np.sqrt(g.cin * g.kh)).astype(np.float32)
+    b = rng.standard_normal(g.cout).astype(np.float32)
+    ref0 = F.conv2d(F.pad(torch.from_numpy(x), (g.l, g.r, g.t, g.b)), torch.from_numpy(w), torch.from_numpy(b),
+                    stride=(g.sh, g.sw), dilation=(g.dh, g.dw), groups=g.group)
+    for kind, alpha, beta, act in [(gr.POST_SILU, 0, 0, 0), (gr.POST_SIGMOID, 0, 0, 0), (gr.POST_HARDSWISH, 0, 0, 0),
+                                   (gr.POST_GELU_TANH, 0, 0, 0), (gr.POST_GELU, 0, 0, 0), (gr.POST_TANH, 0, 0, 0),
+                                   (gr.POST_LEAKY, 0.1, 0, 0), (gr.POST_HARDSIGMOID, 0.2, 0.5, 0),
+                                   (gr.POST_CLIP, -1.5, 2.5, 0), (gr.POST_SILU, 0, 0, RELU6)]:
+        y = np.full((g.n, g.cout, g.oh, g.ow), np.nan, np.float32)
+        build(g, Layer(w.reshape(g.cout, -1), b, act, NO_GRID, 2, (kind, alpha, beta))).fn([x], [y])
+        pre = torch.clamp(ref0, 0, 6) if act == RELU6 else ref0
+        ref = _torch_post(kind, pre, alpha, beta).numpy()
+        err = np.abs(y - ref).max()
+        assert err <= 5e-5 * max(np.abs(ref).max(), 1), (kind, act, err)

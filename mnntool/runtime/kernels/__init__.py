@@ -99,10 +99,20 @@ def by_definition(node) -> Kernel:
     run-time operands) that no fast kernel covers."""
     from ...errors import MnnToolError
     from ...ir.ops import REGISTRY
+    from .grid import POST
     opdef = REGISTRY.get(node.op)
     if opdef is None:
         raise MnnToolError(f"op {node.op} ('{node.name}') is not supported by the runtime")
-    return Kernel(lambda i: opdef.evaluate(node, i), False)
+    post = node.param.get(POST)
+    if post is None:
+        return Kernel(lambda i: opdef.evaluate(node, i), False)
+
+    def then_post(inputs):      # a convolution the planner gave an activation (runtime/fusion.py)
+        from .actir import post_flat
+        y = np.array(opdef.evaluate(node, inputs)[0], np.float32)
+        post_flat(y.reshape(-1), int(post[0]), np.float32(post[1]), np.float32(post[2]))
+        return [y]
+    return Kernel(then_post, False)
 
 
 def returns(fn) -> Kernel:

@@ -9,8 +9,8 @@ import numpy as np
 from ...errors import InvalidModel
 from . import Kernel, kernel, sized, writes
 from .conv_loops import col2im
-from .conv_strategies import Geometry, Layer, pick, trimmed
-from .grid import NO_GRID, activation, apply_act, grid_of, to_grid
+from .conv_strategies import Geometry, Layer, build, trimmed
+from .grid import NO_GRID, NO_POST, POST, activation, apply_act, grid_of, to_grid
 
 
 @kernel("Convolution", "ConvolutionDepthwise")
@@ -109,7 +109,7 @@ def convolution_float(node, ins, outs, weight, bias, settings, grid=NO_GRID) -> 
     """Float convolution on the first strategy that suits it; `grid` rounds its output to an int8 grid."""
     c = node.param["common"]
     g, weight = trimmed(Geometry.of(c, ins[0].shape, outs[0].shape), weight)
-    return pick(g).build(g, Layer(weight, bias, activation(c), grid, settings.threads))
+    return build(g, Layer(weight, bias, activation(c), grid, settings.threads, node.param.get(POST, NO_POST)))
 
 
 def _grid_input(fn, shape, grid, threads: int):

@@ -131,7 +131,7 @@ def _make_row(stride: int, pool: bool = False):
             dst = builder.bitcast(builder.gep(op, [x0]), f16.as_pointer())
             builder.call(mstore, [fin, dst, ir.Constant(i32, 4), first_lanes(builder, builder.sub(ow_, x0))])
             nxt = builder.add(x0, const(16))
-            x0.add_incoming(nxt, tail)
+            x0.add_incoming(nxt, builder.block)
             builder.cbranch(builder.icmp_signed("<", nxt, ow_), head, done)
             builder.position_at_end(done)
             return context.get_dummy_value()

@@ -17,6 +17,7 @@ import numpy as np
 from numba import njit, prange, types
 from numba.extending import intrinsic
 
+from .grid import NO_POST
 from .llvmir import Finish, data_of, vector_ops, first_lanes, host_has, k_loop, splat as splat_
 
 OCB = 8          # output channels per tile
@@ -113,13 +114,25 @@ def _make_tile(nv: int, ocb: int = OCB):
                         new.append(builder.call(fma, [xv[v], wb, accs[o * nv + v]]))
                 return new
             result = k_loop(builder, nk_, init, step)
-            finish = Finish(builder, epfa, on_grid)
+            # the epilogue (bias, activations, grid) only after the last k block: one branch for the tile
+            summed = builder.block
+            fin_b, store_b = builder.append_basic_block("finish"), builder.append_basic_block("store")
+            builder.cbranch(final, fin_b, store_b)
+            builder.position_at_end(fin_b)
+            biases = [splat(builder.load(builder.gep(bp, [const(o)])), f16) for o in range(ocb)]
+            done = Finish(builder, epfa, on_grid).many(
+                [builder.fadd(result[o * nv + v], biases[o]) for o in range(ocb) for v in range(nv)])
+            finished = builder.block
+            builder.branch(store_b)
+            builder.position_at_end(store_b)
+            vals = []
+            for raw, fin in zip(result, done):      # every phi first: they head the block
+                vals.append(builder.phi(f16))
+                vals[-1].add_incoming(raw, summed)
+                vals[-1].add_incoming(fin, finished)
             for o in range(ocb):
-                bo = splat(builder.load(builder.gep(bp, [const(o)])), f16)
                 for v in range(nv):
-                    val = result[o * nv + v]
-                    val = builder.select(final, finish(builder.fadd(val, bo)), val)
-                    builder.call(mstore, [val, out_ptr(o, v), ir.Constant(i32, 4), store_mask(o, v)])
+                    builder.call(mstore, [vals[o * nv + v], out_ptr(o, v), ir.Constant(i32, 4), store_mask(o, v)])
             return context.get_dummy_value()
         return sig, codegen
     return tile
@@ -336,17 +349,20 @@ def pack_weights(w: np.ndarray, block: int = OCB) -> np.ndarray:
     return aligned_copy(full.reshape(rows // block, block, k).transpose(0, 2, 1)).reshape(-1)
 
 
-def epilogue(act: int, grid) -> tuple:
-    """epf for `gemm`: the activation bounds, then the int8 grid (grid = grid.grid_of tuple or NO_GRID)."""
+def epilogue(act: int, grid, post=NO_POST, bounds=None) -> tuple:
+    """epf for `gemm`: the activation bounds (ReLU's, ReLU6's or `bounds`), the fused activation `post`
+    (kind, alpha, beta), then the int8 grid (grid = grid.grid_of tuple or NO_GRID)."""
     f32 = np.float32
     lo = f32(0) if act else f32(-np.inf)
     hi = f32(6) if act == 2 else f32(np.inf)
-    return (lo, hi, f32(grid[0]), f32(grid[1]), f32(grid[2]), f32(grid[3]))
+    if bounds is not None:
+        lo, hi = f32(max(lo, bounds[0])), f32(min(hi, bounds[1]))
+    return (lo, hi, f32(grid[0]), f32(grid[1]), f32(grid[2]), f32(grid[3]), f32(post[0]), f32(post[1]), f32(post[2]))
 
 
-def epilogue_of(act: int, grid) -> tuple:
-    """(epf, on_grid): the bounds the IR kernels finish with, and 1 when they round to the int8 grid."""
-    return epilogue(act, grid), 1 if grid[1] > 0 else 0
+def epilogue_of(act: int, grid, post=NO_POST, bounds=None) -> tuple:
+    """(epf, on_grid): what the IR kernels finish with, and 1 when they round to the int8 grid."""
+    return epilogue(act, grid, post, bounds), 1 if grid[1] > 0 else 0
 
 
 IDENTITY = epilogue(0, (1, 0, 0, 0))     # no activation, no grid: what a kernel leaves as it is
@@ -361,13 +377,14 @@ class PackedGemm:
     """A convolution's weights packed for `gemm` (bias padded to whole tiles), its epilogue, and the
     walk that suits its pixel count, all decided at prepare."""
 
-    def __init__(self, weight: np.ndarray, bias: np.ndarray, act: int, grid, pixels: int, threads: int):
+    def __init__(self, weight: np.ndarray, bias: np.ndarray, act: int, grid, pixels: int, threads: int,
+                 post=NO_POST):
         o, k = weight.shape
         self.o, self.k, self.nob, self.pixels = o, k, -(-o // OCB), pixels
         self.wp = pack_weights(weight)
         self.bias = np.zeros(self.nob * OCB, np.float32)
         self.bias[:o] = bias
-        self.epf, self.grid = epilogue_of(act, grid)
+        self.epf, self.grid = epilogue_of(act, grid, post)
         self.tiles = tile_count(pixels)
         self.kc = k_block(k, self.rows(), self.tiles)
         self.by_block = k * pixels <= BY_BLOCK_X

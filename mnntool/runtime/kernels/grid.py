@@ -7,6 +7,15 @@ from numba import njit, prange
 
 RELU, RELU6 = 1, 2
 
+# Activations the planner fuses into a float convolution (runtime/fusion.fuse_activations), applied after
+# the bias and the ReLU bounds: in registers by the kernels with an LLVM-IR epilogue (actir), by
+# actir.post_flat after the others. A Post is (kind, alpha, beta).
+POST_NONE, POST_SILU, POST_SIGMOID, POST_HARDSWISH, POST_GELU_TANH, POST_GELU, POST_TANH, POST_LEAKY, \
+    POST_HARDSIGMOID, POST_CLIP = range(10)
+POST_KINDS = range(1, 10)
+NO_POST = (POST_NONE, 0.0, 0.0)
+POST = "fusedActivation"      # the param of a planner-made convolution node that carries its Post
+
 
 def activation(c: dict) -> int:
     return RELU6 if c.get("relu6") else RELU if c.get("relu") else 0

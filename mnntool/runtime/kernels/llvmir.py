@@ -116,10 +116,10 @@ def k_loop(builder, nk, init, body):
 
 
 class Finish:
-    """The convolution epilogue on 16-float vectors: the activation bounds, then rounding to the int8
-    grid; epf = (act_lo, act_hi, 1/s, s, q_lo, q_hi) as `fgemm.epilogue` makes it. on_grid: an i1 IR
-    value, or True to always round. Bounds as compare-and-select: maxnum's NaN rules cost two more
-    instructions."""
+    """The convolution epilogue on 16-float vectors: the activation bounds, the fused activation, then
+    rounding to the int8 grid; epf = (act_lo, act_hi, 1/s, s, q_lo, q_hi[, post kind, alpha, beta]) as
+    `fgemm.epilogue` makes it (the int8 kernels give the first six). on_grid: an i1 IR value, or True
+    to always round. Bounds as compare-and-select: maxnum's NaN rules cost two more instructions."""
 
     def __init__(self, builder, epf, on_grid):
         from llvmlite import ir
@@ -127,6 +127,12 @@ class Finish:
         self.builder, self.on_grid = builder, on_grid
         self.lo, self.hi, self.inv, self.step, self.q_lo, self.q_hi = (
             splat(builder, builder.extract_value(epf, k), f16) for k in range(6))
+        self.post = None
+        if len(epf.type.elements) >= 9:
+            from .actir import VectorMath
+            self.math = VectorMath(builder)
+            self.post = builder.fptosi(builder.extract_value(epf, 6), ir.IntType(32))
+            self.alpha, self.beta = (splat(builder, builder.extract_value(epf, k), f16) for k in (7, 8))
         self.trunc = declare(builder, "llvm.trunc.v16f32", f16, f16)
         self.copysign = declare(builder, "llvm.copysign.v16f32", f16, f16, f16)
         self.half = ir.Constant(f16, [0.5] * 16)
@@ -137,9 +143,19 @@ class Finish:
     def min(self, a, b):
         return self.builder.select(self.builder.fcmp_ordered("<", a, b), a, b)
 
+    def many(self, values):
+        """Each vector finished, with one branch on the fused activation for all of them."""
+        from .grid import POST_KINDS
+        vs = [self.min(self.max(v, self.lo), self.hi) for v in values]
+        if self.post is not None:
+            vs = self.math.switch(self.post, vs, self.alpha, self.beta, POST_KINDS)
+        return [self._grid(v) for v in vs]
+
     def __call__(self, v):
+        return self.many([v])[0]
+
+    def _grid(self, v):
         b = self.builder
-        v = self.min(self.max(v, self.lo), self.hi)
         t = b.fmul(v, self.inv)      # rounded half away from zero, as MNN does (grid.mnn_round)
         g = b.call(self.trunc, [b.fadd(t, b.call(self.copysign, [self.half, t]))])
         g = b.fmul(self.min(self.max(g, self.q_lo), self.q_hi), self.step)

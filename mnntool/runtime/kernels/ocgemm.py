@@ -15,6 +15,7 @@ import numpy as np
 from numba import njit, prange, types
 from numba.extending import intrinsic
 
+from .grid import NO_POST
 from .llvmir import Finish, columns_to_rows, data_of, declare, host_has, k_loop, splat as splat_
 
 OCB = 32
@@ -96,7 +97,7 @@ def _make_tile(np_: int):
             pixels, none8 = ir.Constant(m8, [1] * np_ + [0] * (8 - np_)), ir.Constant(m8, [0] * 8)
             for h in range(2):
                 bv = builder.load(builder.bitcast(builder.gep(bp, [const(16 * h)]), f16.as_pointer()), align=4)
-                rows = columns_to_rows(builder, [finish(builder.fadd(result[2 * p + h], bv)) for p in range(np_)])
+                rows = columns_to_rows(builder, finish.many([builder.fadd(result[2 * p + h], bv) for p in range(np_)]))
                 for c, row in enumerate(rows):
                     chan = 16 * h + c
                     keep = builder.select(builder.icmp_signed("<", const(chan), rows_), pixels, none8)
@@ -182,7 +183,8 @@ def suits(pixels: int, weight_bytes: int) -> bool:
 class OcGemm:
     """A convolution's weights packed for `ocgemm`, with its epilogue; called like fgemm.PackedGemm."""
 
-    def __init__(self, weight: np.ndarray, bias: np.ndarray, act: int, grid, pixels: int, threads: int):
+    def __init__(self, weight: np.ndarray, bias: np.ndarray, act: int, grid, pixels: int, threads: int,
+                 post=NO_POST):
         from . import sized
         from .fgemm import epilogue_of
         o, k = weight.shape
@@ -190,7 +192,7 @@ class OcGemm:
         self.wp = pack32(weight)
         self.bias = np.zeros(self.wp.size // k, np.float32)
         self.bias[:o] = bias
-        self.epf, self.grid = epilogue_of(act, grid)
+        self.epf, self.grid = epilogue_of(act, grid, post)
         self.fn = sized(ocgemm, o * k * pixels // 16, threads)
 
     def __call__(self, x: np.ndarray, xs: int, out: np.ndarray, os_: int) -> None:

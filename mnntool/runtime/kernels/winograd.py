@@ -15,6 +15,7 @@ from numba import njit, prange
 
 from . import scratch, sized
 from .fgemm import IDENTITY, OCB, epilogue_of, gemm_batched, k_block, pack_weights, tile_count
+from .grid import NO_POST
 from .ocgemm import OCB as OC_BLOCK, ocgemm, pack32, suits
 from .winograd_ir import at4_block, bt4_cols, bt4_tiles, f2_in, f2_out
 
@@ -132,7 +133,7 @@ def tile_size(oh: int, ow: int) -> int:
 class Winograd:
     """Prepared state for one convolution: transformed, packed weights and the scratch buffers."""
 
-    def __init__(self, weight, bias, cin, h, w, oh, ow, t, l, act, grid, threads: int):
+    def __init__(self, weight, bias, cin, h, w, oh, ow, t, l, act, grid, threads: int, post=NO_POST):
         m = self.m = tile_size(oh, ow)
         a2 = (m + 2) ** 2
         cout = weight.shape[0]
@@ -148,7 +149,7 @@ class Winograd:
         if m == 2:      # gathers and scatters through index tables, 16 tiles a step
             self.in_idx, self.in_mask, self.out_idx, self.out_mask = f2_tables(h, w, oh, ow, t, l, self.th, self.tw)
         self.bias = np.asarray(bias, np.float32)
-        self.out_epf, self.on_grid = epilogue_of(act, grid)
+        self.out_epf, self.on_grid = epilogue_of(act, grid, post)
         self.zero_bias = np.zeros(-(-cout // OC_BLOCK) * OC_BLOCK if self.oc else self.nob * OCB, np.float32)
         self.a2, self.tiles = a2, tiles
         self.kc = k_block(cin, self.nob * OCB, tile_count(tiles))

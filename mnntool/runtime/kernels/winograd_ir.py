@@ -152,14 +152,11 @@ def at4_block(typingctx, m, mo, ms, n, out, oo, os_, nrow, ncol, four_wide, bias
         cols = [at4([s[i][k] for i in range(6)]) for k in range(6)]      # A^T down each column k
         bv = splat_(builder, bias_, f16)
         done = Finish(builder, epfa, builder.icmp_signed("!=", grid_, ir.Constant(i64, 0)))
-
-        def finish(v):
-            return done(add(v, bv))
         rows4 = builder.icmp_signed("!=", four_, ir.Constant(i64, 0))
         none = ir.Constant(m16, [0] * 16)
         for r in range(4):
             y = at4([cols[k][r] for k in range(6)])                      # then A across the row
-            for j, v in enumerate(_interleave4(builder, ir, [finish(q) for q in y])):
+            for j, v in enumerate(_interleave4(builder, ir, done.many([add(q, bv) for q in y]))):
                 # vector j: columns 16j.. of row r, or (four_wide) columns 0..15 of row 4j + r
                 at = builder.select(rows4, builder.mul(os__, ir.Constant(i64, 4 * j + r)),
                                     builder.add(builder.mul(os__, ir.Constant(i64, r)), ir.Constant(i64, 16 * j)))

@@ -8,13 +8,13 @@ commit that introduced the strategy has the model-level numbers).
 from __future__ import annotations
 
 from ..llvmir import host_has
-from .base import Geometry, Layer, Strategy, trimmed
+from .base import Geometry, Layer, Strategy, trimmed, with_post
 from .dense import (BlasIm2col, BlasRows, Im2colChannelsInLanes, ImplicitIm2col, MatVecRows, PackedRows, Pointwise,
                     TapsInPlace, Winograd3x3)
 from .depthwise import (BorderDepthwise3x3, ChannelsLastDepthwise, FlatDepthwise3x3, GenericDepthwise,
                         PlaneDepthwise3x3, RowDepthwise3x3, StripDepthwise)
 
-__all__ = ["Geometry", "Layer", "Strategy", "trimmed", "STRATEGIES", "pick", "HAS_AVX512"]
+__all__ = ["Geometry", "Layer", "Strategy", "trimmed", "with_post", "build", "STRATEGIES", "pick", "HAS_AVX512"]
 
 HAS_AVX512 = host_has("avx512f")
 
@@ -29,3 +29,11 @@ STRATEGIES: list[Strategy] = [
 
 def pick(g: Geometry, avx512: bool = HAS_AVX512) -> Strategy:
     return next(s for s in STRATEGIES if (avx512 or not s.avx512) and s.suits(g))
+
+
+def build(g: Geometry, layer: Layer, avx512: bool = HAS_AVX512):
+    """The kernel of the strategy `pick` chooses, with the layer's fused activation after it where the
+    strategy's own epilogue does not apply it."""
+    s = pick(g, avx512)
+    k = s.build(g, layer)
+    return k if s.fuses_post else with_post(k, layer.post, layer.threads)

@@ -9,7 +9,7 @@ import numpy as np
 
 from ....ir.ops.nn import pads_of, same_pads
 from .. import Kernel, sized, writes
-from ..grid import NO_GRID, to_grid
+from ..grid import NO_GRID, NO_POST, to_grid
 
 
 @dataclass(frozen=True)
@@ -140,11 +140,13 @@ class Layer(NamedTuple):
     act: int                # grid.RELU / RELU6 / 0
     grid: tuple = NO_GRID   # the int8 grid the output is rounded to, or NO_GRID
     threads: int = 1
+    post: tuple = NO_POST   # the activation fused after the bias and ReLU bounds (grid.POST_*, alpha, beta)
 
 
 class Strategy:
     name = ""
     avx512 = False      # needs AVX-512
+    fuses_post = False  # applies Layer.post in its own epilogue (else `with_post` runs it after the kernel)
 
     def suits(self, g: Geometry) -> bool:
         raise NotImplementedError
@@ -182,3 +184,21 @@ def padder(g: Geometry):
         padded[:, g.t:g.t + g.h, g.l:g.l + g.w] = x
         return padded
     return pad
+
+
+def with_post(k: Kernel, post: tuple, threads: int) -> Kernel:
+    """The kernel followed by the fused activation over its output, for strategies without an IR
+    epilogue (the activation still costs no step and no tensor of its own)."""
+    if not post[0]:
+        return k
+    from ..actir import post_flat
+    kind, alpha, beta = int(post[0]), np.float32(post[1]), np.float32(post[2])
+    fn, apply = k.fn, []
+
+    def run(inputs, outputs):
+        fn(inputs, outputs)
+        y = outputs[0].reshape(-1)
+        if not apply:
+            apply.append(sized(post_flat, y.size * 8, threads))
+        apply[0](y, kind, alpha, beta)
+    return Kernel(run, True, k.out_grid)

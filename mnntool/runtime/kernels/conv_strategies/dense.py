@@ -21,7 +21,7 @@ TAPS_IN_PLACE_MIN_WIDTH, L2_BYTES = 32, 256 * 1024
 
 class Winograd3x3(Strategy):
     """Stride-1 3x3 group-1 layers by Winograd F(4x4, 3x3) or F(2x2, 3x3) (winograd.Winograd)."""
-    name, avx512 = "winograd", True
+    name, avx512, fuses_post = "winograd", True, True
 
     def suits(self, g):
         return (g.k3 and g.sh == 1 and g.group == 1 and g.cin >= WINOGRAD_MIN_CHANNELS
@@ -30,7 +30,7 @@ class Winograd3x3(Strategy):
     def build(self, g, layer):
         from ..winograd import Winograd
         wino = Winograd(layer.weight, layer.bias, g.cin, g.h, g.w, g.oh, g.ow, g.t, g.l, layer.act, layer.grid,
-                        layer.threads)
+                        layer.threads, layer.post)
         return per_image(g, wino)
 
 
@@ -91,7 +91,7 @@ class BlasRows(Strategy):
 class Pointwise(Strategy):
     """1x1 (strided: on every sh-th row and sw-th column) as one GEMM, channels-in-lanes (ocgemm) where
     its pixel count suits, else fgemm's packed tiles."""
-    name, avx512 = "pointwise", True
+    name, avx512, fuses_post = "pointwise", True, True
 
     def suits(self, g):
         return g.one_by_one
@@ -101,7 +101,8 @@ class Pointwise(Strategy):
         from ..ocgemm import OcGemm, suits
         pixels, subsample = g.oh * g.ow, g.sh > 1 or g.sw > 1
         packed = (OcGemm if suits(pixels, g.weight_bytes) else PackedGemm)(layer.weight, layer.bias, layer.act,
-                                                                            layer.grid, pixels, layer.threads)
+                                                                            layer.grid, pixels, layer.threads,
+                                                                            layer.post)
         picked = np.empty((g.cin, g.oh, g.ow), np.float32) if subsample else None
 
         def one(x, y):
@@ -113,7 +114,7 @@ class Pointwise(Strategy):
 
 class Im2colChannelsInLanes(Strategy):
     """Few output pixels (a 7x7 map): a small im2col matrix and the channels-in-lanes GEMM."""
-    name, avx512 = "im2col-oc", True
+    name, avx512, fuses_post = "im2col-oc", True, True
 
     def suits(self, g):
         from ..ocgemm import suits
@@ -123,7 +124,7 @@ class Im2colChannelsInLanes(Strategy):
         from ..ocgemm import OcGemm
         cols = np.empty((g.cin * g.kh * g.kw, g.oh * g.ow), np.float32)
         unfold = sized(im2col, cols.size, layer.threads)
-        gemm = OcGemm(layer.weight, layer.bias, layer.act, layer.grid, g.oh * g.ow, layer.threads)
+        gemm = OcGemm(layer.weight, layer.bias, layer.act, layer.grid, g.oh * g.ow, layer.threads, layer.post)
         pad = padder(g)
 
         def one(x, y):
@@ -136,7 +137,7 @@ def _phases(g: Geometry, layer: Layer):
     """The packed weights and the input's phase planes (big enough for every tap of every output
     pixel; their zero border is the padding) that implicit im2col reads."""
     from ..fgemm import PackedGemm, phase_split
-    packed = PackedGemm(layer.weight, layer.bias, layer.act, layer.grid, g.oh * g.ow, layer.threads)
+    packed = PackedGemm(layer.weight, layer.bias, layer.act, layer.grid, g.oh * g.ow, layer.threads, layer.post)
     hq = max(-(-(g.h + g.t + g.b) // g.sh), g.oh + (g.kh - 1) * g.dh // g.sh)
     wq = max(-(-(g.w + g.l + g.r) // g.sw), g.ow + (g.kw - 1) * g.dw // g.sw)
     phases = np.zeros((g.cin * g.sh * g.sw, hq, wq), np.float32)
@@ -146,7 +147,7 @@ def _phases(g: Geometry, layer: Layer):
 
 class TapsInPlace(Strategy):
     """Implicit im2col whose tiles read the taps in place through an offset table (fgemm.conv_rows)."""
-    name, avx512 = "im2col-in-place", True
+    name, avx512, fuses_post = "im2col-in-place", True, True
 
     def suits(self, g):
         from ..fgemm import OCB
@@ -168,7 +169,7 @@ class TapsInPlace(Strategy):
 
 class ImplicitIm2col(Strategy):
     """Group 1: tiles of fgemm.conv_im2col over the input's phase planes, no im2col matrix."""
-    name, avx512 = "im2col-implicit", True
+    name, avx512, fuses_post = "im2col-implicit", True, True
 
     def suits(self, g):
         return g.group == 1

@@ -23,7 +23,7 @@ STRIP_ROWS = 8
 
 class FlatDepthwise3x3(Strategy):
     """Tiny stride-1 maps as one flat run per channel (dw3.depthwise3x3_flat)."""
-    name, avx512 = "dw3-flat", True
+    name, avx512, fuses_post = "dw3-flat", True, True
 
     def suits(self, g):
         return (g.depthwise and g.k3 and g.sh == 1 and (g.oh, g.ow) == (g.h, g.w)
@@ -32,7 +32,7 @@ class FlatDepthwise3x3(Strategy):
     def build(self, g, layer):
         from .. import dw3
         from ..fgemm import epilogue_of
-        w9, (epf, on_grid) = dw_weights(g, layer).reshape(-1), epilogue_of(layer.act, layer.grid)
+        w9, (epf, on_grid) = dw_weights(g, layer).reshape(-1), epilogue_of(layer.act, layer.grid, layer.post)
         masks, offs = dw3.flat_masks(g.h, g.w, g.t, g.l)
         flat = sized(dw3.depthwise3x3_flat, g.out_size * 9, layer.threads)
         return per_image(g, lambda x, y: flat(x, w9, layer.bias, masks, offs, epf, on_grid, y))
@@ -40,7 +40,7 @@ class FlatDepthwise3x3(Strategy):
 
 class RowDepthwise3x3(Strategy):
     """Wide maps (from dw3.ROWS_FROM_WIDTH) row by row, stride 1 or 2 (dw3.depthwise3x3)."""
-    name, avx512 = "dw3-rows", True
+    name, avx512, fuses_post = "dw3-rows", True, True
 
     def suits(self, g):
         from .. import dw3
@@ -49,7 +49,7 @@ class RowDepthwise3x3(Strategy):
     def build(self, g, layer):
         from .. import dw3
         from ..fgemm import epilogue_of
-        w9, (epf, on_grid) = dw_weights(g, layer).reshape(-1), epilogue_of(layer.act, layer.grid)
+        w9, (epf, on_grid) = dw_weights(g, layer).reshape(-1), epilogue_of(layer.act, layer.grid, layer.post)
         rows = sized(dw3.depthwise3x3, g.out_size * 9, layer.threads)
         return per_image(g, lambda x, y: rows(x, w9, layer.bias, g.sh, g.t, g.l, epf, on_grid, y))
 
@@ -57,7 +57,7 @@ class RowDepthwise3x3(Strategy):
 class StripDepthwise(Strategy):
     """3x3, 5x5 and 7x7 in strips of 16 columns down STRIP_ROWS rows, stride 1 (dilated or not)
     or 2 (dwstrips.depthwise_strips)."""
-    name, avx512 = "dw-strips", True
+    name, avx512, fuses_post = "dw-strips", True, True
 
     def suits(self, g):
         from .. import dwstrips
@@ -67,7 +67,7 @@ class StripDepthwise(Strategy):
     def build(self, g, layer):
         from .. import dwstrips
         from ..fgemm import epilogue_of
-        wk, (epf, on_grid) = dw_weights(g, layer).reshape(-1), epilogue_of(layer.act, layer.grid)
+        wk, (epf, on_grid) = dw_weights(g, layer).reshape(-1), epilogue_of(layer.act, layer.grid, layer.post)
         strips, zrow = sized(dwstrips.depthwise_strips, g.out_size * g.kh * g.kw, layer.threads), np.zeros(g.w, np.float32)
         return per_image(g, lambda x, y: strips(x, wk, layer.bias, g.kh, g.sh, g.dh, g.t, g.l, epf, on_grid, zrow,
                                                  STRIP_ROWS, y))
