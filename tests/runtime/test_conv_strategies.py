@@ -39,7 +39,10 @@ CASES = {
     "3x3 s2 to 7x7": (geo(1, 16, 14, 14, 32, 3, s=2, p=1), "im2col-oc", "blas-im2col"),
     "stem": (geo(1, 3, 64, 64, 16, 3, s=2, p=1), "im2col-in-place", "blas-im2col"),
     "5x5 dense": (geo(1, 32, 20, 20, 64, 5, p=2), "im2col-implicit", "blas-im2col"),
-    "grouped": (geo(2, 16, 10, 10, 16, 3, p=1, group=4), "blas-im2col", "blas-im2col"),
+    "grouped": (geo(2, 16, 10, 10, 16, 3, p=1, group=4), "grouped-in-place", "blas-im2col"),
+    "grouped, 4 outputs a group, stride 2": (geo(1, 64, 29, 27, 128, 3, s=2, p=1, group=32), "grouped-in-place",
+                                             "blas-im2col"),
+    "grouped 1x1": (geo(1, 24, 9, 9, 48, 1, group=3), "grouped-in-place", "blas-im2col"),
 }
 
 

@@ -257,6 +257,42 @@ def phase_split(x, t, l, sh, sw, xq):
                         d[v] = s_[v * sw]
 
 
+@njit(cache=True)
+def _tap_offsets(C, kh, kw, sh, sw, dh, dw, Hq, Wq):
+    """Each tap's offset in the phase planes (no integer division in the hot loop)."""
+    koff = np.empty(C * kh * kw, np.int64)
+    for c in range(C):
+        for i in range(kh):
+            for jj in range(kw):
+                a, b = i * dh, jj * dw
+                koff[(c * kh + i) * kw + jj] = ((c * sh + a % sh) * sw + b % sw) * Hq * Wq + (a // sh) * Wq + b // sw
+    return koff
+
+
+@njit(cache=True, inline="always")
+def _panel(xf, koff, base, k0, kn, p0, lanes, width, ow, Wq):
+    """The (kn x width) panel of taps k0.. for output pixels p0 .. p0+lanes-1, copied as runs along
+    output rows from the phase planes at `base`."""
+    runs = np.empty((width, 3), np.int64)      # (first lane, length, offset in a plane)
+    nrun, q = 0, 0
+    while q < lanes:
+        p = p0 + q
+        y, x = p // ow, p % ow
+        length = min(ow - x, lanes - q)
+        runs[nrun, 0], runs[nrun, 1], runs[nrun, 2] = q, length, y * Wq + x
+        nrun += 1
+        q += length
+    panel = np.empty(kn * width, np.float32)
+    for k in range(kn):
+        at = base + koff[k0 + k]
+        for u in range(nrun):
+            # unsigned indices: Numba drops its negative-index fix-up and the copy vectorizes
+            d0, s0 = np.uint64(k * width + runs[u, 0]), np.uint64(at + runs[u, 2])
+            for e in range(np.uint64(runs[u, 1])):
+                panel[d0 + e] = xf[s0 + e]
+    return panel
+
+
 @njit(parallel=True, cache=True, fastmath=True)
 def conv_im2col(xq, C, kh, kw, sh, sw, dh, dw, oh, ow, wp, kc, O, split, bias, epf, grid, out):
     """A convolution (group 1) without an im2col matrix: each 48-pixel tile copies its own (K x 48)
@@ -271,12 +307,7 @@ def conv_im2col(xq, C, kh, kw, sh, sw, dh, dw, oh, ow, wp, kc, O, split, bias, e
     ntile, full, tail_nv = _tiles(P)
     width = 64 if tail_nv == 4 else 48      # panel columns
     per = (nob + split - 1) // split
-    koff = np.empty(K, np.int64)        # each tap's offset in xq (no integer division in the hot loop)
-    for c in range(C):
-        for i in range(kh):
-            for jj in range(kw):
-                a, b = i * dh, jj * dw
-                koff[(c * kh + i) * kw + jj] = ((c * sh + a % sh) * sw + b % sw) * Hq * Wq + (a // sh) * Wq + b // sw
+    koff = _tap_offsets(C, kh, kw, sh, sw, dh, dw, Hq, Wq)
     for k0 in range(0, K, kc):
         kn = min(kc, K - k0)
         flags = (1 if k0 > 0 else 0, 1 if k0 + kn >= K else 0, grid)
@@ -284,29 +315,34 @@ def conv_im2col(xq, C, kh, kw, sh, sw, dh, dw, oh, ow, wp, kc, O, split, bias, e
             t, part = j // split, j % split
             p0 = t * 48
             lanes = min(width, P - p0)
-            # the tile's pixels as runs along output rows: (first lane, length, offset in a plane)
-            runs = np.empty((width, 3), np.int64)
-            nrun, q = 0, 0
-            while q < lanes:
-                p = p0 + q
-                y, x = p // ow, p % ow
-                length = min(ow - x, lanes - q)
-                runs[nrun, 0], runs[nrun, 1], runs[nrun, 2] = q, length, y * Wq + x
-                nrun += 1
-                q += length
-            panel = np.empty(kn * width, np.float32)
-            for k in range(kn):
-                base = koff[k0 + k]
-                for u in range(nrun):
-                    # unsigned indices: Numba drops its negative-index fix-up and the copy vectorizes
-                    d0, s0 = np.uint64(k * width + runs[u, 0]), np.uint64(base + runs[u, 2])
-                    for e in range(np.uint64(runs[u, 1])):
-                        panel[d0 + e] = xf[s0 + e]
+            panel = _panel(xf, koff, 0, k0, kn, p0, lanes, width, ow, Wq)
             nv = 4 if width == 64 else 3 if lanes == 48 else (lanes + 15) // 16
             for ob in range(part * per, min(nob, (part + 1) * per)):
                 o0 = ob * OCB
                 _tile(nv, panel, 0, width, wp, ob * K * OCB + k0 * OCB, kn, out, o0 * P + p0, P, lanes, O - o0,
                       bias[o0:], epf, flags)
+
+
+@njit(parallel=True, cache=True)
+def conv_grouped(xq, koff, G, planes, P, wp, K, O, bias, epf, grid, out):
+    """A grouped convolution (G groups of O output channels, K = C*kh*kw taps each) with its taps read
+    in place: output pixel p of a group is computed on the phase planes' own width (p = y*Wq + x, the
+    columns x >= ow are thrown away by the caller), so tap k of 48 consecutive pixels is one run at
+    koff[k] + p of the group's planes (`planes` floats from the last) and no panel is copied (with
+    2 channel blocks a group, RegNet's copy cost as much as its multiply). Packed weights [G][O/8][K][8],
+    bias [G][O/8*8]; out (G*O, P) flat."""
+    nob = (O + OCB - 1) // OCB
+    ntile = (P + 47) // 48
+    xf = xq.reshape(-1)
+    flags = (0, 1, grid)
+    for j in prange(G * ntile):
+        gi, t = j // ntile, j % ntile
+        p0 = t * 48
+        lanes = min(48, P - p0)
+        for ob in range(nob):
+            o0 = ob * OCB
+            _tile((lanes + 15) // 16, xf, gi * planes + p0, koff, wp, (gi * nob + ob) * K * OCB, K, out,
+                  (gi * O + o0) * P + p0, P, lanes, O - o0, bias[gi * nob * OCB + o0:], epf, flags)
 
 
 @njit(parallel=True, cache=True)

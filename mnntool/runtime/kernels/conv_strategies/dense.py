@@ -188,6 +188,42 @@ class ImplicitIm2col(Strategy):
         return per_image(g, one)
 
 
+class GroupedTapsInPlace(Strategy):
+    """Grouped, not depthwise (RegNet, ResNeXt): each group's taps read in place from the phase planes
+    on the planes' width (fgemm.conv_grouped), every group's tiles in one parallel loop, then the
+    output cropped to its width."""
+    name, avx512, fuses_post = "grouped-in-place", True, True
+
+    def suits(self, g):
+        return g.group > 1 and not g.depthwise
+
+    def build(self, g, layer):
+        from ..fgemm import OCB, conv_grouped, epilogue_of, pack_weights, phase_split, tap_offsets
+        cg, og = g.cin // g.group, g.cout // g.group
+        nob = -(-og // OCB)
+        wp = np.concatenate([pack_weights(layer.weight[k * og:(k + 1) * og]) for k in range(g.group)])
+        bias = np.zeros((g.group, nob * OCB), np.float32)
+        bias[:, :og] = layer.bias.reshape(g.group, og)
+        bias = bias.reshape(-1)
+        epf, on_grid = epilogue_of(layer.act, layer.grid, layer.post)
+        hq = max(-(-(g.h + g.t + g.b) // g.sh), g.oh + (g.kh - 1) * g.dh // g.sh)
+        wq = max(-(-(g.w + g.l + g.r) // g.sw), g.ow + (g.kw - 1) * g.dw // g.sw)
+        # one zero row past each plane: the thrown-away columns of the last rows read into it
+        phases = np.zeros((g.cin * g.sh * g.sw, hq + 1, wq), np.float32)
+        koff = tap_offsets(cg, g.kh, g.kw, g.sh, g.sw, g.dh, g.dw, hq + 1, wq)
+        wide = np.empty((g.cout, g.oh, wq), np.float32)
+        split = sized(phase_split, g.cin * g.h * g.w, layer.threads)
+        k = cg * g.kh * g.kw
+        fn = sized(conv_grouped, g.cout * g.oh * wq * k, layer.threads)
+        planes = cg * g.sh * g.sw * (hq + 1) * wq
+
+        def one(x, y):
+            split(x, g.t, g.l, g.sh, g.sw, phases)
+            fn(phases, koff, g.group, planes, g.oh * wq, wp, k, og, bias, epf, on_grid, wide.reshape(-1))
+            np.copyto(y, wide[:, :, :g.ow])
+        return per_image(g, one)
+
+
 class BlasIm2col(Strategy):
     """Anything: an im2col matrix (none for 1x1) and BLAS's sgemm per group, then bias and activation."""
     name = "blas-im2col"
