@@ -136,3 +136,17 @@ def test_layer_norm_rows_match_float64(shape, affine, rms):
     if affine:
         ref = ref * gamma + beta
     np.testing.assert_allclose(got, ref, rtol=0, atol=2e-4)
+
+
+@pytest.mark.parametrize("e", [2.0, 3.0, 0.5, 1.7])
+def test_power_by_a_constant(e):
+    """x ** 2, x ** 3 and x ** 0.5 as products or a square root, any other exponent as numpy's power;
+    reference float64 pow, within rtol 5e-7 (x*x*x rounds twice; float32 pow is within 4e-7)."""
+    g = _graph([Node("BinaryOp", ["x", "e"], ["y"], "pow", {"opType": "POW"})], [("x", (64, 256))], ["y"])
+    g.constants["e"] = np.array(e, np.float32)
+    x = np.random.default_rng(0).standard_normal((64, 256)).astype(np.float32) * 3
+    if e % 1:
+        x = np.abs(x)
+    out = Session(g, threads=1).run({"x": x})["y"]
+    ref = np.power(x.astype(np.float64), e)
+    np.testing.assert_allclose(out, ref, rtol=5e-7, atol=0)
