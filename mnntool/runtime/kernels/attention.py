@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 
 from . import PLAN_ONLY, aligned_empty, sized, writes
-from .norm import softmax_rows
+from .norm import row_softmax
 
 
 def fused_attention(node, ins, outs, settings):
@@ -17,7 +17,7 @@ def fused_attention(node, ins, outs, settings):
     count = int(np.prod(scores_shape))
     scores = aligned_empty(count, np.float32).reshape(scores_shape)
     probs = aligned_empty(count, np.float32).reshape(scores_shape)
-    rows = sized(softmax_rows, count * 8, settings.threads)
+    rows = sized(row_softmax(), count * 8, settings.threads)
     guard = bool(node.param.get("guard"))
 
     def run(i, o):

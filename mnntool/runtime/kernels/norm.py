@@ -131,12 +131,21 @@ def softmax_rows(x, out):
                 dst[j] = np.nan
 
 
+def row_softmax():
+    """The row softmax for this host: the IR kernel with AVX-512 (softmax_ir), else the Numba loops."""
+    from .llvmir import host_has
+    if host_has("avx512f"):
+        from .softmax_ir import softmax_rows_ir
+        return softmax_rows_ir
+    return softmax_rows
+
+
 @kernel("Softmax")
 def softmax(node, ins, outs, settings):
     shape = ins[0].shape
     axis = int(node.param.get("axis", -1))
     if shape is not None and len(shape) and axis % len(shape) == len(shape) - 1 and shape[-1] > 0:
-        rows = sized(softmax_rows, int(np.prod(shape)) * 8, settings.threads)
+        rows = sized(row_softmax(), int(np.prod(shape)) * 8, settings.threads)
 
         def run_rows(i, o):     # the last axis: rows in place
             n = shape[-1]
