@@ -28,9 +28,9 @@ from mnntool.inputs import random_feeds  # noqa: E402
 from benchmarks.isolated import converted, save_rows  # noqa: E402
 
 
-def paired(mnn_path: Path, onnx_path: Path, runs: int) -> dict:
-    runners = {"mnntool": backend_runner(mnn_path, "numba", 1), "ort": backend_runner(onnx_path, "onnxruntime", 1),
-               "mnn": backend_runner(mnn_path, "mnn", 1)}
+def paired(mnn_path: Path, onnx_path: Path, runs: int, threads: int = 1) -> dict:
+    runners = {"mnntool": backend_runner(mnn_path, "numba", threads),
+               "ort": backend_runner(onnx_path, "onnxruntime", threads), "mnn": backend_runner(mnn_path, "mnn", threads)}
     feeds = random_feeds(runners["mnntool"].graph, None)
     for r in runners.values():
         for _ in range(10):

@@ -1,11 +1,12 @@
 """Speed on architectures the fixtures do not cover: the model zoo's (fixtures/zoo.py) ONNX files from
-the default exporter, mnntool against onnxruntime and MNN at 1 thread, paired run by run in one process
-(the method of paired_speed.py), with the geometric mean of the ratios.
+the default exporter, mnntool against onnxruntime and MNN at 1 thread (or --threads N, all three
+runtimes), paired run by run in one process (the method of paired_speed.py), with the geometric mean
+of the ratios.
 
-    python benchmarks/zoo_speed.py [--models efficientnet_b0 ...] [--runs 60] [--out build/zoo]
+    python benchmarks/zoo_speed.py [--models efficientnet_b0 ...] [--runs 60] [--threads 1] [--out build/zoo]
 
 Exports are cached in --out (benchmarks/model_zoo.py writes the same files). Inputs are the zoo's example
-shapes. Prints a table and writes <out>/zoo_speed.json.
+shapes. Prints a table and writes <out>/zoo_speed[_tN].json.
 """
 from __future__ import annotations
 
@@ -46,6 +47,7 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--models", nargs="*", default=[m for m in ZOO if m not in ("wav2vec2",)])
     ap.add_argument("--runs", type=int, default=60)
+    ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--out", default=str(ROOT / "build" / "zoo"))
     args = ap.parse_args()
     out = Path(args.out)
@@ -54,7 +56,7 @@ def main():
     for name in args.models:
         try:
             src, dst = _files(name, out)
-            r = paired(dst, src, args.runs)
+            r = paired(dst, src, args.runs, args.threads)
         except Exception as e:      # noqa: BLE001 - a model that fails is a row
             print(f"{name:28s} failed: {' '.join(str(e).split())[:150]}", flush=True)
             continue
@@ -64,7 +66,8 @@ def main():
     if rows:
         gm = {k: math.exp(sum(math.log(r[k]) for r in rows) / len(rows)) for k in ("vs_ort", "vs_mnn")}
         print(f"geometric mean over {len(rows)}: x ort {gm['vs_ort']:.2f}  x mnn {gm['vs_mnn']:.2f}")
-        (out / "zoo_speed.json").write_text(json.dumps({"rows": rows, "geomean": gm}, indent=1))
+        name = "zoo_speed.json" if args.threads == 1 else f"zoo_speed_t{args.threads}.json"
+        (out / name).write_text(json.dumps({"threads": args.threads, "rows": rows, "geomean": gm}, indent=1))
 
 
 if __name__ == "__main__":
