@@ -82,10 +82,9 @@ def splat(builder, value, vt):
     return builder.shuffle_vector(lane, ir.Constant(vt, ir.Undefined), zeros)
 
 
-def k_loop(builder, nk, init, body):
-    """`for k in range(nk): accs = body(k, accs)` from `init`, as one basic block of IR with phi
-    accumulators (the micro-kernels' register tiles); the final accumulators, `init` when nk <= 0.
-    `body` must not add blocks."""
+def k_loop(builder, nk, init, body, step: int = 1):
+    """`for k in range(0, nk, step): accs = body(k, accs)` from `init`, as a loop of IR with phi
+    accumulators (the micro-kernels' register tiles); the final accumulators, `init` when nk <= 0."""
     from llvmlite import ir
     i64 = ir.IntType(64)
     entry = builder.block
@@ -100,17 +99,18 @@ def k_loop(builder, nk, init, body):
         phi.add_incoming(value, entry)
         accs.append(phi)
     new = body(kk, accs)
-    nxt = builder.add(kk, ir.Constant(i64, 1))
-    kk.add_incoming(nxt, loop)
+    last = builder.block        # the body may have added blocks
+    nxt = builder.add(kk, ir.Constant(i64, step))
+    kk.add_incoming(nxt, last)
     for acc, value in zip(accs, new):
-        acc.add_incoming(value, loop)
+        acc.add_incoming(value, last)
     builder.cbranch(builder.icmp_signed("<", nxt, nk), loop, done)
     builder.position_at_end(done)
     out = []
-    for first, last in zip(init, new):
-        phi = builder.phi(last.type)
+    for first, value in zip(init, new):
+        phi = builder.phi(value.type)
         phi.add_incoming(first, entry)
-        phi.add_incoming(last, loop)
+        phi.add_incoming(value, last)
         out.append(phi)
     return out
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 from numba import njit, prange, types
 from numba.extending import intrinsic
 
-from .llvmir import data_of, declare, first_lanes, vector_ops
+from .llvmir import data_of, declare, first_lanes, k_loop, vector_ops
 
 
 @intrinsic
@@ -23,46 +23,21 @@ def _softmax_row(typingctx, x, xo, out, oo, n):
     def codegen(context, builder, sig, args):
         from .actir import VectorMath
         xa, xo_, oa, oo_, n_ = args
-        i32, i64, f32 = ir.IntType(32), ir.IntType(64), ir.FloatType()
+        i32, f32 = ir.IntType(32), ir.FloatType()
         f16 = ir.VectorType(f32, 16)
         xp = data_of(context, builder, sig.args[0], xa, xo_)
         op = data_of(context, builder, sig.args[2], oa, oo_)
         _, mload, mstore = vector_ops(builder)
         vm = VectorMath(builder)
-        const = lambda v: ir.Constant(i64, v)   # noqa: E731
         four = ir.Constant(i32, 4)
         vmax = declare(builder, "llvm.vector.reduce.fmax.v16f32", f32, f16)
         vadd = declare(builder, "llvm.vector.reduce.fadd.v16f32", f32, f32, f16)
         ninf = ir.Constant(f16, [float("-inf")] * 16)
 
         def loop(init, body):
-            """for j in 0, 16, ... < n: accs = body(j, mask, accs)."""
-            entry = builder.block
-            head, done = builder.append_basic_block("step"), builder.append_basic_block("steps_done")
-            builder.cbranch(builder.icmp_signed("<", const(0), n_), head, done)
-            builder.position_at_end(head)
-            j = builder.phi(i64)
-            j.add_incoming(const(0), entry)
-            accs = []
-            for v in init:
-                accs.append(builder.phi(v.type))
-                accs[-1].add_incoming(v, entry)
-            mask = first_lanes(builder, builder.sub(n_, j))
-            new = body(j, mask, accs)
-            nxt = builder.add(j, const(16))
-            j.add_incoming(nxt, builder.block)
-            for a, v in zip(accs, new):
-                a.add_incoming(v, builder.block)
-            last = builder.block
-            builder.cbranch(builder.icmp_signed("<", nxt, n_), head, done)
-            builder.position_at_end(done)
-            outs = []
-            for first, v in zip(init, new):
-                phi = builder.phi(v.type)
-                phi.add_incoming(first, entry)
-                phi.add_incoming(v, last)
-                outs.append(phi)
-            return outs
+            """for j in 0, 16, ... < n: accs = body(j, mask of the lanes before n, accs)."""
+            return k_loop(builder, n_, init, lambda j, accs: body(j, first_lanes(builder, builder.sub(n_, j)), accs),
+                          step=16)
 
         def at(p, j):
             return builder.bitcast(builder.gep(p, [j]), f16.as_pointer())
