@@ -15,6 +15,7 @@ from numba import njit, prange
 from .elementwise import P0, P1, P2, P3, P4, P5, P6, Q0, Q1, Q2, Q3, Q4, erf32
 from .grid import (POST_CLIP, POST_GELU, POST_GELU_TANH, POST_HARDSIGMOID, POST_HARDSWISH, POST_LEAKY, POST_SIGMOID,
                    POST_SILU, POST_TANH)
+from .norm import LN2_HI, LN2_LO, LOG2E
 
 EXP_LO = -87.33         # exp below this is under float32's smallest normal: the polynomial's 2^n would not be
 EXP_C = (1.9875691500e-4, 1.3981999507e-3, 8.3334519073e-3, 4.1665795894e-2, 1.6666665459e-1, 5.0000001201e-1)
@@ -52,9 +53,9 @@ class VectorMath:
         from llvmlite import ir
         b = self.b
         x = self.max(x, self.c(EXP_LO))
-        n = b.call(self.rint, [b.fmul(x, self.c(1.4426950408889634))])
-        r = b.call(self.fma, [n, self.c(-0.693359375), x])
-        r = b.call(self.fma, [n, self.c(2.12194440e-4), r])
+        n = b.call(self.rint, [b.fmul(x, self.c(LOG2E))])
+        r = b.call(self.fma, [n, self.c(-LN2_HI), x])
+        r = b.call(self.fma, [n, self.c(-LN2_LO), r])
         p = self.c(EXP_C[0])
         for coef in EXP_C[1:]:
             p = b.call(self.fma, [p, r, self.c(coef)])

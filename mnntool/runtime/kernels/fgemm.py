@@ -257,18 +257,6 @@ def phase_split(x, t, l, sh, sw, xq):
                         d[v] = s_[v * sw]
 
 
-@njit(cache=True)
-def _tap_offsets(C, kh, kw, sh, sw, dh, dw, Hq, Wq):
-    """Each tap's offset in the phase planes (no integer division in the hot loop)."""
-    koff = np.empty(C * kh * kw, np.int64)
-    for c in range(C):
-        for i in range(kh):
-            for jj in range(kw):
-                a, b = i * dh, jj * dw
-                koff[(c * kh + i) * kw + jj] = ((c * sh + a % sh) * sw + b % sw) * Hq * Wq + (a // sh) * Wq + b // sw
-    return koff
-
-
 @njit(cache=True, inline="always")
 def _panel(xf, koff, base, k0, kn, p0, lanes, width, ow, Wq):
     """The (kn x width) panel of taps k0.. for output pixels p0 .. p0+lanes-1, copied as runs along
@@ -294,20 +282,19 @@ def _panel(xf, koff, base, k0, kn, p0, lanes, width, ow, Wq):
 
 
 @njit(parallel=True, cache=True, fastmath=True)
-def conv_im2col(xq, C, kh, kw, sh, sw, dh, dw, oh, ow, wp, kc, O, split, bias, epf, grid, out):
+def conv_im2col(xq, koff, K, oh, ow, wp, kc, O, split, bias, epf, grid, out):
     """A convolution (group 1) without an im2col matrix: each 48-pixel tile copies its own (K x 48)
     panel, hot in L1 for the channel blocks that use it, from the phase planes xq (`phase_split`):
     tap (c, i, j) of output pixel (y, x) is plane (c, i*dh % sh, j*dw % sw) at (y + i*dh // sh,
-    x + j*dw // sw), so every copy is contiguous. `split` divides the channel blocks when there are
-    fewer tiles than threads. out (O, oh*ow) flat."""
+    x + j*dw // sw) (`tap_offsets`), so every copy is contiguous. `split` divides the channel blocks
+    when there are fewer tiles than threads. out (O, oh*ow) flat."""
     nob = (O + OCB - 1) // OCB
-    Hq, Wq = xq.shape[1], xq.shape[2]
-    K, P = C * kh * kw, oh * ow
+    Wq = xq.shape[2]
+    P = oh * ow
     xf = xq.reshape(-1)
     ntile, full, tail_nv = _tiles(P)
     width = 64 if tail_nv == 4 else 48      # panel columns
     per = (nob + split - 1) // split
-    koff = _tap_offsets(C, kh, kw, sh, sw, dh, dw, Hq, Wq)
     for k0 in range(0, K, kc):
         kn = min(kc, K - k0)
         flags = (1 if k0 > 0 else 0, 1 if k0 + kn >= K else 0, grid)
@@ -385,20 +372,18 @@ def pack_weights(w: np.ndarray, block: int = OCB) -> np.ndarray:
     return aligned_copy(full.reshape(rows // block, block, k).transpose(0, 2, 1)).reshape(-1)
 
 
-def epilogue(act: int, grid, post=NO_POST, bounds=None) -> tuple:
-    """epf for `gemm`: the activation bounds (ReLU's, ReLU6's or `bounds`), the fused activation `post`
-    (kind, alpha, beta), then the int8 grid (grid = grid.grid_of tuple or NO_GRID)."""
+def epilogue(act: int, grid, post=NO_POST) -> tuple:
+    """epf for `gemm`: the activation bounds (ReLU's, ReLU6's), the fused activation `post` (kind,
+    alpha, beta), then the int8 grid (grid = grid.grid_of tuple or NO_GRID)."""
     f32 = np.float32
     lo = f32(0) if act else f32(-np.inf)
     hi = f32(6) if act == 2 else f32(np.inf)
-    if bounds is not None:
-        lo, hi = f32(max(lo, bounds[0])), f32(min(hi, bounds[1]))
     return (lo, hi, f32(grid[0]), f32(grid[1]), f32(grid[2]), f32(grid[3]), f32(post[0]), f32(post[1]), f32(post[2]))
 
 
-def epilogue_of(act: int, grid, post=NO_POST, bounds=None) -> tuple:
+def epilogue_of(act: int, grid, post=NO_POST) -> tuple:
     """(epf, on_grid): what the IR kernels finish with, and 1 when they round to the int8 grid."""
-    return epilogue(act, grid, post, bounds), 1 if grid[1] > 0 else 0
+    return epilogue(act, grid, post), 1 if grid[1] > 0 else 0
 
 
 IDENTITY = epilogue(0, (1, 0, 0, 0))     # no activation, no grid: what a kernel leaves as it is

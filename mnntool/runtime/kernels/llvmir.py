@@ -127,26 +127,20 @@ class Finish:
         self.builder, self.on_grid = builder, on_grid
         self.lo, self.hi, self.inv, self.step, self.q_lo, self.q_hi = (
             splat(builder, builder.extract_value(epf, k), f16) for k in range(6))
+        from .actir import VectorMath
+        self.math = VectorMath(builder)
         self.post = None
         if len(epf.type.elements) >= 9:
-            from .actir import VectorMath
-            self.math = VectorMath(builder)
             self.post = builder.fptosi(builder.extract_value(epf, 6), ir.IntType(32))
             self.alpha, self.beta = (splat(builder, builder.extract_value(epf, k), f16) for k in (7, 8))
         self.trunc = declare(builder, "llvm.trunc.v16f32", f16, f16)
         self.copysign = declare(builder, "llvm.copysign.v16f32", f16, f16, f16)
         self.half = ir.Constant(f16, [0.5] * 16)
 
-    def max(self, a, b):
-        return self.builder.select(self.builder.fcmp_ordered(">", a, b), a, b)
-
-    def min(self, a, b):
-        return self.builder.select(self.builder.fcmp_ordered("<", a, b), a, b)
-
     def many(self, values):
         """Each vector finished, with one branch on the fused activation for all of them."""
         from .grid import POST_KINDS
-        vs = [self.min(self.max(v, self.lo), self.hi) for v in values]
+        vs = [self.math.min(self.math.max(v, self.lo), self.hi) for v in values]
         if self.post is not None:
             vs = self.math.switch(self.post, vs, self.alpha, self.beta, POST_KINDS)
         return [self._grid(v) for v in vs]
@@ -158,7 +152,7 @@ class Finish:
         b = self.builder
         t = b.fmul(v, self.inv)      # rounded half away from zero, as MNN does (grid.mnn_round)
         g = b.call(self.trunc, [b.fadd(t, b.call(self.copysign, [self.half, t]))])
-        g = b.fmul(self.min(self.max(g, self.q_lo), self.q_hi), self.step)
+        g = b.fmul(self.math.min(self.math.max(g, self.q_lo), self.q_hi), self.step)
         return g if self.on_grid is True else b.select(self.on_grid, g, v)
 
 

@@ -36,4 +36,4 @@ def build(g: Geometry, layer: Layer, avx512: bool = HAS_AVX512):
     strategy's own epilogue does not apply it."""
     s = pick(g, avx512)
     k = s.build(g, layer)
-    return k if s.fuses_post else with_post(k, layer.post, layer.threads)
+    return k if s.fuses_post else with_post(k, layer.post, g.n * g.out_size, layer.threads)

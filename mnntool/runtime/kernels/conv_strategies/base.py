@@ -99,6 +99,14 @@ class Geometry:
         return self.kh == self.kw == 1 and not self.padded and self.group == 1
 
     @property
+    def phase_planes(self) -> tuple[int, int]:
+        """(hq, wq): the size of the phase planes (fgemm.phase_split) that hold every tap of every
+        output pixel, their zero border the padding."""
+        hq = max(-(-(self.h + self.t + self.b) // self.sh), self.oh + (self.kh - 1) * self.dh // self.sh)
+        wq = max(-(-(self.w + self.l + self.r) // self.sw), self.ow + (self.kw - 1) * self.dw // self.sw)
+        return hq, wq
+
+    @property
     def out_size(self) -> int:
         return self.cout * self.oh * self.ow
 
@@ -186,19 +194,16 @@ def padder(g: Geometry):
     return pad
 
 
-def with_post(k: Kernel, post: tuple, threads: int) -> Kernel:
-    """The kernel followed by the fused activation over its output, for strategies without an IR
-    epilogue (the activation still costs no step and no tensor of its own)."""
+def with_post(k: Kernel, post: tuple, size: int, threads: int) -> Kernel:
+    """The kernel followed by the fused activation over its output (`size` floats), for strategies
+    without an IR epilogue (the activation still costs no step and no tensor of its own)."""
     if not post[0]:
         return k
     from ..actir import post_flat
     kind, alpha, beta = int(post[0]), np.float32(post[1]), np.float32(post[2])
-    fn, apply = k.fn, []
+    fn, apply = k.fn, sized(post_flat, size * 8, threads)
 
     def run(inputs, outputs):
         fn(inputs, outputs)
-        y = outputs[0].reshape(-1)
-        if not apply:
-            apply.append(sized(post_flat, y.size * 8, threads))
-        apply[0](y, kind, alpha, beta)
+        apply(outputs[0].reshape(-1), kind, alpha, beta)
     return Kernel(run, True, k.out_grid)

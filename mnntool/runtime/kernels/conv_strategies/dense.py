@@ -138,8 +138,7 @@ def _phases(g: Geometry, layer: Layer):
     pixel; their zero border is the padding) that implicit im2col reads."""
     from ..fgemm import PackedGemm, phase_split
     packed = PackedGemm(layer.weight, layer.bias, layer.act, layer.grid, g.oh * g.ow, layer.threads, layer.post)
-    hq = max(-(-(g.h + g.t + g.b) // g.sh), g.oh + (g.kh - 1) * g.dh // g.sh)
-    wq = max(-(-(g.w + g.l + g.r) // g.sw), g.ow + (g.kw - 1) * g.dw // g.sw)
+    hq, wq = g.phase_planes
     phases = np.zeros((g.cin * g.sh * g.sw, hq, wq), np.float32)
     split = sized(phase_split, g.cin * g.h * g.w, layer.threads)
     return packed, phases, hq, wq, lambda x: split(x, g.t, g.l, g.sh, g.sw, phases)
@@ -175,16 +174,17 @@ class ImplicitIm2col(Strategy):
         return g.group == 1
 
     def build(self, g, layer):
-        from ..fgemm import conv_im2col
+        from ..fgemm import conv_im2col, tap_offsets
         packed, phases, hq, wq, split_phases = _phases(g, layer)
+        koff = tap_offsets(g.cin, g.kh, g.kw, g.sh, g.sw, g.dh, g.dw, hq, wq)
         # output-channel blocks split across threads when the pixel tiles alone leave threads idle
         split = min(packed.nob, -(-2 * layer.threads // packed.tiles)) if layer.threads > 1 else 1
         implicit = sized(conv_im2col, packed.rows() * g.oh * g.ow * g.cin * g.kh * g.kw // 16, layer.threads)
 
         def one(x, y):
             split_phases(x)
-            implicit(phases, g.cin, g.kh, g.kw, g.sh, g.sw, g.dh, g.dw, g.oh, g.ow, packed.wp, packed.kc, g.cout,
-                     split, packed.bias, packed.epf, packed.grid, y.reshape(-1))
+            implicit(phases, koff, koff.size, g.oh, g.ow, packed.wp, packed.kc, g.cout, split, packed.bias,
+                     packed.epf, packed.grid, y.reshape(-1))
         return per_image(g, one)
 
 
@@ -206,8 +206,7 @@ class GroupedTapsInPlace(Strategy):
         bias[:, :og] = layer.bias.reshape(g.group, og)
         bias = bias.reshape(-1)
         epf, on_grid = epilogue_of(layer.act, layer.grid, layer.post)
-        hq = max(-(-(g.h + g.t + g.b) // g.sh), g.oh + (g.kh - 1) * g.dh // g.sh)
-        wq = max(-(-(g.w + g.l + g.r) // g.sw), g.ow + (g.kw - 1) * g.dw // g.sw)
+        hq, wq = g.phase_planes
         # one zero row past each plane: the thrown-away columns of the last rows read into it
         phases = np.zeros((g.cin * g.sh * g.sw, hq + 1, wq), np.float32)
         koff = tap_offsets(cg, g.kh, g.kw, g.sh, g.sw, g.dh, g.dw, hq + 1, wq)
