@@ -5,9 +5,9 @@
 `runtime_speed.py` times each backend for a second in its own process; on this shared VM other
 tenants slow whole seconds by 20-70%, so one round's ratio ranged 0.47-1.70 for the same build. Here
 every run of mnntool sits between a run of MNN and one of onnxruntime (the order turns each run), so a
-slow spell hits all three alike and the ratio of medians holds still to a few percent. One thread
-only: at two, MNN's and OpenMP's worker pools in one process take each other's cores (see
-`isolated.py`). Every backend runs after the others have used the caches, as a model does inside an
+slow spell hits all three alike and the ratio of medians holds still to a few percent. At more than
+one thread (`paired(..., threads)`) each run starts after a pause in which the previous runtime's
+spinning workers go to sleep, and an untimed run (THREADS_GAP_S). Every backend runs after the others have used the caches, as a model does inside an
 application, so times are above `runtime_speed`'s.
 """
 from __future__ import annotations
@@ -28,6 +28,15 @@ from mnntool.inputs import random_feeds  # noqa: E402
 from benchmarks.isolated import converted, save_rows  # noqa: E402
 
 
+# At more threads each turn waits this long first: onnxruntime's pool spins ~25 ms after its run and
+# mnntool's OpenMP workers ~13 ms (tuning.py), and a spinning pool takes a core from the runtime whose
+# turn it is (MNN's MobileNetV3 at 2 threads: 5.4 ms alone, 25 ms right after onnxruntime's run). Then
+# one untimed run wakes the runtime's own workers (on this VM the first run after 40 ms of idling is
+# 1.5-3x slower for all three: onnxruntime's MobileNetV3 8.5 ms against 2.8), and the next is timed, so
+# each time is the runtime's steady state with no other pool on its cores.
+THREADS_GAP_S = 0.04
+
+
 def paired(mnn_path: Path, onnx_path: Path, runs: int, threads: int = 1) -> dict:
     runners = {"mnntool": backend_runner(mnn_path, "numba", threads),
                "ort": backend_runner(onnx_path, "onnxruntime", threads), "mnn": backend_runner(mnn_path, "mnn", threads)}
@@ -37,8 +46,12 @@ def paired(mnn_path: Path, onnx_path: Path, runs: int, threads: int = 1) -> dict
             r.run(feeds)
     names = list(runners)
     times = {n: [] for n in names}
+    gap = THREADS_GAP_S if threads > 1 else 0.0
     for i in range(runs):
         for n in names[i % 3:] + names[:i % 3]:
+            if gap:
+                time.sleep(gap)
+                runners[n].run(feeds)
             t0 = time.perf_counter()
             runners[n].run(feeds)
             times[n].append((time.perf_counter() - t0) * 1e3)

@@ -1,13 +1,16 @@
 """Process-wide tuning of the thread pools, in one explicit call: the CLI and the benchmarks make it
 first thing; a library user decides for themselves (importing mnntool changes nothing).
 
-OpenMP workers that spin long while idle starve OpenBLAS's threads (and the reverse) on small machines:
-with GNU OpenMP's default 300k spins and both at 2 threads, ResNet-18 ran 4x slower than with 1. Workers
-that sleep at once pay ~50 us to wake for each of a model's ~50 parallel kernels; a short spin (10k) keeps
-them awake from one kernel to the next: at 2 threads ResNet-18 went from 21-27 to 17-18 ms. Read when
-OpenMP starts, so before Numba's first parallel kernel. OpenBLAS's own workers spin after each sgemm while
-Numba's kernels want that core: the shortest spin (2^4 cycles; read when OpenBLAS loads, so before numpy
-is imported) took ResNet-18 at 2 threads from 31-34 ms to 27-28 ms.
+OpenMP's workers must stay awake from one kernel of a run to the next, and sleep soon after the run, as
+MNN's pool does (it spins while a session runs): on this 2-core VM a worker that slept for 20 ms wakes
+slowly for the rest of the next run. With GNU OpenMP's spin of 10k (~0.3 ms here), MobileNetV3 at 2
+threads ran 5.0 ms back to back but 13.4 ms once per 20 ms (ShuffleNet 3.1 and 5.9); with 1M (~13 ms of
+spinning after a run; onnxruntime's pool spins ~25 ms) 4.3 and 4.4 ms (2.7 and 2.9). The spin used to be
+short because idle spinning workers starved OpenBLAS's threads (ResNet-18 at 2 threads 4x slower at the
+default 300k); sessions now keep BLAS at one thread (runtime/settings.py), so nothing wants that core.
+Read when OpenMP starts, so before Numba's first parallel kernel. OpenBLAS's own workers (a library
+user's BLAS at more threads) spin after each sgemm: the shortest spin (2^4 cycles; read when OpenBLAS
+loads, so before numpy is imported).
 """
 from __future__ import annotations
 
@@ -20,7 +23,7 @@ def tune_process() -> list[str]:
     are imported (it says so on stderr when numpy already is: OpenBLAS then keeps its default)."""
     set_now = []
     if "OMP_WAIT_POLICY" not in os.environ and "GOMP_SPINCOUNT" not in os.environ:
-        os.environ["GOMP_SPINCOUNT"] = "10000"
+        os.environ["GOMP_SPINCOUNT"] = "1000000"
         set_now.append("GOMP_SPINCOUNT")
     if "OPENBLAS_THREAD_TIMEOUT" not in os.environ:
         os.environ["OPENBLAS_THREAD_TIMEOUT"] = "4"

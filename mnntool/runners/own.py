@@ -30,4 +30,4 @@ class OwnRunner(Runner):
     def profile(self, feeds):
         seconds: list = []
         self.session.run(feeds, profile=seconds)
-        return [(s.name, s.op, dt) for s, dt in zip(self.session.plan.steps, seconds)]
+        return [(s.name, s.op, dt) for s, dt in zip(self.session.plan.ran, seconds)]

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-_blas_threads: list = [None]     # what this process's BLAS was last limited to, by any session
+_blas_limited: list = [False]    # whether this process's BLAS was limited to one thread yet
 
 
 @dataclass(frozen=True)
@@ -20,12 +20,15 @@ class Settings:
         return cls(max(1, min(int(threads), cap)) if threads else cap)
 
     def apply(self) -> None:
-        """Before a run: Numba's count for this thread (Numba keeps one per thread), and BLAS's (one per
-        process) when another session set a different one. Costs ~1 us when nothing changes."""
+        """Before a run: Numba's count for this thread (Numba keeps one per thread), and BLAS at one thread:
+        the few BLAS calls left (activation x activation products) are small, and BLAS's own workers would
+        fight the OpenMP workers that spin between the kernels of a run (tuning.py). At 2 threads, BLAS
+        at 2 took ViT-tiny to 18.3 ms and MobileViT-xxs to 13.6 ms (slower than at 1 thread), at 1 to
+        14.3 and 10.8 ms. Costs ~1 us when nothing changes."""
         import numba
         if numba.get_num_threads() != self.threads:
             numba.set_num_threads(self.threads)
-        if _blas_threads[0] != self.threads:
+        if not _blas_limited[0]:
             from threadpoolctl import threadpool_limits
-            threadpool_limits(limits=self.threads, user_api="blas")
-            _blas_threads[0] = self.threads
+            threadpool_limits(limits=1, user_api="blas")
+            _blas_limited[0] = True

@@ -25,6 +25,9 @@ class Kernel:
     fn: Callable
     writes_out: bool = False   # fn(inputs, outputs) fills preallocated outputs; else fn(inputs) -> outputs
     out_grid: tuple | None = None   # the int8 grid (grid.grid_of) the first output is rounded to, if any
+    # fn(inputs) -> outputs that are views of its inputs fixed by shapes alone (reshapes, splits): the
+    # planner calls it once where its inputs sit in the same buffers every run, and drops the step
+    view: bool = False
 
 
 kernel = registrar(KERNELS)
@@ -121,6 +124,10 @@ def returns(fn) -> Kernel:
 
 def writes(fn) -> Kernel:
     return Kernel(fn, True)
+
+
+def views(fn) -> Kernel:
+    return Kernel(fn, False, view=True)
 
 
 from . import attention, control, conv, elementwise, matmul, norm, pool, resize, tensor  # noqa: E402,F401  (registration)

@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 
 from ...ir.ops.tensor import reshape_dims, split_points, strided_index
-from . import by_definition, kernel, returns, writes
+from . import by_definition, kernel, returns, views, writes
 
 
 def _ints(v) -> list[int]:
@@ -15,21 +15,21 @@ def _ints(v) -> list[int]:
 
 @kernel("ConvertTensor", "Identity", "Dropout")
 def passthrough(node, ins, outs, settings):
-    return returns(lambda i: [i[0]])
+    return views(lambda i: [i[0]])
 
 
 @kernel("Reshape")
 def reshape(node, ins, outs, settings):
     out_shape = tuple(outs[0].shape)
     if all(isinstance(d, int) for d in out_shape):
-        return returns(lambda i: [i[0].reshape(out_shape)])
+        return views(lambda i: [i[0].reshape(out_shape)])
     return returns(lambda i: [i[0].reshape(reshape_dims(i[0].shape, _ints(i[1] if len(i) > 1 else node.param["dims"])))])
 
 
 @kernel("Flatten")
 def flatten(node, ins, outs, settings):
     shape = tuple(outs[0].shape)
-    return returns(lambda i: [i[0].reshape(shape)])
+    return views(lambda i: [i[0].reshape(shape)])
 
 
 @kernel("Permute")
@@ -41,7 +41,7 @@ def permute(node, ins, outs, settings):
 @kernel("Squeeze", "Unsqueeze", "ExpandDims")
 def squeeze(node, ins, outs, settings):
     shape = tuple(outs[0].shape)
-    return returns(lambda i: [i[0].reshape(shape)])
+    return views(lambda i: [i[0].reshape(shape)])
 
 
 @kernel("Concat")
@@ -59,7 +59,7 @@ def split(node, ins, outs, settings):
         return by_definition(node)
     axis, bounds = split_points(node, ins[0].shape, ins[1].value if len(ins) > 1 else None)
     pieces = [(slice(None),) * axis + (slice(lo, hi),) for lo, hi in zip(bounds[:-1], bounds[1:])]
-    return returns(lambda i: [i[0][p] for p in pieces])
+    return views(lambda i: [i[0][p] for p in pieces])
 
 
 @kernel("StridedSlice")
