@@ -145,9 +145,9 @@ def _post_of(n: Node) -> tuple | None:
 
 
 def fuse_activations(g: Graph, vals: dict, nodes: list[Node], stored: dict) -> list[Node]:
-    """A float convolution whose only reader is an activation (SiLU, HardSwish, GELU, sigmoid, tanh,
-    leaky ReLU, clip) as one convolution node that applies it in its epilogue (param grid.POST): the
-    convolution's output is never written to memory and read back. Not where either tensor is stored
+    """A float convolution (or Scale: a BatchNorm left unfolded) whose only reader is an activation (SiLU,
+    HardSwish, GELU, sigmoid, tanh, leaky ReLU, clip) as one node that applies it in its epilogue (param
+    grid.POST): the convolution's output is never written to memory and read back. Not where either tensor is stored
     on an int8 grid (MNN rounds the convolution's output before the activation reads it)."""
     users: dict[str, list[Node]] = {}
     for n in nodes:
@@ -156,7 +156,7 @@ def fuse_activations(g: Graph, vals: dict, nodes: list[Node], stored: dict) -> l
     outputs = set(g.outputs)
     fused, drop = {}, set()
     for conv in nodes:
-        if conv.op not in ("Convolution", "ConvolutionDepthwise") or len(conv.inputs) != 1 or \
+        if conv.op not in ("Convolution", "ConvolutionDepthwise", "Scale") or len(conv.inputs) != 1 or \
                 POST in conv.param or (conv.param.get("quanParameter") or {}).get("scaleIn"):
             continue
         y = conv.outputs[0]

@@ -114,3 +114,41 @@ def test_a_convolution_read_elsewhere_keeps_its_output(tmp_path):
     assert not [st for st in s.plan.steps if "(+" in st.name]
     np.testing.assert_allclose(out["y"], ref[0], rtol=1e-5, atol=1e-5)
     np.testing.assert_allclose(out["c"], ref[1], rtol=1e-5, atol=1e-5)
+
+
+def _bn_act(path, act):
+    """Concat -> BatchNormalization -> activation, as DenseNet's pre-activation blocks: the BatchNorm has
+    no convolution to fold into, so it stays a Scale."""
+    c, rng = 6, np.random.RandomState(2)
+    inits = [onnx.numpy_helper.from_array(a.astype(np.float32), n) for a, n in
+             ((rng.rand(c) + 0.5, "g"), (rng.randn(c), "bt"), (rng.randn(c), "mu"), (rng.rand(c) + 0.1, "var"))]
+    nodes = [h.make_node("Concat", ["a", "b"], ["x"], axis=1),
+             h.make_node("BatchNormalization", ["x", "g", "bt", "mu", "var"], ["n"], epsilon=1e-5)]
+    if act == "relu":
+        nodes.append(h.make_node("Relu", ["n"], ["y"]))
+    else:
+        op, attrs = ACTIVATIONS[act]
+        if act == "clip":
+            inits += [onnx.numpy_helper.from_array(np.array(-0.5, np.float32), "lo"),
+                      onnx.numpy_helper.from_array(np.array(1.5, np.float32), "hi")]
+        nodes.append(h.make_node(op, ["n", "lo", "hi"] if act == "clip" else ["n"], ["y"], **attrs))
+    ins = [h.make_tensor_value_info(n, TP.FLOAT, [2, 3, 17, 13]) for n in "ab"]
+    g = h.make_graph(nodes, "m", ins, [h.make_tensor_value_info("y", TP.FLOAT, None)], inits)
+    m = h.make_model(g, opset_imports=[h.make_opsetid("", 17)])
+    m.ir_version = 8
+    onnx.save(m, str(path))
+
+
+@pytest.mark.parametrize("act", ["relu", "clip", "hardswish", "sigmoid", "leaky"])
+def test_activation_after_a_batchnorm_runs_in_its_pass(tmp_path, act):
+    """A Scale (unfolded BatchNorm) and the activation after it are one step; onnxruntime's result within
+    rtol 1e-5 + atol 1e-6 (one product and sum per element; sigmoid's exp a polynomial, ~1e-7)."""
+    _bn_act(tmp_path / "m.onnx", act)
+    api.convert(tmp_path / "m.onnx", tmp_path / "m.mnn")
+    rng = np.random.RandomState(3)
+    feeds = {n: (rng.randn(2, 3, 17, 13) * 3).astype(np.float32) for n in "ab"}
+    ref = ort.InferenceSession(str(tmp_path / "m.onnx")).run(None, feeds)[0]
+    s = Session(api.load_graph(tmp_path / "m.mnn"), threads=2)
+    out = s.run(feeds)["y"]
+    assert [st.op for st in s.plan.steps if "(+" in st.name] == ["Scale"]
+    np.testing.assert_allclose(out, ref, rtol=1e-5, atol=1e-6)

@@ -130,4 +130,4 @@ def views(fn) -> Kernel:
     return Kernel(fn, False, view=True)
 
 
-from . import attention, control, conv, elementwise, matmul, norm, pool, resize, tensor  # noqa: E402,F401  (registration)
+from . import attention, control, conv, elementwise, matmul, norm, pool, resize, scale, tensor  # noqa: E402,F401  (registration)

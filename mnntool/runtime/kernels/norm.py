@@ -1,24 +1,10 @@
-"""Normalizations and softmax: Scale (folded BatchNorm), LayerNorm, Softmax, Reduction."""
+"""Normalizations and softmax: LayerNorm, Softmax, Reduction (Scale: scale.py)."""
 from __future__ import annotations
 
 import numpy as np
 from numba import njit, prange
 
 from . import kernel, returns, sized, writes
-
-
-@kernel("Scale")
-def scale(node, ins, outs, settings):
-    rank = len(ins[0].shape)
-    s = np.asarray(node.param["scaleData"], np.float32).reshape((1, -1) + (1,) * (rank - 2))
-    b = node.param.get("biasData")
-    b = np.asarray(b, np.float32).reshape(s.shape) if b is not None and len(b) else None
-
-    def run(i, o):
-        np.multiply(i[0], s, out=o[0])
-        if b is not None:
-            o[0] += b
-    return writes(run)
 
 
 @njit(parallel=True, cache=True, fastmath=True)
