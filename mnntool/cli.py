@@ -394,6 +394,8 @@ def quant(src: str = typer.Argument(..., help="A float .mnn model."),
         cfg = cfg.with_file(config)
     with _progress("calibrating", None, shown=int8 and not as_json) as step:
         r = quantize_file(src, dst, cfg, progress=step)
+    for note in r.get("notes", []):     # on stderr, so --json output stays one document
+        err.print(f"[yellow]warning:[/] {u(note)}")
     if as_json:
         print(json.dumps(r))
         return

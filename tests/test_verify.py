@@ -83,7 +83,7 @@ def test_bad_inputs_exit_2(resnet, tmp_path):
     assert_one_line_error(*run("verify", dst, dst), "must be the original model")
     empty = tmp_path / "empty"
     empty.mkdir()
-    assert_one_line_error(*run("verify", src, dst, "--calib", empty), "no .npy/.npz samples")
+    assert_one_line_error(*run("verify", src, dst, "--calib", empty), "no samples in the folder")
     np.save(tmp_path / "wrong.npy", np.zeros((1, 3, 10, 10), np.float32))
     assert_one_line_error(*run("verify", src, dst, "--input", f"input={tmp_path / 'wrong.npy'}"), "input 'input'")
 

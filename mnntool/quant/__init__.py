@@ -55,6 +55,7 @@ def quantize_file(src, dst, config: QuantConfig, progress=None) -> dict:
     report: dict = {"source": str(src), "output": str(dst), "size_before": src.stat().st_size}
     if cfg.int8:
         data = _reader(cfg.calib, _shaped(g, cfg.input_shapes, src), cfg.prep)
+        report["notes"] = list(getattr(data, "notes", []))
         if cfg.samples:
             data = data.split(cfg.samples)[0]
         # the last fifth is held out to measure the result (one sample serves both)
