@@ -66,7 +66,7 @@ def quantize_file(src, dst, config: QuantConfig, progress=None) -> dict:
         def quantize(extra_skip):
             q = quantize_int8(g, calib_set, cfg.method, cfg.per_channel, skip | set(extra_skip),
                               cfg.bias_correction, progress=progress, asymmetric=not cfg.symmetric_activations,
-                              threads=cfg.threads, workers=cfg.workers)
+                              threads=cfg.threads, workers=cfg.workers, ray=cfg.ray)
             if not cfg.float_weights:       # the layers left float store int8 weights, computing in float
                 compress_weights(q, 8)
             return q

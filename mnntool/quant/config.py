@@ -26,6 +26,7 @@ class QuantConfig:
     samples: int | None = None          # calibrate on the first N samples
     threads: int = 1                    # for the runtime sessions that calibrate and evaluate
     workers: int = 1                    # local processes calibrating shards of the samples (quant.shards)
+    ray: str | None = None              # calibrate on a Ray cluster: 'local', 'auto' or ray://HOST:PORT
     skip: tuple = ()                    # layers (or tensors) kept in float
     auto_skip: float | None = None      # keep the fewest layers in float for output cosine >= this
     bias_correction: bool = True
@@ -62,6 +63,8 @@ class QuantConfig:
             raise MnnToolError("--block-size applies to weight-only quantization: add --weight-bits 8|4")
         if self.workers < 1:
             raise MnnToolError(f"--workers must be at least 1, got {self.workers}")
+        if self.ray is not None and not self.int8:
+            raise MnnToolError("--ray calibrates int8 quantization: add --int8")
         if self.int8 and self.calib is None:
             raise MnnToolError("--int8 needs calibration data: --calib DIR")
         if self.int8 and self.method not in CALIBRATORS:

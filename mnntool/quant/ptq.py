@@ -166,11 +166,15 @@ def collect(g: Graph, samples, names: list, layers: list, threads: int = 1, prog
 
 
 def calibrate(g: Graph, samples, method: str, nodes, progress=None,
-              asymmetric: bool = True, threads: int = 1, workers: int = 1) -> tuple[dict[str, Grid], dict]:
+              asymmetric: bool = True, threads: int = 1, workers: int = 1,
+              ray: str | None = None) -> tuple[dict[str, Grid], dict]:
     """Per-tensor int8 grids for the inputs and outputs of `nodes`, and per-channel input means."""
     names = sorted({n.inputs[0] for n in nodes} | {n.outputs[0] for n in nodes})
     layers = [(n.name, n.inputs[0]) for n in nodes]
-    if workers > 1:
+    if ray is not None:
+        from .shards import collect_ray
+        stats = collect_ray(g, samples, names, layers, threads, ray, workers, progress)
+    elif workers > 1:
         from .shards import collect_sharded
         stats = collect_sharded(g, samples, names, layers, threads, workers, progress)
     else:
@@ -188,7 +192,7 @@ def calibrate(g: Graph, samples, method: str, nodes, progress=None,
 
 def quantize_int8(g: Graph, samples, method: str = "kl", per_channel: bool = True,
                   skip: set[str] = frozenset(), bias_correction: bool = True, progress=None,
-                  asymmetric: bool = True, threads: int = 1, workers: int = 1) -> Graph:
+                  asymmetric: bool = True, threads: int = 1, workers: int = 1, ray: str | None = None) -> Graph:
     if len(samples) == 0:
         raise MnnToolError("no calibration samples")
     q = copy.deepcopy(g)
@@ -197,7 +201,7 @@ def quantize_int8(g: Graph, samples, method: str = "kl", per_channel: bool = Tru
         if skip:
             return q      # everything asked to stay float
         raise MnnToolError("the model has no float convolutions to quantize")
-    grids, means = calibrate(q, samples, method, nodes, progress, asymmetric, threads, workers)
+    grids, means = calibrate(q, samples, method, nodes, progress, asymmetric, threads, workers, ray)
     for n in nodes:
         c = n.param["common"]
         cout = c["outputCount"]

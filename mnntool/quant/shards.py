@@ -1,4 +1,4 @@
-"""Calibration over local worker processes (quant --workers N).
+"""Calibration over local worker processes (quant --workers N) or a Ray cluster (quant --ray ADDRESS).
 
 The samples are cut into contiguous chunks, each worker runs its chunks in its own runtime session and
 returns their statistics (ptq.Statistics: histograms and fixed-point sums), and the driver merges them.
@@ -27,10 +27,13 @@ def _chunks(samples, count: int) -> list:
     return [p for p in parts if len(p)]
 
 
-def _work(args):
+def _collect(g, chunk, names, layers, threads):
     from .ptq import collect
-    g, chunk, names, layers, threads = args
     return collect(g, chunk, names, layers, threads)
+
+
+def _work(args):
+    return _collect(*args)
 
 
 def collect_sharded(g, samples, names, layers, threads: int, workers: int, progress=None):
@@ -49,3 +52,58 @@ def collect_sharded(g, samples, names, layers, threads: int, workers: int, progr
             if progress:
                 progress(part.count)
     return stats
+
+
+def _ray():
+    import os
+    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")      # Ray reports usage to its makers unless told not to
+    try:
+        import ray
+    except ImportError:
+        raise MnnToolError("--ray needs Ray: pip install 'mnntool[ray]'") from None
+    return ray
+
+
+def collect_ray(g, samples, names, layers, threads: int, address: str, workers: int = 1, progress=None):
+    """As collect_sharded, the chunks run as Ray tasks: address 'local' starts a Ray instance on this
+    machine for the call, 'auto' joins the one running here, ray://HOST:PORT a remote cluster. Each node
+    must have mnntool installed and see the calibration files under the same paths. Chunks: CHUNKS_PER_WORKER
+    per CPU of the cluster (or per --workers, when given)."""
+    ray = _ray()
+    from .ptq import Statistics
+    started = not ray.is_initialized()
+    if started:
+        try:
+            ray.init(address=None if address == "local" else address, include_dashboard=False,
+                     log_to_driver=False, configure_logging=False)
+        except Exception as e:      # noqa: BLE001 - Ray's own errors are many; one line names the address
+            raise MnnToolError(f"--ray {address}: cannot reach a Ray cluster ({type(e).__name__}: "
+                               f"{' '.join(str(e).split())[:160]})") from None
+    try:
+        cpus = workers if workers > 1 else max(1, int(ray.cluster_resources().get("CPU", 1)))
+        chunks = _chunks(samples, cpus * CHUNKS_PER_WORKER)
+        task = ray.remote(num_cpus=1)(_collect)
+        graph = ray.put(g)      # once in the object store, not once per task
+        pending = [task.remote(graph, chunk, names, layers, threads) for chunk in chunks]
+        stats = Statistics()
+        parts = {}
+        while pending:
+            done, pending = ray.wait(pending, num_returns=1)
+            for ref in done:
+                try:
+                    part = ray.get(ref)
+                except ray.exceptions.RayTaskError as e:    # a bad sample: the worker's own one line
+                    cause = getattr(e, "cause", None)
+                    if isinstance(cause, MnnToolError):
+                        raise MnnToolError(str(cause)) from None
+                    raise MnnToolError(f"--ray: a calibration task failed ({type(cause or e).__name__}: "
+                                       f"{' '.join(str(cause or e).split())[:160]})") from None
+                parts[ref] = part
+                if progress:
+                    progress(part.count)
+        for ref in parts:       # merged in any order: the merge is exact
+            stats.merge(parts[ref])
+        return stats
+    finally:
+        if started:
+            ray.shutdown()

@@ -134,8 +134,8 @@ def test_int8_file_means_the_same_in_both_runtimes(tmp_path, kind):
 
 
 def test_two_workers_write_the_same_file(tmp_path):
-    """quant --workers 2 shards calibration over two processes and merges the statistics exactly: the
-    file is the single process's, byte for byte."""
+    """quant --workers 2 shards calibration over two processes, and --ray local over Ray tasks; the
+    statistics merge exactly: the file is the single process's, byte for byte."""
     rng = np.random.default_rng(1)
     shape = (1, 3, 32, 48)
     fp32, _ = _exported(tmp_path, FpnAdd, shape)
@@ -148,6 +148,9 @@ def test_two_workers_write_the_same_file(tmp_path):
         files[workers] = tmp_path / f"w{workers}.mnn"
         quantize_file(fp32, files[workers], QuantConfig(int8=True, calib=str(calib), method="kl", workers=workers))
     assert files[1].read_bytes() == files[2].read_bytes()
+    pytest.importorskip("ray")      # quant --ray local: the chunks as Ray tasks on a Ray started for the call
+    quantize_file(fp32, tmp_path / "ray.mnn", QuantConfig(int8=True, calib=str(calib), method="kl", ray="local"))
+    assert (tmp_path / "ray.mnn").read_bytes() == files[1].read_bytes()
 
 
 class DepthwiseRelu(nn.Module):
