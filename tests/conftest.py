@@ -53,3 +53,12 @@ def mnn_convert(onnx_path, mnn_path):
     """Convert with MNN's own converter (in a child process: see mnntool.mnn_tools)."""
     from mnntool.mnn_tools import mnnconvert
     mnnconvert("-f", "ONNX", "--modelFile", onnx_path, "--MNNModel", mnn_path, "--bizCode", "test")
+
+
+def save_onnx(graph, path, opset: int = 17, ir_version: int = 8) -> None:
+    """An onnx.helper graph saved as a model at `path` (the opset and IR version every runtime here reads)."""
+    import onnx
+    from onnx import helper
+    m = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
+    m.ir_version = ir_version
+    onnx.save(m, str(path))

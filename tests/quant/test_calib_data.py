@@ -14,6 +14,7 @@ from onnx import TensorProto as TP
 from onnx import helper as h
 
 from mnntool import api
+from tests.conftest import save_onnx
 from mnntool.ir.graph import Graph, TensorInfo
 from mnntool.quant.data import FolderReader, ImagePrep
 
@@ -91,9 +92,7 @@ def _two_inputs(path):
     g = h.make_graph(nodes, "two", [h.make_tensor_value_info("image", TP.FLOAT, [1, 3, 16, 16]),
                                     h.make_tensor_value_info("extra:0", TP.FLOAT, [1, 8])],
                      [h.make_tensor_value_info("y", TP.FLOAT, None)], [w, w2])
-    m = h.make_model(g, opset_imports=[h.make_opsetid("", 17)])
-    m.ir_version = 8
-    onnx.save(m, str(path))
+    save_onnx(g, path)
 
 
 def test_a_folder_per_sample_feeds_a_multi_input_model(tmp_path):

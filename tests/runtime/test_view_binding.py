@@ -9,6 +9,7 @@ from onnx import TensorProto as TP
 from onnx import helper as h
 
 from mnntool import api
+from tests.conftest import save_onnx
 from mnntool.runtime.session import Session
 
 ort = pytest.importorskip("onnxruntime")
@@ -30,9 +31,7 @@ def _model(path):
              h.make_node("Neg", ["p2"], ["np2"])]
     outs = [h.make_tensor_value_info(n, TP.FLOAT, None) for n in ("a", "rb", "q", "np2")]
     g = h.make_graph(nodes, "views", [h.make_tensor_value_info("x", TP.FLOAT, [1, 4, 6, 6])], outs, inits)
-    m = h.make_model(g, opset_imports=[h.make_opsetid("", 17)])
-    m.ir_version = 8
-    onnx.save(m, str(path))
+    save_onnx(g, path)
 
 
 def test_bound_views_follow_each_run(tmp_path):
