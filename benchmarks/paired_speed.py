@@ -6,9 +6,9 @@
 tenants slow whole seconds by 20-70%, so one round's ratio ranged 0.47-1.70 for the same build. Here
 every run of mnntool sits between a run of MNN and one of onnxruntime (the order turns each run), so a
 slow spell hits all three alike and the ratio of medians holds still to a few percent. At more than
-one thread (`paired(..., threads)`) each run starts after a pause in which the previous runtime's
-spinning workers go to sleep, and an untimed run (THREADS_GAP_S). Every backend runs after the others have used the caches, as a model does inside an
-application, so times are above `runtime_speed`'s.
+one thread (`paired(..., threads)`) each timed run follows a pause in which the previous runtime's
+spinning workers go to sleep, and an untimed run (THREADS_GAP_S). Every backend runs after the others
+have used the caches, as a model does inside an application, so times are above `runtime_speed`'s.
 """
 from __future__ import annotations
 

@@ -32,10 +32,6 @@ def _collect(g, chunk, names, layers, threads):
     return collect(g, chunk, names, layers, threads)
 
 
-def _work(args):
-    return _collect(*args)
-
-
 def collect_sharded(g, samples, names, layers, threads: int, workers: int, progress=None):
     import multiprocessing
     from concurrent.futures import ProcessPoolExecutor, as_completed
@@ -45,7 +41,7 @@ def collect_sharded(g, samples, names, layers, threads: int, workers: int, progr
     stats = Statistics()
     ctx = multiprocessing.get_context("spawn")
     with ProcessPoolExecutor(max_workers=min(workers, len(chunks)) or 1, mp_context=ctx) as pool:
-        jobs = [pool.submit(_work, (g, chunk, names, layers, threads)) for chunk in chunks]
+        jobs = [pool.submit(_collect, g, chunk, names, layers, threads) for chunk in chunks]
         for job in as_completed(jobs):
             part = job.result()
             stats.merge(part)
@@ -86,7 +82,6 @@ def collect_ray(g, samples, names, layers, threads: int, address: str, workers: 
         graph = ray.put(g)      # once in the object store, not once per task
         pending = [task.remote(graph, chunk, names, layers, threads) for chunk in chunks]
         stats = Statistics()
-        parts = {}
         while pending:
             done, pending = ray.wait(pending, num_returns=1)
             for ref in done:
@@ -98,11 +93,9 @@ def collect_ray(g, samples, names, layers, threads: int, address: str, workers: 
                         raise MnnToolError(str(cause)) from None
                     raise MnnToolError(f"--ray: a calibration task failed ({type(cause or e).__name__}: "
                                        f"{' '.join(str(cause or e).split())[:160]})") from None
-                parts[ref] = part
+                stats.merge(part)       # in the order they finish: the merge is exact
                 if progress:
                     progress(part.count)
-        for ref in parts:       # merged in any order: the merge is exact
-            stats.merge(parts[ref])
         return stats
     finally:
         if started:

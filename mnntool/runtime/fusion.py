@@ -147,8 +147,8 @@ def _post_of(n: Node) -> tuple | None:
 def fuse_activations(g: Graph, vals: dict, nodes: list[Node], stored: dict) -> list[Node]:
     """A float convolution (or Scale: a BatchNorm left unfolded) whose only reader is an activation (SiLU,
     HardSwish, GELU, sigmoid, tanh, leaky ReLU, clip) as one node that applies it in its epilogue (param
-    grid.POST): the convolution's output is never written to memory and read back. Not where either tensor is stored
-    on an int8 grid (MNN rounds the convolution's output before the activation reads it)."""
+    grid.POST): the convolution's output is never written to memory and read back. Not where either
+    tensor is stored on an int8 grid (MNN rounds the convolution's output before the activation reads it)."""
     users: dict[str, list[Node]] = {}
     for n in nodes:
         for i in dict.fromkeys(n.inputs):

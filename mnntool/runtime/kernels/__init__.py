@@ -33,9 +33,9 @@ class Kernel:
 kernel = registrar(KERNELS)
 
 
-# Waking OpenMP's sleeping workers (they must sleep: spinning ones starve OpenBLAS's threads on a small
-# machine) costs about 50 us per parallel loop here, so a kernel with less than ~100 us of single-thread
-# work runs its serial twin: MobileNetV2 has ~70 such loops per run.
+# Handing a parallel loop to OpenMP's workers has a fixed cost (about 50 us per loop, measured when they
+# slept between kernels; they now spin through a run, tuning.py, and the bound was not re-tuned), so a
+# kernel with less than ~100 us of single-thread work runs its serial twin: MobileNetV2 has ~70 per run.
 PARALLEL_MIN_WORK = 250_000      # element operations
 _SERIAL: dict = {}
 
