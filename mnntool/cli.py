@@ -361,6 +361,12 @@ def quant(src: str = typer.Argument(..., help="A float .mnn model."),
           asymmetric: bool = typer.Option(False, "--asymmetric", help="Weight-only: (min, scale) per channel."),
           block_size: Optional[int] = typer.Option(None, "--block-size",
                                                    help="Weight-only: one scale per N input channels (32, 64, 128)."),
+          hqq: bool = typer.Option(False, "--hqq", help="Weight-only: zero points by half-quadratic optimisation "
+                                                        "(as MNN's converter --hqq; implies --asymmetric)."),
+          head_bits: Optional[int] = typer.Option(
+              None, "--head-bits", help="Weight-only: bits of the layers that produce the outputs (a classifier's "
+                                        "last FC, a language model's vocabulary projection); default 8 with "
+                                        "--weight-bits 4."),
           fp16: bool = typer.Option(False, "--fp16", help="Store weights as half floats."),
           skip: Optional[str] = typer.Option(None, "--skip", help="Comma-separated layers to keep in float."),
           auto_skip: Optional[float] = typer.Option(None, "--auto-skip",
@@ -391,7 +397,7 @@ def quant(src: str = typer.Argument(..., help="A float .mnn model."),
                       auto_skip=auto_skip, bias_correction=bias_correction,
                       symmetric_activations=symmetric_activations, float_weights=float_weights,
                       prep=_image_prep(mean, normal, size, fmt, std),
-                      asymmetric=asymmetric, block_size=block_size,
+                      asymmetric=asymmetric, block_size=block_size, hqq=hqq, head_bits=head_bits,
                       input_shapes=api.parse_input_shapes(input_shape))
     if config:
         cfg = cfg.with_file(config)
@@ -406,6 +412,8 @@ def quant(src: str = typer.Argument(..., help="A float .mnn model."),
                   f"{_human(r['size_after'], 'B')} ({r['ratio']:.2f}x smaller)")
     for o in r["outputs"]:
         console.print(f"  output {u(o['name'])}: cosine vs fp32 {o['cosine']:.6f}, max abs {o['max_abs']:.3g}")
+    if r.get("head_layers"):
+        console.print(f"  int{r['head_bits']} output layers: {u(', '.join(r['head_layers']))}")
     if r.get("auto_skipped") is not None:
         console.print(f"  kept in float: {u(', '.join(r['auto_skipped']) or 'none')}")
     for f in r.get("float_layers", []):

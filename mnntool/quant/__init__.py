@@ -38,11 +38,26 @@ def _shaped(g, shapes: dict, src):
     return out
 
 
+def _probe_feeds(g, shapes: dict) -> tuple[dict, str | None]:
+    """Random inputs to measure weight-only accuracy on: --input-shape where given, open dims else 1
+    (a decoder's single-token step), with a note saying so."""
+    from ..inputs import random_feeds
+    fixed, open_ = dict(shapes), []
+    for name in g.inputs:
+        shape = fixed.get(name) or g.tensors[name].shape or ()
+        if not all(isinstance(d, int) and d > 0 for d in shape):
+            fixed[name] = tuple(d if isinstance(d, int) and d > 0 else 1 for d in shape)
+            open_.append(name)
+    note = (f"accuracy measured with open dims of {', '.join(open_)} at 1 (set them with --input-shape)"
+            if open_ else None)
+    return random_feeds(g, fixed), note
+
+
 def quantize_file(src, dst, config: QuantConfig, progress=None) -> dict:
     """Quantize a .mnn file into another; returns the report (sizes, per-layer accuracy, skipped layers)."""
     from .ptq import float_report, quantize_int8
     from .report import auto_skip as run_auto_skip, layer_report, worst_first
-    from .weight_only import compress_weights
+    from .weight_only import compress_weights, head_layers
     cfg = config
     cfg.check()
     src, dst = Path(src), Path(dst)
@@ -79,14 +94,20 @@ def quantize_file(src, dst, config: QuantConfig, progress=None) -> dict:
         report.update(mode="int8", method=cfg.method, per_channel=cfg.per_channel, calibration_samples=len(calib_set),
                       held_out_samples=len(held_out), symmetric_activations=cfg.symmetric_activations)
     else:
-        from ..inputs import random_feeds
         q = reader.load(src)
-        n, blocked = compress_weights(q, cfg.weight_bits, cfg.fp16, cfg.asymmetric, skip, cfg.block_size)
+        head_bits = cfg.resolved_head_bits()
+        n, blocked = compress_weights(q, cfg.weight_bits, cfg.fp16, cfg.asymmetric, skip, cfg.block_size, cfg.hqq,
+                                      head_bits)
         if n == 0:
             raise MnnToolError(f"{src}: no float convolution weights to compress")
-        report.update(mode="fp16" if cfg.fp16 else f"weight-int{cfg.weight_bits}", asymmetric=cfg.asymmetric,
+        report.update(mode="fp16" if cfg.fp16 else f"weight-int{cfg.weight_bits}",
+                      asymmetric=cfg.asymmetric or cfg.hqq, hqq=cfg.hqq, head_bits=head_bits,
+                      head_layers=sorted(head_layers(g) - skip) if head_bits else [],
                       layers=n, block_size=cfg.block_size, block_layers=blocked)
-        acc = layer_report(g, q, [random_feeds(g)], cfg.threads)
+        feeds, note = _probe_feeds(g, cfg.input_shapes)
+        acc = layer_report(g, q, [feeds], cfg.threads)
+        if note:
+            report.setdefault("notes", []).append(note)
     report["size_after"] = writer.save(q, dst)
     report["ratio"] = report["size_before"] / report["size_after"]
     report["outputs"] = acc["outputs"]

@@ -37,6 +37,11 @@ class QuantConfig:
     # weight-only
     asymmetric: bool = False
     block_size: int | None = None
+    hqq: bool = False                   # zero points by half-quadratic optimisation (implies asymmetric)
+    head_bits: int | None = None        # bits of the output layers (weight_only.head_layers); None: 8 at int4
+
+    def resolved_head_bits(self) -> int | None:
+        return self.head_bits if self.head_bits is not None else (8 if self.weight_bits == 4 else None)
 
     def with_file(self, path) -> QuantConfig:
         """This config with a JSON file's settings on top (its `skip` adds to ours)."""
@@ -61,6 +66,10 @@ class QuantConfig:
             raise MnnToolError("choose exactly one of --int8, --weight-bits 8|4, --fp16")
         if self.block_size is not None and self.weight_bits is None:
             raise MnnToolError("--block-size applies to weight-only quantization: add --weight-bits 8|4")
+        if self.head_bits is not None and self.weight_bits is None:
+            raise MnnToolError("--head-bits applies to weight-only quantization: add --weight-bits 8|4")
+        if self.hqq and self.weight_bits is None:
+            raise MnnToolError("--hqq applies to weight-only quantization: add --weight-bits 8|4")
         if self.workers < 1:
             raise MnnToolError(f"--workers must be at least 1, got {self.workers}")
         if self.ray is not None and not self.int8:

@@ -5,12 +5,14 @@ from __future__ import annotations
 import numpy as np
 
 from ..format.idst import pack
+from .hqq import hqq_minimum
 
 
 def quantize_weight(w: np.ndarray, bits: int = 8, asymmetric: bool = False, rows: int | None = None,
-                    per_tensor: bool = False, chunk: int | None = None) -> dict:
+                    per_tensor: bool = False, chunk: int | None = None, hqq: bool = False) -> dict:
     """Per output channel (or one per tensor, or one per `chunk` consecutive weights of a channel:
-    block-wise) quantization of a float weight -> the IDSTQuan table."""
+    block-wise) quantization of a float weight -> the IDSTQuan table. `hqq` (asymmetric only) moves
+    each row's minimum by half-quadratic optimisation (quant.hqq)."""
     rows = rows or w.shape[0]
     flat = np.asarray(w, np.float64).reshape(rows, -1)
     header_rows = rows
@@ -20,6 +22,8 @@ def quantize_weight(w: np.ndarray, bits: int = 8, asymmetric: bool = False, rows
         qmin, levels = -(1 << (bits - 1)), (1 << bits) - 1
         lo, hi = x.min(1), x.max(1)
         scale = np.where(hi > lo, (hi - lo) / levels, 1e-8)
+        if hqq:
+            lo = hqq_minimum(x, lo, scale, bits)
         q = np.clip(np.round((x - lo[:, None]) / scale[:, None]) + qmin, qmin, qmin + levels)
         alpha = np.stack([lo, scale], 1).reshape(-1)
         extra = {"aMin": qmin, "readType": rows}     # any non-zero readType: MNN reads (min, scale) pairs

@@ -18,15 +18,20 @@ def _mnn():
 
 
 class MnnSession:
-    def __init__(self, path: str, inputs: list[str], outputs: list[str], threads: int | None = None):
+    def __init__(self, path: str, inputs: list[str], outputs: list[str], threads: int | None = None,
+                 memory: str | None = None):
+        """memory "low": MNN keeps weight-only int8/int4 weights quantized and runs its dynamic-quant
+        kernels on them (its LLM setting) instead of dequantizing them at load."""
         MNN = _mnn()
         self.MNN = MNN
         self.inputs, self.outputs = list(inputs), list(outputs)
         kwargs = {}
-        if threads:
+        if threads or memory:
             # load_module_from_file's own thread_num is not honoured (a "1 thread" module keeps both cores
             # busy); a runtime manager's numThread is
-            config = {"numThread": int(threads), "precision": "normal", "backend": "CPU"}
+            config = {"numThread": int(threads or 1), "precision": "normal", "backend": "CPU"}
+            if memory:
+                config["memory"] = memory
             kwargs["runtime_manager"] = MNN.nn.create_runtime_manager((config,))
         self.module = MNN.nn.load_module_from_file(str(path), self.inputs, self.outputs, **kwargs)
 

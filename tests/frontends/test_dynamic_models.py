@@ -1,9 +1,8 @@
 """Models whose dims stay open: converted without --input-shape, one .mnn runs every shape in both
 runtimes (a plan per shape in mnntool's), and a decoder step with a KV cache generates token by token.
 
-Reference: torch eager on the same module (the legacy exporter's file; the dynamo exporter's file of the
-decoder is wrong in onnxruntime too, see test_decoder_dynamo_export_matches_onnxruntime). Tolerance:
-max abs error 1e-4 (cosine for the CNN: >= 0.99999).
+Reference: torch eager on the same module (both exporters' files of the decoder). Tolerance: max abs
+error 1e-4 (cosine for the CNN: >= 0.99999).
 """
 import contextlib
 import io
@@ -90,24 +89,27 @@ def test_decoder_step_with_kv_cache_generates(tmp_path):
     assert pk.shape[3] == 1 + 4 + 3
 
 
-def test_decoder_dynamo_export_matches_onnxruntime(tmp_path):
-    """torch 2.13's dynamo exporter writes this decoder wrongly (onnxruntime disagrees with eager torch
-    by ~4 on the keys); what mnntool converts must still mean what the ONNX file means."""
+def test_decoder_dynamo_export_matches_torch(tmp_path):
+    """The dynamo exporter's file of the decoder (its lengths as torch.export Dims) in mnntool's runtime
+    against eager torch and onnxruntime, at two (new, past) lengths."""
     ort = pytest.importorskip("onnxruntime")
     from fixtures.decoder import export
     src, dst = tmp_path / "dec.onnx", tmp_path / "dec.mnn"
     with contextlib.redirect_stdout(io.StringIO()):
-        export(src, dynamo=True)
+        m = export(src, dynamo=True)
     api.convert(src, dst)
     sess = Session(api.load_graph(dst))
     rng = np.random.RandomState(0)
     for t, p in ((3, 5), (1, 9)):
         feeds = {"ids": rng.randint(0, 97, (1, t)).astype(np.int64), "past_k": rng.randn(2, 1, 4, p, 16).astype(np.float32),
                  "past_v": rng.randn(2, 1, 4, p, 16).astype(np.float32)}
-        ref = ort.InferenceSession(str(src)).run(None, feeds)
+        with torch.no_grad():
+            ref = [o.numpy() for o in m(*(torch.from_numpy(feeds[k]) for k in ("ids", "past_k", "past_v")))]
+        theirs = ort.InferenceSession(str(src)).run(None, feeds)
         got = sess.run(feeds)
-        for name, r in zip(("logits", "new_k", "new_v"), ref):
+        for name, r, o in zip(("logits", "new_k", "new_v"), ref, theirs):
             np.testing.assert_allclose(got[name], r, atol=1e-4)
+            np.testing.assert_allclose(o, r, atol=1e-4)
 
 
 @pytest.mark.parametrize("dynamo", [False, True])

@@ -228,10 +228,11 @@ class Tile:
 @define("Range", param="Range", inputs=("start", "limit", "delta"))
 class Range:
     def infer(node, ins):
-        start, limit, delta = (np.asarray(known(v, "bounds", node) if v.dtype.startswith("int") else v.value)
-                               for v in ins)
-        if any(v is None for v in (start, limit, delta)):
-            raise ValueError("bounds computed at run time")
+        """Bounds known only at run time give a length of its own name: the rank still flows on (a
+        decoder's positions arange(past, past + new) feed its embeddings and mask)."""
+        if any(v.value is None for v in ins):
+            return [Val((f"len({node.outputs[0]})",), ins[0].dtype)]
+        start, limit, delta = (np.asarray(v.value) for v in ins)
         n = max(int(np.ceil((float(np.asarray(limit).reshape(-1)[0]) - float(np.asarray(start).reshape(-1)[0]))
                             / float(np.asarray(delta).reshape(-1)[0]))), 0)
         return [Val((n,), ins[0].dtype)]

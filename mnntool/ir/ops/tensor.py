@@ -200,7 +200,11 @@ class Reshape:
     def infer(node, ins):
         dims = node.param.get("dims")
         if dims is None or len(dims) == 0 or len(ins) > 1:
-            dims = known(ins[1], "target shape", node)
+            target = ins[1]
+            if target.value is None and target.shape is not None and len(target.shape) == 1 and \
+                    isinstance(target.shape[0], int):       # a shape computed at run time: its rank is known
+                return [Val(tuple(f"{node.outputs[0]}_d{k}" for k in range(target.shape[0])), ins[0].dtype)]
+            dims = known(target, "target shape", node)
         return [Val(reshape_dims(ins[0].shape, [int(d) for d in dims]), ins[0].dtype)]
 
     def compute(node, xs):
