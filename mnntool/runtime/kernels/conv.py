@@ -16,12 +16,16 @@ from .grid import NO_GRID, NO_POST, POST, activation, apply_act, grid_of, to_gri
 @kernel("Convolution", "ConvolutionDepthwise")
 def convolution(node, ins, outs, settings):
     cout = node.param["common"]["outputCount"]
-    weight = np.ascontiguousarray(conv_weight(node.param, cout))
-    Geometry.of(node.param["common"], ins[0].shape, outs[0].shape).check(weight.size, f"{node.op} '{node.name}'")
+    geometry = Geometry.of(node.param["common"], ins[0].shape, outs[0].shape)
     bias = np.asarray(node.param.get("bias", np.zeros(cout)), np.float32).reshape(-1)
     if bias.size != cout:
         bias = np.zeros(cout, np.float32)
     int8 = int8_scales(node)
+    if int8 is None and node.param.get("quanParameter") is not None and geometry.fully_connected and \
+            geometry.n == 1 and (k := _weight_only_matvec(node, geometry, bias, settings)) is not None:
+        return k
+    weight = np.ascontiguousarray(conv_weight(node.param, cout))
+    geometry.check(weight.size, f"{node.op} '{node.name}'")
     if int8 is not None:     # an int8 convolution: same arithmetic as MNN on the quantized grid
         grid_in, grid_out = grid_of(*int8.input), grid_of(*int8.output)
         if node.op == "ConvolutionDepthwise":
@@ -33,6 +37,20 @@ def convolution(node, ins, outs, settings):
             fn = k.fn if ins[0].grid == grid_in else _grid_input(k.fn, ins[0].shape, grid_in, settings.threads)
         return Kernel(fn, True, grid_out)
     return convolution_float(node, ins, outs, weight, bias, settings)
+
+
+def _weight_only_matvec(node, g: Geometry, bias, settings) -> Kernel | None:
+    """A single row through a weight-only int8/int4 layer on its codes (qgemv.QMatVec): a decoder's
+    token step reads a quarter (int8) or an eighth (int4) of the float weights' bytes."""
+    from .conv_strategies import with_post
+    from .qgemv import QMatVec
+    mv = QMatVec.of(node.param["quanParameter"], g.cout, bias, activation(node.param["common"]), settings.threads)
+    if mv is None or mv.codes.shape[0] != g.cout or mv.codes.shape[1] * (2 if mv.codes.dtype == np.uint8 else 1) != g.cin:
+        return None
+
+    def run(inputs, outputs):
+        mv(np.ascontiguousarray(inputs[0], np.float32).reshape(g.cin), outputs[0].reshape(g.cout))
+    return with_post(writes(run), node.param.get(POST, NO_POST), g.cout, settings.threads)
 
 
 def _integer(node, ins, outs, bias, grids, threads: int):
