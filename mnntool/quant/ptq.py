@@ -53,6 +53,33 @@ def _one_sided(tensor: str, producers, gridded: set) -> bool:
     return node.op in ONE_SIDED_PRODUCERS
 
 
+def max_pooled(g: Graph) -> set[str]:
+    """Tensors a max pooling reads or writes, through data movement. MNN 3.6's x86 int8 max pooling
+    compares the signed bytes as unsigned, so -1 beats 127: it is right only on bytes 0..127 (measured:
+    on a zero-point-0 grid its result equals an unsigned max of the two's-complement bytes at every
+    output; resnext26ts's stem pool 0.55 cosine, the whole model 0.72)."""
+    producers = g.producers()
+    readers: dict[str, list] = {}
+    for n in g.nodes:
+        for i in n.inputs:
+            readers.setdefault(i, []).append(n)
+    out: set[str] = set()
+    for n in g.nodes:
+        if n.op != "Pooling" or (n.param or {}).get("type", "MAXPOOL") != "MAXPOOL" or not n.inputs:
+            continue
+        t = n.inputs[0]
+        while t is not None:
+            out.add(t)
+            p = producers.get(t)
+            t = p.inputs[0] if p is not None and p.op in MOVES else None
+        t = n.outputs[0]
+        while t is not None:
+            out.add(t)
+            nxt = readers.get(t, [])
+            t = nxt[0].outputs[0] if len(nxt) == 1 and nxt[0].op in MOVES else None
+    return out
+
+
 def _conv_before(tensor: str, producers) -> str | None:
     """The convolution that produces `tensor` through data movement only, if any."""
     node = _computed_by(tensor, producers)
@@ -82,14 +109,16 @@ def float_layers(g: Graph) -> set[str]:
 
 def float_report(g: Graph, q: Graph, skip: set[str], auto_skipped: list) -> list[dict]:
     """Each convolution the int8 file computes in float, why, and how its weights are stored."""
-    keep = float_layers(g)
+    keep, pooled = float_layers(g), max_pooled(g)
     rows = []
     for n in q.nodes:
         if n.op not in CONVS or "symmetricQuan" in n.param:
             continue
         why = ("asked (--skip)" if n.name in skip or n.outputs[0] in skip else
                "auto-skip" if n.name in auto_skipped else
-               "feeds an output or an average" if n.name in keep else "no weights to quantize")
+               "feeds an output or an average" if n.name in keep else
+               "reads or writes a max pooling's negative values (MNN's x86 int8 max pooling compares "
+               "bytes as unsigned)" if {n.inputs[0], n.outputs[0]} & pooled else "no weights to quantize")
         qp = n.param.get("quanParameter")
         rows.append({"name": n.name, "reason": why, "weights": "int8" if qp is not None else "fp32"})
     return rows
@@ -168,7 +197,9 @@ def collect(g: Graph, samples, names: list, layers: list, threads: int = 1, prog
 def calibrate(g: Graph, samples, method: str, nodes, progress=None,
               asymmetric: bool = True, threads: int = 1, workers: int = 1,
               ray: str | None = None) -> tuple[dict[str, Grid], dict]:
-    """Per-tensor int8 grids for the inputs and outputs of `nodes`, and per-channel input means."""
+    """Per-tensor int8 grids for the inputs and outputs of `nodes`, and per-channel input means. A
+    tensor a max pooling touches gets a zero-point-0 grid (bytes 0..127 where it is never negative);
+    where it has negative values it gets none: the layers on it stay float (see max_pooled)."""
     names = sorted({n.inputs[0] for n in nodes} | {n.outputs[0] for n in nodes})
     layers = [(n.name, n.inputs[0]) for n in nodes]
     if ray is not None:
@@ -181,10 +212,12 @@ def calibrate(g: Graph, samples, method: str, nodes, progress=None,
         stats = collect(g, samples, names, layers, threads, progress)
     if stats.count == 0:
         raise MnnToolError("no calibration samples")
-    producers, gridded = g.producers(), set(names)
+    producers, gridded, pooled = g.producers(), set(names), max_pooled(g)
     grids = {}
     for t in names:
-        cal = make(method, asymmetric and _one_sided(t, producers, gridded))
+        if t in pooled and stats.hists[t].negative:
+            continue
+        cal = make(method, asymmetric and t not in pooled and _one_sided(t, producers, gridded))
         cal.hist = stats.hists[t]
         grids[t] = cal.grid()
     return grids, stats.means()
@@ -203,6 +236,8 @@ def quantize_int8(g: Graph, samples, method: str = "kl", per_channel: bool = Tru
         raise MnnToolError("the model has no float convolutions to quantize")
     grids, means = calibrate(q, samples, method, nodes, progress, asymmetric, threads, workers, ray)
     for n in nodes:
+        if n.inputs[0] not in grids or n.outputs[0] not in grids:
+            continue            # on a max pooling's signed values: stays float (calibrate)
         c = n.param["common"]
         cout = c["outputCount"]
         w = np.asarray(n.param["weight"], np.float32).reshape(cout, -1)

@@ -90,7 +90,20 @@ class SigmoidTranspose(nn.Module):
         return self.out(torch.cat([u, self.skip(x)], 1))
 
 
-MODELS = {"concat_maxpool": ConcatPool, "fpn_add_resize": FpnAdd, "hardswish_depthwise": HardSwishDepthwise,
+class StemPool(nn.Module):
+    """ResNet's stem (ReLU) or resnext26ts's (SiLU): a max pooling between int8 convolutions. MNN's x86
+    int8 max pooling compares bytes as unsigned: a one-sided grid or a negative value broke it."""
+    def __init__(self, act):
+        super().__init__()
+        self.stem, self.after = _cbr(3, 16, stride=2, act=act), _cbr(16, 16, act=act)
+        self.head = nn.Conv2d(16, 4, 3, 1, 1)
+
+    def forward(self, x):
+        return self.head(self.after(F.max_pool2d(self.stem(x), 3, 2, 1)))
+
+
+MODELS = {"relu_maxpool": lambda: StemPool(nn.ReLU), "silu_maxpool": lambda: StemPool(nn.SiLU),
+          "concat_maxpool": ConcatPool, "fpn_add_resize": FpnAdd, "hardswish_depthwise": HardSwishDepthwise,
           "sigmoid_convtranspose_concat": SigmoidTranspose}
 
 
@@ -225,3 +238,22 @@ def test_a_session_gives_each_run_its_own_answer(tmp_path):
         x = {"x": rng.standard_normal(shape).astype(np.float32) * (1 + k)}
         again, fresh = session.run(x)["y"], Session(g).run(x)["y"]
         np.testing.assert_array_equal(again, fresh)
+
+
+def test_max_pooled_negative_values_stay_float_and_are_reported(tmp_path):
+    """The SiLU stem's max pooling sees negative values: the convolution reading it stays float (with
+    int8 weights; the stem's own convolution writes the SiLU's input) and the report says why; the
+    ReLU stem's pooling keeps int8 on a zero-point-0 grid."""
+    rng = np.random.default_rng(0)
+    shape = (1, 3, 48, 64)
+    samples = [{"x": rng.standard_normal(shape).astype(np.float32)} for _ in range(4)]
+    for act, floats in ((nn.SiLU, 1), (nn.ReLU, 0)):
+        fp32, int8 = _exported(tmp_path, lambda: StemPool(act), shape)
+        report = quantize_file(fp32, int8, QuantConfig(int8=True, calib=samples, method="mse"))
+        pooled = [f for f in report["float_layers"] if "max pooling" in f["reason"]]
+        assert len(pooled) == floats and all(f["weights"] == "int8" for f in pooled)
+        q = reader.load(int8)
+        pool = next(n for n in q.nodes if n.op == "Pooling")
+        for t in (pool.inputs[0], pool.outputs[0]):
+            assert (q.tensors[t].quant is None) == (floats > 0)
+            assert q.tensors[t].quant is None or q.tensors[t].quant["zero"] == 0
