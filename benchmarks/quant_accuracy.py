@@ -64,7 +64,8 @@ def score(ref, got):
 
 
 ZOO_DEFAULT = ["squeezenet1_1", "mobilenetv3_large_100", "efficientnet_b0", "regnety_008", "ghostnet_100",
-               "densenet121", "resnext26ts", "shufflenet_v2_x1_0", "lraspp_mobilenet_v3_large", "dbnet"]
+               "densenet121", "resnext26ts", "shufflenet_v2_x1_0", "lraspp_mobilenet_v3_large", "dbnet",
+               "vit_tiny_patch16_224"]
 
 
 def _zoo_onnx(name: str, path: Path) -> tuple[str, tuple]:

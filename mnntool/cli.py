@@ -209,6 +209,8 @@ def verify(source: str = typer.Argument(..., help="The source model (.onnx, .pt,
            size: Optional[str] = SIZE,
            allow_io: bool = typer.Option(False, "--allow-io-ops", help="Run TensorFlow graphs whose ops reach "
                                          "files or Python (WriteFile, PyFunc, ...): only for models you trust."),
+           workers: int = typer.Option(1, "--workers", "-w", min=1,
+                                       help="Compare the samples in N local processes (the same numbers as one)."),
            fmt: str = FORMAT, threads: int = THREADS, as_json: bool = JSON):
     """Per-layer comparison with the source framework; exit 1 when the outputs miss the thresholds.
 
@@ -225,7 +227,8 @@ def verify(source: str = typer.Argument(..., help="The source model (.onnx, .pt,
     feeds = calibration_samples(calib, g, prep, samples or 4) if calib else (load_feeds(inputs, g) if inputs else None)
     several = isinstance(feeds, list) and len(feeds) > 1
     with _progress("comparing samples", len(feeds) if several else 1, shown=several and not as_json) as step:
-        r = run_verify(source, model, feeds, shapes, backend, min_cosine, max_abs, threads, allow_io, progress=step)
+        r = run_verify(source, model, feeds, shapes, backend, min_cosine, max_abs, threads, allow_io, progress=step,
+                       workers=workers)
     if report:
         atomic_write(report, html_report(r).encode())
     if as_json:

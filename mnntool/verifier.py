@@ -12,7 +12,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .compare import metrics
+from .compare import Sums, metrics
 from .errors import MnnToolError
 from .format import reader
 from .inputs import random_feeds
@@ -21,35 +21,62 @@ from .runners import backend_runner, reference_runner
 
 def verify(source, model, feeds: dict | list | None = None, shapes: dict | None = None, backend: str = "numba",
            min_cosine: float = 0.999, max_abs: float | None = None, threads: int | None = None,
-           allow_io: bool = False, progress=None) -> dict:
-    """Per-layer metrics over one sample (a dict) or several (a list of dicts, metrics over all of them).
-    The source runs in its own framework, its code with it: TensorFlow graphs with file or Python ops are
-    refused unless `allow_io`."""
+           allow_io: bool = False, progress=None, workers: int = 1) -> dict:
+    """Per-layer metrics over one sample (a dict) or several (a list of dicts, metrics over all of them,
+    from per-sample sums merged in sample order: the same numbers for any `workers`, the local
+    processes the samples are split over). The source runs in its own framework, its code with it:
+    TensorFlow graphs with file or Python ops are refused unless `allow_io`."""
     samples = feeds if isinstance(feeds, list) else [feeds]
-    merged_ref, merged_ours, result = {}, {}, None
-    for sample in samples:
-        r, ref, ours = _verify_one(source, model, sample, shapes, backend, min_cosine, max_abs, threads, allow_io)
-        result = result or r
-        if progress:
-            progress(1)
-        for k, v in ref.items():
-            merged_ref.setdefault(k, []).append(np.asarray(v).ravel())
-        for k, v in ours.items():
-            merged_ours.setdefault(k, []).append(np.asarray(v).ravel())
+    args = (source, model, shapes, backend, min_cosine, max_abs, threads, allow_io)
     if len(samples) == 1:
-        return result
+        return _verify_one(source, model, samples[0], *args[2:])[0]
+    if workers > 1:
+        result, per_sample = _sharded(samples, args, workers, progress)
+    else:
+        result, per_sample = _sample_sums(samples, *args, progress=progress)
     for m in result["layers"] + result["outputs"]:
-        a = np.concatenate(merged_ref[m["name"]]).astype(np.float64)
-        b = np.concatenate(merged_ours[m["name"]]).astype(np.float64)
+        total = Sums()
+        for sums in per_sample:
+            total = total.merge(sums[m["name"]])
         keep = {k: m[k] for k in ("name", "op", "mnn_op", "shape") if k in m}
         m.clear()
-        m.update(metrics(a, b), **keep)
+        m.update(total.metrics(), **keep)
         m["pass"] = m["cosine"] >= min_cosine and (max_abs is None or m["max_abs"] <= max_abs)
     first = next((m for m in result["layers"] if not m["pass"]), None)
     result["first_failing"] = first["name"] if first else None
     result["pass"] = all(o["pass"] for o in result["outputs"])
     result["samples"] = len(samples)
     return result
+
+
+def _sample_sums(samples, source, model, shapes, backend, min_cosine, max_abs, threads, allow_io, progress=None):
+    """(the first sample's result, for each sample {tensor: Sums}) over these samples."""
+    first, per_sample = None, []
+    for sample in samples:
+        r, ref, ours = _verify_one(source, model, sample, shapes, backend, min_cosine, max_abs, threads, allow_io)
+        first = first or r
+        per_sample.append({k: Sums.of(v, ours[k]) for k, v in ref.items() if k in ours})
+        if progress:
+            progress(1)
+    return first, per_sample
+
+
+def _sharded(samples, args, workers: int, progress=None):
+    """_sample_sums over contiguous chunks of the samples in spawned processes, put back in order."""
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor, as_completed
+    n = len(samples)
+    bounds = [n * k // (workers * 2) for k in range(workers * 2 + 1)]      # two chunks a worker: progress moves
+    chunks = [(lo, hi) for lo, hi in zip(bounds, bounds[1:]) if hi > lo]
+    parts: dict = {}
+    with ProcessPoolExecutor(max_workers=workers, mp_context=multiprocessing.get_context("spawn")) as pool:
+        jobs = {pool.submit(_sample_sums, samples[lo:hi], *args): (lo, hi) for lo, hi in chunks}
+        for job in as_completed(jobs):
+            parts[jobs[job]] = job.result()
+            if progress:
+                progress(jobs[job][1] - jobs[job][0])
+    ordered = [parts[c] for c in chunks]
+    return ordered[0][0], [s for _, sums in ordered for s in sums]
 
 
 def _verify_one(source, model, feeds, shapes, backend, min_cosine, max_abs, threads, allow_io):

@@ -139,3 +139,27 @@ def test_html_report_escapes_names_and_has_every_section():
     r.update(first_failing=None, layers=[layer("c1", 1.0)], unmatched=[], pass_=True)
     page = html_report(r)
     assert "Every matched layer meets the threshold" in page and "None" not in page
+
+
+def test_samples_over_workers_give_the_single_process_numbers(resnet, tmp_path):
+    """verify --calib over 5 samples: per-layer metrics from per-sample sums equal (1e-12) the metrics of
+    all samples' tensors concatenated (compare.metrics), and 2 worker processes give them bit for bit."""
+    from mnntool.compare import metrics
+    from mnntool.quant import QuantConfig, quantize_file
+    from mnntool.verifier import _verify_one
+    src, dst = resnet
+    q = tmp_path / "w4.mnn"
+    quantize_file(dst, q, QuantConfig(weight_bits=4))          # cosines below 1: the sums matter
+    rng = np.random.default_rng(0)
+    feeds = [{"input": rng.standard_normal((1, 3, 224, 224)).astype(np.float32)} for _ in range(5)]
+    one = verify(src, q, feeds)
+    two = verify(src, q, feeds, workers=2)
+    assert json.dumps(one, sort_keys=True) == json.dumps(two, sort_keys=True)
+    assert one["samples"] == 5 and min(m["cosine"] for m in one["layers"]) < 0.9999
+    pairs = [_verify_one(src, q, f, None, "numba", 0.999, None, None, False)[1:] for f in feeds]
+    for m in one["layers"][::7] + one["outputs"]:
+        ref = np.concatenate([np.ravel(r[m["name"]]) for r, _ in pairs])
+        got = np.concatenate([np.ravel(o[m["name"]]) for _, o in pairs])
+        want = metrics(ref, got)
+        for k in ("cosine", "rel_l2", "max_abs"):
+            assert abs(m[k] - want[k]) <= 1e-12 * max(1.0, abs(want[k])), (m["name"], k, m[k], want[k])

@@ -85,12 +85,14 @@ def quantize_file(src, dst, config: QuantConfig, progress=None) -> dict:
             if not cfg.float_weights:       # the layers left float store int8 weights, computing in float
                 compress_weights(q, 8)
             return q
-        if cfg.auto_skip is not None:
-            q, skipped, acc = run_auto_skip(g, quantize, held, cfg.auto_skip, threads=cfg.threads)
-            report["auto_skipped"] = skipped
-        else:
-            q = quantize(set())
-            acc = layer_report(g, q, held, cfg.threads)
+        from .shards import pool
+        with pool(cfg.workers if cfg.ray is None else 1) as workers:     # held-out evaluations, sharded
+            if cfg.auto_skip is not None:
+                q, skipped, acc = run_auto_skip(g, quantize, held, cfg.auto_skip, threads=cfg.threads, pool=workers)
+                report["auto_skipped"] = skipped
+            else:
+                q = quantize(set())
+                acc = layer_report(g, q, held, cfg.threads, workers)
         report.update(mode="int8", method=cfg.method, per_channel=cfg.per_channel, calibration_samples=len(calib_set),
                       held_out_samples=len(held_out), symmetric_activations=cfg.symmetric_activations)
     else:

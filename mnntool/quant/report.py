@@ -2,37 +2,49 @@
 mixed-precision search that keeps the fewest layers in float to meet an output target."""
 from __future__ import annotations
 
-import numpy as np
-
-from ..compare import metrics
+from ..compare import Sums
 from ..ir.graph import Graph
 from ..runtime.session import Session
 
+CONVS = ("Convolution", "ConvolutionDepthwise")
 
-def layer_report(fp32: Graph, quant: Graph, samples: list[dict], threads: int = 1) -> dict:
-    """Cosine of every conv output and of the final outputs, over all held-out samples together."""
-    convs = [n for n in quant.nodes if n.op in ("Convolution", "ConvolutionDepthwise")]
-    names = [n.outputs[0] for n in convs] + list(quant.outputs)
+
+def _sample_sums(fp32: Graph, quant: Graph, samples: list[dict], threads: int = 1) -> list[dict]:
+    """For each sample, {tensor: Sums} of every conv output and final output, fp32 against quantized."""
+    names = [n.outputs[0] for n in quant.nodes if n.op in CONVS] + list(quant.outputs)
     ref_s, q_s = Session(fp32, threads), Session(quant, threads)
-    ref, got = {k: [] for k in names}, {k: [] for k in names}
+    out = []
     for feeds in samples:
         a, b = ref_s.run(feeds, keep_all=True), q_s.run(feeds, keep_all=True)
-        for k in names:
-            if k in a and k in b:
-                ref[k].append(np.asarray(a[k]).ravel())
-                got[k].append(np.asarray(b[k]).ravel())
+        out.append({k: Sums.of(a[k], b[k]) for k in names if k in a and k in b})
+    return out
+
+
+def layer_report(fp32: Graph, quant: Graph, samples: list[dict], threads: int = 1, pool=None) -> dict:
+    """Cosine of every conv output and of the final outputs, over all held-out samples together: sums
+    per sample merged in sample order, so a `pool` of worker processes (shards.pool) gives the same
+    numbers bit for bit (and --auto-skip the same choices)."""
+    if pool is not None and len(samples) > 1:
+        from .shards import sample_sums_sharded
+        per_sample = sample_sums_sharded(pool, _sample_sums, fp32, quant, samples, threads)
+    else:
+        per_sample = _sample_sums(fp32, quant, samples, threads)
+
+    def total(k):
+        parts = [s[k] for s in per_sample if k in s]
+        if not parts:
+            return None
+        t = Sums()
+        for p in parts:
+            t = t.merge(p)
+        return t.metrics()
     layers = []
-    for n in convs:
-        k = n.outputs[0]
-        if not ref[k]:
+    for n in quant.nodes:
+        if n.op not in CONVS or (m := total(n.outputs[0])) is None:
             continue
-        m = metrics(np.concatenate(ref[k]), np.concatenate(got[k]))
-        layers.append({"name": n.name, "tensor": k, "op": n.op, "int8": "symmetricQuan" in n.param,
+        layers.append({"name": n.name, "tensor": n.outputs[0], "op": n.op, "int8": "symmetricQuan" in n.param,
                        "cosine": m["cosine"], "max_abs": m["max_abs"]})
-    outputs = []
-    for k in quant.outputs:
-        m = metrics(np.concatenate(ref[k]), np.concatenate(got[k]))
-        outputs.append({"name": k, **m})
+    outputs = [{"name": k, **total(k)} for k in quant.outputs]
     return {"layers": layers, "outputs": outputs, "samples": len(samples)}
 
 
@@ -41,11 +53,11 @@ def worst_first(report: dict) -> list[dict]:
 
 
 def auto_skip(fp32: Graph, quantize, held_out: list[dict], target: float, progress=None,
-              threads: int = 1) -> tuple[Graph, list, dict]:
+              threads: int = 1, pool=None) -> tuple[Graph, list, dict]:
     """Mixed precision: rank the int8 layers by the error each adds (its output cosine minus its input's),
     then binary-search the fewest of the worst-ranked to keep in float so every output cosine >= target."""
     q = quantize(set())
-    rep = layer_report(fp32, q, held_out, threads)
+    rep = layer_report(fp32, q, held_out, threads, pool)
     if min(o["cosine"] for o in rep["outputs"]) >= target:
         return q, [], rep
     by_tensor = {l["tensor"]: l["cosine"] for l in rep["layers"]}
@@ -62,7 +74,7 @@ def auto_skip(fp32: Graph, quantize, held_out: list[dict], target: float, progre
     while lo <= hi:
         k = (lo + hi) // 2
         cand = quantize(set(ranked[:k]))
-        cand_rep = layer_report(fp32, cand, held_out, threads)
+        cand_rep = layer_report(fp32, cand, held_out, threads, pool)
         if progress:
             progress(k, cand_rep)
         if min(o["cosine"] for o in cand_rep["outputs"]) >= target:
@@ -71,4 +83,4 @@ def auto_skip(fp32: Graph, quantize, held_out: list[dict], target: float, progre
         else:
             lo = k + 1
     q, skipped, rep = best
-    return q, skipped, rep if rep is not None else layer_report(fp32, q, held_out, threads)
+    return q, skipped, rep if rep is not None else layer_report(fp32, q, held_out, threads, pool)

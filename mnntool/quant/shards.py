@@ -2,10 +2,13 @@
 
 The samples are cut into contiguous chunks, each worker runs its chunks in its own runtime session and
 returns their statistics (ptq.Statistics: histograms and fixed-point sums), and the driver merges them.
-The merge is exact, so the grids and the file are the single process's, bit for bit. Workers start by
-spawning (a forked child would inherit the parent's OpenMP and BLAS thread pools).
+The merge is exact, so the grids and the file are the single process's, bit for bit. The held-out
+evaluations (the report, --auto-skip's candidates) split their samples the same way over `pool`.
+Workers start by spawning (a forked child would inherit the parent's OpenMP and BLAS thread pools).
 """
 from __future__ import annotations
+
+from contextlib import contextmanager
 
 from ..errors import MnnToolError
 
@@ -48,6 +51,28 @@ def collect_sharded(g, samples, names, layers, threads: int, workers: int, progr
             if progress:
                 progress(part.count)
     return stats
+
+
+@contextmanager
+def pool(workers: int):
+    """(executor, workers): processes kept for a whole quantization (auto-skip evaluates many
+    candidates on the held-out samples), or None for one process."""
+    if workers <= 1:
+        yield None
+        return
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor
+    with ProcessPoolExecutor(max_workers=workers, mp_context=multiprocessing.get_context("spawn")) as ex:
+        yield ex, workers
+
+
+def sample_sums_sharded(shards, fn, fp32, quant, samples: list, threads: int) -> list:
+    """fn(fp32, quant, chunk, threads) -> a list per sample, over contiguous chunks in the pool, in order."""
+    ex, parts = shards
+    n = len(samples)
+    bounds = [n * k // parts for k in range(parts + 1)]
+    jobs = [ex.submit(fn, fp32, quant, samples[lo:hi], threads) for lo, hi in zip(bounds, bounds[1:]) if hi > lo]
+    return [s for job in jobs for s in job.result()]
 
 
 def _ray():

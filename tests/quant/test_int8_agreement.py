@@ -161,6 +161,18 @@ def test_two_workers_write_the_same_file(tmp_path):
         files[workers] = tmp_path / f"w{workers}.mnn"
         quantize_file(fp32, files[workers], QuantConfig(int8=True, calib=str(calib), method="kl", workers=workers))
     assert files[1].read_bytes() == files[2].read_bytes()
+    # --auto-skip's candidates evaluated on held-out samples split over the two processes: the same
+    # cosines bit for bit, so the same layers kept float and the same file
+    reports = {}
+    for workers in (1, 2):
+        files[workers] = tmp_path / f"a{workers}.mnn"
+        reports[workers] = quantize_file(fp32, files[workers], QuantConfig(int8=True, calib=str(calib), method="kl",
+                                                                           auto_skip=0.99999, workers=workers))
+    assert reports[1]["auto_skipped"] and reports[1]["held_out_samples"] > 1
+    assert files[1].read_bytes() == files[2].read_bytes()
+    assert [(r["auto_skipped"], r["outputs"], r["layers"]) for r in reports.values()].count(
+        (reports[1]["auto_skipped"], reports[1]["outputs"], reports[1]["layers"])) == 2
+    files[1] = tmp_path / "w1.mnn"
     pytest.importorskip("ray")      # quant --ray local: the chunks as Ray tasks on a Ray started for the call
     quantize_file(fp32, tmp_path / "ray.mnn", QuantConfig(int8=True, calib=str(calib), method="kl", ray="local"))
     assert (tmp_path / "ray.mnn").read_bytes() == files[1].read_bytes()
