@@ -106,3 +106,11 @@ def test_histogram_of_zeros_then_values():
     h.observe(np.zeros(10, np.float32))
     h.observe(np.array([0.3, -0.7], np.float32))
     assert h.edge == 1.0 and h.counts[0] == 10 and h.counts.sum() == 12 and h.negative
+
+
+def test_kl_keeps_the_range_of_small_vectors():
+    """Squeeze-excite vectors (hundreds of values a sample) are not a distribution with a tail to cut:
+    KL keeps their whole range; the same values in arrays of 5000 get clipped as a distribution."""
+    vectors = HEAVY[:15_000]
+    assert amax("kl", vectors, chunks=30) == pytest.approx(float(np.abs(vectors).max()), rel=1e-6)
+    assert amax("kl", vectors, chunks=3) < float(np.abs(vectors).max()) / 3
