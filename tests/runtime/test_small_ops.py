@@ -176,3 +176,21 @@ def test_row_softmax_kernels_agree_with_float64(n):
         assert np.array_equal(np.isnan(got), np.isnan(ref))
         ok = ~np.isnan(ref)
         np.testing.assert_allclose(got[ok], ref[ok], rtol=3e-6, atol=1e-30)
+
+
+@pytest.mark.parametrize("op", ["MEAN", "SUM", "MAXIMUM"])
+@pytest.mark.parametrize("shape,dims,keep", [((1, 64, 56, 56), [2, 3], True), ((2, 3, 5), [2], False),
+                                             ((2, 3, 5), [1], True), ((4, 7), [0, 1], False),
+                                             ((2, 320, 14, 14), [-2, -1], False)])
+@pytest.mark.parametrize("threads", [1, 2])
+def test_reductions_over_trailing_axes_match_float64(op, shape, dims, keep, threads):
+    """SUM/MEAN over the last axes run as one row pass (norm.row_sums), the rest on NumPy; both against
+    NumPy in float64 (relative 1e-5: float32 sums over up to 3136 values)."""
+    x = np.random.default_rng(1).standard_normal(shape).astype(np.float32) + 0.5
+    g = _graph([Node("Reduction", ["x"], ["y"], "r", {"operation": op, "dim": dims, "keepDims": keep})],
+               [("x", shape)], ["y"])
+    got = Session(g, threads).run({"x": x})["y"]
+    fn = {"MEAN": np.mean, "SUM": np.sum, "MAXIMUM": np.max}[op]
+    ref = fn(x.astype(np.float64), axis=tuple(dims), keepdims=keep)
+    assert got.shape == ref.shape
+    np.testing.assert_allclose(got, ref, rtol=1e-5, atol=1e-5 * np.abs(ref).max())

@@ -149,6 +149,36 @@ REDUCE = {"SUM": np.sum, "MEAN": np.mean, "MAXIMUM": np.max, "MINIMUM": np.min, 
           "ANY": np.any, "ALL": np.all}
 
 
+@njit(parallel=True, cache=True, fastmath=True)
+def row_sums(x, scale, out):
+    """out[r] = scale * sum(x[r, :]): a mean over trailing axes (squeeze-excite's global pool) in one
+    pass at memory speed; NumPy's pairwise mean over axes (2, 3) took 50 us for 64x56x56 floats."""
+    for r in prange(x.shape[0]):
+        t = np.float32(0)
+        for j in range(x.shape[1]):
+            t += x[r, j]
+        out[r] = t * scale
+
+
+def _trailing_sum(shape: tuple, axes: tuple, op: str, outs, settings):
+    """SUM/MEAN of float32 over the last axes as row sums, or None."""
+    rank = len(shape)
+    if op not in ("SUM", "MEAN") or not axes or axes != tuple(range(rank - len(axes), rank)) or \
+            np.dtype(outs[0].dtype) != np.float32:
+        return None
+    cols = int(np.prod([shape[a] for a in axes]))
+    rows = int(np.prod(shape[:rank - len(axes)]))
+    if cols == 0 or rows == 0:
+        return None
+    scale = np.float32(1.0 / cols if op == "MEAN" else 1.0)
+    fn = sized(row_sums, rows * cols, settings.threads)
+
+    def run(i, o):
+        x = np.ascontiguousarray(i[0], np.float32).reshape(rows, cols)
+        fn(x, scale, o[0].reshape(rows))
+    return writes(run)
+
+
 @kernel("Reduction")
 def reduction(node, ins, outs, settings):
     p = node.param
@@ -160,6 +190,9 @@ def reduction(node, ins, outs, settings):
         dims = np.asarray(ins[1].value).reshape(-1)
     axes = tuple(sorted(int(d) % rank for d in dims)) if dims is not None and len(dims) else tuple(range(rank))
     dtype = np.dtype(outs[0].dtype)
+    if ins[0].shape is not None and all(isinstance(d, int) for d in ins[0].shape) and ins[0].dtype == "float32" \
+            and (k := _trailing_sum(tuple(ins[0].shape), axes, op, outs, settings)) is not None:
+        return k
     if op == "ASUM":
         return returns(lambda i: [np.sum(np.abs(i[0]), axis=axes, keepdims=keep).astype(dtype)])
     if op == "SUMSQ":
