@@ -17,6 +17,24 @@ HAS_AVX512 = host_has("avx512f")
 ROWS = 16
 
 
+def row_sums16(builder, accs):
+    """16 vectors of 16 partial sums (one per row) -> one vector whose lane r is row r's sum.
+
+    A transposing add tree: pair vectors (a, b) whose lanes hold groups of g partial sums per row; keep
+    each group's first halves (a's groups, then b's) and add its second halves: g halves, the rows per
+    vector double, and after four levels lane r holds row r's sum."""
+    from llvmlite import ir
+    i32 = ir.IntType(32)
+    g = 16
+    while len(accs) > 1:
+        halves = [[grp * g + t + h for grp in range(16 // g) for t in range(g // 2)] for h in (0, g // 2)]
+        picks = [ir.Constant(ir.VectorType(i32, 16), idx + [j + 16 for j in idx]) for idx in halves]
+        accs = [builder.fadd(builder.shuffle_vector(a, b, picks[0]), builder.shuffle_vector(a, b, picks[1]))
+                for a, b in zip(accs[0::2], accs[1::2])]
+        g //= 2
+    return accs[0]
+
+
 @intrinsic
 def dot16(typingctx, w, wo, ws, x, xo, k, out, oo, n):
     """out[oo + r] = sum_j w[wo + r*ws + j] * x[xo + j] over j < k, for rows r < n (n <= 16): 16 lanes of k
@@ -51,17 +69,7 @@ def dot16(typingctx, w, wo, ws, x, xo, k, out, oo, n):
         xv = builder.call(mload, [vec(xp, tail), ir.Constant(i32, 4), mask, zero])
         accs = [builder.call(fma, [builder.call(mload, [vec(row_at[r], tail), ir.Constant(i32, 4), mask, zero]), xv, a])
                 for r, a in enumerate(accs)]
-        # transposing add tree: pair vectors (a, b) whose lanes hold groups of g partial sums per row;
-        # keep each group's first halves (a's groups, then b's) and add its second halves: g halves,
-        # the rows per vector double, and after four levels lane r holds row r's sum
-        g = 16
-        while len(accs) > 1:
-            halves = [[grp * g + t + h for grp in range(16 // g) for t in range(g // 2)] for h in (0, g // 2)]
-            picks = [ir.Constant(ir.VectorType(i32, 16), idx + [j + 16 for j in idx]) for idx in halves]
-            accs = [builder.fadd(builder.shuffle_vector(a, b, picks[0]), builder.shuffle_vector(a, b, picks[1]))
-                    for a, b in zip(accs[0::2], accs[1::2])]
-            g //= 2
-        builder.call(mstore, [accs[0], builder.bitcast(op, f16.as_pointer()), ir.Constant(i32, 4),
+        builder.call(mstore, [row_sums16(builder, accs), builder.bitcast(op, f16.as_pointer()), ir.Constant(i32, 4),
                               first_lanes(builder, n_)])
         return context.get_dummy_value()
     return sig, codegen

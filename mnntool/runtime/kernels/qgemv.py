@@ -14,7 +14,7 @@ import numpy as np
 from numba import njit, prange, types
 from numba.extending import intrinsic
 
-from .gemv import ROWS
+from .gemv import ROWS, row_sums16
 from .llvmir import data_of, first_lanes, k_loop, vector_ops
 
 
@@ -76,14 +76,7 @@ def _codegen_qdot16(nibbles: bool):
                     out.append(builder.call(fma, [accs[r], splat, tots[r]]))
                 return out
             tots = k_loop(builder, builder.sdiv(k_, blk_), [zero] * ROWS, block)
-            g = 16      # transposing add tree, as gemv.dot16
-            while len(tots) > 1:
-                halves = [[grp * g + t + h for grp in range(16 // g) for t in range(g // 2)] for h in (0, g // 2)]
-                picks = [ir.Constant(ir.VectorType(i32, 16), idx + [j + 16 for j in idx]) for idx in halves]
-                tots = [builder.fadd(builder.shuffle_vector(a, b, picks[0]), builder.shuffle_vector(a, b, picks[1]))
-                        for a, b in zip(tots[0::2], tots[1::2])]
-                g //= 2
-            builder.call(mstore, [tots[0], builder.bitcast(op, f16.as_pointer()), ir.Constant(i32, 4),
+            builder.call(mstore, [row_sums16(builder, tots), builder.bitcast(op, f16.as_pointer()), ir.Constant(i32, 4),
                                   first_lanes(builder, n_)])
             return context.get_dummy_value()
         return sig, codegen
@@ -104,35 +97,21 @@ def _block_sums(x, blk, xs):
 
 
 @njit(parallel=True, cache=True)
-def qmatvec_i8(q, s, off, bias, x, xs, blk, lo, hi, y):
-    """y = clip(sum_b s*(q . x_b) + off . xs + bias, lo, hi), q int8 (O, K)."""
-    O, K = q.shape
+def qmatvec(codes, nibbles, s, off, bias, x, xs, blk, lo, hi, y):
+    """y = clip(sum_b s*(codes . x_b) + off . xs + bias, lo, hi): codes int8 (O, K), or with `nibbles`
+    uint8 (O, K/2) two to a byte."""
+    O, rb = codes.shape
+    K = rb * 2 if nibbles else rb
     nb = s.shape[1]
     _block_sums(x, blk, xs)
-    qf, sf = q.reshape(-1), s.reshape(-1)
+    cf, sf = codes.reshape(-1), s.reshape(-1)
     for g in prange((O + ROWS - 1) // ROWS):
         o = g * ROWS
         n = min(ROWS, O - o)
-        qdot16_i8(qf, o * K, K, x, K, blk, sf, o * nb, nb, y, o, n)
-        for r in range(o, o + n):
-            t = y[r] + bias[r]
-            for b in range(nb):
-                t += off[r, b] * xs[b]
-            y[r] = min(max(t, lo), hi)
-
-
-@njit(parallel=True, cache=True)
-def qmatvec_u4(p, s, off, bias, x, xs, blk, lo, hi, y):
-    """As qmatvec_i8 on nibble-packed codes p uint8 (O, K/2)."""
-    O = p.shape[0]
-    K = p.shape[1] * 2
-    nb = s.shape[1]
-    _block_sums(x, blk, xs)
-    pf, sf = p.reshape(-1), s.reshape(-1)
-    for g in prange((O + ROWS - 1) // ROWS):
-        o = g * ROWS
-        n = min(ROWS, O - o)
-        qdot16_u4(pf, o * (K // 2), K // 2, x, K, blk, sf, o * nb, nb, y, o, n)
+        if nibbles:
+            qdot16_u4(cf, o * rb, rb, x, K, blk, sf, o * nb, nb, y, o, n)
+        else:
+            qdot16_i8(cf, o * rb, rb, x, K, blk, sf, o * nb, nb, y, o, n)
         for r in range(o, o + n):
             t = y[r] + bias[r]
             for b in range(nb):
@@ -184,9 +163,10 @@ class QMatVec:
         self.blk = k // scale.shape[1]
         if bits == 4:        # stored signed (-8..7); as codes 0..15 the offset takes the shift
             offset = offset - 8 * scale
-            self.codes, self.fn = pack_nibbles(codes.astype(np.int16) + 8), sized(qmatvec_u4, codes.size // 2, threads)
+            self.codes = pack_nibbles(codes.astype(np.int16) + 8)
         else:
-            self.codes, self.fn = np.ascontiguousarray(codes, np.int8), sized(qmatvec_i8, codes.size, threads)
+            self.codes = np.ascontiguousarray(codes, np.int8)
+        self.nibbles, self.fn = bits == 4, sized(qmatvec, self.codes.size, threads)
         self.scale, self.offset = np.ascontiguousarray(scale), np.ascontiguousarray(offset, np.float32)
         self.bias = np.zeros(rows, np.float32) if bias is None else np.ascontiguousarray(bias, np.float32)
         self.lo, self.hi = epilogue(act, NO_GRID)[:2]
@@ -205,4 +185,4 @@ class QMatVec:
 
     def __call__(self, x, y) -> None:
         """x (K,), y (O,) float32 C-contiguous."""
-        self.fn(self.codes, self.scale, self.offset, self.bias, x, self.xs, self.blk, self.lo, self.hi, y)
+        self.fn(self.codes, self.nibbles, self.scale, self.offset, self.bias, x, self.xs, self.blk, self.lo, self.hi, y)
