@@ -144,11 +144,17 @@ def _post_of(n: Node) -> tuple | None:
     return None
 
 
+# ops that only move data: an elementwise activation after them may run before them instead
+MOVES = ("Reshape", "ConvertTensor", "Squeeze", "Unsqueeze", "Flatten")
+
+
 def fuse_activations(g: Graph, vals: dict, nodes: list[Node], stored: dict) -> list[Node]:
     """A float convolution (or Scale: a BatchNorm left unfolded) whose only reader is an activation (SiLU,
     HardSwish, GELU, sigmoid, tanh, leaky ReLU, clip) as one node that applies it in its epilogue (param
-    grid.POST): the convolution's output is never written to memory and read back. Not where either
-    tensor is stored on an int8 grid (MNN rounds the convolution's output before the activation reads it)."""
+    grid.POST): the convolution's output is never written to memory and read back. Reshapes between them
+    (a transformer's Linear as a 1x1 convolution between two reshapes) stay, after the activation. Not
+    where either tensor is stored on an int8 grid (MNN rounds the convolution's output before the
+    activation reads it)."""
     users: dict[str, list[Node]] = {}
     for n in nodes:
         for i in dict.fromkeys(n.inputs):
@@ -160,17 +166,32 @@ def fuse_activations(g: Graph, vals: dict, nodes: list[Node], stored: dict) -> l
                 POST in conv.param or (conv.param.get("quanParameter") or {}).get("scaleIn"):
             continue
         y = conv.outputs[0]
-        us = users.get(y, [])
-        if len(us) != 1 or y in outputs or y in stored:
+        chain, t, act = [], y, None
+        while len(chain) <= 4:        # reshapes between (a Linear as a 1x1 convolution): the activation moves
+            us = users.get(t, [])
+            if len(us) != 1 or t in outputs or t in stored:
+                break
+            if us[0].op in MOVES and us[0].inputs[0] == t and len(us[0].outputs) == 1:
+                chain.append(us[0])
+                t = us[0].outputs[0]
+                continue
+            act = us[0]
+            break
+        post = _post_of(act) if act is not None else None
+        if post is None or act.inputs[0] != t or len(act.outputs) != 1 or act.outputs[0] in stored:
             continue
-        act = us[0]
-        post = _post_of(act)
-        if post is None or act.inputs[0] != y or len(act.outputs) != 1 or act.outputs[0] in stored:
+        v, u, w = vals.get(y), vals.get(t), vals.get(act.outputs[0])
+        if v is None or u is None or w is None or v.dtype != "float32" or w.dtype != "float32" or u.shape != w.shape:
             continue
-        v, w = vals.get(y), vals.get(act.outputs[0])
-        if v is None or w is None or v.dtype != "float32" or w.dtype != "float32" or v.shape != w.shape:
-            continue
-        fused[id(conv)] = Node(conv.op, list(conv.inputs), list(act.outputs), f"{conv.name} (+{act.name})",
-                               {**conv.param, POST: post}, conv.param_type, conv.fmt)
+        name = f"{conv.name} (+{act.name})"
+        if not chain:
+            fused[id(conv)] = Node(conv.op, list(conv.inputs), list(act.outputs), name, {**conv.param, POST: post},
+                                   conv.param_type, conv.fmt)
+        else:       # the activation before the reshapes; the last reshape writes the activation's tensor
+            fused[id(conv)] = Node(conv.op, list(conv.inputs), [y], name, {**conv.param, POST: post},
+                                   conv.param_type, conv.fmt)
+            last = chain[-1]
+            fused[id(last)] = Node(last.op, list(last.inputs), list(act.outputs), last.name, last.param,
+                                   last.param_type, last.fmt)
         drop.add(id(act))
     return [fused.get(id(n), n) for n in nodes if id(n) not in drop]

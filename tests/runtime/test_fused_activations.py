@@ -152,3 +152,27 @@ def test_activation_after_a_batchnorm_runs_in_its_pass(tmp_path, act):
     out = s.run(feeds)["y"]
     assert [st.op for st in s.plan.steps if "(+" in st.name] == ["Scale"]
     np.testing.assert_allclose(out, ref, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("act", ["Gelu", "Sigmoid", "Tanh", "HardSwish"])
+@pytest.mark.parametrize("rows", [1, 197])
+def test_linear_then_activation_fuses_through_its_reshapes(tmp_path, act, rows):
+    """A transformer's Linear on (1, T, K) becomes a 1x1 convolution between reshapes; the activation
+    after it moves into the convolution's epilogue (the row GEMM's for many rows), the reshapes stay.
+    Reference: onnxruntime (opset 20 for Gelu); tolerance rtol 1e-5 + atol 1e-5."""
+    from tests.conftest import save_onnx
+    rng = np.random.RandomState(0)
+    w, b = rng.randn(64, 96).astype(np.float32) * 0.3, rng.randn(96).astype(np.float32)
+    nodes = [h.make_node("MatMul", ["x", "w"], ["m"]), h.make_node("Add", ["m", "b"], ["a"]), h.make_node(act, ["a"], ["y"])]
+    g = h.make_graph(nodes, "lin", [h.make_tensor_value_info("x", TP.FLOAT, [1, rows, 64])],
+                     [h.make_tensor_value_info("y", TP.FLOAT, None)],
+                     [onnx.numpy_helper.from_array(w, "w"), onnx.numpy_helper.from_array(b, "b")])
+    save_onnx(g, tmp_path / "m.onnx", opset=20, ir_version=9)
+    api.convert(tmp_path / "m.onnx", tmp_path / "m.mnn")
+    s = Session(api.load_graph(tmp_path / "m.mnn"), threads=1)
+    x = (rng.randn(1, rows, 64) * 2).astype(np.float32)
+    out = s.run({"x": x})["y"]
+    assert [st.op for st in s.plan.ran if "(+" in st.name] == ["Convolution"]
+    assert "UnaryOp" not in [st.op for st in s.plan.ran]
+    ref = ort.InferenceSession(str(tmp_path / "m.onnx")).run(None, {"x": x})[0]
+    np.testing.assert_allclose(out, ref, rtol=1e-5, atol=1e-5)

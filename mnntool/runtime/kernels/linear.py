@@ -18,6 +18,7 @@ from numba.extending import intrinsic
 from . import aligned_empty, sized
 from .llvmir import columns_to_rows, data_of, first_lanes, vector_ops
 from .fgemm import BY_BLOCK_X, OCB, epilogue_of, gemm, gemm_batched, k_block, tile_count  # noqa: F401
+from .grid import NO_POST
 
 
 # multiply-adds below which one BLAS call costs less than a pack and a gemm call (1 thread: 16x32x256
@@ -80,7 +81,7 @@ def pack_rows(a, ones, out):
 class RowGemm:
     """y (M, N) = finish(a (M, K) @ b (K, N) + bias) for a constant b; a is packed on every call."""
 
-    def __init__(self, b: np.ndarray, bias, act: int, grid, m: int, threads: int):
+    def __init__(self, b: np.ndarray, bias, act: int, grid, m: int, threads: int, post=NO_POST):
         k, n = b.shape
         self.m, self.n, self.ones = m, n, 1 if bias is not None else 0
         self.kp = k + self.ones
@@ -93,7 +94,7 @@ class RowGemm:
         self.zero = np.zeros(nob * OCB, np.float32)
         self.kc = k_block(self.kp, nob * OCB, tile_count(n))
         self.by_block = self.kp * n <= BY_BLOCK_X
-        self.epf, self.grid = epilogue_of(act, grid)
+        self.epf, self.grid = epilogue_of(act, grid, post)     # a fused activation in the IR epilogue
         self.pack = sized(pack_rows, m * self.kp, threads)
         self.fn = sized(gemm, nob * OCB * n * self.kp // 16, threads)
 

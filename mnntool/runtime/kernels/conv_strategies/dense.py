@@ -53,8 +53,9 @@ class MatVecRows(Strategy):
 
 
 class PackedRows(Strategy):
-    """Many rows of a fully connected layer (a transformer's tokens) on packed weights (linear.RowGemm)."""
-    name, avx512 = "row-gemm", True
+    """Many rows of a fully connected layer (a transformer's tokens) on packed weights (linear.RowGemm),
+    a fused activation (GELU after fc1) in its epilogue."""
+    name, avx512, fuses_post = "row-gemm", True, True
 
     def suits(self, g):
         from ..linear import SMALL_GEMM
@@ -62,7 +63,8 @@ class PackedRows(Strategy):
 
     def build(self, g, layer):
         from ..linear import RowGemm
-        rows = RowGemm(layer.weight.reshape(g.cout, g.cin).T, layer.bias, layer.act, layer.grid, g.n, layer.threads)
+        rows = RowGemm(layer.weight.reshape(g.cout, g.cin).T, layer.bias, layer.act, layer.grid, g.n, layer.threads,
+                       layer.post)
 
         def run(inputs, outputs):
             rows(inputs[0].reshape(g.n, g.cin), outputs[0].reshape(g.n, g.cout))
