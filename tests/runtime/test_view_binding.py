@@ -47,3 +47,22 @@ def test_bound_views_follow_each_run(tmp_path):
             np.testing.assert_allclose(out[k], v, rtol=1e-5, atol=1e-6, err_msg=k)
     assert len(s.plan.ran) < len(s.plan.steps), "the reshape and the contiguous split are bound at prepare"
     assert any(st.op == "Reshape" for st in s.plan.ran), "the copying reshape still runs"
+
+
+@pytest.mark.parametrize("axis,index", [(0, 2), (0, -1), (1, 1), (2, 0)])
+def test_gather_of_one_block_is_a_view(tmp_path, axis, index):
+    """Gather of one constant index (a decoder's past_k[layer]) runs as a view where only 1s precede the
+    axis (no copy), else as its definition; both against onnxruntime, exactly, on two inputs in a row."""
+    shape = [3, 4, 5, 6] if axis == 0 else [1, 4, 5, 6] if axis == 1 else [2, 1, 5, 6]
+    g = h.make_graph([h.make_node("Gather", ["x", "i"], ["y"], axis=axis), h.make_node("Neg", ["y"], ["z"])], "gather",
+                     [h.make_tensor_value_info("x", TP.FLOAT, shape)], [h.make_tensor_value_info("z", TP.FLOAT, None)],
+                     [onnx.numpy_helper.from_array(np.array(index, np.int64), "i")])
+    save_onnx(g, tmp_path / "m.onnx")
+    api.convert(tmp_path / "m.onnx", tmp_path / "m.mnn")
+    s = Session(api.load_graph(tmp_path / "m.mnn"), threads=1)
+    sess = ort.InferenceSession(str(tmp_path / "m.onnx"))
+    for seed in (0, 1):
+        x = np.random.RandomState(seed).randn(*shape).astype(np.float32)
+        np.testing.assert_array_equal(s.run({"x": x})["z"], sess.run(None, {"x": x})[0])
+    gather = next(st for st in s.plan.steps if st.op == "GatherV2")
+    assert gather.kernel.view == (axis != 2)
