@@ -86,7 +86,7 @@ def _zoo_onnx(name: str, path: Path) -> tuple[str, tuple]:
     return entry.names[0], shape
 
 
-def zoo_rows(names, calib_n: int, held_n: int, method: str) -> list[dict]:
+def zoo_rows(names, calib_n: int, held_n: int, method: str, auto_skip: float | None = None) -> list[dict]:
     import onnxruntime as ort
     from onnxruntime.quantization import CalibrationDataReader, CalibrationMethod, QuantFormat, QuantType, quantize_static
     from mnntool.compare import metrics
@@ -110,13 +110,15 @@ def zoo_rows(names, calib_n: int, held_n: int, method: str) -> list[dict]:
             ort_sess = ort.InferenceSession(str(src))
             out_name = ort_sess.get_outputs()[0].name
             ref = [ort_sess.run(None, {inp: x})[0] for x in test_x]
-            report = quantize_file(fp32, int8, QuantConfig(int8=True, calib=str(calib), method=method))
+            report = quantize_file(fp32, int8, QuantConfig(int8=True, calib=str(calib), method=method,
+                                                           auto_skip=auto_skip))
             theirs = MnnSession(str(int8), [inp], [out_name])
             mnn_out = [theirs.run({inp: x})[out_name].reshape(r.shape) for x, r in zip(test_x, ref)]
             ours_sess = mnntool.load(int8)
             ours = [ours_sess.run({inp: x})[out_name].reshape(r.shape) for x, r in zip(test_x, ref)]
             row = {"model": name, "size_ratio": fp32.stat().st_size / int8.stat().st_size,
                    "float_layers": len(report.get("float_layers", [])),
+                   "auto_skipped": len(report.get("auto_skipped") or []),
                    "cos_mnn": score(ref, mnn_out)["cosine"], "cos_mnntool": score(ref, ours)["cosine"],
                    "agree": float(np.mean([metrics(a, b)["cosine"] for a, b in zip(mnn_out, ours)]))}
 
@@ -153,7 +155,8 @@ def zoo_rows(names, calib_n: int, held_n: int, method: str) -> list[dict]:
             rows.append(row)
             print(f"{name:26s} size {row['size_ratio']:.2f}x  cos MNN {row['cos_mnn']:.6f}  mnntool "
                   f"{row['cos_mnntool']:.6f}  agree {row['agree']:.6f}  ORT {row['cos_ort_minmax']:.6f}  "
-                  f"MNN-quant {row['cos_mnn_quantizer']:.6f}", flush=True)
+                  f"MNN-quant {row['cos_mnn_quantizer']:.6f}  float {row['float_layers']} "
+                  f"(auto-skip {row['auto_skipped']})", flush=True)
     return rows
 
 
@@ -161,13 +164,15 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--zoo", nargs="*", default=None, help="held-out architectures (default: a set of 10)")
     ap.add_argument("--method", default="mse")
+    ap.add_argument("--auto-skip", type=float, default=None,
+                    help="--zoo: quantize with --auto-skip X (the fewest layers kept float for held-out cosine >= X)")
     ap.add_argument("--models", nargs="+", default=["resnet18", "mobilenetv2"])
     ap.add_argument("--calib", type=int, default=32)
     ap.add_argument("--held-out", type=int, default=100)
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
     if args.zoo is not None:
-        rows = zoo_rows(args.zoo or ZOO_DEFAULT, args.calib, args.held_out, args.method)
+        rows = zoo_rows(args.zoo or ZOO_DEFAULT, args.calib, args.held_out, args.method, args.auto_skip)
         if args.json:
             Path(args.json).write_text(json.dumps(rows, indent=1))
         return
