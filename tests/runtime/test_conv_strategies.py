@@ -43,6 +43,8 @@ CASES = {
     "grouped, 4 outputs a group, stride 2": (geo(1, 64, 29, 27, 128, 3, s=2, p=1, group=32), "grouped-in-place",
                                              "blas-im2col"),
     "grouped 1x1": (geo(1, 24, 9, 9, 48, 1, group=3), "grouped-in-place", "blas-im2col"),
+    "3x3 rate 12 on 16x16 (ASPP)": (geo(2, 24, 16, 16, 16, 3, p=12, d=12), "sparse-taps", "sparse-taps"),
+    "3x3 rate 6 on 11x13": (geo(1, 8, 11, 13, 8, 3, p=6, d=6), "sparse-taps", "sparse-taps"),
 }
 
 
@@ -81,7 +83,8 @@ def test_strategy_matches_torch(case, avx512):
     assert np.abs(got - ref).max() <= 5e-5 * np.abs(ref).max()
 
 
-@pytest.mark.parametrize("case", ["dw3 tiny map", "dw5 dilated", "dw4 large map", "fc batch 1", "1x1", "grouped"])
+@pytest.mark.parametrize("case", ["dw3 tiny map", "dw5 dilated", "dw4 large map", "fc batch 1", "1x1", "grouped",
+                                  "3x3 rate 12 on 16x16 (ASPP)"])
 def test_strategy_rounds_to_the_int8_grid(case):
     g, fast, _ = CASES[case]
     if not HAS_AVX512:

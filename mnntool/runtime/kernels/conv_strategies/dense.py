@@ -19,6 +19,53 @@ TAPS_IN_PLACE_MIN_WIDTH, L2_BYTES = 32, 256 * 1024
 
 
 
+# A dilated layer whose (tap, output pixel) pairs read the input at most this often (else padding) runs
+# tap by tap on the pixels each tap reaches (SparseTaps): DeepLabV3's ASPP 3x3 at rate 12 on a 16x16 map
+# reads the input in 25% of them, and implicit im2col multiplied the other 75% zeros: 7.2 ms of 27.
+SPARSE_TAPS_MAX_DENSITY = 0.5
+
+
+def tap_regions(g: Geometry) -> list:
+    """Per tap (i, j) that reads the input: (i, j, output rows y0:y1, columns x0:x1, the input row and
+    column of (y0, x0)); stride 1."""
+    out = []
+    for i in range(g.kh):
+        y0, y1 = max(0, g.t - i * g.dh), min(g.oh, g.h + g.t - i * g.dh)
+        for j in range(g.kw):
+            x0, x1 = max(0, g.l - j * g.dw), min(g.ow, g.w + g.l - j * g.dw)
+            if y1 > y0 and x1 > x0:
+                out.append((i, j, y0, y1, x0, x1, y0 - g.t + i * g.dh, x0 - g.l + j * g.dw))
+    return out
+
+
+class SparseTaps(Strategy):
+    """A dilated group-1 layer on a map not much larger than its dilation: each tap that reads the input
+    is one (Cout x Cin) @ (Cin x pixels it reaches) product added into its output rectangle, so no
+    product with the padding is made."""
+    name = "sparse-taps"
+
+    def suits(self, g):
+        if g.group != 1 or g.sh != 1 or g.sw != 1 or (g.dh == 1 and g.dw == 1):
+            return False
+        reached = sum((y1 - y0) * (x1 - x0) for *_, y0, y1, x0, x1, _, _ in tap_regions(g))
+        return reached <= SPARSE_TAPS_MAX_DENSITY * g.kh * g.kw * g.oh * g.ow
+
+    def build(self, g, layer):
+        w = layer.weight.reshape(g.cout, g.cin, g.kh, g.kw)
+        taps = [(np.ascontiguousarray(w[:, :, i, j]), y0, y1, x0, x1, iy, ix)
+                for i, j, y0, y1, x0, x1, iy, ix in tap_regions(g)]
+        bias, regrid = layer.bias.reshape(-1, 1, 1), regrid_of(g, layer)
+
+        def one(x, y):
+            y[...] = bias
+            for wt, y0, y1, x0, x1, iy, ix in taps:
+                src = x[:, iy:iy + y1 - y0, ix:ix + x1 - x0].reshape(g.cin, -1)
+                y[:, y0:y1, x0:x1] += (wt @ src).reshape(g.cout, y1 - y0, x1 - x0)
+            apply_act(y, layer.act)
+            regrid(y)
+        return per_image(g, one)
+
+
 class Winograd3x3(Strategy):
     """Stride-1 3x3 group-1 layers by Winograd F(4x4, 3x3) or F(2x2, 3x3) (winograd.Winograd)."""
     name, avx512, fuses_post = "winograd", True, True
