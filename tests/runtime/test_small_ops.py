@@ -194,3 +194,26 @@ def test_reductions_over_trailing_axes_match_float64(op, shape, dims, keep, thre
     ref = fn(x.astype(np.float64), axis=tuple(dims), keepdims=keep)
     assert got.shape == ref.shape
     np.testing.assert_allclose(got, ref, rtol=1e-5, atol=1e-5 * np.abs(ref).max())
+
+
+@pytest.mark.parametrize("mode", ["half_pixel", "align_corners", "asymmetric", "pytorch_half_pixel"])
+@pytest.mark.parametrize("shape,sizes", [((1, 3, 16, 16), (64, 64)), ((2, 5, 7, 9), (20, 13)), ((1, 2, 30, 40), (15, 10))])
+def test_bilinear_resize_matches_onnxruntime(tmp_path, mode, shape, sizes):
+    """Linear Resize as the separable two-pass kernel (resize._bilinear): up, down and uneven sizes in
+    four coordinate modes against onnxruntime; tolerance 1e-5 absolute on values of order 1."""
+    import onnx
+    from onnx import TensorProto as TP, helper as h
+    from mnntool import api
+    from tests.conftest import save_onnx
+    ort = pytest.importorskip("onnxruntime")
+    out = list(shape[:2]) + list(sizes)
+    g = h.make_graph([h.make_node("Resize", ["x", "", "", "s"], ["y"], mode="linear",
+                                  coordinate_transformation_mode=mode)], "r",
+                     [h.make_tensor_value_info("x", TP.FLOAT, list(shape))], [h.make_tensor_value_info("y", TP.FLOAT, out)],
+                     [onnx.numpy_helper.from_array(np.array(out, np.int64), "s")])
+    save_onnx(g, tmp_path / "r.onnx", opset=13)
+    api.convert(tmp_path / "r.onnx", tmp_path / "r.mnn")
+    x = np.random.default_rng(0).standard_normal(shape).astype(np.float32)
+    got = Session(api.load_graph(tmp_path / "r.mnn"), 2).run({"x": x})["y"]
+    ref = ort.InferenceSession(str(tmp_path / "r.onnx")).run(None, {"x": x})[0]
+    np.testing.assert_allclose(got, ref, rtol=0, atol=1e-5)

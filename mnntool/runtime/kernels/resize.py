@@ -9,15 +9,25 @@ from . import kernel, writes
 
 
 @njit(parallel=True, cache=True, fastmath=True)
-def _bilinear(x, y0, y1, wy, x0, x1, wx, out):
-    n, c = x.shape[0], x.shape[1]
+def _bilinear(x, y0, y1, wy, x0, x1, wx, rows, out):
+    """Separable: each input row interpolated along x once into `rows` (n*c, h, ow), then each output row
+    from two of those, contiguous (it vectorizes). The same products in the same order as interpolating
+    every output pixel from its four inputs, which gathered 4 values a pixel: DeepLabV3's 21x64x64 ->
+    256x256 upsampling took 1.8 ms."""
+    n, c, h = x.shape[0], x.shape[1], x.shape[2]
+    ow = out.shape[3]
     for nc in prange(n * c):
         b, ch = nc // c, nc % c
+        src, tmp, dst = x[b, ch], rows[nc], out[b, ch]
+        for r in range(h):
+            s, t = src[r], tmp[r]
+            for j in range(ow):
+                t[j] = s[x0[j]] * (1 - wx[j]) + s[x1[j]] * wx[j]
         for i in range(out.shape[2]):
-            for j in range(out.shape[3]):
-                top = x[b, ch, y0[i], x0[j]] * (1 - wx[j]) + x[b, ch, y0[i], x1[j]] * wx[j]
-                bot = x[b, ch, y1[i], x0[j]] * (1 - wx[j]) + x[b, ch, y1[i], x1[j]] * wx[j]
-                out[b, ch, i, j] = top * (1 - wy[i]) + bot * wy[i]
+            top, bot, o = tmp[y0[i]], tmp[y1[i]], dst[i]
+            a, bb = 1 - wy[i], wy[i]
+            for j in range(ow):
+                o[j] = top[j] * a + bot[j] * bb
 
 
 @kernel("Interp")
@@ -49,4 +59,6 @@ def interp(node, ins, outs, settings):
     x0 = np.floor(fx).astype(np.int64)
     y1, x1 = np.minimum(y0 + 1, h - 1), np.minimum(x0 + 1, w - 1)
     wy, wx = (fy - y0).astype(np.float32), (fx - x0).astype(np.float32)
-    return writes(lambda i, o: _bilinear(i[0], y0, y1, wy, x0, x1, wx, o[0]))
+    n, c = ins[0].shape[:2]
+    rows = np.empty((n * c, h, ow), np.float32)
+    return writes(lambda i, o: _bilinear(i[0], y0, y1, wy, x0, x1, wx, rows, o[0]))
