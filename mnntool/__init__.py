@@ -41,13 +41,13 @@ def quantize(src, dst, *, int8: bool = False, calib=None, method: str = "mse", w
 
 def verify(source, model, *, feeds=None, input_shapes: dict | None = None, backend: str = "numba",
            min_cosine: float = 0.999, max_abs: float | None = None, threads: int | None = None,
-           workers: int = 1) -> dict:
+           workers: int = 1, ray: str | None = None) -> dict:
     """Compare every tensor of the .mnn `model` with the `source` model run in its own framework, on
     `feeds` (a dict, a list of dicts, or None for random inputs; a list split over `workers` local
-    processes). `report["pass"]` is the verdict; `report["first_failing"]` names the first layer under
+    processes, or Ray tasks with `ray` an address). `report["pass"]` is the verdict; `report["first_failing"]` names the first layer under
     `min_cosine`."""
     from .verifier import verify as run
-    return run(source, model, feeds, input_shapes, backend, min_cosine, max_abs, threads, workers=workers)
+    return run(source, model, feeds, input_shapes, backend, min_cosine, max_abs, threads, workers=workers, ray=ray)
 
 
 def load(path, threads=None):

@@ -211,6 +211,8 @@ def verify(source: str = typer.Argument(..., help="The source model (.onnx, .pt,
                                          "files or Python (WriteFile, PyFunc, ...): only for models you trust."),
            workers: int = typer.Option(1, "--workers", "-w", min=1,
                                        help="Compare the samples in N local processes (the same numbers as one)."),
+           ray: Optional[str] = typer.Option(None, "--ray", help="Compare the samples as Ray tasks (the same numbers "
+                                             "as one process): local, auto or ray://HOST:PORT."),
            fmt: str = FORMAT, threads: int = THREADS, as_json: bool = JSON):
     """Per-layer comparison with the source framework; exit 1 when the outputs miss the thresholds.
 
@@ -228,7 +230,7 @@ def verify(source: str = typer.Argument(..., help="The source model (.onnx, .pt,
     several = isinstance(feeds, list) and len(feeds) > 1
     with _progress("comparing samples", len(feeds) if several else 1, shown=several and not as_json) as step:
         r = run_verify(source, model, feeds, shapes, backend, min_cosine, max_abs, threads, allow_io, progress=step,
-                       workers=workers)
+                       workers=workers, ray=ray)
     if report:
         atomic_write(report, html_report(r).encode())
     if as_json:

@@ -21,19 +21,31 @@ from .runners import backend_runner, reference_runner
 
 def verify(source, model, feeds: dict | list | None = None, shapes: dict | None = None, backend: str = "numba",
            min_cosine: float = 0.999, max_abs: float | None = None, threads: int | None = None,
-           allow_io: bool = False, progress=None, workers: int = 1) -> dict:
+           allow_io: bool = False, progress=None, workers: int = 1, ray: str | None = None) -> dict:
     """Per-layer metrics over one sample (a dict) or several (a list of dicts, metrics over all of them,
     from per-sample sums merged in sample order: the same numbers for any `workers`, the local
-    processes the samples are split over). The source runs in its own framework, its code with it:
-    TensorFlow graphs with file or Python ops are refused unless `allow_io`."""
+    processes the samples are split over, or Ray tasks with `ray` an address as quant's --ray). The
+    source runs in its own framework, its code with it: TensorFlow graphs with file or Python ops are
+    refused unless `allow_io`."""
     samples = feeds if isinstance(feeds, list) else [feeds]
     args = (source, model, shapes, backend, min_cosine, max_abs, threads, allow_io)
     if len(samples) == 1:
         return _verify_one(source, model, samples[0], *args[2:])[0]
-    if workers > 1:
-        result, per_sample = _sharded(samples, args, workers, progress)
+    if workers > 1 or ray is not None:
+        from .quant.shards import pool, split_map
+        with pool(workers, ray) as shards:
+            parts = split_map(shards, _first_and_sums, samples, *args)
+        result, per_sample = parts[0][0], [sums for _, sums in parts]
+        if progress:
+            progress(len(samples))
     else:
-        result, per_sample = _sample_sums(samples, *args, progress=progress)
+        result, per_sample = None, []
+        for sample in samples:
+            r, sums = _first_and_sums([sample], *args)[0]
+            result = result or r
+            per_sample.append(sums)
+            if progress:
+                progress(1)
     for m in result["layers"] + result["outputs"]:
         total = Sums()
         for sums in per_sample:
@@ -49,34 +61,13 @@ def verify(source, model, feeds: dict | list | None = None, shapes: dict | None 
     return result
 
 
-def _sample_sums(samples, source, model, shapes, backend, min_cosine, max_abs, threads, allow_io, progress=None):
-    """(the first sample's result, for each sample {tensor: Sums}) over these samples."""
-    first, per_sample = None, []
+def _first_and_sums(samples, source, model, shapes, backend, min_cosine, max_abs, threads, allow_io) -> list:
+    """For each sample, (its own result, {tensor: Sums} of source against .mnn)."""
+    out = []
     for sample in samples:
         r, ref, ours = _verify_one(source, model, sample, shapes, backend, min_cosine, max_abs, threads, allow_io)
-        first = first or r
-        per_sample.append({k: Sums.of(v, ours[k]) for k, v in ref.items() if k in ours})
-        if progress:
-            progress(1)
-    return first, per_sample
-
-
-def _sharded(samples, args, workers: int, progress=None):
-    """_sample_sums over contiguous chunks of the samples in spawned processes, put back in order."""
-    import multiprocessing
-    from concurrent.futures import ProcessPoolExecutor, as_completed
-    n = len(samples)
-    bounds = [n * k // (workers * 2) for k in range(workers * 2 + 1)]      # two chunks a worker: progress moves
-    chunks = [(lo, hi) for lo, hi in zip(bounds, bounds[1:]) if hi > lo]
-    parts: dict = {}
-    with ProcessPoolExecutor(max_workers=workers, mp_context=multiprocessing.get_context("spawn")) as pool:
-        jobs = {pool.submit(_sample_sums, samples[lo:hi], *args): (lo, hi) for lo, hi in chunks}
-        for job in as_completed(jobs):
-            parts[jobs[job]] = job.result()
-            if progress:
-                progress(jobs[job][1] - jobs[job][0])
-    ordered = [parts[c] for c in chunks]
-    return ordered[0][0], [s for _, sums in ordered for s in sums]
+        out.append((r, {k: Sums.of(v, ours[k]) for k, v in ref.items() if k in ours}))
+    return out
 
 
 def _verify_one(source, model, feeds, shapes, backend, min_cosine, max_abs, threads, allow_io):

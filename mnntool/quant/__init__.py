@@ -86,7 +86,7 @@ def quantize_file(src, dst, config: QuantConfig, progress=None) -> dict:
                 compress_weights(q, 8)
             return q
         from .shards import pool
-        with pool(cfg.workers if cfg.ray is None else 1) as workers:     # held-out evaluations, sharded
+        with pool(cfg.workers, cfg.ray) as workers:     # held-out evaluations, sharded
             if cfg.auto_skip is not None:
                 q, skipped, acc = run_auto_skip(g, quantize, held, cfg.auto_skip, threads=cfg.threads, pool=workers)
                 report["auto_skipped"] = skipped

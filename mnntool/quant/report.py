@@ -9,7 +9,7 @@ from ..runtime.session import Session
 CONVS = ("Convolution", "ConvolutionDepthwise")
 
 
-def _sample_sums(fp32: Graph, quant: Graph, samples: list[dict], threads: int = 1) -> list[dict]:
+def _sample_sums(samples: list[dict], fp32: Graph, quant: Graph, threads: int = 1) -> list[dict]:
     """For each sample, {tensor: Sums} of every conv output and final output, fp32 against quantized."""
     names = [n.outputs[0] for n in quant.nodes if n.op in CONVS] + list(quant.outputs)
     ref_s, q_s = Session(fp32, threads), Session(quant, threads)
@@ -22,13 +22,13 @@ def _sample_sums(fp32: Graph, quant: Graph, samples: list[dict], threads: int = 
 
 def layer_report(fp32: Graph, quant: Graph, samples: list[dict], threads: int = 1, pool=None) -> dict:
     """Cosine of every conv output and of the final outputs, over all held-out samples together: sums
-    per sample merged in sample order, so a `pool` of worker processes (shards.pool) gives the same
-    numbers bit for bit (and --auto-skip the same choices)."""
+    per sample merged in sample order, so a `pool` of worker processes or Ray tasks (shards.pool) gives
+    the same numbers bit for bit (and --auto-skip the same choices)."""
     if pool is not None and len(samples) > 1:
-        from .shards import sample_sums_sharded
-        per_sample = sample_sums_sharded(pool, _sample_sums, fp32, quant, samples, threads)
+        from .shards import split_map
+        per_sample = split_map(pool, _sample_sums, samples, fp32, quant, threads)
     else:
-        per_sample = _sample_sums(fp32, quant, samples, threads)
+        per_sample = _sample_sums(samples, fp32, quant, threads)
 
     def total(k):
         parts = [s[k] for s in per_sample if k in s]

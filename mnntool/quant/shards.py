@@ -53,26 +53,78 @@ def collect_sharded(g, samples, names, layers, threads: int, workers: int, progr
     return stats
 
 
+class Pool:
+    """Jobs run in order-preserving batches: local spawned processes, or Ray tasks (`ray` an address)."""
+
+    def __init__(self, workers: int, ex=None, ray_mod=None):
+        self.workers, self.ex, self.ray = workers, ex, ray_mod
+
+    def map(self, fn, arglists: list) -> list:
+        """[fn(*args) for args in arglists], run in parallel, results in the same order."""
+        if self.ray is not None:
+            task = self.ray.remote(num_cpus=1)(fn)
+            refs = [task.remote(*args) for args in arglists]
+            return [_ray_get(self.ray, r) for r in refs]
+        return [job.result() for job in [self.ex.submit(fn, *args) for args in arglists]]
+
+
 @contextmanager
-def pool(workers: int):
-    """(executor, workers): processes kept for a whole quantization (auto-skip evaluates many
-    candidates on the held-out samples), or None for one process."""
+def pool(workers: int, ray: str | None = None):
+    """A Pool kept for a whole job (auto-skip evaluates many candidates on the held-out samples;
+    verify compares many samples), or None for one process."""
+    if ray is not None:
+        mod = _ray()
+        with _ray_session(mod, ray):
+            cpus = workers if workers > 1 else max(1, int(mod.cluster_resources().get("CPU", 1)))
+            yield Pool(cpus, ray_mod=mod)
+        return
     if workers <= 1:
         yield None
         return
     import multiprocessing
     from concurrent.futures import ProcessPoolExecutor
     with ProcessPoolExecutor(max_workers=workers, mp_context=multiprocessing.get_context("spawn")) as ex:
-        yield ex, workers
+        yield Pool(workers, ex)
 
 
-def sample_sums_sharded(shards, fn, fp32, quant, samples: list, threads: int) -> list:
-    """fn(fp32, quant, chunk, threads) -> a list per sample, over contiguous chunks in the pool, in order."""
-    ex, parts = shards
-    n = len(samples)
+def split_map(shards: Pool, fn, samples: list, *args) -> list:
+    """fn(chunk, *args) -> a list per sample, over contiguous chunks of the samples (one a worker), in
+    sample order."""
+    n, parts = len(samples), shards.workers
     bounds = [n * k // parts for k in range(parts + 1)]
-    jobs = [ex.submit(fn, fp32, quant, samples[lo:hi], threads) for lo, hi in zip(bounds, bounds[1:]) if hi > lo]
-    return [s for job in jobs for s in job.result()]
+    out = shards.map(fn, [(samples[lo:hi], *args) for lo, hi in zip(bounds, bounds[1:]) if hi > lo])
+    return [s for part in out for s in part]
+
+
+@contextmanager
+def _ray_session(ray, address: str):
+    """Ray connected for the block: 'local' starts one here, 'auto' joins the running one, ray://HOST:PORT
+    a remote cluster; shut down after if this call started it."""
+    started = not ray.is_initialized()
+    if started:
+        try:
+            ray.init(address=None if address == "local" else address, include_dashboard=False,
+                     log_to_driver=False, configure_logging=False)
+        except Exception as e:      # noqa: BLE001 - Ray's own errors are many; one line names the address
+            raise MnnToolError(f"--ray {address}: cannot reach a Ray cluster ({type(e).__name__}: "
+                               f"{' '.join(str(e).split())[:160]})") from None
+    try:
+        yield
+    finally:
+        if started:
+            ray.shutdown()
+
+
+def _ray_get(ray, ref):
+    """A task's result; a worker's own one-line error comes back as that line."""
+    try:
+        return ray.get(ref)
+    except ray.exceptions.RayTaskError as e:
+        cause = getattr(e, "cause", None)
+        if isinstance(cause, MnnToolError):
+            raise MnnToolError(str(cause)) from None
+        raise MnnToolError(f"--ray: a task failed ({type(cause or e).__name__}: "
+                           f"{' '.join(str(cause or e).split())[:160]})") from None
 
 
 def _ray():
@@ -92,15 +144,7 @@ def collect_ray(g, samples, names, layers, threads: int, address: str, workers: 
     per CPU of the cluster (or per --workers, when given)."""
     ray = _ray()
     from .ptq import Statistics
-    started = not ray.is_initialized()
-    if started:
-        try:
-            ray.init(address=None if address == "local" else address, include_dashboard=False,
-                     log_to_driver=False, configure_logging=False)
-        except Exception as e:      # noqa: BLE001 - Ray's own errors are many; one line names the address
-            raise MnnToolError(f"--ray {address}: cannot reach a Ray cluster ({type(e).__name__}: "
-                               f"{' '.join(str(e).split())[:160]})") from None
-    try:
+    with _ray_session(ray, address):
         cpus = workers if workers > 1 else max(1, int(ray.cluster_resources().get("CPU", 1)))
         chunks = _chunks(samples, cpus * CHUNKS_PER_WORKER)
         task = ray.remote(num_cpus=1)(_collect)
@@ -110,18 +154,8 @@ def collect_ray(g, samples, names, layers, threads: int, address: str, workers: 
         while pending:
             done, pending = ray.wait(pending, num_returns=1)
             for ref in done:
-                try:
-                    part = ray.get(ref)
-                except ray.exceptions.RayTaskError as e:    # a bad sample: the worker's own one line
-                    cause = getattr(e, "cause", None)
-                    if isinstance(cause, MnnToolError):
-                        raise MnnToolError(str(cause)) from None
-                    raise MnnToolError(f"--ray: a calibration task failed ({type(cause or e).__name__}: "
-                                       f"{' '.join(str(cause or e).split())[:160]})") from None
+                part = _ray_get(ray, ref)
                 stats.merge(part)       # in the order they finish: the merge is exact
                 if progress:
                     progress(part.count)
         return stats
-    finally:
-        if started:
-            ray.shutdown()

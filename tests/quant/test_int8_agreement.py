@@ -176,6 +176,10 @@ def test_two_workers_write_the_same_file(tmp_path):
     pytest.importorskip("ray")      # quant --ray local: the chunks as Ray tasks on a Ray started for the call
     quantize_file(fp32, tmp_path / "ray.mnn", QuantConfig(int8=True, calib=str(calib), method="kl", ray="local"))
     assert (tmp_path / "ray.mnn").read_bytes() == files[1].read_bytes()
+    # --auto-skip with --ray: calibration and every candidate's held-out evaluation as Ray tasks
+    quantize_file(fp32, tmp_path / "ray_a.mnn", QuantConfig(int8=True, calib=str(calib), method="kl",
+                                                             auto_skip=0.99999, ray="local"))
+    assert (tmp_path / "ray_a.mnn").read_bytes() == (tmp_path / "a1.mnn").read_bytes()
 
 
 class DepthwiseRelu(nn.Module):
