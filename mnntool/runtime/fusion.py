@@ -7,6 +7,8 @@ becomes one FusedAttention step: the scores are written once, masked and normali
 multiplied by v, instead of 3 to 6 steps each passing over the L x L scores."""
 from __future__ import annotations
 
+import numpy as np
+
 from ..ir.graph import Graph, Node
 from .kernels.grid import (POST, POST_CLIP, POST_GELU, POST_GELU_TANH, POST_HARDSWISH, POST_LEAKY, POST_SIGMOID,
                            POST_SILU, POST_TANH)
@@ -194,4 +196,60 @@ def fuse_activations(g: Graph, vals: dict, nodes: list[Node], stored: dict) -> l
             fused[id(last)] = Node(last.op, list(last.inputs), list(act.outputs), last.name, last.param,
                                    last.param_type, last.fmt)
         drop.add(id(act))
+    return [fused.get(id(n), n) for n in nodes if id(n) not in drop]
+
+
+SCALED_POINTWISE = "ScaledPointwise"
+
+
+def _pointwise_reading(conv: Node, y: str, channels: int) -> bool:
+    """A float group-1 1x1 convolution, stride 1, unpadded, reading y (of `channels` channels)."""
+    if conv.op != "Convolution" or conv.inputs != [y] or (conv.param.get("quanParameter") or {}).get("scaleIn"):
+        return False
+    c = conv.param.get("common", {})
+    pads = c.get("pads")
+    pads = [] if pads is None else [int(v) for v in np.asarray(pads).reshape(-1)]
+    return (c.get("kernelX", 1) == c.get("kernelY", 1) == 1 and c.get("strideX", 1) == c.get("strideY", 1) == 1
+            and (c.get("group", 1) or 1) == 1 and not c.get("padX", 0) and not c.get("padY", 0) and not any(pads)
+            and c.get("padMode", "CAFFE") != "SAME" and c.get("inputCount", channels) in (0, channels))
+
+
+def fuse_channel_scale(g: Graph, vals: dict, nodes: list[Node], stored: dict) -> list[Node]:
+    """A squeeze-excite's channel scale x * s (s of shape (1, C, 1, 1)) whose only reader is a 1x1
+    convolution as one ScaledPointwise node: the convolution's packed weights are scaled by s on each
+    run (Cout x C products) instead of x (C x H x W). Only where the map has at least Cout pixels, so
+    scaling the weights costs less than the pass over x it saves (EfficientNet-B0's 112x112 and 56x56
+    blocks; its 7x7 blocks, 1152 channels into 320, keep the multiply)."""
+    users: dict[str, list[Node]] = {}
+    for n in nodes:
+        for i in dict.fromkeys(n.inputs):
+            users.setdefault(i, []).append(n)
+    outputs = set(g.outputs)
+    fused, drop = {}, set()
+    for m in nodes:
+        if m.op != "BinaryOp" or m.param.get("opType") != "MUL" or len(m.inputs) != 2 or len(m.outputs) != 1 or \
+                int(m.param.get("activationType", 0) or 0):
+            continue
+        y, chain = m.outputs[0], []
+        us = users.get(y, [])
+        while len(us) == 1 and us[0].op == "ConvertTensor" and y not in outputs and y not in stored:
+            chain.append(us[0])     # a layout tag between them (NCHW -> NC4HW4): the same array here
+            y = us[0].outputs[0]
+            us = users.get(y, [])
+        if y in outputs or y in stored or len(us) != 1 or any(n.outputs[0] in stored for n in chain):
+            continue
+        a, b = (vals.get(i) for i in m.inputs)
+        if a is None or b is None or a.shape is None or b.shape is None or a.dtype != "float32" or b.dtype != "float32":
+            continue
+        x, s = (m.inputs[0], m.inputs[1]) if len(b.shape) == 4 and b.shape[2:] == (1, 1) else (m.inputs[1], m.inputs[0])
+        xs, ss = vals[x].shape, vals[s].shape
+        if len(xs) != 4 or not all(isinstance(d, int) for d in xs) or xs[0] != 1 or ss != (1, xs[1], 1, 1) or \
+                x in stored or s in stored:
+            continue
+        conv = us[0]
+        if not _pointwise_reading(conv, y, xs[1]) or xs[2] * xs[3] < conv.param["common"]["outputCount"]:
+            continue
+        fused[id(conv)] = Node(SCALED_POINTWISE, [x, s], list(conv.outputs), f"{conv.name} (+{m.name})",
+                               conv.param, conv.param_type, conv.fmt)
+        drop.update([id(m)] + [id(n) for n in chain])
     return [fused.get(id(n), n) for n in nodes if id(n) not in drop]

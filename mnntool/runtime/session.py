@@ -19,7 +19,7 @@ from ..ir.shape_inference import infer_node, infer_shapes
 from ..ir.validate import MAX_TENSOR_BYTES
 from .kernels import KERNELS, PLAN_ONLY, Kernel, aligned_empty, by_definition, sized
 from .kernels.grid import grid_of, to_grid
-from .fusion import fuse_activations, fuse_attention, fuse_silu
+from .fusion import fuse_activations, fuse_attention, fuse_channel_scale, fuse_silu
 from .kernels.control import SHAPE_FREE
 from .kernels.program import Programs
 from .settings import Settings
@@ -274,7 +274,8 @@ class Session:
                     build(*item)
             run.clear()
         # keep_all (verify) wants every tensor: nothing fused away
-        fused = g.nodes if keep_all else fuse_activations(g, vals, fuse_silu(g, vals, fuse_attention(g, vals)), stored)
+        fused = g.nodes if keep_all else fuse_channel_scale(
+            g, vals, fuse_activations(g, vals, fuse_silu(g, vals, fuse_attention(g, vals)), stored), stored)
         known: dict[str, np.ndarray] = {}
         for node in fused:
             if _computed_at_prepare(node, vals, stored):

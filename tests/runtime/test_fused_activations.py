@@ -176,3 +176,35 @@ def test_linear_then_activation_fuses_through_its_reshapes(tmp_path, act, rows):
     assert "UnaryOp" not in [st.op for st in s.plan.ran]
     ref = ort.InferenceSession(str(tmp_path / "m.onnx")).run(None, {"x": x})[0]
     np.testing.assert_allclose(out, ref, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("hw,fused", [(16, True), (4, False)])
+def test_squeeze_excite_scale_moves_into_the_next_pointwise_weights(tmp_path, hw, fused):
+    """x * sigmoid(fc(relu(fc(mean(x))))) into a 1x1 convolution: on maps of at least Cout pixels the
+    convolution's packed weights take the channel scale (one ScaledPointwise step, no multiply over x);
+    on smaller maps the multiply stays. Reference: onnxruntime; tolerance rtol 1e-5 + atol 1e-5."""
+    from tests.conftest import save_onnx
+    rng = np.random.RandomState(0)
+    c, r, cout = 32, 8, 24
+    inits = [onnx.numpy_helper.from_array(a, n) for a, n in (
+        (rng.randn(c, 3, 3, 3).astype(np.float32) * 0.3, "w0"), (rng.randn(r, c, 1, 1).astype(np.float32) * 0.3, "w1"),
+        (rng.randn(c, r, 1, 1).astype(np.float32) * 0.3, "w2"), (rng.randn(cout, c, 1, 1).astype(np.float32) * 0.3, "w3"),
+        (rng.randn(cout).astype(np.float32), "b3"))]
+    nodes = [h.make_node("Conv", ["x", "w0"], ["a"], pads=[1, 1, 1, 1]), h.make_node("Relu", ["a"], ["ra"]),
+             h.make_node("ReduceMean", ["ra"], ["m"], axes=[2, 3], keepdims=1),
+             h.make_node("Conv", ["m", "w1"], ["f1"]), h.make_node("Relu", ["f1"], ["r1"]),
+             h.make_node("Conv", ["r1", "w2"], ["f2"]), h.make_node("Sigmoid", ["f2"], ["s"]),
+             h.make_node("Mul", ["ra", "s"], ["scaled"]), h.make_node("Conv", ["scaled", "w3", "b3"], ["y"])]
+    g = h.make_graph(nodes, "se", [h.make_tensor_value_info("x", TP.FLOAT, [1, 3, hw, hw])],
+                     [h.make_tensor_value_info("y", TP.FLOAT, None)], inits)
+    save_onnx(g, tmp_path / "se.onnx")
+    api.convert(tmp_path / "se.onnx", tmp_path / "se.mnn")
+    s = Session(api.load_graph(tmp_path / "se.mnn"), threads=1)
+    for seed in (1, 2):        # the scale changes from run to run: the weights are scaled anew each time
+        x = rng.randn(1, 3, hw, hw).astype(np.float32)
+        out = s.run({"x": x})["y"]
+        ref = ort.InferenceSession(str(tmp_path / "se.onnx")).run(None, {"x": x})[0]
+        np.testing.assert_allclose(out, ref, rtol=1e-5, atol=1e-5)
+    ops = [st.op for st in s.plan.ran]
+    assert ("ScaledPointwise" in ops) == fused
+    assert ("BinaryOp" in ops) != fused

@@ -7,7 +7,7 @@ from typing import NamedTuple
 import numpy as np
 
 from ...errors import InvalidModel
-from . import Kernel, kernel, sized, writes
+from . import PLAN_ONLY, Kernel, kernel, sized, writes
 from .conv_loops import col2im
 from .conv_strategies import Geometry, Layer, build, trimmed
 from .grid import NO_GRID, NO_POST, POST, activation, apply_act, grid_of, to_grid
@@ -182,3 +182,27 @@ def deconvolution(node, ins, outs, settings):
             y[i] += bias
             apply_act(y[i], act)
     return writes(run)
+
+
+def scaled_pointwise(node, ins, outs, settings):
+    """fusion.fuse_channel_scale's node: a 1x1 convolution of x * s, s one scale per input channel, as
+    the convolution with its packed weights scaled by s on each run ([O/8][C][8]: a broadcast multiply)."""
+    from .fgemm import OCB, PackedGemm
+    c = node.param["common"]
+    cout = c["outputCount"]
+    _, cin, h, w = ins[0].shape
+    bias = np.asarray(node.param.get("bias", np.zeros(cout)), np.float32).reshape(-1)
+    if bias.size != cout:
+        bias = np.zeros(cout, np.float32)
+    pg = PackedGemm(conv_weight(node.param, cout).reshape(cout, cin), bias, activation(c), NO_GRID, h * w,
+                    settings.threads, node.param.get(POST, NO_POST))
+    scaled = pg.wp.reshape(pg.nob, cin, OCB)
+    base = scaled.copy()
+
+    def run(i, o):
+        np.multiply(base, np.asarray(i[1], np.float32).reshape(1, cin, 1), out=scaled)
+        pg(np.ascontiguousarray(i[0], np.float32).reshape(-1), h * w, o[0].reshape(-1), h * w)
+    return writes(run)
+
+
+PLAN_ONLY["ScaledPointwise"] = scaled_pointwise
