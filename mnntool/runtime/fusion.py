@@ -20,6 +20,15 @@ def _known(v) -> bool:
     return v is not None and v.shape is not None and all(isinstance(d, int) for d in v.shape) and len(v.shape) >= 2
 
 
+def readers(nodes: list[Node]) -> dict[str, list[Node]]:
+    """Each tensor's reading nodes (a node reading a tensor twice, IsNaN as x != x, counts once)."""
+    users: dict[str, list[Node]] = {}
+    for n in nodes:
+        for i in dict.fromkeys(n.inputs):
+            users.setdefault(i, []).append(n)
+    return users
+
+
 def fuse_attention(g: Graph, vals: dict) -> list[Node]:
     """g's nodes with each attention chain replaced by one FusedAttention node (g is not changed)."""
     users: dict[str, list[Node]] = {}
@@ -98,10 +107,7 @@ def _is_sigmoid(n) -> bool:
 def fuse_silu(g: Graph, vals: dict, nodes: list[Node]) -> list[Node]:
     """x * sigmoid(x) (SiLU/Swish as exporters write it) as one FusedSiLU step over `nodes`, when the
     sigmoid is read by that product only: one pass instead of two, no sigmoid tensor."""
-    users: dict[str, list[Node]] = {}
-    for n in nodes:
-        for i in dict.fromkeys(n.inputs):
-            users.setdefault(i, []).append(n)
+    users = readers(nodes)
     outputs = set(g.outputs)
     drop, replace = set(), {}
     for k, sig in enumerate(nodes):
@@ -157,10 +163,7 @@ def fuse_activations(g: Graph, vals: dict, nodes: list[Node], stored: dict) -> l
     (a transformer's Linear as a 1x1 convolution between two reshapes) stay, after the activation. Not
     where either tensor is stored on an int8 grid (MNN rounds the convolution's output before the
     activation reads it)."""
-    users: dict[str, list[Node]] = {}
-    for n in nodes:
-        for i in dict.fromkeys(n.inputs):
-            users.setdefault(i, []).append(n)
+    users = readers(nodes)
     outputs = set(g.outputs)
     fused, drop = {}, set()
     for conv in nodes:
@@ -220,10 +223,7 @@ def fuse_channel_scale(g: Graph, vals: dict, nodes: list[Node], stored: dict) ->
     run (Cout x C products) instead of x (C x H x W). Only where the map has at least Cout pixels, so
     scaling the weights costs less than the pass over x it saves (EfficientNet-B0's 112x112 and 56x56
     blocks; its 7x7 blocks, 1152 channels into 320, keep the multiply)."""
-    users: dict[str, list[Node]] = {}
-    for n in nodes:
-        for i in dict.fromkeys(n.inputs):
-            users.setdefault(i, []).append(n)
+    users = readers(nodes)
     outputs = set(g.outputs)
     fused, drop = {}, set()
     for m in nodes:
