@@ -33,4 +33,29 @@ def choose_numba_cache(package_dir: Path | None = None) -> str | None:
     return None
 
 
+def kernels_compiled(cache: Path | None = None) -> bool:
+    """Whether Numba has cached any of the runtime's kernels (in `cache`, NUMBA_CACHE_DIR or beside the
+    kernels): false on the first run after an install, when every kernel compiles (~20 s)."""
+    if cache is None:
+        env = os.environ.get("NUMBA_CACHE_DIR")
+        cache = Path(env) if env else Path(__file__).resolve().parent / "kernels" / "__pycache__"
+    try:
+        return next(cache.rglob("*.nbi"), None) is not None
+    except OSError:
+        return True     # unreadable: say nothing rather than guess
+
+
+_ANNOUNCED = []
+
+
+def announce_first_compile(cache: Path | None = None) -> bool:
+    """One line on stderr, once a process, when the kernels are about to compile for the first time."""
+    if _ANNOUNCED or kernels_compiled(cache):
+        return False
+    _ANNOUNCED.append(True)
+    print("mnntool: first run of this install: compiling the runtime's kernels for this CPU (about 20 s, "
+          "cached for later runs)", file=sys.stderr, flush=True)
+    return True
+
+
 choose_numba_cache()

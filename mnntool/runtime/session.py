@@ -19,6 +19,7 @@ from ..ir.shape_inference import infer_node, infer_shapes
 from ..ir.validate import MAX_TENSOR_BYTES
 from .kernels import KERNELS, PLAN_ONLY, Kernel, aligned_empty, by_definition, sized
 from .kernels.grid import grid_of, to_grid
+from . import announce_first_compile
 from .fusion import fuse_activations, fuse_attention, fuse_channel_scale, fuse_silu
 from .kernels.control import SHAPE_FREE
 from .kernels.program import Programs
@@ -213,6 +214,7 @@ class Session:
         if key in self._plans:
             self.plan, self._plan_key = self._plans[key], key
             return self.plan
+        announce_first_compile()
         vals = infer_shapes(g)
         for name, v in vals.items():
             _check_size(name, v)

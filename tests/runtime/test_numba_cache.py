@@ -34,3 +34,24 @@ def test_writable_package_dir_keeps_numba_default(tmp_path):
     finally:
         if saved is not None:
             os.environ["NUMBA_CACHE_DIR"] = saved
+
+
+def test_first_compile_is_announced_once(tmp_path, capsys):
+    """With no cached kernel (a fresh install) the first prepare says so on stderr, once a process;
+    with one it says nothing."""
+    from mnntool import runtime
+    empty, warm = tmp_path / "empty", tmp_path / "warm"
+    empty.mkdir()
+    (warm / "sub").mkdir(parents=True)
+    (warm / "sub" / "kernel.py311.nbi").write_bytes(b"")
+    saved = list(runtime._ANNOUNCED)
+    runtime._ANNOUNCED.clear()
+    try:
+        assert runtime.kernels_compiled(warm) and not runtime.kernels_compiled(empty)
+        assert not runtime.announce_first_compile(warm)
+        assert runtime.announce_first_compile(empty)
+        assert not runtime.announce_first_compile(empty)
+        err = capsys.readouterr().err
+        assert err.count("mnntool: first run") == 1 and "compiling" in err
+    finally:
+        runtime._ANNOUNCED[:] = saved
