@@ -40,6 +40,14 @@ class Sums:
         return cls(float(a @ b), float(a @ a), float(b @ b), float(e @ e),
                    float(np.abs(e).max()) if a.size else 0.0, float(np.abs(a).max()) if a.size else 0.0, a.size)
 
+    @classmethod
+    def total(cls, parts) -> Sums:
+        """The parts merged in the order given (the order fixes the float sums)."""
+        t = cls()
+        for p in parts:
+            t = t.merge(p)
+        return t
+
     def merge(self, other: Sums) -> Sums:
         return Sums(self.ab + other.ab, self.aa + other.aa, self.bb + other.bb, self.ee + other.ee,
                     max(self.max_abs, other.max_abs), max(self.scale, other.scale), self.size + other.size)

@@ -47,9 +47,7 @@ def verify(source, model, feeds: dict | list | None = None, shapes: dict | None 
             if progress:
                 progress(1)
     for m in result["layers"] + result["outputs"]:
-        total = Sums()
-        for sums in per_sample:
-            total = total.merge(sums[m["name"]])
+        total = Sums.total(sums[m["name"]] for sums in per_sample)
         keep = {k: m[k] for k in ("name", "op", "mnn_op", "shape") if k in m}
         m.clear()
         m.update(total.metrics(), **keep)

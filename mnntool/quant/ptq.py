@@ -58,11 +58,7 @@ def max_pooled(g: Graph) -> set[str]:
     compares the signed bytes as unsigned, so -1 beats 127: it is right only on bytes 0..127 (measured:
     on a zero-point-0 grid its result equals an unsigned max of the two's-complement bytes at every
     output; resnext26ts's stem pool 0.55 cosine, the whole model 0.72)."""
-    producers = g.producers()
-    readers: dict[str, list] = {}
-    for n in g.nodes:
-        for i in n.inputs:
-            readers.setdefault(i, []).append(n)
+    producers, readers = g.producers(), g.consumers()
     out: set[str] = set()
     for n in g.nodes:
         if n.op != "Pooling" or (n.param or {}).get("type", "MAXPOOL") != "MAXPOOL" or not n.inputs:

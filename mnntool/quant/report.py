@@ -5,8 +5,7 @@ from __future__ import annotations
 from ..compare import Sums
 from ..ir.graph import Graph
 from ..runtime.session import Session
-
-CONVS = ("Convolution", "ConvolutionDepthwise")
+from .weight_only import CONVS
 
 
 def _sample_sums(samples: list[dict], fp32: Graph, quant: Graph, threads: int = 1) -> list[dict]:
@@ -32,12 +31,7 @@ def layer_report(fp32: Graph, quant: Graph, samples: list[dict], threads: int = 
 
     def total(k):
         parts = [s[k] for s in per_sample if k in s]
-        if not parts:
-            return None
-        t = Sums()
-        for p in parts:
-            t = t.merge(p)
-        return t.metrics()
+        return Sums.total(parts).metrics() if parts else None
     layers = []
     for n in quant.nodes:
         if n.op not in CONVS or (m := total(n.outputs[0])) is None:

@@ -21,10 +21,7 @@ def head_layers(g: Graph) -> set[str]:
     model's vocabulary projection. Their error reaches the outputs undiluted; with int4 elsewhere a
     decoder's logits lose most of their accuracy there (measured: 0.9976 -> 0.9996 cosine with the
     head at 8 bits), which is why llama.cpp and MNN's LLM export give the head more bits."""
-    readers: dict[str, list] = {}
-    for n in g.nodes:
-        for i in n.inputs:
-            readers.setdefault(i, []).append(n)
+    readers = g.consumers()
     heads = set()
     for n in g.nodes:
         if n.op not in CONVS:

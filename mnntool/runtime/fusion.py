@@ -31,13 +31,7 @@ def readers(nodes: list[Node]) -> dict[str, list[Node]]:
 
 def fuse_attention(g: Graph, vals: dict) -> list[Node]:
     """g's nodes with each attention chain replaced by one FusedAttention node (g is not changed)."""
-    users: dict[str, list[Node]] = {}
-    producer: dict[str, Node] = {}
-    for n in g.nodes:
-        for i in dict.fromkeys(n.inputs):     # a node reading a tensor twice (IsNaN as x != x) is one user
-            users.setdefault(i, []).append(n)
-        for o in n.outputs:
-            producer[o] = n
+    users, producer = readers(g.nodes), g.producers()
     outputs = set(g.outputs)
 
     def only_user(name):

@@ -17,9 +17,7 @@ from .grid import NO_GRID, NO_POST, POST, activation, apply_act, grid_of, to_gri
 def convolution(node, ins, outs, settings):
     cout = node.param["common"]["outputCount"]
     geometry = Geometry.of(node.param["common"], ins[0].shape, outs[0].shape)
-    bias = np.asarray(node.param.get("bias", np.zeros(cout)), np.float32).reshape(-1)
-    if bias.size != cout:
-        bias = np.zeros(cout, np.float32)
+    bias = _bias(node.param, cout)
     int8 = int8_scales(node)
     if int8 is None and node.param.get("quanParameter") is not None and geometry.fully_connected and \
             geometry.n == 1 and (k := _weight_only_matvec(node, geometry, bias, settings)) is not None:
@@ -37,6 +35,12 @@ def convolution(node, ins, outs, settings):
             fn = k.fn if ins[0].grid == grid_in else _grid_input(k.fn, ins[0].shape, grid_in, settings.threads)
         return Kernel(fn, True, grid_out)
     return convolution_float(node, ins, outs, weight, bias, settings)
+
+
+def _bias(param: dict, cout: int) -> np.ndarray:
+    """The layer's float bias, zeros when the file has none of the right size."""
+    bias = np.asarray(param.get("bias", np.zeros(cout)), np.float32).reshape(-1)
+    return bias if bias.size == cout else np.zeros(cout, np.float32)
 
 
 def _weight_only_matvec(node, g: Geometry, bias, settings) -> Kernel | None:
@@ -191,10 +195,7 @@ def scaled_pointwise(node, ins, outs, settings):
     c = node.param["common"]
     cout = c["outputCount"]
     _, cin, h, w = ins[0].shape
-    bias = np.asarray(node.param.get("bias", np.zeros(cout)), np.float32).reshape(-1)
-    if bias.size != cout:
-        bias = np.zeros(cout, np.float32)
-    pg = PackedGemm(conv_weight(node.param, cout).reshape(cout, cin), bias, activation(c), NO_GRID, h * w,
+    pg = PackedGemm(conv_weight(node.param, cout).reshape(cout, cin), _bias(node.param, cout), activation(c), NO_GRID, h * w,
                     settings.threads, node.param.get(POST, NO_POST))
     scaled = pg.wp.reshape(pg.nob, cin, OCB)
     base = scaled.copy()
