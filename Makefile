@@ -25,8 +25,13 @@ demo: $(STAMP)
 	$(BIN)/mnntool bench demo/mobilenetv2.mnn --runs 20 --profile --top 5
 	$(BIN)/mnntool bench demo/mobilenetv2.mnn --runs 20 --backend mnn
 
+# a native crash (no Python traceback) leaves its stack in build/test-crash.log: its first line and the
+# frames in tests/ and mnntool/ are printed last, where CI's excerpt of the output shows them
 test: $(STAMP)
-	$(BIN)/python -m pytest tests
+	@mkdir -p build
+	MNNTOOL_CRASH_LOG=build/test-crash.log $(BIN)/python -m pytest -p no:faulthandler tests || { rc=$$?; \
+	  if [ -s build/test-crash.log ]; then echo "native crash, from build/test-crash.log:"; head -n 1 build/test-crash.log; \
+	    grep -m 16 -E '/(tests|mnntool|fixtures)/' build/test-crash.log; fi; exit $$rc; }
 
 clean:
 	rm -rf $(VENV) build demo

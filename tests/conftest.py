@@ -5,6 +5,7 @@ from mnntool.tuning import tune_process
 
 tune_process()      # as the CLI does, before numpy loads; child processes inherit it
 
+import os  # noqa: E402
 import sys  # noqa: E402
 from pathlib import Path  # noqa: E402
 
@@ -14,6 +15,13 @@ import pytest  # noqa: E402
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 CACHE = ROOT / "build" / "fixtures"
+
+if os.environ.get("MNNTOOL_CRASH_LOG"):
+    # `make test`: a native crash's Python stack goes to this file, whose test and mnntool frames the
+    # Makefile prints after it (CI shows only the end of the output, where the stack's pytest frames were)
+    import faulthandler  # noqa: E402
+    _CRASH_LOG = open(os.environ["MNNTOOL_CRASH_LOG"], "w")  # noqa: SIM115 - open while the session runs
+    faulthandler.enable(_CRASH_LOG, all_threads=False)
 
 
 @pytest.fixture(scope="session")
