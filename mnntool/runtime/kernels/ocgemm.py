@@ -175,7 +175,8 @@ def suits(pixels: int, weight_bytes: int) -> bool:
     """Where this kernel beat `fgemm` (measured, 1 thread): pixel counts that leave fgemm's 16-pixel
     vectors part empty (49: 98-112 vs 78 GFLOP/s), and 16 pixels when the weights (per GEMM) pass L2
     (a 7x7 map's Winograd positions at 512 channels: 82 vs 65 GFLOP/s; at 256, fgemm's 108 wins)."""
-    if not HAS_AVX512 or pixels > 64:
+    # callers are AVX-512 strategies, offered by `conv_strategies.pick` only where the host has it
+    if pixels > 64:
         return False
     return pixels % 16 != 0 or (pixels == 16 and weight_bytes > 512 * 1024)
 
