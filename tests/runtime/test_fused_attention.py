@@ -1,6 +1,7 @@
 """The planner runs attention chains (MatMul [+ mask] -> Softmax [-> IsNaN guard] -> MatMul) as one
 FusedAttention step; the file keeps MNN's ops. Reference: onnxruntime on the same ONNX model,
-max abs error 1e-5; keep_all (verify's mode) plans the ops one by one."""
+max abs error 1e-5; keep_all (verify's mode) plans the ops one by one. Shapes: a tiny BERT's, masks
+broadcast per head and per key, MobileViT-like heads, heads larger than a tile."""
 import numpy as np
 import onnx
 import pytest
@@ -13,7 +14,17 @@ from mnntool.runtime.session import Session
 ort = pytest.importorskip("onnxruntime")
 
 
-def _model(path, mask: bool, guard: bool, probs_out: bool = False):
+SMALL = ((1, 2, 5, 8), (1, 2, 7, 8), (1, 2, 7, 4), (1, 1, 5, 7))
+SHAPES = {      # q, k, v, mask
+    "small": SMALL,
+    "mask per head": ((1, 2, 5, 8), (1, 2, 7, 8), (1, 2, 7, 4), (1, 2, 5, 7)),
+    "mask per key": ((2, 3, 6, 16), (2, 3, 9, 16), (2, 3, 9, 16), (2, 1, 1, 9)),
+    "mobilevit-like": ((4, 4, 64, 16), (4, 4, 64, 16), (4, 4, 64, 16), (1, 1, 64, 64)),
+    "large heads": ((1, 2, 40, 64), (1, 2, 40, 64), (1, 2, 40, 48), (1, 1, 40, 40)),
+}
+
+
+def _model(path, mask: bool, guard: bool, probs_out: bool = False, shapes=SMALL):
     nodes = [h.make_node("Transpose", ["k"], ["kt"], perm=[0, 1, 3, 2]),
              h.make_node("MatMul", ["q", "kt"], ["s"])]
     src = "s"
@@ -26,10 +37,9 @@ def _model(path, mask: bool, guard: bool, probs_out: bool = False):
         nodes += [h.make_node("IsNaN", ["p"], ["nan"]), h.make_node("Where", ["nan", "zero", "p"], ["pg"])]
         p = "pg"
     nodes.append(h.make_node("MatMul", [p, "v"], ["y"]))
-    inputs = [h.make_tensor_value_info(n, TP.FLOAT, s) for n, s in
-              (("q", [1, 2, 5, 8]), ("k", [1, 2, 7, 8]), ("v", [1, 2, 7, 4]))]
+    inputs = [h.make_tensor_value_info(n, TP.FLOAT, list(s)) for n, s in zip("qkv", shapes)]
     if mask:
-        inputs.append(h.make_tensor_value_info("m", TP.FLOAT, [1, 1, 5, 7]))
+        inputs.append(h.make_tensor_value_info("m", TP.FLOAT, list(shapes[3])))
     outputs = [h.make_tensor_value_info("y", TP.FLOAT, None)] + \
         ([h.make_tensor_value_info("p", TP.FLOAT, None)] if probs_out else [])
     g = h.make_graph(nodes, "attn", inputs, outputs, [h.make_tensor("zero", TP.FLOAT, [], [0.0])])
@@ -38,18 +48,20 @@ def _model(path, mask: bool, guard: bool, probs_out: bool = False):
     onnx.save(m, str(path))
 
 
+@pytest.mark.parametrize("shape", list(SHAPES))
 @pytest.mark.parametrize("mask,guard", [(False, False), (True, False), (True, True)])
-def test_fused_attention_matches_onnxruntime(tmp_path, mask, guard):
-    _model(tmp_path / "a.onnx", mask, guard)
+def test_fused_attention_matches_onnxruntime(tmp_path, mask, guard, shape):
+    shapes = SHAPES[shape]
+    _model(tmp_path / "a.onnx", mask, guard, shapes=shapes)
     api.convert(tmp_path / "a.onnx", tmp_path / "a.mnn")
     g = api.load_graph(tmp_path / "a.mnn")
     assert "Softmax" in {n.op for n in g.nodes}, "the file keeps the ops MNN runs"
     rng = np.random.RandomState(0)
-    feeds = {"q": rng.randn(1, 2, 5, 8), "k": rng.randn(1, 2, 7, 8), "v": rng.randn(1, 2, 7, 4)}
+    feeds = {n: rng.randn(*s) for n, s in zip("qkv", shapes)}
     if mask:
-        m = np.where(rng.rand(1, 1, 5, 7) < 0.3, -np.inf, 0.0)
+        m = np.where(rng.rand(*shapes[3]) < 0.3, -np.inf, 0.0)
         if guard:
-            m[0, 0, 2] = -np.inf        # a row with every key masked: NaN, turned into 0 by the guard
+            m[0, 0, -1] = -np.inf       # every key masked (for a row, or all rows): NaN, turned into 0 by the guard
         feeds["m"] = m
     feeds = {k: v.astype(np.float32) for k, v in feeds.items()}
     ref = ort.InferenceSession(str(tmp_path / "a.onnx")).run(None, feeds)[0]
@@ -75,3 +87,4 @@ def test_probabilities_read_elsewhere_are_not_fused(tmp_path):
     ref = ort.InferenceSession(str(tmp_path / "a.onnx")).run(None, feeds)
     np.testing.assert_allclose(out["y"], ref[0], atol=1e-5)
     np.testing.assert_allclose(out["p"], ref[1], atol=1e-6)
+
