@@ -66,3 +66,27 @@ def test_gather_of_one_block_is_a_view(tmp_path, axis, index):
         np.testing.assert_array_equal(s.run({"x": x})["z"], sess.run(None, {"x": x})[0])
     gather = next(st for st in s.plan.steps if st.op == "GatherV2")
     assert gather.kernel.view == (axis != 2)
+
+
+@pytest.mark.parametrize("shape,axis,ids", [([50, 8], 0, [[3, -1, 49, 0]]), ([1, 7, 3], 1, [2, -7, 6]),
+                                            ([20, 2, 3], 0, [[[5]], [[-20]]])])
+def test_gather_of_run_time_rows(tmp_path, shape, axis, ids):
+    """Run-time indices into rows (an embedding lookup: only 1s before the axis) run as one Numba pass
+    (tensor.take_rows), negative indices from the end; exactly onnxruntime's values; an index out of
+    range is a one-line error naming the op, as the definition's."""
+    from mnntool.errors import MnnToolError
+    g = h.make_graph([h.make_node("Gather", ["x", "i"], ["y"], axis=axis)], "gather",
+                     [h.make_tensor_value_info("x", TP.FLOAT, shape),
+                      h.make_tensor_value_info("i", TP.INT64, list(np.shape(ids)))],
+                     [h.make_tensor_value_info("y", TP.FLOAT, None)])
+    save_onnx(g, tmp_path / "m.onnx")
+    api.convert(tmp_path / "m.onnx", tmp_path / "m.mnn")
+    s = Session(api.load_graph(tmp_path / "m.mnn"), threads=1)
+    x = np.random.RandomState(0).randn(*shape).astype(np.float32)
+    i = np.array(ids, np.int64)
+    ref = ort.InferenceSession(str(tmp_path / "m.onnx")).run(None, {"x": x, "i": i})[0]
+    np.testing.assert_array_equal(s.run({"x": x, "i": i})["y"], ref)
+    gather = next(st for st in s.plan.steps if st.op == "GatherV2")
+    assert "_row_gather" in gather.kernel.fn.__qualname__
+    with pytest.raises(MnnToolError, match="GatherV2 .*index out of range"):
+        s.run({"x": x, "i": np.full_like(i, shape[axis])})

@@ -246,9 +246,12 @@ class BinaryOp:
 
     def infer(node, ins):
         op = node.param.get("opType")
-        dtype = "bool" if op in COMPARE else ("int32" if op in LOGICAL else ins[0].dtype)
-        if op not in COMPARE | LOGICAL and ins[0].dtype != ins[1].dtype and ins[1].dtype.startswith("float"):
-            dtype = ins[1].dtype
+        a, b = ins[0].dtype, ins[1].dtype
+        if (a == "bool") != (b == "bool"):      # as binary_value: a comparison's result beside a number is 0/1
+            a, b = ("int32" if a == "bool" else a), ("int32" if b == "bool" else b)
+        dtype = "bool" if op in COMPARE else ("int32" if op in LOGICAL else a)
+        if op not in COMPARE | LOGICAL and a != b and b.startswith("float"):
+            dtype = b
         return [Val(broadcast(ins[0].shape, ins[1].shape), dtype)]
 
     def compute(node, xs):

@@ -7,6 +7,7 @@ import numpy as np
 from numba import njit, prange
 
 from . import PLAN_ONLY, by_definition, kernel, returns, sized, writes
+from ...ir.ops.elementwise import COMPARE as COMPARE_OPS
 from .norm import EXP_FLOOR, exp_poly, exp_split
 
 
@@ -322,7 +323,8 @@ def _small_power(op, ins, shapes):
 def binary(node, ins, outs, settings):
     op = node.param.get("opType")
     if op not in FLOAT_BINARY or any(v.dtype != "float32" for v in ins):
-        return by_definition(node)      # integer and boolean math: MNN's meaning, in ir/ops/elementwise
+        exact = _integer_binary(node, op, ins, outs)
+        return exact if exact is not None else by_definition(node)   # MNN's meaning, in ir/ops/elementwise
     fn = FLOAT_BINARY[op]
     dtype = np.dtype(outs[0].dtype)
     fused_relu = int(node.param.get("activationType", 0)) == 1   # MNN's converter fuses ReLU this way
@@ -349,6 +351,37 @@ def binary(node, ins, outs, settings):
         fn(a, b, out=o[0])
         if fused_relu:
             np.maximum(o[0], 0, out=o[0])
+    return writes(run)
+
+
+# integer ops whose NumPy ufunc is MNN's meaning with no rounding rule of its own (division, modulo and
+# shifts keep the definition)
+INTEGER_BINARY = {"ADD": np.add, "SUB": np.subtract, "MUL": np.multiply, "MAXIMUM": np.maximum,
+                  "MINIMUM": np.minimum, "EQUAL": np.equal, "NOTEQUAL": np.not_equal, "GREATER": np.greater,
+                  "GREATER_EQUAL": np.greater_equal, "LESS": np.less, "LESS_EQUAL": np.less_equal}
+
+
+def _integer_binary(node, op, ins, outs):
+    """Integer/boolean operands with dtypes known at prepare: the definition's type rule (binary_value)
+    decided once, then one ufunc into the output, or None. An embedding's negative-index fix is three
+    such ops on 16 indices: 4 us each through the definition, ~1 here."""
+    kinds = [np.dtype(v.dtype) if v.dtype else None for v in ins + outs]
+    if op not in INTEGER_BINARY or len(ins) != 2 or None in kinds or any(k.kind not in "biu" for k in kinds) or \
+            int(node.param.get("activationType", 0) or 0):
+        return None
+    a, b, out = kinds
+    if (a == np.bool_) != (b == np.bool_):
+        a, b = (np.dtype(np.int32) if k == np.bool_ else k for k in (a, b))
+    if a != b:
+        if a.kind != b.kind:
+            return None
+        a = b = np.result_type(a, b)
+    if out != (np.dtype(np.bool_) if op in COMPARE_OPS else a):
+        return None
+    fn, t = INTEGER_BINARY[op], a
+
+    def run(i, o):
+        fn(np.asarray(i[0]).astype(t, copy=False), np.asarray(i[1]).astype(t, copy=False), out=o[0])
     return writes(run)
 
 
