@@ -246,3 +246,27 @@ def test_integer_binary_ops_match_the_definition(op, da, db):
     step = s.plan.steps[0]
     assert "_integer_binary" in step.kernel.fn.__qualname__ or (da == db == "bool" and op not in ("EQUAL", "LESS_EQUAL",
                                                                                                    "GREATER"))
+
+
+def test_serial_twins_use_numpys_error_model_and_give_the_parallel_values():
+    """kernels.serial compiles the twin with error_model='numpy' (Python's zero-division checks kept the
+    twins' loops scalar: 4x slower than the parallel kernel on one thread); every fused activation gives
+    the parallel kernel's values (relative 1e-6) through it."""
+    import numba
+
+    from mnntool.runtime.kernels import serial
+    from mnntool.runtime.kernels.actir import post_flat
+    from mnntool.runtime.kernels.grid import POST_KINDS
+    twin = serial(post_flat)
+    assert twin.targetoptions.get("error_model") == "numpy" and not twin.targetoptions.get("parallel")
+    x = np.random.RandomState(0).randn(10000).astype(np.float32) * 4
+    saved = numba.get_num_threads()
+    try:
+        numba.set_num_threads(1)
+        for kind in POST_KINDS:
+            a, b = x.copy(), x.copy()
+            post_flat(a, kind, np.float32(0.1), np.float32(0.6))
+            twin(b, kind, np.float32(0.1), np.float32(0.6))
+            np.testing.assert_allclose(b, a, rtol=1e-6, atol=1e-7, err_msg=f"post kind {kind}")
+    finally:
+        numba.set_num_threads(saved)

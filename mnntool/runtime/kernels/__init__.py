@@ -41,17 +41,23 @@ _SERIAL: dict = {}
 
 
 def serial(fn):
-    """The same Numba kernel compiled without `parallel` (prange runs as range), cached on its own."""
+    """The same Numba kernel compiled without `parallel` (prange runs as range), cached on its own.
+
+    With NumPy's error model, as the parallel loop bodies have: Python's (Numba's default) checks every
+    division for zero, and that check kept LLVM from vectorizing the loops (GELU on 4096 floats took
+    11.5 us serially against 4.1 in the parallel kernel on one thread; 2.4 us now). The suffix names a
+    cache of its own, apart from twins compiled with the other model."""
     if fn not in _SERIAL:
         import types
 
         import numba
         py = fn.py_func
-        name = py.__name__ + "_serial"
-        code = py.__code__.replace(co_name=name, co_qualname=py.__qualname__ + "_serial")
+        name = py.__name__ + "_serial_np"
+        code = py.__code__.replace(co_name=name, co_qualname=py.__qualname__ + "_serial_np")
         twin = types.FunctionType(code, py.__globals__, name, py.__defaults__, py.__closure__)
-        twin.__qualname__, twin.__module__ = py.__qualname__ + "_serial", py.__module__
+        twin.__qualname__, twin.__module__ = py.__qualname__ + "_serial_np", py.__module__
         opts = {k: v for k, v in fn.targetoptions.items() if k not in ("parallel", "nopython")}
+        opts.setdefault("error_model", "numpy")
         _SERIAL[fn] = numba.njit(cache=True, **opts)(twin)
     return _SERIAL[fn]
 
