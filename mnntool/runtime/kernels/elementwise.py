@@ -365,7 +365,10 @@ def _integer_binary(node, op, ins, outs):
     """Integer/boolean operands with dtypes known at prepare: the definition's type rule (binary_value)
     decided once, then one ufunc into the output, or None. An embedding's negative-index fix is three
     such ops on 16 indices: 4 us each through the definition, ~1 here."""
-    kinds = [np.dtype(v.dtype) if v.dtype else None for v in ins + outs]
+    try:
+        kinds = [np.dtype(v.dtype) if v.dtype else None for v in ins + outs]
+    except TypeError:       # a type NumPy does not name (MNN's string tensors): the definition
+        return None
     if op not in INTEGER_BINARY or len(ins) != 2 or None in kinds or any(k.kind not in "biu" for k in kinds) or \
             int(node.param.get("activationType", 0) or 0):
         return None

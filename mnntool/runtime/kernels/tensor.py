@@ -95,7 +95,8 @@ def _row_gather(node, ins, outs):
     x, idx, out = ins[0].shape, ins[1], outs[0].shape
     if x is None or idx.shape is None or out is None or len(ins) > 2 and ins[2].value is None or \
             any(not isinstance(d, int) for d in tuple(x) + tuple(idx.shape)) or \
-            str(idx.dtype) not in ("int32", "int64") or str(ins[0].dtype) != str(outs[0].dtype):
+            str(idx.dtype) not in ("int32", "int64") or str(ins[0].dtype) != str(outs[0].dtype) or \
+            str(ins[0].dtype) not in ("float32", "float16", "int8", "uint8", "int32", "int64", "bool"):
         return None
     from ...ir.ops.tensor import _gather_axis
     axis = _gather_axis(node, ins[2].value if len(ins) > 2 else None) % len(x)
