@@ -75,8 +75,7 @@ def pool(workers: int, ray: str | None = None):
     if ray is not None:
         mod = _ray()
         with _ray_session(mod, ray):
-            cpus = workers if workers > 1 else max(1, int(mod.cluster_resources().get("CPU", 1)))
-            yield Pool(cpus, ray_mod=mod)
+            yield Pool(_ray_cpus(mod, workers), ray_mod=mod)
         return
     if workers <= 1:
         yield None
@@ -115,6 +114,11 @@ def _ray_session(ray, address: str):
             ray.shutdown()
 
 
+def _ray_cpus(ray, workers: int) -> int:
+    """Tasks at a time: --workers when given, else the cluster's CPUs."""
+    return workers if workers > 1 else max(1, int(ray.cluster_resources().get("CPU", 1)))
+
+
 def _ray_get(ray, ref):
     """A task's result; a worker's own one-line error comes back as that line."""
     try:
@@ -145,7 +149,7 @@ def collect_ray(g, samples, names, layers, threads: int, address: str, workers: 
     ray = _ray()
     from .ptq import Statistics
     with _ray_session(ray, address):
-        cpus = workers if workers > 1 else max(1, int(ray.cluster_resources().get("CPU", 1)))
+        cpus = _ray_cpus(ray, workers)
         chunks = _chunks(samples, cpus * CHUNKS_PER_WORKER)
         task = ray.remote(num_cpus=1)(_collect)
         graph = ray.put(g)      # once in the object store, not once per task

@@ -150,6 +150,23 @@ def _post_of(n: Node) -> tuple | None:
 MOVES = ("Reshape", "ConvertTensor", "Squeeze", "Unsqueeze", "Flatten")
 
 
+def past_moves(users: dict, t: str, outputs: set, stored: dict, ops, limit: int = 1 << 30) -> tuple:
+    """t followed through up to `limit` nodes of `ops` (one tensor in, one out) while each tensor on the
+    way has one reader and is neither a graph output nor stored on a grid: (those nodes, the last
+    tensor, its one reader), the reader None where that condition or the limit stops the walk."""
+    chain = []
+    while len(chain) < limit:
+        us = users.get(t, [])
+        if len(us) != 1 or t in outputs or t in stored:
+            break
+        n = us[0]
+        if n.op not in ops or n.inputs[0] != t or len(n.outputs) != 1:
+            return chain, t, n
+        chain.append(n)
+        t = n.outputs[0]
+    return chain, t, None
+
+
 def fuse_activations(g: Graph, vals: dict, nodes: list[Node], stored: dict) -> list[Node]:
     """A float convolution (or Scale: a BatchNorm left unfolded) whose only reader is an activation (SiLU,
     HardSwish, GELU, sigmoid, tanh, leaky ReLU, clip) as one node that applies it in its epilogue (param
@@ -165,17 +182,8 @@ def fuse_activations(g: Graph, vals: dict, nodes: list[Node], stored: dict) -> l
                 POST in conv.param or (conv.param.get("quanParameter") or {}).get("scaleIn"):
             continue
         y = conv.outputs[0]
-        chain, t, act = [], y, None
-        while len(chain) <= 4:        # reshapes between (a Linear as a 1x1 convolution): the activation moves
-            us = users.get(t, [])
-            if len(us) != 1 or t in outputs or t in stored:
-                break
-            if us[0].op in MOVES and us[0].inputs[0] == t and len(us[0].outputs) == 1:
-                chain.append(us[0])
-                t = us[0].outputs[0]
-                continue
-            act = us[0]
-            break
+        # reshapes between (a Linear as a 1x1 convolution): the activation moves before them
+        chain, t, act = past_moves(users, y, outputs, stored, MOVES, limit=5)
         post = _post_of(act) if act is not None else None
         if post is None or act.inputs[0] != t or len(act.outputs) != 1 or act.outputs[0] in stored:
             continue
@@ -224,13 +232,9 @@ def fuse_channel_scale(g: Graph, vals: dict, nodes: list[Node], stored: dict) ->
         if m.op != "BinaryOp" or m.param.get("opType") != "MUL" or len(m.inputs) != 2 or len(m.outputs) != 1 or \
                 int(m.param.get("activationType", 0) or 0):
             continue
-        y, chain = m.outputs[0], []
-        us = users.get(y, [])
-        while len(us) == 1 and us[0].op == "ConvertTensor" and y not in outputs and y not in stored:
-            chain.append(us[0])     # a layout tag between them (NCHW -> NC4HW4): the same array here
-            y = us[0].outputs[0]
-            us = users.get(y, [])
-        if y in outputs or y in stored or len(us) != 1 or any(n.outputs[0] in stored for n in chain):
+        # layout tags between them (NCHW -> NC4HW4): the same array here
+        chain, y, conv = past_moves(users, m.outputs[0], outputs, stored, ("ConvertTensor",))
+        if conv is None:
             continue
         a, b = (vals.get(i) for i in m.inputs)
         if a is None or b is None or a.shape is None or b.shape is None or a.dtype != "float32" or b.dtype != "float32":
@@ -240,7 +244,6 @@ def fuse_channel_scale(g: Graph, vals: dict, nodes: list[Node], stored: dict) ->
         if len(xs) != 4 or not all(isinstance(d, int) for d in xs) or xs[0] != 1 or ss != (1, xs[1], 1, 1) or \
                 x in stored or s in stored:
             continue
-        conv = us[0]
         if not _pointwise_reading(conv, y, xs[1]) or xs[2] * xs[3] < conv.param["common"]["outputCount"]:
             continue
         fused[id(conv)] = Node(SCALED_POINTWISE, [x, s], list(conv.outputs), f"{conv.name} (+{m.name})",

@@ -135,14 +135,22 @@ BINARY = {
 }
 
 
+def operand_dtypes(op: str, da, db) -> tuple[np.dtype, np.dtype]:
+    """The dtypes `binary_value` computes `op` in for operands of dtypes da and db: a comparison's
+    result beside a number as int32 (0/1), and one common type where they differ (shifts keep theirs)."""
+    da, db = np.dtype(da), np.dtype(db)
+    if (da == np.bool_) != (db == np.bool_):
+        da, db = (np.dtype(np.int32) if d == np.bool_ else d for d in (da, db))
+    if da != db and op not in ("LEFTSHIFT", "RIGHTSHIFT"):
+        da = db = np.result_type(da, db) if da.kind == db.kind else (da if da.kind == "f" else db)
+    return da, db
+
+
 def binary_value(op: str, a: np.ndarray, b: np.ndarray) -> np.ndarray:
     """MNN's BinaryOp on numpy arrays; comparisons give bool, everything else the inputs' type."""
     a, b = np.asarray(a), np.asarray(b)
-    if (a.dtype == np.bool_) != (b.dtype == np.bool_):     # a comparison's result beside a number: 0/1
-        a, b = (v.astype(np.int32) if v.dtype == np.bool_ else v for v in (a, b))
-    if a.dtype != b.dtype and op not in ("LEFTSHIFT", "RIGHTSHIFT"):
-        t = np.result_type(a, b) if a.dtype.kind == b.dtype.kind else (a.dtype if a.dtype.kind == "f" else b.dtype)
-        a, b = a.astype(t), b.astype(t)
+    ta, tb = operand_dtypes(op, a.dtype, b.dtype)
+    a, b = a.astype(ta, copy=False), b.astype(tb, copy=False)
     with np.errstate(all="ignore"):
         out = BINARY[op](a, b)
     return out if out.dtype == np.bool_ or op in LOGICAL else out.astype(a.dtype, copy=False)

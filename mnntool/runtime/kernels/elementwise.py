@@ -7,7 +7,7 @@ import numpy as np
 from numba import njit, prange
 
 from . import PLAN_ONLY, by_definition, kernel, returns, sized, writes
-from ...ir.ops.elementwise import COMPARE as COMPARE_OPS
+from ...ir.ops.elementwise import COMPARE as COMPARE_OPS, operand_dtypes
 from .norm import EXP_FLOOR, exp_poly, exp_split
 
 
@@ -362,7 +362,7 @@ INTEGER_BINARY = {"ADD": np.add, "SUB": np.subtract, "MUL": np.multiply, "MAXIMU
 
 
 def _integer_binary(node, op, ins, outs):
-    """Integer/boolean operands with dtypes known at prepare: the definition's type rule (binary_value)
+    """Integer/boolean operands with dtypes known at prepare: the definition's type rule (operand_dtypes)
     decided once, then one ufunc into the output, or None. An embedding's negative-index fix is three
     such ops on 16 indices: 4 us each through the definition, ~1 here."""
     try:
@@ -372,16 +372,10 @@ def _integer_binary(node, op, ins, outs):
     if op not in INTEGER_BINARY or len(ins) != 2 or None in kinds or any(k.kind not in "biu" for k in kinds) or \
             int(node.param.get("activationType", 0) or 0):
         return None
-    a, b, out = kinds
-    if (a == np.bool_) != (b == np.bool_):
-        a, b = (np.dtype(np.int32) if k == np.bool_ else k for k in (a, b))
-    if a != b:
-        if a.kind != b.kind:
-            return None
-        a = b = np.result_type(a, b)
-    if out != (np.dtype(np.bool_) if op in COMPARE_OPS else a):
+    t, _ = operand_dtypes(op, kinds[0], kinds[1])
+    if kinds[2] != (np.dtype(np.bool_) if op in COMPARE_OPS else t):
         return None
-    fn, t = INTEGER_BINARY[op], a
+    fn = INTEGER_BINARY[op]
 
     def run(i, o):
         fn(np.asarray(i[0]).astype(t, copy=False), np.asarray(i[1]).astype(t, copy=False), out=o[0])

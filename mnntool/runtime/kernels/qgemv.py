@@ -15,7 +15,7 @@ from numba import njit, prange, types
 from numba.extending import intrinsic
 
 from .gemv import ROWS, row_sums16
-from .llvmir import data_of, first_lanes, k_loop, vector_ops
+from .llvmir import data_of, first_lanes, k_loop, splat, vector_ops
 
 
 def _codegen_qdot16(nibbles: bool):
@@ -70,10 +70,8 @@ def _codegen_qdot16(nibbles: bool):
                 accs = k_loop(builder, steps, [zero] * ROWS, step)
                 out = []
                 for r in range(ROWS):
-                    sv = builder.load(builder.gep(srow[r], [b]))
-                    splat = builder.insert_element(ir.Constant(f16, ir.Undefined), sv, ir.Constant(i32, 0))
-                    splat = builder.shuffle_vector(splat, ir.Constant(f16, ir.Undefined), ir.Constant(i16, [0] * 16))
-                    out.append(builder.call(fma, [accs[r], splat, tots[r]]))
+                    sv = splat(builder, builder.load(builder.gep(srow[r], [b])), f16)
+                    out.append(builder.call(fma, [accs[r], sv, tots[r]]))
                 return out
             tots = k_loop(builder, builder.sdiv(k_, blk_), [zero] * ROWS, block)
             builder.call(mstore, [row_sums16(builder, tots), builder.bitcast(op, f16.as_pointer()), ir.Constant(i32, 4),
