@@ -251,7 +251,49 @@ def quantize_int8(g: Graph, samples, method: str = "kl", per_channel: bool = Tru
                                         for g_ in range(group)])
                 n.param["bias"] = (np.asarray(n.param["bias"], np.float64) + shift).astype(np.float32)
         set_int8(q, n, qp, grids[n.inputs[0]], grids[n.outputs[0]])
+    float_outputs(q)
     return q
+
+
+def _read_on_grid(tensor: str, readers, int8_inputs: set, g: Graph) -> bool:
+    """Whether some operator reads `tensor` (or a data-moved copy of it) as int8: an int8 convolution's
+    input, or an operator whose own output has a grid (MNN runs it in int8: pooling, concat)."""
+    todo, seen = [tensor], set()
+    while todo:
+        t = todo.pop()
+        if t in seen:
+            continue
+        seen.add(t)
+        if t in int8_inputs:
+            return True
+        for r in readers.get(t, []):
+            if any((g.info(o).quant if g.info(o) else None) for o in r.outputs):
+                return True
+            if r.op in MOVES:
+                todo.extend(r.outputs)
+    return False
+
+
+def float_outputs(g: Graph) -> int:
+    """int8 convolutions whose result only float operators read write it in float (symmetricQuan's
+    outputDataType DT_FLOAT): int8 input and weights, no output grid. MNN would otherwise round the
+    result to int8 and cast it straight back to float for its readers, a rounding that costs accuracy
+    and makes the file's output jump on ulp-sized differences (ViT-tiny in MNN: cosine vs fp32 0.99896
+    -> 0.99946, and its output under a 1e-6 relative perturbation of the input 0.99888 -> 0.99950
+    of itself). Only group-1 GEMM convolutions: MNN runs a depthwise one with a float output as a float
+    layer on its unrounded input. Returns how many."""
+    readers = g.consumers()
+    int8_inputs = {n.inputs[0] for n in g.nodes if "symmetricQuan" in n.param}
+    done = 0
+    for n in g.nodes:
+        sq = n.param.get("symmetricQuan")
+        if sq is None or n.op != "Convolution" or (n.param["common"].get("group", 1) or 1) != 1 \
+                or _read_on_grid(n.outputs[0], readers, int8_inputs, g):
+            continue
+        n.param["symmetricQuan"] = dict(sq, outputZeroPoint=0, outputDataType="DT_FLOAT")
+        g.info(n.outputs[0]).quant = None
+        done += 1
+    return done
 
 
 def set_int8(g: Graph, n, qp: dict, grid_in: Grid, grid_out: Grid) -> None:

@@ -273,3 +273,51 @@ def test_max_pooled_negative_values_stay_float_and_are_reported(tmp_path):
         for t in (pool.inputs[0], pool.outputs[0]):
             assert (q.tensors[t].quant is None) == (floats > 0)
             assert q.tensors[t].quant is None or q.tensors[t].quant["zero"] == 0
+
+
+class FloatReaders(nn.Module):
+    """Convolutions of the input whose results only float operators read (a sigmoid gate, a product, a
+    sum): int8 input and weights, float output. One with a fused ReLU, one with ReLU6, one 3x3 with none."""
+    def __init__(self):
+        super().__init__()
+        self.a = nn.Sequential(nn.Conv2d(16, 32, 1), nn.ReLU())
+        self.b = nn.Sequential(nn.Conv2d(16, 32, 3, 1, 1), nn.ReLU6())
+        self.c = nn.Conv2d(16, 32, 3, 2, 1)
+
+    def forward(self, x):
+        a, b = self.a(x), self.b(x)
+        return torch.sigmoid(a) * b + a + F.interpolate(self.c(x), scale_factor=2.0)
+
+
+def test_int8_convolution_with_a_float_output_computes_what_mnn_does(tmp_path):
+    """A convolution whose result no int8 operator reads writes float (symmetricQuan outputDataType
+    DT_FLOAT): no output grid, so the output has no rounding for ulp-sized differences to flip. Each
+    such output is asked of MNN alone; it reads the graph input, so both runtimes see the same bytes,
+    and the two must agree to float precision (1e-5 of the output's largest value), with the
+    activation applied. A depthwise convolution keeps its int8 output (MNN runs a depthwise layer with
+    a float output as a float layer on its unrounded input)."""
+    rng = np.random.default_rng(3)
+    shape = (1, 16, 24, 32)
+    fp32, int8 = _exported(tmp_path, FloatReaders, shape)
+    samples = [{"x": rng.standard_normal(shape).astype(np.float32)} for _ in range(8)]
+    quantize_file(fp32, int8, QuantConfig(int8=True, calib=samples, method="mse"))
+    g = reader.load(int8)
+    floats = [n for n in g.nodes if n.param.get("symmetricQuan", {}).get("outputDataType") == "DT_FLOAT"]
+    assert len(floats) == 3 and all(g.info(n.outputs[0]).quant is None for n in floats)
+    feeds = {"x": rng.standard_normal(shape).astype(np.float32)}
+    ours = Session(g).run(feeds, keep_all=True)
+    for n in floats:
+        t = n.outputs[0]
+        theirs = mnn_run(int8, ["x"], [t], feeds)[t]
+        mine = ours[t].reshape(theirs.shape)
+        assert np.abs(theirs - mine).max() <= 1e-5 * np.abs(theirs).max(), t
+        c = n.param["common"]
+        assert mine.min() >= 0 if c.get("relu") or c.get("relu6") else mine.min() < 0
+        assert mine.max() <= 6 if c.get("relu6") else True
+        # not on a grid: the values are not multiples of one step
+        step = g.info(n.inputs[0]).quant["scale"]
+        assert np.unique(np.round(mine / step, 3) % 1).size > 10
+    ref = Session(reader.load(fp32)).run(feeds)["y"]
+    theirs = mnn_run(int8, ["x"], ["y"], feeds)["y"]
+    assert metrics(ref, theirs)["cosine"] >= 0.999
+    assert metrics(theirs, ours["y"])["cosine"] >= 0.99999

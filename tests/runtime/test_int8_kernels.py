@@ -62,10 +62,12 @@ def test_integer_convolution(tmp_path, name, one_sided, monkeypatch):
     nodes = [h.make_node("Relu" if one_sided else "Identity", ["x"], ["x1"]),
              h.make_node("Conv", ["x1", "w", "b"], ["c0"], strides=[s, s], pads=[p] * 4, dilations=[d, d]),
              h.make_node("Relu", ["c0"], ["c"]),
-             h.make_node("Conv", ["c", "w2"], ["y"])]
+             h.make_node("Conv", ["c", "w2"], ["c2"]),     # int8, so the first convolution's output is too
+             h.make_node("Conv", ["c2", "w3"], ["y"])]
     inits = [nh.from_array(r.standard_normal((cout, cin, k, k)).astype(np.float32) / k, "w"),
              nh.from_array(r.standard_normal(cout).astype(np.float32), "b"),
-             nh.from_array(r.standard_normal((4, cout, 1, 1)).astype(np.float32), "w2")]
+             nh.from_array(r.standard_normal((4, cout, 1, 1)).astype(np.float32), "w2"),
+             nh.from_array(r.standard_normal((4, 4, 1, 1)).astype(np.float32), "w3")]
     g = h.make_graph(nodes, "g", [h.make_tensor_value_info("x", TP.FLOAT, [n, cin, *hw])],
                      [h.make_empty_tensor_value_info("y")], initializer=inits)
     onnx.save(h.make_model(g, opset_imports=[h.make_opsetid("", 17)]), tmp_path / "m.onnx")

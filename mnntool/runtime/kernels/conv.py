@@ -25,7 +25,8 @@ def convolution(node, ins, outs, settings):
     weight = np.ascontiguousarray(conv_weight(node.param, cout))
     geometry.check(weight.size, f"{node.op} '{node.name}'")
     if int8 is not None:     # an int8 convolution: same arithmetic as MNN on the quantized grid
-        grid_in, grid_out = grid_of(*int8.input), grid_of(*int8.output)
+        grid_in = grid_of(*int8.input)
+        grid_out = NO_GRID if int8.output is None else grid_of(*int8.output)
         if node.op == "ConvolutionDepthwise":
             bias = depthwise_int8_bias(node, bias, int8)
         fn = _integer(node, ins, outs, bias, int8, settings.threads)
@@ -33,7 +34,7 @@ def convolution(node, ins, outs, settings):
             k = convolution_float(node, ins, outs, weight, bias, settings, grid_out)
             # an input that an int8 kernel already rounded to this grid is used as it is
             fn = k.fn if ins[0].grid == grid_in else _grid_input(k.fn, ins[0].shape, grid_in, settings.threads)
-        return Kernel(fn, True, grid_out)
+        return Kernel(fn, True, None if int8.output is None else grid_out)
     return convolution_float(node, ins, outs, weight, bias, settings)
 
 
@@ -87,9 +88,10 @@ def conv_weight(param: dict, rows: int) -> np.ndarray:
 class Int8Grids(NamedTuple):
     """An int8 convolution's input and output grids as (scale, min, max) in steps of the scale from
     zero (real = scale * (q - zero), q in [clampMin, clampMax], so the steps run from clampMin - zero),
-    and the input's zero point."""
+    and the input's zero point. `output` is None for a float output (symmetricQuan's outputDataType
+    DT_FLOAT: MNN takes the output scale as 1 and its zero point as 0, and rounds nothing)."""
     input: tuple
-    output: tuple
+    output: tuple | None
     zero_in: int
     zero_out: int = 0
 
@@ -100,8 +102,15 @@ def int8_scales(node) -> Int8Grids | None:
         return None
     lo, hi = int(sq.get("clampMin", -128)), int(sq.get("clampMax", 127))
     z_in, z_out = int(sq.get("zeroPoint", 0)), int(sq.get("outputZeroPoint", 0))
+    if float_output(node):
+        return Int8Grids((float(qp["scaleIn"]), lo - z_in, hi - z_in), None, z_in)
     return Int8Grids((float(qp["scaleIn"]), lo - z_in, hi - z_in), (float(qp["scaleOut"]), lo - z_out, hi - z_out),
                      z_in, z_out)
+
+
+def float_output(node) -> bool:
+    """An int8 convolution that writes float: int8 input and weights, no output grid."""
+    return (node.param.get("symmetricQuan") or {}).get("outputDataType") in ("DT_FLOAT", 1)
 
 
 def depthwise_int8_bias(node, bias: np.ndarray, grids: Int8Grids) -> np.ndarray:
@@ -110,10 +119,10 @@ def depthwise_int8_bias(node, bias: np.ndarray, grids: Int8Grids) -> np.ndarray:
     trunc(z_out / scale) accumulator units (scale = alpha * (s_in / s_out), float32), so each channel is
     off by a fraction of a step, which moves outputs near half-steps (MobileNetV3's first depthwise
     layer: 738 of 200,704 outputs one step apart without it, none with it). MNN's GEMM convolutions add
-    the float bias, so they need nothing."""
+    the float bias, so they need nothing, and so does a depthwise layer with a float output."""
     from ...format.idst import int8_values
     values = int8_values(node.param["quanParameter"], bias.size)
-    if values is None:
+    if values is None or grids.output is None:     # a float output adds the float bias (measured)
         return bias
     f32 = np.float32
     s_in, s_out = f32(grids.input[0]), f32(grids.output[0])

@@ -85,7 +85,7 @@ def int8_convolution(geometry, q, alpha, bias, act, grids, in_shape, out_shape, 
     `q` (O, C*kh*kw) int8 in (c, i, j) order with per-channel `alpha`; `grids` a conv.Int8Grids.
     """
     kh, kw, sh, sw, dh, dw, t, l, b, r = geometry
-    (s_in, lo, hi), (s_out, out_lo, out_hi) = grids.input, grids.output
+    (s_in, lo, hi) = grids.input
     off = 128 + grids.zero_in
     if not (0 <= lo + off and hi + off <= 255):
         return None
@@ -102,7 +102,12 @@ def int8_convolution(geometry, q, alpha, bias, act, grids, in_shape, out_shape, 
     weights = Int8Weights(wk.reshape(cout, -1), off * q.astype(np.int32).sum(1), scale, bias,
                           cout * oh * ow * k4 * 4 // 16, threads)
     f32 = np.float32
-    epf = (f32(0 if act else -np.inf), f32(6 if act == 2 else np.inf), f32(1 / s_out), f32(s_out), f32(out_lo), f32(out_hi))
+    bounds = (f32(0 if act else -np.inf), f32(6 if act == 2 else np.inf))
+    if grids.output is None:       # float output: MNN's output scale 1, nothing rounded
+        epf = bounds + (f32(0), f32(1), f32(-np.inf), f32(np.inf))
+    else:
+        s_out, out_lo, out_hi = grids.output
+        epf = bounds + (f32(1 / s_out), f32(s_out), f32(out_lo), f32(out_hi))
     pixels = oh * ow
     cols = np.full((pixel_blocks(pixels), k4, 16, 4), off, np.uint8)
     direct = kh == kw == 1 and sh == sw == 1 and not (t or l or b or r)   # quantize straight into the blocks

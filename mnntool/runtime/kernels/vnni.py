@@ -33,7 +33,7 @@ def pixel_blocks(pixels: int) -> int:
 @intrinsic
 def _tile(typingctx, x, xoff, w, woff, k4, out, ooff, ostride, left, rows, ep, epf):
     """out[o, p] for 32 pixels x 8 channels; ep = (offset, scale, bias) rows at the tile's channel,
-    epf = (act_lo, act_hi, 1/s_out, s_out, q_lo, q_hi); `left` = valid pixels from the tile start,
+    epf = (act_lo, act_hi, 1/s_out, s_out, q_lo, q_hi), 1/s_out = 0 for a float output; `left` = valid pixels from the tile start,
     `rows` = valid channels (out has no rows past them)."""
     from llvmlite import ir
     sig = types.void(x, types.intp, w, types.intp, types.intp, out, types.intp, types.intp, types.intp, types.intp,
@@ -69,7 +69,8 @@ def _tile(typingctx, x, xoff, w, woff, k4, out, ooff, ostride, left, rows, ep, e
 
         ept = [builder.extract_value(epa, k) for k in range(3)]
         rows = [data_of(context, builder, sig.args[10].types[k], ept[k]) for k in range(3)]
-        finish = Finish(builder, epfa, True)
+        # 1/s_out = 0: a float output (symmetricQuan outputDataType DT_FLOAT), not rounded to a grid
+        finish = Finish(builder, epfa, builder.fcmp_ordered("!=", builder.extract_value(epfa, 2), ir.Constant(f32, 0)))
         none = ir.Constant(ir.VectorType(i1, 16), [0] * 16)
         for v in range(2):
             mask = first_lanes(builder, builder.sub(left_, const(16 * v)))
