@@ -8,7 +8,8 @@ in the MNN runtime and again in mnntool's own int8 runtime.
 `--zoo` instead scores held-out architectures (timm/torchvision with random weights, the DBNet-style
 detector of fixtures/dbnet.py; exported with torch.onnx, dynamo=False) with one method (`--method`,
 mse by default): per model the int8 file's size ratio, its cosine vs fp32 in MNN and in mnntool's
-runtime, the two runtimes' agreement on the same file, and beside them onnxruntime's quantize_static
+runtime, the two runtimes' agreement on the same file, the file's own floor for that agreement (MNN
+against itself on inputs nudged by 1e-6 of their value), and beside them onnxruntime's quantize_static
 (MinMax, QDQ per-channel) and MNN's own quantizer (KL) where they run:
 
     python benchmarks/quant_accuracy.py --zoo [names...] [--calib 16] [--held-out 8]
@@ -86,11 +87,10 @@ def _zoo_onnx(name: str, path: Path) -> tuple[str, tuple]:
     return entry.names[0], shape
 
 
-def zoo_rows(names, calib_n: int, held_n: int, method: str, auto_skip: float | None = None) -> list[dict]:
+def zoo_rows(names, calib_n: int, held_n: int, method: str, auto_skip: float | None = None,
+             others: bool = True) -> list[dict]:
     import onnxruntime as ort
-    from onnxruntime.quantization import CalibrationDataReader, CalibrationMethod, QuantFormat, QuantType, quantize_static
     from mnntool.compare import metrics
-    from mnntool.mnn_tools import mnnconvert, mnnquant
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)
@@ -121,43 +121,60 @@ def zoo_rows(names, calib_n: int, held_n: int, method: str, auto_skip: float | N
                    "auto_skipped": len(report.get("auto_skipped") or []),
                    "cos_mnn": score(ref, mnn_out)["cosine"], "cos_mnntool": score(ref, ours)["cosine"],
                    "agree": float(np.mean([metrics(a, b)["cosine"] for a, b in zip(mnn_out, ours)]))}
-
-            class Reader(CalibrationDataReader):
-                def __init__(self):
-                    self.it = iter([{inp: np.load(p)} for p in sorted(calib.glob("*.npy"))])
-
-                def get_next(self):
-                    return next(self.it, None)
-            try:
-                q = tmp / f"{name}_ort.onnx"
-                quantize_static(str(src), str(q), Reader(), quant_format=QuantFormat.QDQ, per_channel=True,
-                                activation_type=QuantType.QInt8, weight_type=QuantType.QInt8,
-                                calibrate_method=CalibrationMethod.MinMax)
-                s = ort.InferenceSession(str(q))
-                row["cos_ort_minmax"] = score(ref, [s.run(None, {inp: x})[0] for x in test_x])["cosine"]
-            except Exception as e:       # noqa: BLE001 -- a tool that fails on a model is reported, not fatal
-                row["cos_ort_minmax"] = float("nan")
-                print(f"{name}: onnxruntime quantize_static: {type(e).__name__}: {str(e)[:120]}", flush=True)
-            cfg = {"format": "RGB", "mean": [MEAN] * 3, "normal": [NORMAL] * 3, "width": size[1], "height": size[0],
-                   "path": str(tmp / "imgs") + "/", "used_image_num": calib_n,
-                   "feature_quantize_method": "KL", "weight_quantize_method": "MAX_ABS"}
-            (tmp / "cfg.json").write_text(json.dumps(cfg))
-            try:
-                mf = tmp / f"{name}_mnn_fp32.mnn"
-                mnnconvert("-f", "ONNX", "--modelFile", src, "--MNNModel", mf, "--bizCode", "bench")
-                mnnquant(mf, tmp / f"{name}_mnnq.mnn", tmp / "cfg.json")
-                m = MnnSession(str(tmp / f"{name}_mnnq.mnn"), [inp], [out_name])
-                row["cos_mnn_quantizer"] = score(ref, [m.run({inp: x})[out_name].reshape(r.shape)
-                                                       for x, r in zip(test_x, ref)])["cosine"]
-            except MnnToolError as e:
-                row["cos_mnn_quantizer"] = float("nan")
-                print(f"{name}: MNN's quantizer: {str(e)[:120]}", flush=True)
+            # the file's own floor: MNN against itself when each input moves by ~1e-6 of its value (a few
+            # ulps), which flips the int8 roundings that sit near a tie, as any other arithmetic order does
+            noise = np.random.default_rng(7)
+            nudged = [theirs.run({inp: x * (1 + 1e-6 * noise.standard_normal(x.shape)).astype(np.float32)})[out_name]
+                      .reshape(r.shape) for x, r in zip(test_x, ref)]
+            row["floor"] = float(np.mean([metrics(a, b)["cosine"] for a, b in zip(mnn_out, nudged)]))
+            if not others:
+                row["cos_ort_minmax"] = row["cos_mnn_quantizer"] = float("nan")
+            else:
+                _others(row, name, tmp, src, calib, calib_n, size, inp, out_name, test_x, ref)
             rows.append(row)
             print(f"{name:26s} size {row['size_ratio']:.2f}x  cos MNN {row['cos_mnn']:.6f}  mnntool "
-                  f"{row['cos_mnntool']:.6f}  agree {row['agree']:.6f}  ORT {row['cos_ort_minmax']:.6f}  "
+                  f"{row['cos_mnntool']:.6f}  agree {row['agree']:.6f} (MNN nudged {row['floor']:.6f})  ORT {row['cos_ort_minmax']:.6f}  "
                   f"MNN-quant {row['cos_mnn_quantizer']:.6f}  float {row['float_layers']} "
                   f"(auto-skip {row['auto_skipped']})", flush=True)
     return rows
+
+
+def _others(row, name, tmp, src, calib, calib_n, size, inp, out_name, test_x, ref):
+    """onnxruntime's quantize_static and MNN's own quantizer on the same model and data."""
+    import onnxruntime as ort
+    from onnxruntime.quantization import CalibrationDataReader, CalibrationMethod, QuantFormat, QuantType, quantize_static
+    from mnntool.mnn_tools import mnnconvert, mnnquant
+
+    class Reader(CalibrationDataReader):
+        def __init__(self):
+            self.it = iter([{inp: np.load(p)} for p in sorted(calib.glob("*.npy"))])
+
+        def get_next(self):
+            return next(self.it, None)
+    try:
+        q = tmp / f"{name}_ort.onnx"
+        quantize_static(str(src), str(q), Reader(), quant_format=QuantFormat.QDQ, per_channel=True,
+                        activation_type=QuantType.QInt8, weight_type=QuantType.QInt8,
+                        calibrate_method=CalibrationMethod.MinMax)
+        s = ort.InferenceSession(str(q))
+        row["cos_ort_minmax"] = score(ref, [s.run(None, {inp: x})[0] for x in test_x])["cosine"]
+    except Exception as e:       # noqa: BLE001 -- a tool that fails on a model is reported, not fatal
+        row["cos_ort_minmax"] = float("nan")
+        print(f"{name}: onnxruntime quantize_static: {type(e).__name__}: {str(e)[:120]}", flush=True)
+    cfg = {"format": "RGB", "mean": [MEAN] * 3, "normal": [NORMAL] * 3, "width": size[1], "height": size[0],
+           "path": str(tmp / "imgs") + "/", "used_image_num": calib_n,
+           "feature_quantize_method": "KL", "weight_quantize_method": "MAX_ABS"}
+    (tmp / "cfg.json").write_text(json.dumps(cfg))
+    try:
+        mf = tmp / f"{name}_mnn_fp32.mnn"
+        mnnconvert("-f", "ONNX", "--modelFile", src, "--MNNModel", mf, "--bizCode", "bench")
+        mnnquant(mf, tmp / f"{name}_mnnq.mnn", tmp / "cfg.json")
+        m = MnnSession(str(tmp / f"{name}_mnnq.mnn"), [inp], [out_name])
+        row["cos_mnn_quantizer"] = score(ref, [m.run({inp: x})[out_name].reshape(r.shape)
+                                               for x, r in zip(test_x, ref)])["cosine"]
+    except MnnToolError as e:
+        row["cos_mnn_quantizer"] = float("nan")
+        print(f"{name}: MNN's quantizer: {str(e)[:120]}", flush=True)
 
 
 def main():
@@ -166,13 +183,16 @@ def main():
     ap.add_argument("--method", default="mse")
     ap.add_argument("--auto-skip", type=float, default=None,
                     help="--zoo: quantize with --auto-skip X (the fewest layers kept float for held-out cosine >= X)")
+    ap.add_argument("--mnntool-only", action="store_true",
+                    help="--zoo: skip onnxruntime's and MNN's quantizers (their columns read nan)")
     ap.add_argument("--models", nargs="+", default=["resnet18", "mobilenetv2"])
     ap.add_argument("--calib", type=int, default=32)
     ap.add_argument("--held-out", type=int, default=100)
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
     if args.zoo is not None:
-        rows = zoo_rows(args.zoo or ZOO_DEFAULT, args.calib, args.held_out, args.method, args.auto_skip)
+        rows = zoo_rows(args.zoo or ZOO_DEFAULT, args.calib, args.held_out, args.method, args.auto_skip,
+                        not args.mnntool_only)
         if args.json:
             Path(args.json).write_text(json.dumps(rows, indent=1))
         return

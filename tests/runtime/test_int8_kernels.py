@@ -2,7 +2,7 @@
 for the tile and its epilogue, and, for whole convolutions, the real MNN runtime on the same int8 file
 and mnntool's float kernels on the int8 grid.
 
-Tolerances: the tile is exact up to float32 rounding of the epilogue (1e-6); whole convolutions may
+Tolerances: the tile is bit-exact against its float32 formula (MNN's order, vnni.epilogue); whole convolutions may
 differ from the float-on-grid path by one grid step where a value sits on a rounding tie (at most 0.5%
 of outputs), and agree with MNN to cosine >= 0.9999.
 """
@@ -27,19 +27,26 @@ def test_tile_matches_integer_product(oc, k, pixels):
     r = np.random.default_rng(oc + k)
     w = r.integers(-127, 128, (oc, k)).astype(np.int8)
     x = r.integers(0, 256, (pixels, k)).astype(np.uint8)
-    offset, scale = r.integers(-99, 99, oc), (r.random(oc) * 1e-3).astype(np.float32)
-    bias = r.standard_normal(oc).astype(np.float32)
+    scale = (r.random(oc) * 1e-3).astype(np.float32)
+    bias = (r.standard_normal(oc) * 20).astype(np.float32)
     blocks, k4 = vnni.pixel_blocks(pixels), -(-k // 4)
     padded = np.zeros((blocks * 16, k4 * 4), np.uint8)
     padded[:pixels, :k] = x
     packed = np.ascontiguousarray(padded.reshape(blocks, 16, k4, 4).transpose(0, 2, 1, 3)).reshape(-1)
     f = np.float32
-    epf = (f(0), f(6), f(1 / 0.05), f(0.05), f(-127), f(127))      # ReLU6, then the 0.05 grid
+    ratio, s_out, z = f(0.7), f(0.05), -127          # ReLU (clamp at z), a one-sided 0.05 grid
+    epf = (f(z), f(np.inf), ratio, s_out, f(-127), f(127), f(z))
     out = np.full((-(-oc // 8) * 8, pixels), np.nan, np.float32)
-    vnni.Int8Weights(w, offset, scale, bias, oc * k * pixels, 2).matmul(packed, epf, out)
-    acc = (x.astype(np.int64) @ w.astype(np.int64).T - offset).T
-    ref = np.clip(np.rint(np.clip(acc * scale[:, None] + bias[:, None], 0, 6) / 0.05), -127, 127) * 0.05
-    np.testing.assert_allclose(out[:oc], ref, atol=1e-6)
+    vnni.Int8Weights(w, scale, bias, oc * k * pixels, 2).matmul(packed, epf, out)
+    acc = (x.astype(np.int64) @ w.astype(np.int64).T).T
+    v = ((acc.astype(f) * scale[:, None]).astype(f) * ratio).astype(f)
+    v = np.maximum((v + bias[:, None]).astype(f), f(z))
+    q = np.clip(np.trunc((v + np.copysign(f(0.5), v)).astype(f)), -127, 127)
+    np.testing.assert_array_equal(out[:oc], ((q - z) * s_out).astype(f))
+    float_epf = (f(-np.inf), f(np.inf), ratio, f(0), f(-np.inf), f(np.inf), f(0))   # a float output
+    vnni.Int8Weights(w, scale, bias, oc * k * pixels, 2).matmul(packed, float_epf, out)
+    np.testing.assert_array_equal(out[:oc], (((acc.astype(f) * scale[:, None]).astype(f) * ratio).astype(f)
+                                             + bias[:, None]).astype(f))
     assert np.isnan(out[oc:]).all()       # nothing written past the OC output channels
 
 

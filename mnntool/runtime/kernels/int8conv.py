@@ -1,11 +1,12 @@
 """Int8 convolutions on integer arithmetic, the way MNN runs a `symmetricQuan` convolution.
 
-The float input is quantized once to its int8 grid, in steps k = round(x / s) (half away from zero, as MNN; stored as the byte
-u8 = k + off with off = 128 + zero point, that is q + 128; channels last, so an im2col row is a few
-contiguous copies and the padding, real 0, is the byte off), multiplied by the int8 weights with
-32-bit accumulation (`vnni`), and the accumulator is rescaled, given the bias and the activation, and
-rounded to the output's int8 grid. Between operators tensors stay float on that grid, so every other
-kernel is unchanged. The offset is removed per output channel: sum((k+off) w) = sum(k w) + off sum(w).
+The float input is quantized once to its int8 grid, in steps k = round(x / s) (half away from zero, as
+MNN; stored as the byte u8 = k + off with off = 128 + zero point, that is q + 128; channels last, so an
+im2col row is a few contiguous copies and the padding, real 0, is the byte off), multiplied by the int8
+weights with 32-bit accumulation (`vnni`), and the accumulator is rescaled in MNN's own float order
+with the offset folded into the bias (`vnni.epilogue`), given the activation, and rounded to the
+output's int8 grid, or left float for an outputDataType DT_FLOAT layer. Between operators tensors stay
+float on that grid, so every other kernel is unchanged.
 """
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ from numba import njit, prange
 
 from . import sized
 from .grid import mnn_round
-from .vnni import Int8Weights, pixel_blocks
+from .vnni import Int8Weights, epilogue, pixel_blocks
 
 
 @njit(cache=True, fastmath=True, inline="always")
@@ -96,18 +97,12 @@ def int8_convolution(geometry, q, alpha, bias, act, grids, in_shape, out_shape, 
     cp = -(-cin // 4) * 4
     wk = np.zeros((cout, kh, kw, cp), np.int8)
     wk[..., :cin] = q.reshape(cout, cin, kh, kw).transpose(0, 2, 3, 1)
-    scale = (np.float64(s_in) * np.asarray(alpha, np.float64)).astype(np.float32)
     k4 = kh * kw * cp // 4
+    out_grid = None if grids.output is None else (*grids.output, grids.zero_out)
+    rows, epf = epilogue(alpha, bias, q.astype(np.int64).sum(1), s_in, grids.zero_in, out_grid, act)
     # VNNI does 16 multiply-adds per element operation of kernels.sized's measure
-    weights = Int8Weights(wk.reshape(cout, -1), off * q.astype(np.int32).sum(1), scale, bias,
-                          cout * oh * ow * k4 * 4 // 16, threads)
+    weights = Int8Weights(wk.reshape(cout, -1), *rows, cout * oh * ow * k4 * 4 // 16, threads)
     f32 = np.float32
-    bounds = (f32(0 if act else -np.inf), f32(6 if act == 2 else np.inf))
-    if grids.output is None:       # float output: MNN's output scale 1, nothing rounded
-        epf = bounds + (f32(0), f32(1), f32(-np.inf), f32(np.inf))
-    else:
-        s_out, out_lo, out_hi = grids.output
-        epf = bounds + (f32(1 / s_out), f32(s_out), f32(out_lo), f32(out_hi))
     pixels = oh * ow
     cols = np.full((pixel_blocks(pixels), k4, 16, 4), off, np.uint8)
     direct = kh == kw == 1 and sh == sw == 1 and not (t or l or b or r)   # quantize straight into the blocks
