@@ -28,6 +28,11 @@ def convolution(node, ins, outs, settings):
         grid_in = grid_of(*int8.input)
         grid_out = NO_GRID if int8.output is None else grid_of(*int8.output)
         if node.op == "ConvolutionDepthwise":
+            from .int8conv import depthwise_int8
+            fn = depthwise_int8(node, ins, outs, bias, int8, settings.threads,
+                                lambda plain, w, b: convolution_float(plain, ins, outs, w, b, settings).fn)
+            if fn is not None:
+                return Kernel(fn, True, grid_out)
             bias = depthwise_int8_bias(node, bias, int8)
         fn = _integer(node, ins, outs, bias, int8, settings.threads)
         if fn is None:

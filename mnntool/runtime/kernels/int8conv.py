@@ -10,11 +10,13 @@ float on that grid, so every other kernel is unchanged.
 """
 from __future__ import annotations
 
+import copy
+
 import numpy as np
 from numba import njit, prange
 
 from . import sized
-from .grid import mnn_round
+from .grid import activation, mnn_round, to_grid
 from .vnni import Int8Weights, epilogue, pixel_blocks
 
 
@@ -123,4 +125,66 @@ def int8_convolution(geometry, q, alpha, bias, act, grids, in_shape, out_shape, 
                 unfold(grid32, kh, kw, sh, sw, dh, dw, oh, ow, words)
             dst = y[i].reshape(cout, pixels)
             weights.matmul(flat, epf, dst)
+    return run
+
+
+@njit(parallel=True, cache=True)
+def requantize_rows(v, scale, lo, hi, q_lo, q_hi, z, s_out, out):
+    """MNN's int8 depthwise epilogue over exact accumulators v (C, P), in place allowed: the byte
+    q = clamp(round(fl(v * scale[c]))) with the activation's bounds, the output zero point already in v;
+    out = (q - z) * s_out. Float32 throughout and no fast-math, so each step rounds as MNN's does."""
+    C, P = v.shape
+    half = np.float32(0.5)
+    for c in prange(C):
+        sc = scale[c]
+        for i in range(P):
+            t = v[c, i] * sc
+            t = min(max(t, lo), hi)
+            r = np.trunc(t + (-half if t < 0 else half))
+            out[c, i] = (min(max(r, q_lo), q_hi) - z) * s_out
+
+
+def depthwise_int8(node, ins, outs, bias, grids, threads: int, float_kernel):
+    """An int8 depthwise convolution computed as MNN 3.6's x86 kernel does (read from its binary and
+    checked byte for byte): the 32-bit accumulator sum(k w) + B over the input steps k, with
+    B = trunc(b / (s_in alpha)) + trunc(z_out / scale) the bias and output zero point in accumulator
+    units, then q = round(fl(float(acc) * scale)), scale = alpha * (s_in / s_out). The accumulator is a
+    float depthwise convolution of integers (`float_kernel`, no activation and no grid), exact in float32
+    (|acc| < 2^24); the activation and the rounding follow in `requantize_rows`. None when the layer has
+    no 8-bit per-channel weights or a float output."""
+    from ...format.idst import int8_values
+    c = node.param["common"]
+    cout = c["outputCount"]
+    values = int8_values(node.param["quanParameter"], cout)
+    if values is None or grids.output is None or len(ins[0].shape) != 4:
+        return None
+    q, alpha = values[:2]
+    f32 = np.float32
+    (s_in, in_lo, in_hi), (s_out, out_lo, out_hi) = grids.input, grids.output
+    s_in, s_out, z = f32(s_in), f32(s_out), f32(grids.zero_out)
+    a = np.asarray(alpha, f32)
+    a = np.where(np.abs(a) < f32(1e-6), f32(1e-6), a)
+    scale = (a * (s_in / s_out)).astype(f32)
+    acc_bias = (np.trunc(np.asarray(bias, f32) / (s_in * a)) + np.trunc(z / scale)).astype(f32)
+    plain = copy.copy(node)
+    plain.param = dict(node.param, common=dict(c, relu=False, relu6=False))
+    fn = float_kernel(plain, np.asarray(q, np.float32).reshape(cout, -1), acc_bias)
+    act = activation(c)
+    lo = z if act else f32(-np.inf)
+    hi = f32(6) / s_out + z if act == 2 else f32(np.inf)
+    q_lo, q_hi = f32(out_lo) + z, f32(out_hi) + z
+    steps_grid = (f32(1) / s_in, f32(1), f32(in_lo), f32(in_hi))      # the input in steps k
+    xk = np.empty(ins[0].shape, f32)
+    rows = xk.reshape(-1, ins[0].shape[-1])
+    to_steps = sized(to_grid, xk.size, threads)
+    requant = sized(requantize_rows, int(np.prod(outs[0].shape)), threads)
+    n = ins[0].shape[0]
+
+    def run(inputs, outputs):
+        x = np.ascontiguousarray(inputs[0], f32)
+        to_steps(x.reshape(rows.shape), steps_grid, rows)
+        fn([xk] + list(inputs[1:]), outputs)
+        for i in range(n):
+            y = outputs[0][i].reshape(cout, -1)
+            requant(y, scale, lo, hi, q_lo, q_hi, z, s_out, y)
     return run
