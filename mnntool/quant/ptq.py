@@ -274,21 +274,43 @@ def _read_on_grid(tensor: str, readers, int8_inputs: set, g: Graph) -> bool:
     return False
 
 
+def _written_int8(tensor: str, producers, g: Graph) -> bool:
+    """Whether MNN holds `tensor` as int8 bytes: a graph input, the output of an int8 convolution or of a
+    pooling of int8 bytes, or a data move onto a grid. A float operator's output (a SiLU's product) stays
+    float in MNN even where the file gives it a grid: its int8 readers round it as they read it, and a
+    float reader does not."""
+    info = lambda t: g.info(t).quant if g.info(t) else None   # noqa: E731
+    node = producers.get(tensor)
+    while node is not None and node.op in MOVES:
+        if info(node.outputs[0]):
+            return True
+        node = producers.get(node.inputs[0])
+    if node is None:
+        return True
+    if node.op in CONVS:
+        sq = node.param.get("symmetricQuan")
+        return sq is not None and sq.get("outputDataType", "DT_INT8") == "DT_INT8"
+    return node.op == "Pooling" and bool(info(node.inputs[0]))
+
+
 def float_outputs(g: Graph) -> int:
     """int8 convolutions whose result only float operators read write it in float (symmetricQuan's
     outputDataType DT_FLOAT): int8 input and weights, no output grid. MNN would otherwise round the
     result to int8 and cast it straight back to float for its readers, a rounding that costs accuracy
     and makes the file's output jump on ulp-sized differences (ViT-tiny in MNN: cosine vs fp32 0.99896
     -> 0.99946, and its output under a 1e-6 relative perturbation of the input 0.99888 -> 0.99950
-    of itself). Only group-1 GEMM convolutions: MNN runs a depthwise one with a float output as a float
-    layer on its unrounded input. Returns how many."""
-    readers = g.consumers()
+    of itself). Only group-1 GEMM convolutions whose input MNN holds as int8 bytes: MNN runs a layer with
+    a float output as a float layer on its input as it is, so one reading a float operator's output
+    (an SE block's SiLU) would compute on unrounded values, and a depthwise one does so always (both
+    measured). Returns how many."""
+    readers, producers = g.consumers(), g.producers()
     int8_inputs = {n.inputs[0] for n in g.nodes if "symmetricQuan" in n.param}
     done = 0
     for n in g.nodes:
         sq = n.param.get("symmetricQuan")
         if sq is None or n.op != "Convolution" or (n.param["common"].get("group", 1) or 1) != 1 \
-                or _read_on_grid(n.outputs[0], readers, int8_inputs, g):
+                or _read_on_grid(n.outputs[0], readers, int8_inputs, g) \
+                or not _written_int8(n.inputs[0], producers, g):
             continue
         n.param["symmetricQuan"] = dict(sq, outputZeroPoint=0, outputDataType="DT_FLOAT")
         g.info(n.outputs[0]).quant = None

@@ -313,16 +313,19 @@ def test_max_pooled_negative_values_stay_float_and_are_reported(tmp_path):
 
 class FloatReaders(nn.Module):
     """Convolutions of the input whose results only float operators read (a sigmoid gate, a product, a
-    sum): int8 input and weights, float output. One with a fused ReLU, one with ReLU6, one 3x3 with none."""
+    sum): int8 input and weights, float output. One with a fused ReLU, one with ReLU6, one 3x3 with none.
+    And one reading a SiLU's product, which MNN holds in float: it keeps its int8 output."""
     def __init__(self):
         super().__init__()
         self.a = nn.Sequential(nn.Conv2d(16, 32, 1), nn.ReLU())
         self.b = nn.Sequential(nn.Conv2d(16, 32, 3, 1, 1), nn.ReLU6())
         self.c = nn.Conv2d(16, 32, 3, 2, 1)
+        self.e, self.d = nn.Conv2d(16, 16, 1), nn.Conv2d(16, 32, 1)
 
     def forward(self, x):
         a, b = self.a(x), self.b(x)
-        return torch.sigmoid(a) * b + a + F.interpolate(self.c(x), scale_factor=2.0)
+        return (torch.sigmoid(a) * b + a + F.interpolate(self.c(x), scale_factor=2.0)
+                + torch.tanh(self.d(F.silu(self.e(x)))))
 
 
 def test_int8_convolution_with_a_float_output_computes_what_mnn_does(tmp_path):
@@ -330,8 +333,9 @@ def test_int8_convolution_with_a_float_output_computes_what_mnn_does(tmp_path):
     DT_FLOAT): no output grid, so the output has no rounding for ulp-sized differences to flip. Each
     such output is asked of MNN alone; it reads the graph input, so both runtimes see the same bytes,
     and the two must agree to float precision (1e-5 of the output's largest value), with the
-    activation applied. A depthwise convolution keeps its int8 output (MNN runs a depthwise layer with
-    a float output as a float layer on its unrounded input)."""
+    activation applied. A layer with a float output is one MNN runs as a float layer on its input as
+    MNN holds it, so only one reading int8 bytes gets it (not the one after the SiLU, nor a depthwise
+    layer)."""
     rng = np.random.default_rng(3)
     shape = (1, 16, 24, 32)
     fp32, int8 = _exported(tmp_path, FloatReaders, shape)
@@ -340,6 +344,8 @@ def test_int8_convolution_with_a_float_output_computes_what_mnn_does(tmp_path):
     g = reader.load(int8)
     floats = [n for n in g.nodes if n.param.get("symmetricQuan", {}).get("outputDataType") == "DT_FLOAT"]
     assert len(floats) == 3 and all(g.info(n.outputs[0]).quant is None for n in floats)
+    after_silu = next(n for n in g.nodes if n.name.startswith("/d/"))
+    assert after_silu.param["symmetricQuan"]["outputDataType"] == "DT_INT8"
     feeds = {"x": rng.standard_normal(shape).astype(np.float32)}
     ours = Session(g).run(feeds, keep_all=True)
     for n in floats:
