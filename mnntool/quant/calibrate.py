@@ -36,6 +36,7 @@ class Histogram:
         self.edge = 0.0     # upper edge of the last bin (0 while only zeros were seen)
         self.absmax = 0.0
         self.negative = False   # any value below zero seen
+        self.negmax = 0.0       # the largest -x seen (0 when never negative)
         self.samples = 0        # arrays observed
 
     def observe(self, x: np.ndarray) -> None:
@@ -43,7 +44,9 @@ class Histogram:
         if x.size == 0:
             return
         self.samples += 1
-        self.negative = self.negative or bool(x.min() < 0)
+        low = float(x.min())
+        self.negative = self.negative or low < 0
+        self.negmax = max(self.negmax, -low)
         a = np.abs(x)
         m = float(a.max())
         if not math.isfinite(m):
@@ -79,6 +82,7 @@ class Histogram:
         self.counts = self.counts + other._at(self.edge)
         self.absmax = max(self.absmax, other.absmax)
         self.negative = self.negative or other.negative
+        self.negmax = max(self.negmax, other.negmax)
         self.samples += other.samples
 
     @property
@@ -86,20 +90,31 @@ class Histogram:
         return self.edge / self.bins if self.edge else 0.0
 
 
+# a tensor whose negative values reach at most this fraction of its largest magnitude (a SiLU's output:
+# down to -0.28, up to 0.8 or several units) gets an offset grid over [-negmax, amax] where its readers
+# take zero points: the step is (amax + negmax) / 254 against amax / 127 on [-amax, amax]
+OFFSET_FRACTION = 0.5
+
+
 class Calibrator:
     """Base: collects the histogram; subclasses choose amax from it."""
     name = "base"
 
-    def __init__(self, asymmetric: bool = True):
+    def __init__(self, asymmetric: bool = True, offset: bool = False):
         self.hist = Histogram()
         self.asymmetric = asymmetric
+        self.offset = offset        # an offset grid is allowed (the reader quantizes with any zero point)
 
     def observe(self, x) -> None:
         self.hist.observe(x)
 
     @property
     def one_sided(self) -> bool:
-        return self.asymmetric and not self.hist.negative
+        return (self.asymmetric and not self.hist.negative) or self._offset_grid()
+
+    def _offset_grid(self) -> bool:
+        h = self.hist
+        return self.offset and h.negative and h.negmax <= OFFSET_FRACTION * h.absmax
 
     @property
     def steps(self) -> int:
@@ -110,8 +125,14 @@ class Calibrator:
         raise NotImplementedError
 
     def grid(self) -> tuple[float, int]:
-        """(scale, zero point) of the int8 grid."""
-        return max(self.amax(), 1e-8) / self.steps, -QMAX if self.one_sided else 0
+        """(scale, zero point) of the int8 grid. An offset grid puts its 254 steps over [-negmax, amax],
+        amax chosen as for a one-sided grid, the zero point the step nearest -negmax."""
+        amax = max(self.amax(), 1e-8)
+        if self._offset_grid():
+            neg = self.hist.negmax
+            scale = (amax + neg) / self.steps
+            return scale, -QMAX + min(int(math.ceil(neg / scale)), QMAX)
+        return amax / self.steps, -QMAX if self.one_sided else 0
 
 
 class MinMaxCalibrator(Calibrator):
@@ -211,8 +232,10 @@ class KlCalibrator(Calibrator):
 CALIBRATORS = {c.name: c for c in (KlCalibrator, MseCalibrator, PercentileCalibrator, MinMaxCalibrator)}
 
 
-def make(method: str, asymmetric: bool = True) -> Calibrator:
+def make(method: str, asymmetric: bool = True, offset: bool = False) -> Calibrator:
     from ..errors import MnnToolError
     if method not in CALIBRATORS:
         raise MnnToolError(f"unknown calibration method '{method}' (kl, mse, percentile, minmax)")
-    return CALIBRATORS[method](asymmetric)
+    cal = CALIBRATORS[method](asymmetric)
+    cal.offset = offset
+    return cal

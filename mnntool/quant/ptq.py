@@ -53,6 +53,15 @@ def _one_sided(tensor: str, producers, gridded: set) -> bool:
     return node.op in ONE_SIDED_PRODUCERS
 
 
+def _float_product(tensor: str, producers, gridded: set, constants) -> bool:
+    """Whether MNN computes `tensor` in float and its int8 readers quantize it as they read it, with any
+    zero point: a BinaryOp with an operand that has no grid (a SiLU's x * sigmoid(x)). Such a tensor may
+    take an offset grid (calibrate.OFFSET_FRACTION)."""
+    node = _computed_by(tensor, producers)
+    return node is not None and node.op == "BinaryOp" and \
+        any(i not in gridded and i not in constants for i in node.inputs)
+
+
 def max_pooled(g: Graph) -> set[str]:
     """Tensors a max pooling reads or writes, through data movement. MNN 3.6's x86 int8 max pooling
     compares the signed bytes as unsigned, so -1 beats 127: it is right only on bytes 0..127 (measured:
@@ -213,7 +222,8 @@ def calibrate(g: Graph, samples, method: str, nodes, progress=None,
     for t in names:
         if t in pooled and stats.hists[t].negative:
             continue
-        cal = make(method, asymmetric and t not in pooled and _one_sided(t, producers, gridded))
+        cal = make(method, asymmetric and t not in pooled and _one_sided(t, producers, gridded),
+                   offset=asymmetric and t not in pooled and _float_product(t, producers, gridded, g.constants))
         cal.hist = stats.hists[t]
         grids[t] = cal.grid()
     return grids, stats.means()

@@ -18,7 +18,7 @@ from ..ir.ops import REGISTRY, Val
 from ..ir.shape_inference import infer_node, infer_shapes
 from ..ir.validate import MAX_TENSOR_BYTES
 from .kernels import KERNELS, PLAN_ONLY, Kernel, aligned_empty, by_definition, sized
-from .kernels.grid import grid_of, to_grid
+from .kernels.grid import grid_of, to_grid, to_grid_z
 from . import announce_first_compile
 from .fusion import fuse_activations, fuse_attention, fuse_channel_scale, fuse_silu
 from .kernels.control import SHAPE_FREE
@@ -99,13 +99,19 @@ def _stored_on(v: Val, stored: tuple | None) -> Val:
     return v if stored is None else replace(v, grid=stored[0], zero=stored[1])
 
 
-def _rounding(grid: tuple, threads: int) -> Kernel:
-    """A step that gives readers the tensor on its int8 grid (a copy: the tensor may be a view)."""
+def _rounding(grid: tuple, threads: int, zero: float = 0.0) -> Kernel:
+    """A step that gives readers the tensor on its int8 grid (a copy: the tensor may be a view), cast as
+    MNN casts it when the grid has a zero point (grid.mnn_cast)."""
+    z = np.float32(zero)
+
     def run(inputs):
         x = np.ascontiguousarray(inputs[0], np.float32)
         out = np.empty_like(x)
         rows = x.reshape(-1, x.shape[-1]) if x.ndim else x.reshape(1, 1)
-        sized(to_grid, x.size, threads)(rows, grid, out.reshape(rows.shape))
+        if z:
+            sized(to_grid_z, x.size, threads)(rows, grid, z, out.reshape(rows.shape))
+        else:
+            sized(to_grid, x.size, threads)(rows, grid, out.reshape(rows.shape))
         return [out]
     return Kernel(run, False, grid)
 
@@ -257,7 +263,8 @@ class Session:
                               [slot(o + RAW if o in rounded else o) for o in node.outputs]))
             for o in rounded:
                 grids[o] = grid = stored[o][0]
-                steps.append(Step(node.name + " (int8 store)", "Int8Store", _rounding(grid, self.settings.threads),
+                steps.append(Step(node.name + " (int8 store)", "Int8Store", _rounding(grid, self.settings.threads,
+                                                                                     stored[o][1]),
                                   [slot(o + RAW)], [slot(o)]))
 
         def emit(nodes, externals, outputs, k):
@@ -438,9 +445,9 @@ class Session:
             for name, v in zip(node.outputs, res):
                 if name:
                     env[name] = np.asarray(v)
-                    grid = self._stored.get(name, (None,))[0]
+                    grid, zero = self._stored.get(name, (None, 0.0))
                     if grid is not None and kern.out_grid != grid:
-                        env[name] = _rounding(grid, self.settings.threads).fn([env[name]])[0]
+                        env[name] = _rounding(grid, self.settings.threads, zero).fn([env[name]])[0]
         names = env if keep_all else g.outputs
         return {n: np.array(env[n]) for n in names if n in env}
 

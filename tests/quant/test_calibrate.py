@@ -70,6 +70,43 @@ def test_signed_tensors_stay_symmetric():
     assert c.grid()[1] == 0
 
 
+@pytest.mark.parametrize("method", sorted(CALIBRATORS))
+def test_a_silu_output_gets_an_offset_grid_where_its_readers_take_zero_points(method):
+    """x * sigmoid(x) reaches -0.28: with offset=True (the quantizer's choice for a float product its int8
+    readers quantize) the 254 steps cover [-negmax, amax], the zero point the step at -negmax, and the
+    rounding error falls against the symmetric grid; a tensor as negative as positive stays symmetric."""
+    x = RNG.standard_normal(200_000).astype(np.float32) * 2
+    silu = (x / (1 + np.exp(-x))).astype(np.float32)
+    c = CALIBRATORS[method]()
+    c.offset = True
+    for part in np.array_split(silu, 4):
+        c.observe(part)
+    scale, zero = c.grid()
+    neg = float(-silu.min())
+    assert c.hist.negmax == neg and scale == pytest.approx((c.amax() + neg) / 254)
+    assert (-127 - zero) * scale <= -neg < (-126 - zero) * scale      # the lowest step reaches -negmax
+    sym = CALIBRATORS[method]()
+    sym.observe(silu)
+    s_sym, z_sym = sym.grid()
+    assert z_sym == 0
+
+    def rms(s, z):
+        q = np.clip(np.round(silu / s) + z, -127, 127)
+        return float(np.sqrt(np.mean(((q - z) * s - silu) ** 2)))
+    # KL minimises a divergence, not the squared error, and clips the longer range harder
+    assert rms(scale, zero) < (0.97 if method == "kl" else 0.8) * rms(s_sym, z_sym)
+    both = CALIBRATORS[method]()
+    both.offset = True
+    both.observe(x)
+    assert both.grid()[1] == 0
+    # the negative extent merges as a maximum: shards give the whole's grid
+    a, b = Histogram(), Histogram()
+    a.observe(silu[:1000])
+    b.observe(silu[1000:])
+    a.merge(b)
+    assert a.negmax == neg
+
+
 def test_kl_ignores_the_zero_spike_of_a_relu():
     """Half of a ReLU's outputs are 0: the KL threshold must be the one of the positive part alone, not
     one pulled down by the spike in the first bin (before the fix: about a quarter of the range)."""

@@ -72,6 +72,28 @@ def to_grid(x, grid, out):
             dst[i] = on_grid(src[i], grid)
 
 
+# no contraction: MNN's cast is a multiply, then an add of the zero point, each rounded (vmulps, vaddps)
+EXACT = {"nnan", "ninf", "nsz"}
+
+
+@njit(cache=True, fastmath=EXACT, inline="always")
+def mnn_cast(v, inv, z, q_lo, q_hi):
+    """The int8 value MNN's float-to-int8 cast gives v: fl(fl(v * inv) + z) clamped to [q_lo, q_hi], then
+    rounded half away from zero (read from _AVX_MNNFloat2Int8). With a zero point this is not round(v *
+    inv) + z: the sum rounds in float32, and a tie below 0 goes down."""
+    return mnn_round(min(max(v * inv + z, q_lo), q_hi))
+
+
+@njit(parallel=True, cache=True, fastmath=EXACT)
+def to_grid_z(x, grid, z, out):
+    """to_grid for a grid with zero point z: out = (cast - z) * s, the value MNN's int8 bytes stand for."""
+    q_lo, q_hi = grid[2] + z, grid[3] + z
+    for r in prange(x.shape[0]):
+        src, dst = x[r], out[r]
+        for i in range(src.shape[0]):
+            dst[i] = (mnn_cast(src[i], grid[0], z, q_lo, q_hi) - z) * grid[1]
+
+
 def grid_of(scale, lo, hi) -> tuple:
     """The (1/scale, scale, min, max) tuple the Numba kernels take for an int8 grid (min and max in
     steps of the scale)."""

@@ -16,25 +16,26 @@ import numpy as np
 from numba import njit, prange
 
 from . import sized
-from .grid import activation, mnn_round, to_grid
+from .grid import EXACT, activation, mnn_cast, to_grid_z
 from .vnni import Int8Weights, epilogue, pixel_blocks
 
 
-@njit(cache=True, fastmath=True, inline="always")
-def _byte(v, inv_s, lo, hi, off):
-    return np.uint32(np.int32(min(max(mnn_round(v * inv_s), lo), hi)) + off)
+@njit(cache=True, fastmath=EXACT, inline="always")
+def _byte(v, inv_s, z, lo, hi):
+    """MNN's stored byte for v: its int8 cast (grid.mnn_cast, zero point z, bounds in int8 values) + 128."""
+    return np.uint32(np.int32(mnn_cast(v, inv_s, z, lo, hi)) + 128)
 
 
-@njit(parallel=True, cache=True, fastmath=True)
-def quantize_hwc(x, inv_s, lo, hi, off, t, l, xq):
-    """x (C, H, W) float -> xq[t + y, l + x, c] = clip(round(x / s)) + off; the border is left as written."""
+@njit(parallel=True, cache=True, fastmath=EXACT)
+def quantize_hwc(x, inv_s, z, lo, hi, t, l, xq):
+    """x (C, H, W) float -> xq[t + y, l + x, c] = its byte (_byte); the border is left as written."""
     C, H, W = x.shape
     for y in prange(H):
         dst = xq[t + y]
         for c in range(C):
             src = x[c, y]
             for i in range(W):
-                dst[l + i, c] = np.uint8(_byte(src[i], inv_s, lo, hi, off))
+                dst[l + i, c] = np.uint8(_byte(src[i], inv_s, z, lo, hi))
 
 
 @njit(parallel=True, cache=True)
@@ -58,8 +59,8 @@ def im2col_packed(g32, kh, kw, sh, sw, dh, dw, oh, ow, cols):
                         cols[pb, base + c, pl] = src[c]
 
 
-@njit(parallel=True, cache=True, fastmath=True)
-def quantize_packed(x, inv_s, lo, hi, off, cols):
+@njit(parallel=True, cache=True, fastmath=EXACT)
+def quantize_packed(x, inv_s, z, lo, hi, off, cols):
     """x (C, P) float -> cols (blocks, C/4, 16) uint32 words of 4 channels: the pixel blocks of a 1x1
     stride-1 convolution, written directly; whole blocks are one vectorized pass over four rows."""
     C, P = x.shape
@@ -71,13 +72,13 @@ def quantize_packed(x, inv_s, lo, hi, off, cols):
             if p0 + 16 <= P and c + 4 <= C:
                 r0, r1, r2, r3 = x[c, p0:p0 + 16], x[c + 1, p0:p0 + 16], x[c + 2, p0:p0 + 16], x[c + 3, p0:p0 + 16]
                 for k in range(16):
-                    dst[k] = (_byte(r0[k], inv_s, lo, hi, off) | _byte(r1[k], inv_s, lo, hi, off) << 8
-                              | _byte(r2[k], inv_s, lo, hi, off) << 16 | _byte(r3[k], inv_s, lo, hi, off) << 24)
+                    dst[k] = (_byte(r0[k], inv_s, z, lo, hi) | _byte(r1[k], inv_s, z, lo, hi) << 8
+                              | _byte(r2[k], inv_s, z, lo, hi) << 16 | _byte(r3[k], inv_s, z, lo, hi) << 24)
             else:
                 for k in range(16):
                     word = np.uint32(0)
                     for j in range(4):
-                        b = _byte(x[c + j, p0 + k], inv_s, lo, hi, off) if c + j < C and p0 + k < P else np.uint32(off)
+                        b = _byte(x[c + j, p0 + k], inv_s, z, lo, hi) if c + j < C and p0 + k < P else np.uint32(off)
                         word |= b << (8 * j)
                     dst[k] = word
 
@@ -111,7 +112,9 @@ def int8_convolution(geometry, q, alpha, bias, act, grids, in_shape, out_shape, 
     words, flat = cols.view(np.uint32).reshape(cols.shape[:3]), cols.reshape(-1)
     grid = None if direct else np.full((h + t + b, w + l + r, cp), off, np.uint8)
     grid32 = None if direct else grid.view(np.uint32)
-    inv_in = f32(1 / s_in)
+    inv_in = f32(1) / f32(s_in)         # as MNN computes its cast's scale
+    z_in = f32(grids.zero_in)
+    q_lo, q_hi = f32(lo + grids.zero_in), f32(hi + grids.zero_in)
     quantize = sized(quantize_packed if direct else quantize_hwc, cin * h * w, threads)
     unfold = None if direct else sized(im2col_packed, words.size, threads)
 
@@ -119,9 +122,9 @@ def int8_convolution(geometry, q, alpha, bias, act, grids, in_shape, out_shape, 
         x, y = inputs[0], outputs[0]
         for i in range(n):
             if direct:
-                quantize(x[i].reshape(cin, pixels), inv_in, lo, hi, off, words)
+                quantize(x[i].reshape(cin, pixels), inv_in, z_in, q_lo, q_hi, off, words)
             else:
-                quantize(x[i], inv_in, lo, hi, off, t, l, grid)
+                quantize(x[i], inv_in, z_in, q_lo, q_hi, t, l, grid)
                 unfold(grid32, kh, kw, sh, sw, dh, dw, oh, ow, words)
             dst = y[i].reshape(cout, pixels)
             weights.matmul(flat, epf, dst)
@@ -173,16 +176,17 @@ def depthwise_int8(node, ins, outs, bias, grids, threads: int, float_kernel):
     lo = z if act else f32(-np.inf)
     hi = f32(6) / s_out + z if act == 2 else f32(np.inf)
     q_lo, q_hi = f32(out_lo) + z, f32(out_hi) + z
-    steps_grid = (f32(1) / s_in, f32(1), f32(in_lo), f32(in_hi))      # the input in steps k
+    steps_grid = (f32(1) / s_in, f32(1), f32(in_lo), f32(in_hi))      # the input in steps k, cast as MNN
+    z_in = f32(grids.zero_in)
     xk = np.empty(ins[0].shape, f32)
     rows = xk.reshape(-1, ins[0].shape[-1])
-    to_steps = sized(to_grid, xk.size, threads)
+    to_steps = sized(to_grid_z, xk.size, threads)
     requant = sized(requantize_rows, int(np.prod(outs[0].shape)), threads)
     n = ins[0].shape[0]
 
     def run(inputs, outputs):
         x = np.ascontiguousarray(inputs[0], f32)
-        to_steps(x.reshape(rows.shape), steps_grid, rows)
+        to_steps(x.reshape(rows.shape), steps_grid, z_in, rows)
         fn([xk] + list(inputs[1:]), outputs)
         for i in range(n):
             y = outputs[0][i].reshape(cout, -1)
