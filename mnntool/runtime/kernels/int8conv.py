@@ -16,7 +16,7 @@ import numpy as np
 from numba import njit, prange
 
 from . import sized
-from .grid import EXACT, activation, mnn_cast, to_grid_z
+from .grid import EXACT, activation, grid_of, mnn_cast, to_grid_z
 from .vnni import Int8Weights, epilogue, pixel_blocks
 
 
@@ -132,29 +132,38 @@ def int8_convolution(geometry, q, alpha, bias, act, grids, in_shape, out_shape, 
 
 
 @njit(parallel=True, cache=True)
-def requantize_rows(v, scale, lo, hi, q_lo, q_hi, z, s_out, out):
-    """MNN's int8 depthwise epilogue over exact accumulators v (C, P), in place allowed: the byte
-    q = clamp(round(fl(v * scale[c]))) with the activation's bounds, the output zero point already in v;
-    out = (q - z) * s_out. Float32 throughout and no fast-math, so each step rounds as MNN's does."""
+def requantize_rows(v, inv_in, acc_bias, scale, lo, hi, q_lo, q_hi, z, s_out, out):
+    """MNN's int8 depthwise epilogue, in place allowed: v (C, P) is the accumulator over the input's
+    steps times inv_in's inverse (the real input's sum), made the integer accumulator again by rounding
+    v * inv_in, plus acc_bias[c]; then the byte q = clamp(round(fl(acc * scale[c]))) with the activation's
+    bounds, the output zero point already in acc_bias; out = (q - z) * s_out. Float32 throughout and no
+    fast-math, so each step rounds as MNN's does."""
     C, P = v.shape
     half = np.float32(0.5)
     for c in prange(C):
-        sc = scale[c]
+        sc, b = scale[c], acc_bias[c]
         for i in range(P):
-            t = v[c, i] * sc
+            a = v[c, i] * inv_in
+            t = (np.trunc(a + (-half if a < 0 else half)) + b) * sc
             t = min(max(t, lo), hi)
             r = np.trunc(t + (-half if t < 0 else half))
             out[c, i] = (min(max(r, q_lo), q_hi) - z) * s_out
+
+
+# taps up to which a float32 sum of real on-grid inputs times integer weights stays within 0.4 of the
+# integer sum in steps, in the worst case ((K + 1) 2^-24 K 127^2 < 0.4): rounding recovers it exactly
+EXACT_TAPS = 16
 
 
 def depthwise_int8(node, ins, outs, bias, grids, threads: int, float_kernel):
     """An int8 depthwise convolution computed as MNN 3.6's x86 kernel does (read from its binary and
     checked byte for byte): the 32-bit accumulator sum(k w) + B over the input steps k, with
     B = trunc(b / (s_in alpha)) + trunc(z_out / scale) the bias and output zero point in accumulator
-    units, then q = round(fl(float(acc) * scale)), scale = alpha * (s_in / s_out). The accumulator is a
-    float depthwise convolution of integers (`float_kernel`, no activation and no grid), exact in float32
-    (|acc| < 2^24); the activation and the rounding follow in `requantize_rows`. None when the layer has
-    no 8-bit per-channel weights or a float output."""
+    units, then q = round(fl(float(acc) * scale)), scale = alpha * (s_in / s_out). The sum is a float
+    depthwise convolution with the integer weights (`float_kernel`, no bias, activation or grid): over
+    the real input when it is already on its grid and the window small (EXACT_TAPS), the sum / s_in
+    rounded back to the integer; else over the input cast to steps first, exact in float32. The rest
+    follows in `requantize_rows`. None when the layer has no 8-bit per-channel weights or a float output."""
     from ...format.idst import int8_values
     c = node.param["common"]
     cout = c["outputCount"]
@@ -171,24 +180,30 @@ def depthwise_int8(node, ins, outs, bias, grids, threads: int, float_kernel):
     acc_bias = (np.trunc(np.asarray(bias, f32) / (s_in * a)) + np.trunc(z / scale)).astype(f32)
     plain = copy.copy(node)
     plain.param = dict(node.param, common=dict(c, relu=False, relu6=False))
-    fn = float_kernel(plain, np.asarray(q, np.float32).reshape(cout, -1), acc_bias)
+    fn = float_kernel(plain, np.asarray(q, np.float32).reshape(cout, -1), np.zeros(cout, f32))
     act = activation(c)
     lo = z if act else f32(-np.inf)
     hi = f32(6) / s_out + z if act == 2 else f32(np.inf)
     q_lo, q_hi = f32(out_lo) + z, f32(out_hi) + z
-    steps_grid = (f32(1) / s_in, f32(1), f32(in_lo), f32(in_hi))      # the input in steps k, cast as MNN
-    z_in = f32(grids.zero_in)
-    xk = np.empty(ins[0].shape, f32)
-    rows = xk.reshape(-1, ins[0].shape[-1])
-    to_steps = sized(to_grid_z, xk.size, threads)
     requant = sized(requantize_rows, int(np.prod(outs[0].shape)), threads)
     n = ins[0].shape[0]
+    on_grid = ins[0].grid == grid_of(s_in, in_lo, in_hi) and q.shape[1] <= EXACT_TAPS
+    inv_in = f32(1) / s_in if on_grid else f32(1)
+    if not on_grid:
+        steps_grid = (f32(1) / s_in, f32(1), f32(in_lo), f32(in_hi))      # the input in steps k, cast as MNN
+        z_in = f32(grids.zero_in)
+        xk = np.empty(ins[0].shape, f32)
+        rows = xk.reshape(-1, ins[0].shape[-1])
+        to_steps = sized(to_grid_z, xk.size, threads)
 
     def run(inputs, outputs):
-        x = np.ascontiguousarray(inputs[0], f32)
-        to_steps(x.reshape(rows.shape), steps_grid, z_in, rows)
-        fn([xk] + list(inputs[1:]), outputs)
+        if on_grid:
+            fn(inputs, outputs)
+        else:
+            x = np.ascontiguousarray(inputs[0], f32)
+            to_steps(x.reshape(rows.shape), steps_grid, z_in, rows)
+            fn([xk] + list(inputs[1:]), outputs)
         for i in range(n):
             y = outputs[0][i].reshape(cout, -1)
-            requant(y, scale, lo, hi, q_lo, q_hi, z, s_out, y)
+            requant(y, inv_in, acc_bias, scale, lo, hi, q_lo, q_hi, z, s_out, y)
     return run
