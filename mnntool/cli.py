@@ -419,6 +419,8 @@ def quant(src: str = typer.Argument(..., help="A float .mnn model."),
         console.print(f"  output {u(o['name'])}: cosine vs fp32 {o['cosine']:.6f}, max abs {o['max_abs']:.3g}")
     if r.get("head_layers"):
         console.print(f"  int{r['head_bits']} output layers: {u(', '.join(r['head_layers']))}")
+    if r.get("int8_float_outputs"):
+        console.print(f"  int8 layers writing float for float readers: {r['int8_float_outputs']} of {r['int8_layers']}")
     if r.get("auto_skipped") is not None:
         console.print(f"  kept in float: {u(', '.join(r['auto_skipped']) or 'none')}")
     for f in r.get("float_layers", []):

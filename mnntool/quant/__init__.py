@@ -116,6 +116,9 @@ def quantize_file(src, dst, config: QuantConfig, progress=None) -> dict:
     report["layers"] = acc["layers"]
     report["worst_layers"] = [l["name"] for l in worst_first(acc)[:5]] if cfg.int8 else []
     report["int8_layers"] = sum(1 for l in acc["layers"] if l["int8"])
+    # int8 layers that write float for float readers (ptq.float_outputs)
+    report["int8_float_outputs"] = sum(1 for n in q.nodes if (n.param.get("symmetricQuan") or {}).get(
+        "outputDataType") == "DT_FLOAT")
     if cfg.int8:
         report["float_layers"] = float_report(g, q, skip, report.get("auto_skipped") or [])
     return report

@@ -340,10 +340,11 @@ def test_int8_convolution_with_a_float_output_computes_what_mnn_does(tmp_path):
     shape = (1, 16, 24, 32)
     fp32, int8 = _exported(tmp_path, FloatReaders, shape)
     samples = [{"x": rng.standard_normal(shape).astype(np.float32)} for _ in range(8)]
-    quantize_file(fp32, int8, QuantConfig(int8=True, calib=samples, method="mse"))
+    report = quantize_file(fp32, int8, QuantConfig(int8=True, calib=samples, method="mse"))
     g = reader.load(int8)
     floats = [n for n in g.nodes if n.param.get("symmetricQuan", {}).get("outputDataType") == "DT_FLOAT"]
     assert len(floats) == 3 and all(g.info(n.outputs[0]).quant is None for n in floats)
+    assert report["int8_float_outputs"] == 3 and report["int8_layers"] == 5
     after_silu = next(n for n in g.nodes if n.name.startswith("/d/"))
     assert after_silu.param["symmetricQuan"]["outputDataType"] == "DT_INT8"
     feeds = {"x": rng.standard_normal(shape).astype(np.float32)}
