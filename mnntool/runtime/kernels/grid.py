@@ -21,6 +21,14 @@ def activation(c: dict) -> int:
     return RELU6 if c.get("relu6") else RELU if c.get("relu") else 0
 
 
+def act_bounds(act: int, s_out, z) -> tuple:
+    """An int8 layer's activation as bounds in output steps with zero point z (ReLU: z, real 0; ReLU6:
+    up to 6 / s_out + z), float32, where MNN's epilogues clamp before rounding."""
+    f32 = np.float32
+    z = f32(z)
+    return (z if act else f32(-np.inf)), (f32(6) / f32(s_out) + z if act == RELU6 else f32(np.inf))
+
+
 def apply_act(y: np.ndarray, act: int) -> None:
     if act == RELU:
         np.maximum(y, 0, out=y)
@@ -96,5 +104,6 @@ def to_grid_z(x, grid, z, out):
 
 def grid_of(scale, lo, hi) -> tuple:
     """The (1/scale, scale, min, max) tuple the Numba kernels take for an int8 grid (min and max in
-    steps of the scale)."""
-    return np.float32(1 / scale), np.float32(scale), np.float32(lo), np.float32(hi)
+    steps of the scale); 1/scale a float32 division, as MNN computes its cast's scale."""
+    s = np.float32(scale)
+    return np.float32(1) / s, s, np.float32(lo), np.float32(hi)

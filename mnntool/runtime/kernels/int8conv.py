@@ -16,7 +16,7 @@ import numpy as np
 from numba import njit, prange
 
 from . import sized
-from .grid import EXACT, activation, grid_of, mnn_cast, to_grid_z
+from .grid import EXACT, act_bounds, activation, grid_of, mnn_cast, to_grid_z
 from .vnni import Int8Weights, epilogue, pixel_blocks
 
 
@@ -112,7 +112,7 @@ def int8_convolution(geometry, q, alpha, bias, act, grids, in_shape, out_shape, 
     words, flat = cols.view(np.uint32).reshape(cols.shape[:3]), cols.reshape(-1)
     grid = None if direct else np.full((h + t + b, w + l + r, cp), off, np.uint8)
     grid32 = None if direct else grid.view(np.uint32)
-    inv_in = f32(1) / f32(s_in)         # as MNN computes its cast's scale
+    inv_in = grid_of(*grids.input)[0]
     z_in = f32(grids.zero_in)
     q_lo, q_hi = f32(lo + grids.zero_in), f32(hi + grids.zero_in)
     quantize = sized(quantize_packed if direct else quantize_hwc, cin * h * w, threads)
@@ -172,7 +172,7 @@ def depthwise_int8(node, ins, outs, bias, grids, threads: int, float_kernel):
         return None
     q, alpha = values[:2]
     f32 = np.float32
-    (s_in, in_lo, in_hi), (s_out, out_lo, out_hi) = grids.input, grids.output
+    s_in, (s_out, out_lo, out_hi) = grids.input[0], grids.output
     s_in, s_out, z = f32(s_in), f32(s_out), f32(grids.zero_out)
     a = np.asarray(alpha, f32)
     a = np.where(np.abs(a) < f32(1e-6), f32(1e-6), a)
@@ -181,16 +181,15 @@ def depthwise_int8(node, ins, outs, bias, grids, threads: int, float_kernel):
     plain = copy.copy(node)
     plain.param = dict(node.param, common=dict(c, relu=False, relu6=False))
     fn = float_kernel(plain, np.asarray(q, np.float32).reshape(cout, -1), np.zeros(cout, f32))
-    act = activation(c)
-    lo = z if act else f32(-np.inf)
-    hi = f32(6) / s_out + z if act == 2 else f32(np.inf)
+    lo, hi = act_bounds(activation(c), s_out, z)
     q_lo, q_hi = f32(out_lo) + z, f32(out_hi) + z
     requant = sized(requantize_rows, int(np.prod(outs[0].shape)), threads)
     n = ins[0].shape[0]
-    on_grid = ins[0].grid == grid_of(s_in, in_lo, in_hi) and q.shape[1] <= EXACT_TAPS
-    inv_in = f32(1) / s_in if on_grid else f32(1)
+    grid_in = grid_of(*grids.input)
+    on_grid = ins[0].grid == grid_in and q.shape[1] <= EXACT_TAPS
+    inv_in = grid_in[0] if on_grid else f32(1)
     if not on_grid:
-        steps_grid = (f32(1) / s_in, f32(1), f32(in_lo), f32(in_hi))      # the input in steps k, cast as MNN
+        steps_grid = (grid_in[0], f32(1), grid_in[2], grid_in[3])      # the input in steps k, cast as MNN
         z_in = f32(grids.zero_in)
         xk = np.empty(ins[0].shape, f32)
         rows = xk.reshape(-1, ins[0].shape[-1])

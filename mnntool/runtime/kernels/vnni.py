@@ -17,6 +17,7 @@ import numpy as np
 from numba import njit, prange, types
 from numba.extending import intrinsic
 
+from .grid import act_bounds
 from .llvmir import data_of, declare, first_lanes, host_has, k_loop, splat as splat_
 
 PIX, OCB = 32, 8          # tile: pixels x output channels
@@ -133,10 +134,9 @@ def epilogue(alpha, bias, weight_sums, s_in: float, zero_in: int, out_grid, act:
     if out_grid is not None:
         b = (b + f32(z_out)).astype(f32)
     z = f32(z_out)
-    lo = f32(-np.inf) if not act else z
-    hi = f32(np.inf) if act != 2 else f32(6) / s_out + z
+    lo, hi = act_bounds(act, s_out, z)
     if out_grid is None:
-        epf = (lo, hi, f32(s_in / f32(1)), f32(0), f32(-np.inf), f32(np.inf), f32(0))
+        epf = (lo, hi, s_in, f32(0), f32(-np.inf), f32(np.inf), f32(0))
     else:
         epf = (lo, hi, f32(s_in / s_out), s_out, f32(out_grid[1] + z_out), f32(out_grid[2] + z_out), z)
     return (a, b), epf
