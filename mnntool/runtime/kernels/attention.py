@@ -1,6 +1,11 @@
 """FusedAttention (runtime/fusion.py): softmax(q k [+ mask]) v in one step, the scores and the
 probabilities in buffers of the kernel's own (the same row softmax as the Softmax kernel, which reads
-its input after writing its output: not in place)."""
+its input after writing its output: not in place).
+
+Scores larger than L2 are computed a slice of leading batch indices at a time: MobileViT's first
+attention has 4 patches x 4 heads x 256 x 256 scores (4 MB), which went to memory and back four times
+(scores written, read by the softmax, probabilities written, read by P@V); slice by slice they stay in
+L2 (1.6 -> see benchmarks/zoo_speed.py)."""
 from __future__ import annotations
 
 import numpy as np
@@ -8,28 +13,64 @@ import numpy as np
 from . import PLAN_ONLY, aligned_empty, sized, writes
 from .norm import row_softmax
 
+SLICE_BYTES = 512 * 1024       # scores per slice: with the probabilities, half of a 2 MB L2
+
+
+def slice_depth(scores_shape: tuple, out_batch: tuple, limit: int | None = None) -> int:
+    """How many leading batch axes to index one by one so a slice's scores fit `limit` bytes (0: all at
+    once). Only when the output has the scores' batch (v does not broadcast it wider)."""
+    limit = SLICE_BYTES if limit is None else limit
+    batch = tuple(scores_shape[:-2])
+    if out_batch != batch:
+        return 0
+    for d in range(len(batch) + 1):
+        if int(np.prod(scores_shape[d:])) * 4 <= limit:
+            return d
+    return len(batch)
+
+
+def _index(a: np.ndarray, idx: tuple, rank: int):
+    """a's part at leading index idx of a result of `rank` dims that a broadcasts into (aligned right; a
+    size-1 axis gives its only entry)."""
+    lead = rank - a.ndim
+    key = tuple(0 if a.shape[j - lead] == 1 else idx[j] for j in range(len(idx)) if j >= lead)
+    return a[key] if key else a
+
 
 def fused_attention(node, ins, outs, settings):
     q, k = ins[0].shape, ins[1].shape
     transpose_b = bool(node.param.get("transposeB"))
     lk = k[-2] if transpose_b else k[-1]
     scores_shape = np.broadcast_shapes(q[:-2], k[:-2]) + (q[-2], lk)
-    count = int(np.prod(scores_shape))
-    scores = aligned_empty(count, np.float32).reshape(scores_shape)
-    probs = aligned_empty(count, np.float32).reshape(scores_shape)
+    out_shape = outs[0].shape if outs and outs[0] is not None and outs[0].shape is not None else None
+    depth = slice_depth(scores_shape, tuple(out_shape[:-2])) if out_shape is not None and \
+        all(isinstance(d, int) for d in out_shape) else 0
+    count = int(np.prod(scores_shape[depth:]))
+    scores = aligned_empty(count, np.float32).reshape(scores_shape[depth:])
+    probs = aligned_empty(count, np.float32).reshape(scores_shape[depth:])
     rows = sized(row_softmax(), count * 8, settings.threads)
     guard = bool(node.param.get("guard"))
+    rank = len(scores_shape)
 
-    def run(i, o):
-        kk = np.swapaxes(i[1], -1, -2) if transpose_b else i[1]
-        np.matmul(i[0], kk, out=scores)
-        if len(i) > 3:
-            np.add(scores, i[3], out=scores)
+    def one(qq, kk, vv, mask, out):
+        kk = np.swapaxes(kk, -1, -2) if transpose_b else kk
+        np.matmul(qq, kk, out=scores)
+        if mask is not None:
+            np.add(scores, mask, out=scores)
         flat = probs.reshape(-1, lk)
         rows(scores.reshape(-1, lk), flat)
         if guard:       # a fully masked row: NaN, which the model's own guard turns into 0
             np.copyto(flat, 0.0, where=np.isnan(flat))
-        np.matmul(probs, i[2], out=o[0])
+        np.matmul(probs, vv, out=out)
+
+    def run(i, o):
+        mask = i[3] if len(i) > 3 else None
+        if depth == 0:
+            one(i[0], i[1], i[2], mask, o[0])
+            return
+        for idx in np.ndindex(*scores_shape[:depth]):
+            one(_index(i[0], idx, rank), _index(i[1], idx, rank), _index(i[2], idx, rank),
+                None if mask is None else _index(mask, idx, rank), o[0][idx])
     return writes(run)
 
 

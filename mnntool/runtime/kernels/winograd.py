@@ -42,7 +42,7 @@ def input_transform4(x, t, l, th, tw, v):
     vf, xf = v.reshape(-1), x.reshape(-1)
     span = max(Wp, 64 * ((tw + 15) // 16) + 16)      # bt4_tiles reads 80 floats from a group's start
     for c in prange(C):
-        t1 = np.empty((6, span), np.float32)
+        t1 = np.zeros((6, span), np.float32)
         tf = t1.reshape(-1)
         for ty in range(th):
             y0 = 4 * ty - t                           # the input row of the tile row's first padded row
