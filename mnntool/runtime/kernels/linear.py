@@ -17,7 +17,7 @@ from numba.extending import intrinsic
 
 from . import aligned_empty, sized
 from .llvmir import columns_to_rows, data_of, first_lanes, vector_ops
-from .fgemm import BY_BLOCK_X, OCB, epilogue_of, gemm, gemm_batched, k_block, tile_count  # noqa: F401
+from .fgemm import BY_BLOCK_X, OCB, epilogue_of, gemm, gemm_batched, gemm_panels, k_block, pack_panels, tile_count  # noqa: F401
 from .grid import NO_POST
 
 
@@ -85,24 +85,24 @@ class RowGemm:
         k, n = b.shape
         self.m, self.n, self.ones = m, n, 1 if bias is not None else 0
         self.kp = k + self.ones
-        self.right = aligned_empty(self.kp * n)
-        self.right.reshape(self.kp, n)[:k] = b
+        right = np.empty((self.kp, n), np.float32)
+        right[:k] = b
         if self.ones:
-            self.right.reshape(self.kp, n)[k] = bias
+            right[k] = bias
+        self.right = pack_panels(right)
         nob = -(-m // OCB)
         self.packed = aligned_empty(nob * self.kp * OCB)
         self.zero = np.zeros(nob * OCB, np.float32)
         self.kc = k_block(self.kp, nob * OCB, tile_count(n))
-        self.by_block = self.kp * n <= BY_BLOCK_X
         self.epf, self.grid = epilogue_of(act, grid, post)     # a fused activation in the IR epilogue
         self.pack = sized(pack_rows, m * self.kp, threads)
-        self.fn = sized(gemm, nob * OCB * n * self.kp // 16, threads)
+        self.fn = sized(gemm_panels, nob * OCB * n * self.kp // 16, threads)
 
     def __call__(self, a: np.ndarray, y: np.ndarray) -> None:
         """a (M, K) rows (any strides), y (M, N) C-contiguous."""
         self.pack(np.ascontiguousarray(a).reshape(1, self.m, -1), self.ones, self.packed)
-        self.fn(self.right, self.n, self.n, self.packed, self.kp, self.kc, self.m, self.zero, self.epf, self.grid,
-                y.reshape(-1), self.n, self.by_block)
+        self.fn(self.right, self.n, self.packed, self.kp, self.kc, self.m, self.zero, self.epf, self.grid,
+                y.reshape(-1), self.n)
 
 
 class BatchedMatMul:
