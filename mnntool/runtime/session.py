@@ -22,6 +22,7 @@ from .kernels.grid import grid_of, to_grid, to_grid_z
 from . import announce_first_compile
 from .fusion import fuse_activations, fuse_attention, fuse_channel_scale, fuse_silu
 from .kernels.control import SHAPE_FREE
+from .concat_in_place import concat_layout, placements
 from .kernels.program import Programs
 from .settings import Settings
 
@@ -34,6 +35,8 @@ class Step:
     ins: list[int]
     outs: list[int]
     out_views: list = field(default_factory=list)
+    concat: list | None = None      # a Concat's input slices in bytes (concat_in_place), else None
+    elided: bool = False            # its output written in place by its inputs' producers
 
 
 @dataclass
@@ -260,7 +263,9 @@ class Session:
             for o in rounded:
                 vals[o + RAW] = vals.get(o, Val(None))
             steps.append(Step(node.name, node.op, k, [slot(i) if i else -1 for i in node.inputs],
-                              [slot(o + RAW if o in rounded else o) for o in node.outputs]))
+                              [slot(o + RAW if o in rounded else o) for o in node.outputs],
+                              concat=concat_layout(node, ins, outs) if node.op == "Concat" and k.writes_out and
+                              not keep_all else None))
             for o in rounded:
                 grids[o] = grid = stored[o][0]
                 steps.append(Step(node.name + " (int8 store)", "Int8Store", _rounding(grid, self.settings.threads,
@@ -313,6 +318,8 @@ class Session:
                 for o, v in zip(s.outs, s.out_views):
                     slots[o] = v
                 fixed.update(s.outs)
+                if s.elided:
+                    continue
             elif s.kernel.view and not keep_all and _bind_views(s, ins, slots, fixed):
                 continue
             calls.append((s.kernel.fn, ins, s.out_views if s.kernel.writes_out else None, s.outs))
@@ -343,28 +350,48 @@ class Session:
         buf_end: dict[int, int] = {}
         buf_size: list[int] = []
         free: list[int] = []
-        views = []      # (step, out position, buffer id, shape, dtype)
+        views = []      # (step, out position, buffer id, shape, dtype, byte offset)
+
+        def nbytes_of(slot):
+            v = vals[names[slot]]
+            return max(int(np.prod(v.shape, dtype=np.int64)) * np.dtype(v.dtype).itemsize, 1)
+        placed, elided = ({}, set()) if keep_all else placements(steps, output_slots, nbytes_of)
+        for k in elided:
+            steps[k].elided = True
+        host_end: dict[int, int] = {}       # a Concat host's bytes live until its last part is read
+        for t, (h, _) in placed.items():
+            host_end[h] = max(host_end.get(h, 0), last.get(t, 0))
+        host_buf: dict[int, int] = {}
+
+        def allocate(nbytes, end):
+            fits = [b for b in free if buf_size[b] >= nbytes]
+            if fits:
+                b = min(fits, key=lambda x: buf_size[x])
+                free.remove(b)
+            elif free:      # grow a free buffer: its start is still in cache, a new one is cold
+                b = max(free, key=lambda x: buf_size[x])
+                free.remove(b)
+                buf_size[b] = nbytes
+            else:
+                b = len(buf_size)
+                buf_size.append(nbytes)
+            buf_end[b] = end
+            return b
         for k, s in enumerate(steps):
             for pos, o in enumerate(s.outs):
                 end = n_steps if keep_all else last.get(o, k)
                 if s.kernel.writes_out:
                     v = vals[names[o]]
                     dtype = np.dtype(v.dtype)
-                    nbytes = max(int(np.prod(v.shape, dtype=np.int64)) * dtype.itemsize, 1)
-                    fits = [b for b in free if buf_size[b] >= nbytes]
-                    if fits:
-                        b = min(fits, key=lambda x: buf_size[x])
-                        free.remove(b)
-                    elif free:      # grow a free buffer: its start is still in cache, a new one is cold
-                        b = max(free, key=lambda x: buf_size[x])
-                        free.remove(b)
-                        buf_size[b] = nbytes
+                    if o in placed:
+                        h, offset = placed[o]
+                        if h not in host_buf:
+                            host_buf[h] = allocate(nbytes_of(h), host_end[h])
+                        b = host_buf[h]
                     else:
-                        b = len(buf_size)
-                        buf_size.append(nbytes)
-                    buf_end[b] = end
+                        b, offset = allocate(nbytes_of(o), end), 0
                     roots[o] = {b}
-                    views.append((k, pos, b, tuple(v.shape), dtype))
+                    views.append((k, pos, b, tuple(v.shape), dtype, offset))
                 else:
                     roots[o] = set().union(*(roots.get(i, set()) for i in s.ins if i >= 0)) if s.ins else set()
                     for b in roots[o]:
@@ -376,9 +403,9 @@ class Session:
         buffers = [aligned_empty(size, np.uint8) for size in buf_size]
         for s in steps:
             s.out_views = [None] * len(s.outs)
-        for k, pos, b, shape, dtype in views:
+        for k, pos, b, shape, dtype, offset in views:
             count = int(np.prod(shape, dtype=np.int64))
-            steps[k].out_views[pos] = buffers[b][:count * dtype.itemsize].view(dtype).reshape(shape)
+            steps[k].out_views[pos] = buffers[b][offset:offset + count * dtype.itemsize].view(dtype).reshape(shape)
         return int(sum(buf_size))
 
     # ------------------------------------------------------------------------------------- execute
