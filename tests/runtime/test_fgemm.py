@@ -101,6 +101,26 @@ def test_winograd_matches_torch(cin, cout, h, w, act):
 
 
 @needs_avx512
+@pytest.mark.parametrize("cin, cout, h, w, pads", [(24, 32, 118, 112, (1, 1, 1, 1)), (16, 16, 150, 97, (0, 2, 1, 0)),
+                                                   (8, 24, 90, 200, (2, 0, 0, 1))])
+def test_winograd_in_chunks_of_tile_rows(monkeypatch, cin, cout, h, w, pads):
+    """Large maps run F(4x4) a chunk of tile rows at a time (the chunk's first padded row passed as its
+    own top padding, the output rows from the chunk's first on); a small budget here makes chunks of 4
+    tile rows and a short last one. Tolerance as the other F(4x4) cases."""
+    from mnntool.runtime.kernels import winograd
+    monkeypatch.setattr(winograd, "CHUNK_BYTES", 1 << 16)
+    rng = np.random.default_rng(h + w)
+    x = rng.standard_normal((1, cin, h, w)).astype(np.float32)
+    wt = (rng.standard_normal((cout, cin, 3, 3)) / np.sqrt(cin * 9)).astype(np.float32)
+    b = rng.standard_normal(cout).astype(np.float32)
+    t, l, bb, r = pads
+    wi = winograd.Winograd(wt, b, cin, h, w, h + t + bb - 2, w + l + r - 2, t, l, 0, NO_GRID, 1)
+    assert 4 == wi.chunk < wi.th and wi.th % 4, "chunks of 4 tile rows, the last one short"
+    ref, got = _conv(x, wt, b, pads=pads, act=0)
+    close(ref, got, 1e-4)
+
+
+@needs_avx512
 @pytest.mark.parametrize("h, w, pads", [(20, 23, (0, 2, 1, 0)), (17, 30, (2, 0, 0, 1)), (12, 12, (0, 0, 0, 0)),
                                         (9, 40, (1, 2, 2, 1))])
 def test_winograd_reads_padding_in_place(h, w, pads):
