@@ -39,6 +39,8 @@ CASES = {
     "3x3 s2 to 7x7": (geo(1, 16, 14, 14, 32, 3, s=2, p=1), "im2col-oc", "blas-im2col"),
     "stem": (geo(1, 3, 64, 64, 16, 3, s=2, p=1), "im2col-in-place", "blas-im2col"),
     "5x5 dense": (geo(1, 32, 20, 20, 64, 5, p=2), "im2col-implicit", "blas-im2col"),
+    "patches 4x4/4, edges left over": (geo(2, 3, 30, 34, 24, 4, s=4), "patchify", "blas-im2col"),
+    "patches 8x8/8 to 4x4 (tiny ViT)": (geo(1, 3, 32, 32, 64, 8, s=8), "patchify", "blas-im2col"),
     "grouped": (geo(2, 16, 10, 10, 16, 3, p=1, group=4), "grouped-in-place", "blas-im2col"),
     "grouped, 4 outputs a group, stride 2": (geo(1, 64, 29, 27, 128, 3, s=2, p=1, group=32), "grouped-in-place",
                                              "blas-im2col"),

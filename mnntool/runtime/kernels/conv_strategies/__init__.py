@@ -10,7 +10,7 @@ from __future__ import annotations
 from ..llvmir import host_has
 from .base import Geometry, Layer, Strategy, trimmed, with_post
 from .dense import (BlasIm2col, BlasRows, GroupedTapsInPlace, Im2colChannelsInLanes, ImplicitIm2col, MatVecRows,
-                    PackedRows, Pointwise, SparseTaps, TapsInPlace, Winograd3x3)
+                    PackedRows, Patchify, Pointwise, SparseTaps, TapsInPlace, Winograd3x3)
 from .depthwise import (BorderDepthwise3x3, ChannelsLastDepthwise, FlatDepthwise3x3, GenericDepthwise,
                         PlaneDepthwise3x3, RowDepthwise3x3, StripDepthwise)
 
@@ -22,8 +22,8 @@ HAS_AVX512 = host_has("avx512f")
 STRATEGIES: list[Strategy] = [
     FlatDepthwise3x3(), RowDepthwise3x3(), StripDepthwise(), PlaneDepthwise3x3(), ChannelsLastDepthwise(),
     BorderDepthwise3x3(), GenericDepthwise(),
-    SparseTaps(), Winograd3x3(), MatVecRows(), PackedRows(), BlasRows(), Pointwise(), Im2colChannelsInLanes(), TapsInPlace(),
-    ImplicitIm2col(), GroupedTapsInPlace(), BlasIm2col(),
+    SparseTaps(), Winograd3x3(), MatVecRows(), PackedRows(), BlasRows(), Pointwise(), Patchify(),
+    Im2colChannelsInLanes(), TapsInPlace(), ImplicitIm2col(), GroupedTapsInPlace(), BlasIm2col(),
 ]
 
 
