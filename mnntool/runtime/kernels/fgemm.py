@@ -18,7 +18,7 @@ from numba import njit, prange, types
 from numba.extending import intrinsic
 
 from .grid import NO_POST
-from .llvmir import Finish, data_of, vector_ops, first_lanes, host_has, k_loop, splat as splat_
+from .llvmir import Finish, data_of, declare, vector_ops, first_lanes, host_has, k_loop, splat as splat_
 
 OCB = 8          # output channels per tile
 WEIGHT_BLOCK = 128 * 1024   # floats: the weights one pass over the output streams per tile, kept in L2
@@ -98,10 +98,18 @@ def _make_tile(nv: int, ocb: int = OCB):
                 phi.add_incoming(value, resume)
                 init.append(phi)
 
+            if indirect:
+                prefetch = declare(builder, "llvm.prefetch.p0", ir.VoidType(), ir.IntType(8).as_pointer(), i32, i32,
+                                   i32)
+
             def step(kk, accs):
                 if indirect:
                     offs = data_of(context, builder, a[2], xs_)
                     row = builder.gep(xp, [builder.load(builder.gep(offs, [kk]))])
+                    # the next tile's taps (48 pixels on): scattered rows the prefetchers do not follow
+                    for v in range(nv):
+                        at = builder.bitcast(builder.gep(row, [const(48 + 16 * v)]), ir.IntType(8).as_pointer())
+                        builder.call(prefetch, [at, ir.Constant(i32, 0), ir.Constant(i32, 3), ir.Constant(i32, 1)])
                 else:
                     row = builder.gep(xp, [builder.mul(kk, xs_)])
                 xv = [builder.call(mload, [builder.bitcast(builder.gep(row, [const(16 * v)]), f16.as_pointer()),
