@@ -172,3 +172,20 @@ def test_max_pool_3x3_stride2_matches_torch(monkeypatch, h, ceil, pad, avx512):
     y = np.empty(ref.shape, np.float32)
     k.fn([x], [y])
     np.testing.assert_array_equal(y, ref)
+
+
+@pytest.mark.parametrize("c, h, w, t, l, sh, sw", [(4, 12, 11, 0, 2, 2, 2), (5, 17, 13, 2, 1, 3, 3), (3, 9, 9, 1, 0, 2, 2),
+                                                  (6, 10, 10, 2, 2, 1, 1), (2, 14, 14, 1, 1, 2, 2), (3, 8, 15, 1, 3, 1, 2)])
+def test_phase_split_matches_padding_and_slicing(c, h, w, t, l, sh, sw):
+    """Phase planes against numpy: pad the input (zeros), then plane (c, a, b) = padded[c, a::sh, b::sw],
+    cut or zero-filled to the planes' size; the border stays zero. Exact."""
+    from mnntool.runtime.kernels.fgemm import phase_split
+    rng = np.random.default_rng(c * h + w)
+    x = rng.standard_normal((c, h, w)).astype(np.float32)
+    hq, wq = -(-(h + t + 2) // sh), -(-(w + l + 2) // sw)
+    got = np.zeros((c * sh * sw, hq, wq), np.float32)
+    phase_split(x, t, l, sh, sw, got)
+    padded = np.zeros((c, hq * sh, wq * sw), np.float32)
+    padded[:, t:t + h, l:l + w] = x[:, :hq * sh - t, :wq * sw - l]
+    want = padded.reshape(c, hq, sh, wq, sw).transpose(0, 2, 4, 1, 3).reshape(c * sh * sw, hq, wq)
+    np.testing.assert_array_equal(got, want)

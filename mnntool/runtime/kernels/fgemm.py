@@ -261,46 +261,50 @@ def gemm_panels(x, P, wp, K, kc, O, bias, epf, grid, out, os_):
 @njit(parallel=True, cache=True, fastmath=True)
 def phase_split(x, t, l, sh, sw, xq):
     """xq[(c*sh + a)*sw + b, u, v] = padded x[c, u*sh + a, v*sw + b]: a strided convolution's taps become
-    stride-1 reads of one phase plane. Only the interior is written; xq's zero border is the padding."""
+    stride-1 reads of one phase plane. Only the interior is written; xq's zero border is the padding.
+    x C-contiguous. On flat offsets (unsigned: no negative-index fix-up, so the copies vectorize): with
+    a row view and slices per input row, RegNetY's 768 channels of 14x14 took 0.146 ms, 1 ns a float."""
     C, H, W = x.shape
     Hq, Wq = xq.shape[1], xq.shape[2]
+    xf, qf = x.reshape(-1), xq.reshape(-1)
+    plane = Hq * Wq
     for c in prange(C):
         for yy in range(H):
             py = yy + t
             a, u = py % sh, py // sh
-            src = x[c, yy]
+            s0 = np.uint64((c * H + yy) * W)
+            base = (c * sh + a) * sw * plane + u * Wq       # phase (a, b = 0)'s row u
+            if sw == 1:
+                n = min(W, Wq - l)
+                d0 = np.uint64(base + l)
+                for k in range(np.uint64(n)):
+                    qf[d0 + k] = xf[s0 + k]
+                continue
             if sw == 2:
                 # both column phases in one loop: LLVM vectorizes an even/odd pair of strided reads with
                 # shuffles (a lone stride-2 read became gathers, 5x slower). Padded column ix + l goes
                 # to phase (ix + l) % 2 at (ix + l) // 2.
-                ev = xq[(c * sh + a) * sw + l % 2, u, l // 2:]
-                od = xq[(c * sh + a) * sw + 1 - l % 2, u, (l + 1) // 2:]
-                npair = max(0, min(W // 2, od.shape[0], ev.shape[0]))
-                for k in range(npair):
-                    ev[k] = src[2 * k]
-                    od[k] = src[2 * k + 1]
+                ve, vo = l // 2, (l + 1) // 2
+                npair = max(0, min(W // 2, Wq - ve, Wq - vo))
+                de = np.uint64(base + (l % 2) * plane + ve)
+                do = np.uint64(base + (1 - l % 2) * plane + vo)
+                two, one = np.uint64(2), np.uint64(1)
+                for k in range(np.uint64(npair)):
+                    qf[de + k] = xf[s0 + two * k]
+                    qf[do + k] = xf[s0 + two * k + one]
                 for ix in range(2 * npair, W):
                     q = ix + l
                     if q // 2 < Wq:
-                        xq[(c * sh + a) * sw + q % 2, u, q // 2] = src[ix]
+                        qf[base + (q % 2) * plane + q // 2] = xf[s0 + ix]
                 continue
             for b in range(sw):
-                dst = xq[(c * sh + a) * sw + b, u]
                 # output column v takes input column v*sw + b - l
                 v0 = max(0, (l - b + sw - 1) // sw)
                 v1 = min(Wq, (W + l - b + sw - 1) // sw)
-                # slices put the first column at 0: the indices are then the loop variable times a
-                # constant, Numba drops its negative-index fix-up and LLVM vectorizes the strided read
-                d, s_ = dst[v0:v1], src[v0 * sw + b - l:]
-                if sw == 2:
-                    for v in range(d.shape[0]):
-                        d[v] = s_[2 * v]
-                elif sw == 1:
-                    for v in range(d.shape[0]):
-                        d[v] = s_[v]
-                else:
-                    for v in range(d.shape[0]):
-                        d[v] = s_[v * sw]
+                d0 = np.uint64(base + b * plane + v0)
+                s1, step = s0 + np.uint64(v0 * sw + b - l), np.uint64(sw)
+                for v in range(np.uint64(max(0, v1 - v0))):
+                    qf[d0 + v] = xf[s1 + v * step]
 
 
 @njit(cache=True, inline="always")

@@ -217,7 +217,7 @@ def _phases(g: Geometry, layer: Layer):
     hq, wq = g.phase_planes
     phases = np.zeros((g.cin * g.sh * g.sw, hq, wq), np.float32)
     split = sized(phase_split, g.cin * g.h * g.w, layer.threads)
-    return packed, phases, hq, wq, lambda x: split(x, g.t, g.l, g.sh, g.sw, phases)
+    return packed, phases, hq, wq, lambda x: split(np.ascontiguousarray(x), g.t, g.l, g.sh, g.sw, phases)
 
 
 class TapsInPlace(Strategy):
@@ -293,7 +293,7 @@ class GroupedTapsInPlace(Strategy):
         planes = cg * g.sh * g.sw * (hq + 1) * wq
 
         def one(x, y):
-            split(x, g.t, g.l, g.sh, g.sw, phases)
+            split(np.ascontiguousarray(x), g.t, g.l, g.sh, g.sw, phases)
             fn(phases, koff, g.group, planes, g.oh * wq, wp, k, og, bias, epf, on_grid, wide.reshape(-1))
             np.copyto(y, wide[:, :, :g.ow])
         return per_image(g, one)
