@@ -270,3 +270,22 @@ def test_serial_twins_use_numpys_error_model_and_give_the_parallel_values():
             np.testing.assert_allclose(b, a, rtol=1e-6, atol=1e-7, err_msg=f"post kind {kind}")
     finally:
         numba.set_num_threads(saved)
+
+
+@pytest.mark.parametrize("op", ["MUL", "ADD"])
+@pytest.mark.parametrize("xs, ss", [((1, 32, 14, 14), (1, 32, 1, 1)), ((2, 24, 9, 20), (1, 24, 1, 1)),
+                                    ((2, 24, 9, 20), (2, 24, 1, 1)), ((1, 8, 3, 3), (1, 8, 1, 1))])
+@pytest.mark.parametrize("s_first, relu", [(False, 0), (True, 0), (False, 1)])
+def test_channel_scale(op, xs, ss, s_first, relu):
+    """A per-channel operand ((1|N, C, 1, 1)) against a map: one pass per channel row (the squeeze-
+    excite scale) where the map is large, numpy's broadcast where small; either operand order, batch
+    1 and 2, MNN's fused ReLU. Reference numpy in float64, tolerance 1e-6."""
+    inputs = [("s", ss), ("x", xs)] if s_first else [("x", xs), ("s", ss)]
+    g = _graph([Node("BinaryOp", [n for n, _ in inputs], ["y"], "op", {"opType": op, "activationType": relu})],
+               inputs, ["y"])
+    rng = np.random.default_rng(sum(xs))
+    feeds = {"x": rng.standard_normal(xs).astype(np.float32), "s": rng.standard_normal(ss).astype(np.float32)}
+    x, s = feeds["x"].astype(np.float64), feeds["s"].astype(np.float64)
+    ref = x * s if op == "MUL" else x + s
+    got = Session(g).run(feeds)["y"]
+    np.testing.assert_allclose(got, np.maximum(ref, 0) if relu else ref, rtol=0, atol=1e-6)

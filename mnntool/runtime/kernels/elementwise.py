@@ -300,6 +300,46 @@ def add_relu(a, b, out, relu):
 SMALL = 4096    # elements: below this a same-shape add is numpy's (the fused Numba pass costs 2.5 us a call, np.add 0.4)
 
 
+@njit(parallel=True, cache=True, fastmath=True)
+def per_row(x, s, out, mul, relu):
+    """out[r] = x[r] * s[r % len(s)] (or + when not mul), then max(., 0) when relu, over (rows, n)
+    arrays: a squeeze-excite's channel scale (x of (N*C, H*W), s of C or N*C). numpy's broadcast ran
+    its inner loop per row of W: RegNetY's 320 x 14 x 14 scale took 32 us, 0.5 ns a float."""
+    c = s.shape[0]
+    for r in prange(x.shape[0]):
+        v, a, z = s[r % c], x[r], out[r]
+        if mul:
+            for i in range(z.shape[0]):
+                z[i] = a[i] * v
+        else:
+            for i in range(z.shape[0]):
+                z[i] = a[i] + v
+        if relu:
+            for i in range(z.shape[0]):
+                z[i] = max(z[i], np.float32(0))
+
+
+def _per_channel(op, ins, outs, fused_relu, threads):
+    """The kernel for x (op) s with s one value per channel ((1|N, C, 1, 1) against (N, C, H, W)), or None."""
+    if op not in ("MUL", "ADD") or len(ins) != 2 or any(np.dtype(v.dtype) != np.float32 for v in ins + outs):
+        return None
+    shapes = [v.shape for v in ins]
+    if any(sh is None or len(sh) != 4 or not all(isinstance(d, int) for d in sh) for sh in shapes):
+        return None
+    full = 0 if shapes[0][2:] != (1, 1) else 1
+    xs, ss = shapes[full], shapes[1 - full]
+    if tuple(outs[0].shape) != xs or ss[1] != xs[1] or ss[2:] != (1, 1) or ss[0] not in (1, xs[0]) or \
+            xs[2] * xs[3] < 16 or int(np.prod(xs)) < SMALL:
+        return None
+    rows = xs[0] * xs[1]
+    fn = sized(per_row, int(np.prod(xs)), threads)
+
+    def run(i, o):
+        fn(np.ascontiguousarray(i[full]).reshape(rows, -1), np.ascontiguousarray(i[1 - full]).reshape(-1),
+           o[0].reshape(rows, -1), op == "MUL", fused_relu)
+    return writes(run)
+
+
 def _small_power(op, ins, shapes):
     """x ** e for a constant e of 2, 3 or 0.5 as products or a square root: numpy's float32 power is a
     general pow (GPT-2's GELU cubes 64 x 256 values: 180 -> 3 us)."""
@@ -340,6 +380,9 @@ def binary(node, ins, outs, settings):
             fused(a, b, o[0].reshape(rows, -1), fused_relu)
         return writes(run_add)
 
+    channel = _per_channel(op, ins, outs, fused_relu, settings.threads)
+    if channel is not None:
+        return channel
     power = _small_power(op, ins, shapes)
     if power is not None:
         return writes(power)
