@@ -18,7 +18,7 @@ from __future__ import annotations
 from numba import njit, prange, types
 from numba.extending import intrinsic
 
-from .llvmir import Finish, data_of, first_lanes, lanes, splat as splat_, vector_ops
+from .llvmir import Finish, data_of, declare, first_lanes, lanes, splat as splat_, vector_ops
 
 SIZES = (3, 5, 7)
 # taps whose weights stay in zmm registers across a strip; past that each FMA broadcasts its weight
@@ -114,6 +114,7 @@ def _make_strip(stride: int, k: int):
                             for i in range(0, len(accs), 2)]
                 return accs[0]
 
+            prefetch = declare(builder, "llvm.prefetch.p0", ir.VoidType(), ir.IntType(8).as_pointer(), i32, i32, i32)
             entry = builder.block
             y_first = y0_
             if stride == 1 and k >= BLOCK_MIN_K:
@@ -132,6 +133,12 @@ def _make_strip(stride: int, k: int):
                 yb.add_incoming(y0_, entry)
                 top = builder.sub(yb, t_)
                 rows_in = [input_row(builder.add(top, const(q))) for q in range(R + k - 1)]
+                # the next block's new input rows, from L2 or L3: 144 channels 3x3 on 56x56 (3.6 MB in and
+                # out) 282 -> 165 us (the same ahead of each row at stride 2 gained nothing)
+                for q in range(R):
+                    ahead = input_row(builder.add(top, const(R + k - 1 + q)))
+                    at = builder.bitcast(builder.gep(ahead, [starts[0]]), ir.IntType(8).as_pointer())
+                    builder.call(prefetch, [at, ir.Constant(i32, 0), ir.Constant(i32, 3), ir.Constant(i32, 1)])
                 racc = [[bv, fzero] for _ in range(R)]
                 for j in range(k):
                     xs = [load(row, j) for row in rows_in]
