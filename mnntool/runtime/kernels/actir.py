@@ -1,7 +1,7 @@
 """The activations a convolution's epilogue applies in registers, as LLVM IR on <16 x float>, and the
 same functions as a Numba loop for the kernels without an IR epilogue (kinds in `grid.POST_KINDS`).
 
-exp is Cephes' expf (x = n ln2 + r, a degree-6 polynomial in r, 2^n written into the exponent bits);
+exp is Cephes' expf (x = n ln2 + r, a degree-6 polynomial in r, times 2^n by vscalefps);
 sigmoid is 1 / (1 + e) or e / (1 + e) with e = exp(-|x|), which never overflows, the division as a
 reciprocal estimate and a Newton step; erf is the rational
 approximation of `elementwise.erf32` (Eigen's). Tanh and GELU's tanh form go through sigmoid:
@@ -37,6 +37,8 @@ class VectorMath:
         self.rint = declare(builder, "llvm.rint.v16f32", f16, f16)
         self.fabs = declare(builder, "llvm.fabs.v16f32", f16, f16)
         self.rcp14 = declare(builder, "llvm.x86.avx512.rcp14.ps.512", f16, f16, f16, ir.IntType(16))
+        self.scalef = declare(builder, "llvm.x86.avx512.mask.scalef.ps.512", f16, f16, f16, f16, ir.IntType(16),
+                              ir.IntType(32))
 
     def c(self, value):
         from llvmlite import ir
@@ -53,8 +55,8 @@ class VectorMath:
         are denormals: a causal mask's rows of attention probabilities ran 5x slower)."""
         from llvmlite import ir
         b = self.b
+        # no clamp: below EXP_LO (-inf included, whose r is NaN) the select gives 0, and NaN stays NaN
         under = b.fcmp_ordered("<", x, self.c(EXP_LO))
-        x = self.max(x, self.c(EXP_LO))
         n = b.call(self.rint, [b.fmul(x, self.c(LOG2E))])
         r = b.call(self.fma, [n, self.c(-LN2_HI), x])
         r = b.call(self.fma, [n, self.c(-LN2_LO), r])
@@ -62,8 +64,10 @@ class VectorMath:
         for coef in EXP_C[1:]:
             p = b.call(self.fma, [p, r, self.c(coef)])
         p = b.fadd(b.call(self.fma, [p, b.fmul(r, r), r]), self.c(1.0))
-        bits = b.shl(b.add(b.fptosi(n, self.i16), ir.Constant(self.i16, [127] * 16)), ir.Constant(self.i16, [23] * 16))
-        return b.select(under, self.c(0.0), b.fmul(p, b.bitcast(bits, self.f16)))
+        # p 2^n in one vscalefps (n in [-126, 0] here), where the exponent bits took four instructions
+        scaled = b.call(self.scalef, [p, n, self.c(0.0), ir.Constant(ir.IntType(16), -1),
+                                      ir.Constant(ir.IntType(32), 4)])       # all lanes, current rounding
+        return b.select(under, self.c(0.0), scaled)
 
     def recip(self, d):
         """1 / d as rcp14 and one Newton step (relative error ~1e-8, a few cycles where vdivps takes
