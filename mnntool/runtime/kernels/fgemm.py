@@ -223,6 +223,27 @@ def gemm_batched(x, xs, xstride, P, wp, wstride, K, kc, O, bias, epf, grid, out,
 PANEL = 48      # pixels of a panel of `pack_panels`: one full tile
 
 
+@intrinsic
+def _prefetch_lines(typingctx, x, xo, n):
+    """Prefetch (into L2) the cache lines of x[xo:xo + n]."""
+    from llvmlite import ir
+    sig = types.void(x, types.intp, types.intp)
+
+    def codegen(context, builder, sig, args):
+        xa, xo_, n_ = args
+        i8p, i32, i64 = ir.IntType(8).as_pointer(), ir.IntType(32), ir.IntType(64)
+        base = builder.bitcast(data_of(context, builder, sig.args[0], xa, xo_), i8p)
+        fn = declare(builder, "llvm.prefetch.p0", ir.VoidType(), i8p, i32, i32, i32)
+        nbytes = builder.mul(n_, ir.Constant(i64, 4))
+
+        def body(off, accs):
+            builder.call(fn, [builder.gep(base, [off]), ir.Constant(i32, 0), ir.Constant(i32, 2), ir.Constant(i32, 1)])
+            return []
+        k_loop(builder, nbytes, [], body, step=64)
+        return context.get_dummy_value()
+    return sig, codegen
+
+
 def pack_panels(b: np.ndarray) -> np.ndarray:
     """(K, P) -> flat [P/48][K][48] float32, the columns past P zero: the constant right operand of a
     row GEMM (`gemm_panels`) in the order the tiles read it."""
@@ -254,6 +275,8 @@ def gemm_panels(x, P, wp, K, kc, O, bias, epf, grid, out, os_):
             ob, t = idx // ntile, idx % ntile
             p0 = t * PANEL
             o0 = ob * OCB
+            if ob == 0 and t + 1 < ntile:   # the first row block streams the panels: the next one ahead
+                _prefetch_lines(x, ((t + 1) * K + k0) * PANEL, kn * PANEL)
             _tile(3 if t < full else tail_nv, x, (t * K + k0) * PANEL, PANEL, wp, ob * K * OCB + k0 * OCB, kn, out,
                   o0 * os_ + p0, os_, P - p0, O - o0, bias[o0:], epf, flags)
 
