@@ -37,9 +37,13 @@ from benchmarks.isolated import converted, save_rows  # noqa: E402
 THREADS_GAP_S = 0.04
 
 
-def paired(mnn_path: Path, onnx_path: Path, runs: int, threads: int = 1) -> dict:
+def paired(mnn_path: Path, onnx_path: Path, runs: int, threads: int = 1, own_at: int | None = None) -> dict:
+    """Medians and ratios; with own_at, mnntool at that many threads takes turns too (its time at
+    `threads` against its own at `own_at`, measured the same way: vs_own)."""
     runners = {"mnntool": backend_runner(mnn_path, "numba", threads),
                "ort": backend_runner(onnx_path, "onnxruntime", threads), "mnn": backend_runner(mnn_path, "mnn", threads)}
+    if own_at is not None:
+        runners["own"] = backend_runner(mnn_path, "numba", own_at)
     feeds = random_feeds(runners["mnntool"].graph, None)
     for r in runners.values():
         for _ in range(10):
@@ -48,7 +52,7 @@ def paired(mnn_path: Path, onnx_path: Path, runs: int, threads: int = 1) -> dict
     times = {n: [] for n in names}
     gap = THREADS_GAP_S if threads > 1 else 0.0
     for i in range(runs):
-        for n in names[i % 3:] + names[:i % 3]:
+        for n in names[i % len(names):] + names[:i % len(names)]:
             if gap:
                 time.sleep(gap)
                 runners[n].run(feeds)
@@ -57,7 +61,7 @@ def paired(mnn_path: Path, onnx_path: Path, runs: int, threads: int = 1) -> dict
             times[n].append((time.perf_counter() - t0) * 1e3)
     med = {n: statistics.median(v) for n, v in times.items()}
     return {**{f"{n}_ms": med[n] for n in names}, "vs_ort": med["mnntool"] / med["ort"],
-            "vs_mnn": med["mnntool"] / med["mnn"]}
+            "vs_mnn": med["mnntool"] / med["mnn"], **({"vs_own": med["mnntool"] / med["own"]} if "own" in med else {})}
 
 
 def main():

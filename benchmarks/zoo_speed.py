@@ -1,7 +1,7 @@
 """Speed on architectures the fixtures do not cover: the model zoo's (fixtures/zoo.py) ONNX files from
 the default exporter, mnntool against onnxruntime and MNN at 1 thread (or --threads N, all three
 runtimes), paired run by run in one process (the method of paired_speed.py), with the geometric mean
-of the ratios. At more threads it also gives mnntool's time against its own in zoo_speed.json (1 thread).
+of the ratios. At more threads mnntool at 1 thread takes turns as well, for its time against its own.
 
     python benchmarks/zoo_speed.py [--models efficientnet_b0 ...] [--runs 60] [--threads 1] [--out build/zoo]
 
@@ -53,22 +53,22 @@ def main():
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     rows = []
-    one = out / "zoo_speed.json"        # at more threads, mnntool's time against its own at 1
-    at1 = {r["model"]: r["mnntool_ms"] for r in json.loads(one.read_text())["rows"]} \
-        if args.threads > 1 and one.exists() else {}
     for name in args.models:
         try:
             src, dst = _files(name, out)
-            r = paired(dst, src, args.runs, args.threads)
+            # at more threads mnntool at 1 thread takes turns too: the same pauses and warm-up runs
+            # (against the 1-thread table's back-to-back runs, tiny transformers looked 4-10% slower
+            # at 2 threads; measured alike they are 5-10% faster)
+            r = paired(dst, src, args.runs, args.threads, own_at=1 if args.threads > 1 else None)
         except Exception as e:      # noqa: BLE001 - a model that fails is a row
             print(f"{name:28s} failed: {' '.join(str(e).split())[:150]}", flush=True)
             continue
-        if name in at1:
-            r["vs_1_thread"] = r["mnntool_ms"] / at1[name]
+        if "vs_own" in r:
+            r["vs_1_thread"] = r.pop("vs_own")
         rows.append({"model": name, **r})
         print(f"{name:28s} mnntool {r['mnntool_ms']:8.2f} ms  ort {r['ort_ms']:8.2f}  mnn {r['mnn_ms']:8.2f}  "
               f"x ort {r['vs_ort']:.2f}  x mnn {r['vs_mnn']:.2f}"
-              + (f"  x own 1-thread {r['vs_1_thread']:.2f}" if name in at1 else ""), flush=True)
+              + (f"  x own 1-thread {r['vs_1_thread']:.2f}" if "vs_1_thread" in r else ""), flush=True)
     if rows:
         gm = {k: math.exp(sum(math.log(r[k]) for r in rows) / len(rows)) for k in ("vs_ort", "vs_mnn")}
         print(f"geometric mean over {len(rows)}: x ort {gm['vs_ort']:.2f}  x mnn {gm['vs_mnn']:.2f}")
