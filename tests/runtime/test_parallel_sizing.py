@@ -1,8 +1,8 @@
-"""Small kernels run their serial twin when several threads are set; the twin computes the same thing
-(reference: numpy)."""
+"""Small kernels run their serial twin when several threads are set, tiny ones at one thread too; the
+twin computes the same thing (reference: numpy)."""
 import numpy as np
 
-from mnntool.runtime.kernels import PARALLEL_MIN_WORK, serial, sized
+from mnntool.runtime.kernels import PARALLEL_MIN_WORK, SERIAL_AT_ONE_MAX_WORK, serial, sized
 from mnntool.runtime.kernels.conv_loops import bias_act
 from mnntool.runtime.kernels.grid import NO_GRID, RELU6
 
@@ -13,7 +13,8 @@ def test_serial_twin_matches_numpy_and_sizing_picks_it():
     assert not twin.targetoptions.get("parallel")
     assert sized(bias_act, 10, 2) is twin
     assert sized(bias_act, PARALLEL_MIN_WORK, 2) is bias_act
-    assert sized(bias_act, 10, 1) is bias_act      # one thread: the parallel kernel wakes no one
+    assert sized(bias_act, 10, 1) is twin           # one thread, tiny work: no OpenMP region to enter
+    assert sized(bias_act, SERIAL_AT_ONE_MAX_WORK, 1) is bias_act   # one thread: the parallel kernel wakes no one
     rng = np.random.default_rng(0)
     y = rng.standard_normal((6, 50)).astype(np.float32) * 5
     b = rng.standard_normal(6).astype(np.float32)
