@@ -59,7 +59,7 @@ def test_fused_attention_matches_onnxruntime(tmp_path, mask, guard, shape):
     rng = np.random.RandomState(0)
     feeds = {n: rng.randn(*s) for n, s in zip("qkv", shapes)}
     if mask:
-        m = np.where(rng.rand(*shapes[3]) < 0.3, -np.inf, 0.0)
+        m = np.where(rng.rand(*shapes[3]) < 0.3, -np.inf, rng.randn(*shapes[3]) * 0.5)    # an additive mask too
         if guard:
             m[0, 0, -1] = -np.inf       # every key masked (for a row, or all rows): NaN, turned into 0 by the guard
         feeds["m"] = m
