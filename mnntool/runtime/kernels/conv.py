@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import NamedTuple
 
 import numpy as np
+from numba import njit
 
 from ...errors import InvalidModel
 from . import PLAN_ONLY, Kernel, kernel, sized, writes
@@ -202,6 +203,18 @@ def deconvolution(node, ins, outs, settings):
     return writes(run)
 
 
+@njit(cache=True, fastmath=True)
+def scale_packed(base, s, out):
+    """out[b, c, :] = base[b, c, :] * s[c] over packed weights [O/8][C][8]: numpy's broadcast of s ran
+    its inner loop per 8 floats (672 -> 112 channels: 37.6 us, 11.7 here)."""
+    nob, cin, w = base.shape
+    for b in range(nob):
+        for c in range(cin):
+            v = s[c]
+            for r in range(w):
+                out[b, c, r] = base[b, c, r] * v
+
+
 def scaled_pointwise(node, ins, outs, settings):
     """fusion.fuse_channel_scale's node: a 1x1 convolution of x * s, s one scale per input channel, as
     the convolution with its packed weights scaled by s on each run ([O/8][C][8]: a broadcast multiply)."""
@@ -215,7 +228,7 @@ def scaled_pointwise(node, ins, outs, settings):
     base = scaled.copy()
 
     def run(i, o):
-        np.multiply(base, np.asarray(i[1], np.float32).reshape(1, cin, 1), out=scaled)
+        scale_packed(base, np.ascontiguousarray(i[1], np.float32).reshape(cin), scaled)
         pg(np.ascontiguousarray(i[0], np.float32).reshape(-1), h * w, o[0].reshape(-1), h * w)
     return writes(run)
 
