@@ -406,6 +406,19 @@ def conv_grouped(xq, koff, G, planes, P, wp, K, O, bias, epf, grid, out):
 
 
 @njit(parallel=True, cache=True)
+def crop_rows(wide, out):
+    """out (C, oh, ow) = wide[:, :, :ow]: `conv_grouped`'s output cut to its width, on flat unsigned
+    offsets (numpy's strided copy looped per row of 7-28 floats: 320 x 14 x 14 in 17 us, 8 here)."""
+    C, oh, ow = out.shape
+    wq = wide.shape[2]
+    wf, of = wide.reshape(-1), out.reshape(-1)
+    for r in prange(C * oh):
+        s0, d0 = np.uint64(r * wq), np.uint64(r * ow)
+        for x in range(np.uint64(ow)):
+            of[d0 + x] = wf[s0 + x]
+
+
+@njit(parallel=True, cache=True)
 def conv_rows(xq, koff, oh, ow, Wq, wp, K, O, bias, epf, grid, out):
     """A convolution (group 1) whose output rows are wide: each tile is up to 48 pixels of one output
     row, and the micro-kernel reads tap k of pixel (y, x) at koff[k] + y*Wq + x of the phase planes

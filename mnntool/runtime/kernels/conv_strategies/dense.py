@@ -274,7 +274,7 @@ class GroupedTapsInPlace(Strategy):
         return g.group > 1 and not g.depthwise
 
     def build(self, g, layer):
-        from ..fgemm import OCB, conv_grouped, epilogue_of, pack_weights, phase_split, tap_offsets
+        from ..fgemm import OCB, conv_grouped, crop_rows, epilogue_of, pack_weights, phase_split, tap_offsets
         cg, og = g.cin // g.group, g.cout // g.group
         nob = -(-og // OCB)
         wp = np.concatenate([pack_weights(layer.weight[k * og:(k + 1) * og]) for k in range(g.group)])
@@ -291,11 +291,12 @@ class GroupedTapsInPlace(Strategy):
         k = cg * g.kh * g.kw
         fn = sized(conv_grouped, g.cout * g.oh * wq * k, layer.threads)
         planes = cg * g.sh * g.sw * (hq + 1) * wq
+        crop = sized(crop_rows, g.out_size, layer.threads)
 
         def one(x, y):
             split(np.ascontiguousarray(x), g.t, g.l, g.sh, g.sw, phases)
             fn(phases, koff, g.group, planes, g.oh * wq, wp, k, og, bias, epf, on_grid, wide.reshape(-1))
-            np.copyto(y, wide[:, :, :g.ow])
+            crop(wide, y)
         return per_image(g, one)
 
 
