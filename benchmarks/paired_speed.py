@@ -60,8 +60,10 @@ def paired(mnn_path: Path, onnx_path: Path, runs: int, threads: int = 1, own_at:
             runners[n].run(feeds)
             times[n].append((time.perf_counter() - t0) * 1e3)
     med = {n: statistics.median(v) for n, v in times.items()}
-    return {**{f"{n}_ms": med[n] for n in names}, "vs_ort": med["mnntool"] / med["ort"],
-            "vs_mnn": med["mnntool"] / med["mnn"], **({"vs_own": med["mnntool"] / med["own"]} if "own" in med else {})}
+    ratios = {"vs_ort": med["mnntool"] / med["ort"], "vs_mnn": med["mnntool"] / med["mnn"]}
+    if "own" in med:
+        ratios["vs_own"] = med["mnntool"] / med["own"]
+    return {**{f"{n}_ms": med[n] for n in names}, **ratios}
 
 
 def main():

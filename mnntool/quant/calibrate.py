@@ -100,10 +100,10 @@ class Calibrator:
     """Base: collects the histogram; subclasses choose amax from it."""
     name = "base"
 
-    def __init__(self, asymmetric: bool = True, offset: bool = False):
+    def __init__(self, asymmetric: bool = True):
         self.hist = Histogram()
         self.asymmetric = asymmetric
-        self.offset = offset        # an offset grid is allowed (the reader quantizes with any zero point)
+        self.offset = False         # an offset grid is allowed (the reader quantizes with any zero point): `make`
 
     def observe(self, x) -> None:
         self.hist.observe(x)

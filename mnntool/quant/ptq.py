@@ -222,8 +222,9 @@ def calibrate(g: Graph, samples, method: str, nodes, progress=None,
     for t in names:
         if t in pooled and stats.hists[t].negative:
             continue
-        cal = make(method, asymmetric and t not in pooled and _one_sided(t, producers, gridded),
-                   offset=asymmetric and t not in pooled and _float_product(t, producers, gridded, g.constants))
+        zero_point = asymmetric and t not in pooled      # its readers may take a grid with a zero point
+        cal = make(method, zero_point and _one_sided(t, producers, gridded),
+                   offset=zero_point and _float_product(t, producers, gridded, g.constants))
         cal.hist = stats.hists[t]
         grids[t] = cal.grid()
     return grids, stats.means()
@@ -308,8 +309,9 @@ def float_outputs(g: Graph) -> int:
     outputDataType DT_FLOAT): int8 input and weights, no output grid. MNN would otherwise round the
     result to int8 and cast it straight back to float for its readers, a rounding that costs accuracy
     and makes the file's output jump on ulp-sized differences (ViT-tiny, 100 held-out images: cosine vs
-    fp32 in MNN 0.99912 -> 0.99939, agreement of the two runtimes 0.99940 -> 0.99960). Only group-1 GEMM convolutions whose input MNN holds as int8 bytes: MNN runs a layer with
-    a float output as a float layer on its input as it is, so one reading a float operator's output
+    fp32 in MNN 0.99912 -> 0.99939, agreement of the two runtimes 0.99940 -> 0.99960). Only group-1
+    GEMM convolutions whose input MNN holds as int8 bytes: MNN runs a layer with a float output as a
+    float layer on its input as it is, so one reading a float operator's output
     (an SE block's SiLU) would compute on unrounded values, and a depthwise one does so always (both
     measured). Returns how many."""
     readers, producers = g.consumers(), g.producers()

@@ -355,7 +355,7 @@ class Session:
         def nbytes_of(slot):
             v = vals[names[slot]]
             return max(int(np.prod(v.shape, dtype=np.int64)) * np.dtype(v.dtype).itemsize, 1)
-        placed, elided = ({}, set()) if keep_all else placements(steps, output_slots, nbytes_of)
+        placed, elided = placements(steps, output_slots, nbytes_of)     # no Step.concat under keep_all
         for k in elided:
             steps[k].elided = True
         host_end: dict[int, int] = {}       # a Concat host's bytes live until its last part is read

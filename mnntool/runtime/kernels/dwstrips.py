@@ -18,14 +18,13 @@ from __future__ import annotations
 from numba import njit, prange, types
 from numba.extending import intrinsic
 
-from .llvmir import Finish, data_of, declare, first_lanes, lanes, splat as splat_, vector_ops
+from .llvmir import Finish, data_of, first_lanes, lanes, prefetch, splat as splat_, vector_ops
 
 SIZES = (3, 5, 7)
 # taps whose weights stay in zmm registers across a strip; past that each FMA broadcasts its weight
 # from memory (49 of them would spill)
 HOISTED_TAPS = 9
-BLOCK_ROWS = 4      # output rows a step for kernels of BLOCK_MIN_K and more (stride 1, undilated)
-BLOCK_MIN_K = 3
+BLOCK_ROWS = 4      # output rows a step at stride 1, undilated
 
 
 def _make_strip(stride: int, k: int):
@@ -88,10 +87,8 @@ def _make_strip(stride: int, k: int):
                 accs = []
                 for r in range(k):
                     iy = builder.add(top, builder.mul(const(r), d_)) if stride == 1 else builder.add(top, const(r))
-                    inside = builder.and_(builder.icmp_signed(">=", iy, const(0)), builder.icmp_signed("<", iy, H_))
-                    row = builder.select(inside, builder.gep(xp, [builder.mul(iy, W_)]), zp)
-                    v = [builder.call(mload, [builder.bitcast(builder.gep(row, [st]), f16.as_pointer()),
-                                              ir.Constant(i32, 4), m, fzero]) for st, m in zip(starts, masks)]
+                    row = input_row(iy)
+                    v = [load(row, j) for j in range(len(starts))]
                     if stride == 2:
                         pairs = [(builder.shuffle_vector(v[0], v[1], evens),
                                   builder.shuffle_vector(v[0], v[1], odds))]
@@ -114,10 +111,9 @@ def _make_strip(stride: int, k: int):
                             for i in range(0, len(accs), 2)]
                 return accs[0]
 
-            prefetch = declare(builder, "llvm.prefetch.p0", ir.VoidType(), ir.IntType(8).as_pointer(), i32, i32, i32)
             entry = builder.block
             y_first = y0_
-            if stride == 1 and k >= BLOCK_MIN_K:
+            if stride == 1:
                 # BLOCK_ROWS output rows at a time (undilated): each column shift's R + k - 1 input
                 # vectors loaded once for k taps of every row, each weight broadcast once for all of them
                 # (0.65 loads an FMA at k = 5, against 2 row by row); two sums a row (even and odd tap
@@ -136,9 +132,7 @@ def _make_strip(stride: int, k: int):
                 # the next block's new input rows, from L2 or L3: 144 channels 3x3 on 56x56 (3.6 MB in and
                 # out) 282 -> 165 us (the same ahead of each row at stride 2 gained nothing)
                 for q in range(R):
-                    ahead = input_row(builder.add(top, const(R + k - 1 + q)))
-                    at = builder.bitcast(builder.gep(ahead, [starts[0]]), ir.IntType(8).as_pointer())
-                    builder.call(prefetch, [at, ir.Constant(i32, 0), ir.Constant(i32, 3), ir.Constant(i32, 1)])
+                    prefetch(builder, builder.gep(input_row(builder.add(top, const(R + k - 1 + q))), [starts[0]]))
                 racc = [[bv, fzero] for _ in range(R)]
                 for j in range(k):
                     xs = [load(row, j) for row in rows_in]

@@ -18,7 +18,7 @@ from numba import njit, prange, types
 from numba.extending import intrinsic
 
 from .grid import NO_POST
-from .llvmir import Finish, data_of, declare, vector_ops, first_lanes, host_has, k_loop, splat as splat_
+from .llvmir import Finish, data_of, vector_ops, first_lanes, host_has, k_loop, prefetch, splat as splat_
 
 OCB = 8          # output channels per tile
 WEIGHT_BLOCK = 128 * 1024   # floats: the weights one pass over the output streams per tile, kept in L2
@@ -98,18 +98,13 @@ def _make_tile(nv: int, ocb: int = OCB):
                 phi.add_incoming(value, resume)
                 init.append(phi)
 
-            if indirect:
-                prefetch = declare(builder, "llvm.prefetch.p0", ir.VoidType(), ir.IntType(8).as_pointer(), i32, i32,
-                                   i32)
-
             def step(kk, accs):
                 if indirect:
                     offs = data_of(context, builder, a[2], xs_)
                     row = builder.gep(xp, [builder.load(builder.gep(offs, [kk]))])
                     # the next tile's taps (48 pixels on): scattered rows the prefetchers do not follow
                     for v in range(nv):
-                        at = builder.bitcast(builder.gep(row, [const(48 + 16 * v)]), ir.IntType(8).as_pointer())
-                        builder.call(prefetch, [at, ir.Constant(i32, 0), ir.Constant(i32, 3), ir.Constant(i32, 1)])
+                        prefetch(builder, builder.gep(row, [const(48 + 16 * v)]))
                 else:
                     row = builder.gep(xp, [builder.mul(kk, xs_)])
                 xv = [builder.call(mload, [builder.bitcast(builder.gep(row, [const(16 * v)]), f16.as_pointer()),
@@ -231,13 +226,12 @@ def _prefetch_lines(typingctx, x, xo, n):
 
     def codegen(context, builder, sig, args):
         xa, xo_, n_ = args
-        i8p, i32, i64 = ir.IntType(8).as_pointer(), ir.IntType(32), ir.IntType(64)
-        base = builder.bitcast(data_of(context, builder, sig.args[0], xa, xo_), i8p)
-        fn = declare(builder, "llvm.prefetch.p0", ir.VoidType(), i8p, i32, i32, i32)
+        i64 = ir.IntType(64)
+        base = builder.bitcast(data_of(context, builder, sig.args[0], xa, xo_), ir.IntType(8).as_pointer())
         nbytes = builder.mul(n_, ir.Constant(i64, 4))
 
         def body(off, accs):
-            builder.call(fn, [builder.gep(base, [off]), ir.Constant(i32, 0), ir.Constant(i32, 2), ir.Constant(i32, 1)])
+            prefetch(builder, builder.gep(base, [off]), 2)
             return []
         k_loop(builder, nbytes, [], body, step=64)
         return context.get_dummy_value()

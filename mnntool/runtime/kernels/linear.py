@@ -17,7 +17,7 @@ from numba.extending import intrinsic
 
 from . import aligned_empty, sized
 from .llvmir import columns_to_rows, data_of, first_lanes, vector_ops
-from .fgemm import BY_BLOCK_X, OCB, epilogue_of, gemm, gemm_batched, gemm_panels, k_block, pack_panels, tile_count  # noqa: F401
+from .fgemm import BY_BLOCK_X, OCB, epilogue_of, gemm_batched, gemm_panels, k_block, pack_panels, tile_count
 from .grid import NO_POST
 
 

@@ -28,6 +28,16 @@ def declare(builder, name: str, ret, *args):
     return cgutils.get_or_insert_function(builder.module, ir.FunctionType(ret, list(args)), name)
 
 
+def prefetch(builder, pointer, locality: int = 3):
+    """A prefetch (read) of the cache line at `pointer` (any pointer type): into L1 at locality 3,
+    L2 at 2."""
+    from llvmlite import ir
+    i8p, i32 = ir.IntType(8).as_pointer(), ir.IntType(32)
+    fn = declare(builder, "llvm.prefetch.p0", ir.VoidType(), i8p, i32, i32, i32)
+    builder.call(fn, [builder.bitcast(pointer, i8p), ir.Constant(i32, 0), ir.Constant(i32, locality),
+                      ir.Constant(i32, 1)])
+
+
 def vector_ops(builder):
     """(fma, masked load, masked store) on <16 x float>: the three intrinsics every micro-kernel calls."""
     from llvmlite import ir

@@ -16,7 +16,7 @@ from numba import njit, prange, types
 from numba.extending import intrinsic
 
 from .grid import NO_POST
-from .llvmir import Finish, columns_to_rows, data_of, declare, host_has, k_loop, splat as splat_
+from .llvmir import Finish, columns_to_rows, data_of, declare, host_has, k_loop, prefetch, splat as splat_
 
 OCB = 32
 HAS_AVX512 = host_has("avx512f")
@@ -64,13 +64,11 @@ def _make_tile(np_: int):
                 init.append(phi)
 
             ahead = builder.extract_value(fla, 2)
-            prefetch = declare(builder, "llvm.prefetch.p0", ir.VoidType(), ir.IntType(8).as_pointer(), i32, i32, i32)
 
             def step(kk, accs):
                 wrow = builder.gep(wp, [builder.mul(kk, const(OCB))])
                 for h in range(2):      # the same k of the next channel block's weights (flags[2] on)
-                    at = builder.bitcast(builder.gep(wrow, [builder.add(ahead, const(16 * h))]), ir.IntType(8).as_pointer())
-                    builder.call(prefetch, [at, ir.Constant(i32, 0), ir.Constant(i32, 2), ir.Constant(i32, 1)])
+                    prefetch(builder, builder.gep(wrow, [builder.add(ahead, const(16 * h))]), 2)
                 wv = [builder.load(builder.bitcast(builder.gep(wrow, [const(16 * h)]), f16.as_pointer()), align=4)
                       for h in range(2)]
                 xrow = builder.gep(xp, [builder.mul(kk, xs_)])

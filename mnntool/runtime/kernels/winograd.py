@@ -157,7 +157,6 @@ class Winograd:
         self.out_epf, self.on_grid = epilogue_of(act, grid, post)
         self.zero_bias = np.zeros(-(-cout // OC_BLOCK) * OC_BLOCK if self.oc else self.nob * OCB, np.float32)
         self.a2, self.tiles = a2, tiles
-        self.kc = k_block(cin, self.nob * OCB, tile_count(tiles))
         self.fwd = sized(input_transform4 if m == 4 else input_transform2, a2 * cin * tiles * 4, threads)
         self.gemm = sized(ocgemm if self.oc else gemm_batched, a2 * self.nob * OCB * cin * tiles // 16, threads)
         self.cout = cout
@@ -170,15 +169,14 @@ class Winograd:
         per_row = a2 * (cin + self.nob * OCB) * self.tw * 4
         whole = m != 4 or self.oc or per_row * self.th <= 4 * CHUNK_BYTES
         self.chunk = self.th if whole else min(self.th, max(4, CHUNK_BYTES // per_row))
-        if self.chunk < self.th:
-            self.kc = k_block(cin, self.nob * OCB, tile_count(self.chunk * self.tw))
+        self.kc = k_block(cin, self.nob * OCB, tile_count(self.chunk * self.tw))
 
     def __call__(self, x, y):
-        if self.chunk < self.th:
-            return self._chunked(np.ascontiguousarray(x), y)
+        x = np.ascontiguousarray(x)         # read in place, padding as zeros
+        if self.m == 4 and not self.oc:
+            return self._tile_rows(x, y)
         cin, tiles, rows, a2 = self.cin, self.tiles, self.nob * OCB, self.a2
         v, mm = scratch("winograd_in", (a2, cin, tiles)), scratch("winograd_out", (a2, rows, tiles))
-        x = np.ascontiguousarray(x)         # read in place, padding as zeros
         if self.m == 4:
             self.fwd(x, self.t, self.l, self.th, self.tw, v)
         else:
@@ -194,7 +192,8 @@ class Winograd:
         else:
             self.inv(mm, self.out_idx, self.out_mask, self.bias, self.out_epf, self.on_grid, y)
 
-    def _chunked(self, x, y):
+    def _tile_rows(self, x, y):
+        """F(4x4) on fgemm's GEMMs, `chunk` tile rows at a time (all of them on a small map)."""
         cin, rows, a2, tw = self.cin, self.nob * OCB, self.a2, self.tw
         for ty0 in range(0, self.th, self.chunk):
             th = min(self.chunk, self.th - ty0)

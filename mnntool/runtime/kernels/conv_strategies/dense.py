@@ -137,6 +137,15 @@ class BlasRows(Strategy):
         return writes(run)
 
 
+def _one_gemm(g: Geometry, layer: Layer, pixels: int):
+    """The layer's weights packed for one GEMM over `pixels` columns: channels-in-lanes (ocgemm) where the
+    pixel count suits it, else fgemm's packed tiles."""
+    from ..fgemm import PackedGemm
+    from ..ocgemm import OcGemm, suits
+    return (OcGemm if suits(pixels, g.weight_bytes) else PackedGemm)(layer.weight, layer.bias, layer.act, layer.grid,
+                                                                     pixels, layer.threads, layer.post)
+
+
 class Pointwise(Strategy):
     """1x1 (strided: on every sh-th row and sw-th column) as one GEMM, channels-in-lanes (ocgemm) where
     its pixel count suits, else fgemm's packed tiles."""
@@ -146,12 +155,8 @@ class Pointwise(Strategy):
         return g.one_by_one
 
     def build(self, g, layer):
-        from ..fgemm import PackedGemm
-        from ..ocgemm import OcGemm, suits
         pixels, subsample = g.oh * g.ow, g.sh > 1 or g.sw > 1
-        packed = (OcGemm if suits(pixels, g.weight_bytes) else PackedGemm)(layer.weight, layer.bias, layer.act,
-                                                                            layer.grid, pixels, layer.threads,
-                                                                            layer.post)
+        packed = _one_gemm(g, layer, pixels)
         picked = np.empty((g.cin, g.oh, g.ow), np.float32) if subsample else None
 
         def one(x, y):
@@ -173,12 +178,8 @@ class Patchify(Strategy):
                 not g.padded)
 
     def build(self, g, layer):
-        from ..fgemm import PackedGemm
-        from ..ocgemm import OcGemm, suits
         pixels = g.oh * g.ow
-        packed = (OcGemm if suits(pixels, g.weight_bytes) else PackedGemm)(layer.weight, layer.bias, layer.act,
-                                                                            layer.grid, pixels, layer.threads,
-                                                                            layer.post)
+        packed = _one_gemm(g, layer, pixels)
         cols = np.empty((g.cin, g.kh, g.kw, g.oh, g.ow), np.float32)
 
         def one(x, y):
