@@ -30,6 +30,7 @@ Grid = tuple[float, int]     # (scale, zero point)
 # a fused ReLU at q = 0, which is real 0 only on a symmetric grid (ResNet-18: output cosine 0.80 vs 0.9999)
 ONE_SIDED_PRODUCERS = {None, "Convolution", "ConvolutionDepthwise", "Pooling", "ReLU", "ReLU6"}
 MOVES = {"Reshape", "ConvertTensor", "Flatten", "Squeeze", "Unsqueeze", "Identity"}
+GELUS = {"GELU", "GELU_STANDARD"}
 
 
 def _computed_by(tensor: str, producers):
@@ -97,30 +98,42 @@ def _averages(n) -> bool:
         (n.op == "Reduction" and p.get("operation") == "MEAN")
 
 
+def _reads_gelu(n, producers) -> bool:
+    src = _computed_by(n.inputs[0], producers) if n.inputs else None
+    return src is not None and src.op == "UnaryOp" and (src.param or {}).get("opType") in GELUS
+
+
 def float_layers(g: Graph) -> set[str]:
     """Convolutions that stay float.
 
     Those whose result reaches a graph output through data movement only: an int8 output grid would
-    flatten the small logit differences that decide the top-1. And those whose result is averaged (an
+    flatten the small logit differences that decide the top-1. Those whose result is averaged (an
     average pooling, a mean): MNN runs such a pool on its input's int8 grid and rounds each mean back
     to that grid, which costs a global pool most of its precision (MobileNetV2: output cosine 0.99989
-    in MNN, 0.9999993 with the last convolution float).
+    in MNN, 0.9999993 with the last convolution float). And those that read a GELU's output (a
+    transformer MLP's second Linear): that input has a long one-sided tail a uniform int8 grid serves
+    poorly (PTQ4ViT's post-GELU activations), and it is the model's widest tensor, so the grid's
+    rounding there turns the ulp-sized differences of the float operators before it into the largest
+    share of what two runtimes disagree on (ViT-tiny, 100 held-out images: cosine vs fp32 in MNN
+    0.99938 -> 0.99969, agreement of mnntool's runtime and MNN 0.99958 -> 0.99992).
     """
     producers = g.producers()
     heads = [_conv_before(out, producers) for out in g.outputs]
     pooled = [_conv_before(n.inputs[0], producers) for n in g.nodes if _averages(n) and n.inputs]
-    return {name for name in heads + pooled if name}
+    mlp = [n.name for n in g.nodes if n.op in CONVS and _reads_gelu(n, producers)]
+    return {name for name in heads + pooled + mlp if name}
 
 
 def float_report(g: Graph, q: Graph, skip: set[str], auto_skipped: list) -> list[dict]:
     """Each convolution the int8 file computes in float, why, and how its weights are stored."""
-    keep, pooled = float_layers(g), max_pooled(g)
+    keep, pooled, producers = float_layers(g), max_pooled(g), g.producers()
     rows = []
     for n in q.nodes:
         if n.op not in CONVS or "symmetricQuan" in n.param:
             continue
         why = ("asked (--skip)" if n.name in skip or n.outputs[0] in skip else
                "auto-skip" if n.name in auto_skipped else
+               "reads a GELU's output" if n.name in keep and _reads_gelu(n, producers) else
                "feeds an output or an average" if n.name in keep else
                "reads or writes a max pooling's negative values (MNN's x86 int8 max pooling compares "
                "bytes as unsigned)" if {n.inputs[0], n.outputs[0]} & pooled else "no weights to quantize")

@@ -364,3 +364,87 @@ def test_int8_convolution_with_a_float_output_computes_what_mnn_does(tmp_path):
     theirs = mnn_run(int8, ["x"], ["y"], feeds)["y"]
     assert metrics(ref, theirs)["cosine"] >= 0.999
     assert metrics(theirs, ours["y"])["cosine"] >= 0.99999
+
+
+class GridActivations(nn.Module):
+    """Float operators reading int8 convolutions' outputs, as MobileNetV3 and EfficientNet have them: a
+    hard-swish, a SiLU (x * sigmoid(x)) and a sigmoid gate, each read by an int8 convolution."""
+    def __init__(self):
+        super().__init__()
+        self.a, self.b = _cbr(16, 32, act=nn.Hardswish), _cbr(32, 32, act=nn.SiLU)
+        self.gate, self.head = nn.Conv2d(32, 32, 1), nn.Conv2d(32, 8, 1)
+
+    def forward(self, x):
+        b = self.b(self.a(x))
+        return self.head(b * torch.sigmoid(self.gate(b)))
+
+
+def test_float_operators_on_int8_tensors_compute_mnns_floats(tmp_path):
+    """A float operator whose input lies on an int8 grid runs by a table of MNN's own results
+    (kernels.mnn_math), so its output is MNN's to the bit (each asked of MNN alone): an ulp of
+    difference there flips the next layer's rounding now and then. The SiLU's product has a grid (the
+    gate's convolution reads it as int8) but MNN computes it in float, and the gate's product reads it
+    unrounded (runtime.session.stored_grids): the outputs then agree to float precision."""
+    rng = np.random.default_rng(4)
+    shape = (1, 16, 24, 32)
+    fp32, int8 = _exported(tmp_path, GridActivations, shape)
+    samples = [{"x": rng.standard_normal(shape).astype(np.float32)} for _ in range(8)]
+    quantize_file(fp32, int8, QuantConfig(int8=True, calib=samples, method="mse"))
+    g = reader.load(int8)
+    producers = g.producers()
+    silu = next(n for n in g.nodes if n.op == "BinaryOp" and "/b/" in n.name)
+    assert g.info(silu.outputs[0]).quant is not None
+    session = Session(g)
+    checked = set()
+    for seed in range(2):
+        feeds = {"x": rng.standard_normal(shape).astype(np.float32)}
+        ours = session.run(feeds, keep_all=True)
+        for n in g.nodes:
+            src = producers.get(n.inputs[0]) if n.inputs else None
+            if n.op != "UnaryOp" or src is None or "symmetricQuan" not in src.param:
+                continue
+            t = n.outputs[0]
+            theirs = mnn_run(int8, ["x"], [t], feeds)[t].reshape(-1)
+            mine = ours[t].reshape(-1).astype(np.float32)
+            assert np.array_equal(theirs, mine), (t, int((theirs != mine).sum()), theirs.size)
+            checked.add(n.param["opType"])
+        theirs = mnn_run(int8, ["x"], ["y"], feeds)["y"]
+        assert np.abs(theirs - ours["y"].reshape(theirs.shape)).max() <= 1e-5 * np.abs(theirs).max()
+    assert checked == {"HARDSWISH", "SIGMOID"}
+
+
+class FloatSkipResidual(nn.Module):
+    """Layers kept float (`--skip`: c2, and c4 in "float_sum"). c2's result is read by an int8
+    convolution, so the file gives it a grid, and by a residual sum. In "int8_sum" the sum's other
+    operand has a grid too: MNN runs that sum on int8 operands, so it reads c2's result rounded. In
+    "float_sum" the other operand (c4's result) has none: a float sum in MNN, which reads c2's result
+    unrounded (EfficientNet-B0's residual Adds with --auto-skip)."""
+    def __init__(self, kind):
+        super().__init__()
+        self.kind = kind
+        self.c1, self.c2, self.c4 = _cbr(16, 16), nn.Conv2d(16, 16, 1), nn.Conv2d(16, 16, 1)
+        self.c3, self.head = nn.Conv2d(16, 16, 3, 1, 1), nn.Conv2d(16, 8, 1)
+
+    def forward(self, x):
+        a = self.c1(x)
+        b = self.c2(a)
+        return self.head(self.c3(b) + (a + b if self.kind == "int8_sum" else b + self.c4(a)))
+
+
+@pytest.mark.parametrize("kind", ["int8_sum", "float_sum"])
+def test_which_readers_see_a_float_layers_output_rounded(tmp_path, kind):
+    rng = np.random.default_rng(5)
+    shape = (1, 16, 24, 32)
+    fp32, int8 = _exported(tmp_path, lambda: FloatSkipResidual(kind), shape)
+    kept = tuple(n.name for n in reader.load(fp32).nodes if n.op == "Convolution" and ("c2" in n.name or "c4" in n.name))
+    samples = [{"x": rng.standard_normal(shape).astype(np.float32)} for _ in range(8)]
+    quantize_file(fp32, int8, QuantConfig(int8=True, calib=samples, method="mse", skip=kept))
+    g = reader.load(int8)
+    c2 = next(n for n in g.nodes if n.name in kept and "c2" in n.name)
+    assert "symmetricQuan" not in c2.param and g.info(c2.outputs[0]).quant is not None
+    session = Session(g)
+    for _ in range(3):
+        feeds = {"x": rng.standard_normal(shape).astype(np.float32)}
+        theirs = mnn_run(int8, ["x"], ["y"], feeds)["y"]
+        mine = session.run(feeds)["y"].reshape(theirs.shape)
+        assert np.abs(theirs - mine).max() <= 1e-5 * np.abs(theirs).max()

@@ -6,7 +6,7 @@ import math
 import numpy as np
 from numba import njit, prange
 
-from . import PLAN_ONLY, by_definition, kernel, returns, sized, writes
+from . import PLAN_ONLY, by_definition, kernel, mnn_math, returns, sized, writes
 from ...ir.ops.elementwise import COMPARE as COMPARE_OPS, operand_dtypes
 from .norm import EXP_FLOOR, exp_poly, exp_split
 
@@ -213,6 +213,9 @@ def sigmoid_blocks(x, out, times_x=False):
 
 
 def fused_silu(node, ins, outs, settings):
+    exact = mnn_math.on_grid("FusedSiLU", ins, outs, settings.threads)
+    if exact is not None:
+        return exact
     size = _size(outs) or 0
     blocks = sized(sigmoid_blocks, size * 4, settings.threads)
     return writes(lambda i, o: blocks(np.ascontiguousarray(i[0], np.float32).reshape(-1), o[0].reshape(-1), True))
@@ -235,7 +238,7 @@ def _size(outs) -> int | None:
 
 @kernel("Sigmoid")
 def sigmoid(node, ins, outs, settings):
-    return _sigmoid_kernel(_size(outs), settings.threads)
+    return mnn_math.on_grid("SIGMOID", ins, outs, settings.threads) or _sigmoid_kernel(_size(outs), settings.threads)
 
 
 @kernel("TanH")
@@ -273,6 +276,9 @@ def unary(node, ins, outs, settings):
     if op not in UNARY or ins[0].dtype != "float32":
         return by_definition(node)
     fn = UNARY[op]
+    exact = mnn_math.on_grid(op, ins, outs, settings.threads)
+    if exact is not None:
+        return exact
     if op == "SIGMOID" and ins[0].dtype == "float32":
         return _sigmoid_kernel(_size(outs), settings.threads)
     if op in ("ERF", "GELU_STANDARD") and ins[0].dtype == "float32" and outs[0].shape is not None:
