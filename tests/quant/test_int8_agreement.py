@@ -448,3 +448,40 @@ def test_which_readers_see_a_float_layers_output_rounded(tmp_path, kind):
         theirs = mnn_run(int8, ["x"], ["y"], feeds)["y"]
         mine = session.run(feeds)["y"].reshape(theirs.shape)
         assert np.abs(theirs - mine).max() <= 1e-5 * np.abs(theirs).max()
+
+
+class Mlp(nn.Module):
+    """A transformer block's MLP: LayerNorm, Linear, GELU, Linear, residual."""
+    def __init__(self):
+        super().__init__()
+        self.norm, self.fc1, self.fc2 = nn.LayerNorm(32), nn.Linear(32, 128), nn.Linear(128, 32)
+        self.head = nn.Linear(32, 8)
+
+    def forward(self, x):
+        return self.head(x + self.fc2(F.gelu(self.fc1(self.norm(x)))))
+
+
+def test_the_linear_after_a_gelu_stays_float_and_is_reported(tmp_path):
+    """ptq.float_layers: a Linear reading a GELU's output keeps its compute float (int8 weights), with
+    its reason in the report; the Linear before the GELU is int8. Both runtimes agree on the file."""
+    rng = np.random.default_rng(6)
+    shape = (1, 50, 32)
+    torch.manual_seed(0)
+    onnx_path, fp32, int8 = tmp_path / "m.onnx", tmp_path / "m.mnn", tmp_path / "m8.mnn"
+    torch.onnx.export(Mlp().eval(), (torch.randn(*shape),), str(onnx_path), dynamo=False, opset_version=17,
+                      input_names=["x"], output_names=["y"])
+    api.convert(onnx_path, fp32)
+    samples = [{"x": rng.standard_normal(shape).astype(np.float32)} for _ in range(8)]
+    report = quantize_file(fp32, int8, QuantConfig(int8=True, calib=samples, method="mse"))
+    reasons = {f["name"]: f["reason"] for f in report["float_layers"]}
+    fc2 = [name for name in reasons if "fc2" in name]
+    assert len(fc2) == 1 and reasons[fc2[0]] == "reads a GELU's output"
+    assert not any("fc1" in name for name in reasons)
+    g = reader.load(int8)
+    assert any("fc1" in n.name and "symmetricQuan" in n.param for n in g.nodes)
+    feeds = {"x": rng.standard_normal(shape).astype(np.float32)}
+    ours = Session(g).run(feeds)["y"]
+    theirs = mnn_run(int8, ["x"], ["y"], feeds)["y"].reshape(ours.shape)
+    ref = Session(reader.load(fp32)).run(feeds)["y"]
+    assert metrics(ref, theirs)["cosine"] >= 0.999
+    assert metrics(theirs, ours)["cosine"] >= 0.9999
