@@ -53,6 +53,9 @@ def _probe_feeds(g, shapes: dict) -> tuple[dict, str | None]:
     return random_feeds(g, fixed), note
 
 
+SUGGEST_BELOW = 0.999     # an int8 output below this cosine vs fp32 gets a note pointing at --auto-skip
+
+
 def quantize_file(src, dst, config: QuantConfig, progress=None) -> dict:
     """Quantize a .mnn file into another; returns the report (sizes, per-layer accuracy, skipped layers)."""
     from .ptq import float_report, quantize_int8
@@ -121,4 +124,9 @@ def quantize_file(src, dst, config: QuantConfig, progress=None) -> dict:
         "outputDataType") == "DT_FLOAT")
     if cfg.int8:
         report["float_layers"] = float_report(g, q, skip, report.get("auto_skipped") or [])
+        worst = min((o["cosine"] for o in acc["outputs"]), default=1.0)
+        if cfg.auto_skip is None and worst < SUGGEST_BELOW:
+            report.setdefault("notes", []).append(
+                f"output cosine vs fp32 {worst:.6f} on the held-out samples: --auto-skip {SUGGEST_BELOW} keeps "
+                f"the fewest layers in float (int8 weights) that reach {SUGGEST_BELOW}")
     return report

@@ -100,6 +100,19 @@ def test_skip_and_auto_skip(resnet_mnn, tmp_path):
     r = quantize_file(src, tmp_path / "a.mnn", QuantConfig(int8=True, calib=calib, method="kl", auto_skip=0.9999))
     assert min(o["cosine"] for o in r["outputs"]) >= 0.9999
     assert r["int8_layers"] > 0 or r["auto_skipped"]
+    assert not any("--auto-skip" in note for note in r.get("notes", []))
+
+
+def test_a_low_output_cosine_points_at_auto_skip(resnet_mnn, tmp_path, monkeypatch):
+    """Below quant.SUGGEST_BELOW (raised here past every cosine) the report's notes name --auto-skip;
+    with --auto-skip given they do not."""
+    import mnntool.quant as quant
+    src, calib = resnet_mnn
+    monkeypatch.setattr(quant, "SUGGEST_BELOW", 1.5)
+    r = quantize_file(src, tmp_path / "q.mnn", QuantConfig(int8=True, calib=calib))
+    assert [n for n in r["notes"] if "--auto-skip 1.5" in n]
+    r = quantize_file(src, tmp_path / "a.mnn", QuantConfig(int8=True, calib=calib, auto_skip=0.99))
+    assert not any("--auto-skip" in note for note in r.get("notes", []))
 
 
 def test_bad_calibration_input(resnet_mnn, tmp_path):
