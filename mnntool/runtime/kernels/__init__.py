@@ -113,6 +113,20 @@ def scratch(name: str, shape: tuple) -> np.ndarray:
     return buf[:size].reshape(shape)
 
 
+class Scratch:
+    """A kernel's handle on `scratch(name, shape)`, asked for at every run but rebuilt only when the
+    shared buffer changed (another thread, a larger layer): ~0.2 us a call against ~1.5."""
+
+    def __init__(self, name: str, shape: tuple):
+        self.name, self.shape, self.base, self.view = name, tuple(shape), None, None
+
+    def __call__(self) -> np.ndarray:
+        if _SCRATCH.__dict__.get(self.name) is not self.base or self.base is None:
+            self.view = scratch(self.name, self.shape)
+            self.base = _SCRATCH.__dict__[self.name]
+        return self.view
+
+
 def by_definition(node) -> Kernel:
     """The op's own definition (ir/ops) as its kernel: numpy, for the ops and variants (integer types,
     run-time operands) that no fast kernel covers."""

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from . import PLAN_ONLY, aligned_empty, sized, writes
+from . import PLAN_ONLY, Scratch, sized, writes
 from .norm import row_softmax
 
 SLICE_BYTES = 512 * 1024       # scores per slice: with the probabilities, half of a 2 MB L2
@@ -46,13 +46,13 @@ def fused_attention(node, ins, outs, settings):
     depth = slice_depth(scores_shape, tuple(out_shape[:-2])) if out_shape is not None and \
         all(isinstance(d, int) for d in out_shape) else 0
     count = int(np.prod(scores_shape[depth:]))
-    scores = aligned_empty(count, np.float32).reshape(scores_shape[depth:])
-    probs = aligned_empty(count, np.float32).reshape(scores_shape[depth:])
+    # buffers every attention step shares (scratch): one pair per step was cold at every run
+    scores_of, probs_of = Scratch("attention_scores", scores_shape[depth:]), Scratch("attention_probs", scores_shape[depth:])
     rows = sized(row_softmax(), count * 8, settings.threads)
     guard = bool(node.param.get("guard"))
     rank = len(scores_shape)
 
-    def one(qq, kk, vv, mask, out):
+    def one(qq, kk, vv, mask, out, scores, probs):
         kk = np.swapaxes(kk, -1, -2) if transpose_b else kk
         np.matmul(qq, kk, out=scores)
         if mask is not None:
@@ -65,12 +65,13 @@ def fused_attention(node, ins, outs, settings):
 
     def run(i, o):
         mask = i[3] if len(i) > 3 else None
+        scores, probs = scores_of(), probs_of()
         if depth == 0:
-            one(i[0], i[1], i[2], mask, o[0])
+            one(i[0], i[1], i[2], mask, o[0], scores, probs)
             return
         for idx in np.ndindex(*scores_shape[:depth]):
             one(_index(i[0], idx, rank), _index(i[1], idx, rank), _index(i[2], idx, rank),
-                None if mask is None else _index(mask, idx, rank), o[0][idx])
+                None if mask is None else _index(mask, idx, rank), o[0][idx], scores, probs)
     return writes(run)
 
 

@@ -15,7 +15,7 @@ import numpy as np
 from numba import njit, prange, types
 from numba.extending import intrinsic
 
-from . import aligned_empty, sized
+from . import Scratch, sized
 from .llvmir import columns_to_rows, data_of, first_lanes, vector_ops
 from .fgemm import BY_BLOCK_X, OCB, epilogue_of, gemm_batched, gemm_panels, k_block, pack_panels, tile_count
 from .grid import NO_POST
@@ -91,7 +91,9 @@ class RowGemm:
             right[k] = bias
         self.right = pack_panels(right)
         nob = -(-m // OCB)
-        self.packed = aligned_empty(nob * self.kp * OCB)
+        # the packed rows in a buffer all row GEMMs share: one per layer was cold at every run (ViT-tiny's
+        # 48 layers: 7 MB of them)
+        self.packed = Scratch("rowgemm_rows", (nob * self.kp * OCB,))
         self.zero = np.zeros(nob * OCB, np.float32)
         self.kc = k_block(self.kp, nob * OCB, tile_count(n))
         self.epf, self.grid = epilogue_of(act, grid, post)     # a fused activation in the IR epilogue
@@ -100,8 +102,9 @@ class RowGemm:
 
     def __call__(self, a: np.ndarray, y: np.ndarray) -> None:
         """a (M, K) rows (any strides), y (M, N) C-contiguous."""
-        self.pack(np.ascontiguousarray(a).reshape(1, self.m, -1), self.ones, self.packed)
-        self.fn(self.right, self.n, self.packed, self.kp, self.kc, self.m, self.zero, self.epf, self.grid,
+        packed = self.packed()
+        self.pack(np.ascontiguousarray(a).reshape(1, self.m, -1), self.ones, packed)
+        self.fn(self.right, self.n, packed, self.kp, self.kc, self.m, self.zero, self.epf, self.grid,
                 y.reshape(-1), self.n)
 
 
@@ -113,7 +116,7 @@ class BatchedMatMul:
         self.shape = (batches, m, k, n)
         nob = -(-m // OCB)
         self.wstride = nob * k * OCB
-        self.packed = aligned_empty(batches * self.wstride)
+        self.packed = Scratch("rowgemm_rows", (batches * self.wstride,))
         self.zero = np.zeros(nob * OCB, np.float32)
         self.kc = k_block(k, nob * OCB, tile_count(n))
         self.by_block = k * n <= BY_BLOCK_X
@@ -123,6 +126,7 @@ class BatchedMatMul:
 
     def __call__(self, a: np.ndarray, b: np.ndarray, out: np.ndarray) -> None:
         nb, m, k, n = self.shape
-        self.pack(np.ascontiguousarray(a), 0, self.packed)
-        self.fn(b.reshape(-1), n, k * n, n, self.packed, self.wstride, k, self.kc, m, self.zero, self.epf, 0,
+        packed = self.packed()
+        self.pack(np.ascontiguousarray(a), 0, packed)
+        self.fn(b.reshape(-1), n, k * n, n, packed, self.wstride, k, self.kc, m, self.zero, self.epf, 0,
                 out.reshape(-1), n, m * n, nb, self.by_block)

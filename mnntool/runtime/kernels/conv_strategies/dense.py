@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .. import sized, writes
+from .. import Scratch, sized, writes
 from ..conv_loops import bias_act, im2col
 from ..grid import apply_act
 from .base import Geometry, Layer, Strategy, padder, per_image, regrid_of
@@ -16,6 +16,7 @@ WINOGRAD_MIN_CHANNELS = 8
 # Implicit im2col reads its taps in place (no panel copy) for output rows from 32 wide whose packed
 # weights fit L2 (256 KB): MobileNetV2's stem 0.43 -> 0.28 ms, ResNet-18's 2.9 -> 2.5 ms.
 TAPS_IN_PLACE_MIN_WIDTH, L2_BYTES = 32, 256 * 1024
+COLS = "conv_cols"      # the work buffer (kernels.scratch) im2col matrices and strided picks share
 
 
 
@@ -157,10 +158,11 @@ class Pointwise(Strategy):
     def build(self, g, layer):
         pixels, subsample = g.oh * g.ow, g.sh > 1 or g.sw > 1
         packed = _one_gemm(g, layer, pixels)
-        picked = np.empty((g.cin, g.oh, g.ow), np.float32) if subsample else None
+        picked_of = Scratch(COLS, (g.cin, g.oh, g.ow)) if subsample else None
 
         def one(x, y):
             if subsample:
+                picked = picked_of()
                 np.copyto(picked, x[:, :(g.oh - 1) * g.sh + 1:g.sh, :(g.ow - 1) * g.sw + 1:g.sw])
             packed((picked if subsample else x).reshape(-1), pixels, y.reshape(-1), pixels)
         return per_image(g, one)
@@ -180,9 +182,10 @@ class Patchify(Strategy):
     def build(self, g, layer):
         pixels = g.oh * g.ow
         packed = _one_gemm(g, layer, pixels)
-        cols = np.empty((g.cin, g.kh, g.kw, g.oh, g.ow), np.float32)
+        cols_of = Scratch(COLS, (g.cin, g.kh, g.kw, g.oh, g.ow))
 
         def one(x, y):
+            cols = cols_of()
             p = x[:, :g.oh * g.kh, :g.ow * g.kw].reshape(g.cin, g.oh, g.kh, g.ow, g.kw)
             np.copyto(cols, p.transpose(0, 2, 4, 1, 3))
             packed(cols.reshape(-1), pixels, y.reshape(-1), pixels)
@@ -199,12 +202,13 @@ class Im2colChannelsInLanes(Strategy):
 
     def build(self, g, layer):
         from ..ocgemm import OcGemm
-        cols = np.empty((g.cin * g.kh * g.kw, g.oh * g.ow), np.float32)
-        unfold = sized(im2col, cols.size, layer.threads)
+        cols_of = Scratch(COLS, (g.cin * g.kh * g.kw, g.oh * g.ow))
+        unfold = sized(im2col, g.cin * g.kh * g.kw * g.oh * g.ow, layer.threads)
         gemm = OcGemm(layer.weight, layer.bias, layer.act, layer.grid, g.oh * g.ow, layer.threads, layer.post)
         pad = padder(g)
 
         def one(x, y):
+            cols = cols_of()
             unfold(pad(x), g.kh, g.kw, g.sh, g.sw, g.dh, g.dw, g.oh, g.ow, cols)
             gemm(cols.reshape(-1), g.oh * g.ow, y.reshape(-1), g.oh * g.ow)
         return per_image(g, one)
@@ -287,7 +291,7 @@ class GroupedTapsInPlace(Strategy):
         # one zero row past each plane: the thrown-away columns of the last rows read into it
         phases = np.zeros((g.cin * g.sh * g.sw, hq + 1, wq), np.float32)
         koff = tap_offsets(cg, g.kh, g.kw, g.sh, g.sw, g.dh, g.dw, hq + 1, wq)
-        wide = np.empty((g.cout, g.oh, wq), np.float32)
+        wide_of = Scratch(COLS, (g.cout, g.oh, wq))     # every column written, the thrown-away ones too
         split = sized(phase_split, g.cin * g.h * g.w, layer.threads)
         k = cg * g.kh * g.kw
         fn = sized(conv_grouped, g.cout * g.oh * wq * k, layer.threads)
@@ -295,6 +299,7 @@ class GroupedTapsInPlace(Strategy):
         crop = sized(crop_rows, g.out_size, layer.threads)
 
         def one(x, y):
+            wide = wide_of()
             split(np.ascontiguousarray(x), g.t, g.l, g.sh, g.sw, phases)
             fn(phases, koff, g.group, planes, g.oh * wq, wp, k, og, bias, epf, on_grid, wide.reshape(-1))
             crop(wide, y)
