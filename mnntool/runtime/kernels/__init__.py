@@ -127,6 +127,27 @@ class Scratch:
         return self.view
 
 
+class SharedZeros:
+    """A zero-filled float32 buffer shared on this thread by every kernel that asks with the same key:
+    for buffers whose writers leave the same part zero (a padding border) and rewrite the rest at every
+    call, so convolutions of one geometry share their padded input planes, kept in cache, where one
+    per layer was cold at every run. The key must fix everything that decides what is written."""
+
+    def __init__(self, key: tuple, shape: tuple):
+        self.key, self.shape, self.base = ("zeros",) + tuple(key) + tuple(shape), tuple(shape), None
+
+    def __call__(self) -> np.ndarray:
+        table = _SCRATCH.__dict__.setdefault("zeros", {})
+        buf = table.get(self.key)
+        if buf is None:
+            n = 1
+            for d in self.shape:
+                n *= d
+            buf = table[self.key] = aligned_empty(n).reshape(self.shape)
+            buf[...] = 0
+        return buf
+
+
 def by_definition(node) -> Kernel:
     """The op's own definition (ir/ops) as its kernel: numpy, for the ops and variants (integer types,
     run-time operands) that no fast kernel covers."""

@@ -8,7 +8,7 @@ from typing import NamedTuple
 import numpy as np
 
 from ....ir.ops.nn import pads_of, same_pads
-from .. import Kernel, sized, writes
+from .. import Kernel, SharedZeros, sized, writes
 from ..grid import NO_GRID, NO_POST, to_grid
 
 
@@ -184,11 +184,13 @@ def regrid_of(g: Geometry, layer: Layer):
 
 
 def padder(g: Geometry):
-    padded = np.zeros((g.cin, g.h + g.t + g.b, g.w + g.l + g.r), np.float32) if g.padded else None
+    """x in a zero border; the bordered buffer is shared by the layers of one geometry (SharedZeros)."""
+    if not g.padded:
+        return lambda x: x
+    padded_of = SharedZeros((g.h, g.w, g.t, g.l), (g.cin, g.h + g.t + g.b, g.w + g.l + g.r))
 
     def pad(x):
-        if padded is None:
-            return x
+        padded = padded_of()
         padded[:, g.t:g.t + g.h, g.l:g.l + g.w] = x
         return padded
     return pad

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .. import Scratch, sized, writes
+from .. import Scratch, SharedZeros, sized, writes
 from ..conv_loops import bias_act, im2col
 from ..grid import apply_act
 from .base import Geometry, Layer, Strategy, padder, per_image, regrid_of
@@ -220,9 +220,14 @@ def _phases(g: Geometry, layer: Layer):
     from ..fgemm import PackedGemm, phase_split
     packed = PackedGemm(layer.weight, layer.bias, layer.act, layer.grid, g.oh * g.ow, layer.threads, layer.post)
     hq, wq = g.phase_planes
-    phases = np.zeros((g.cin * g.sh * g.sw, hq, wq), np.float32)
+    phases_of = SharedZeros((g.h, g.w, g.t, g.l, g.sh, g.sw), (g.cin * g.sh * g.sw, hq, wq))
     split = sized(phase_split, g.cin * g.h * g.w, layer.threads)
-    return packed, phases, hq, wq, lambda x: split(np.ascontiguousarray(x), g.t, g.l, g.sh, g.sw, phases)
+
+    def split_phases(x):
+        phases = phases_of()
+        split(np.ascontiguousarray(x), g.t, g.l, g.sh, g.sw, phases)
+        return phases
+    return packed, hq, wq, split_phases
 
 
 class TapsInPlace(Strategy):
@@ -236,12 +241,12 @@ class TapsInPlace(Strategy):
 
     def build(self, g, layer):
         from ..fgemm import conv_rows, tap_offsets
-        packed, phases, hq, wq, split = _phases(g, layer)
+        packed, hq, wq, split = _phases(g, layer)
         koff = tap_offsets(g.cin, g.kh, g.kw, g.sh, g.sw, g.dh, g.dw, hq, wq)
         rows = sized(conv_rows, packed.rows() * g.oh * g.ow * g.cin * g.kh * g.kw // 16, layer.threads)
 
         def one(x, y):
-            split(x)
+            phases = split(x)
             rows(phases, koff, g.oh, g.ow, wq, packed.wp, g.cin * g.kh * g.kw, g.cout, packed.bias, packed.epf,
                  packed.grid, y.reshape(-1))
         return per_image(g, one)
@@ -256,14 +261,14 @@ class ImplicitIm2col(Strategy):
 
     def build(self, g, layer):
         from ..fgemm import conv_im2col, tap_offsets
-        packed, phases, hq, wq, split_phases = _phases(g, layer)
+        packed, hq, wq, split_phases = _phases(g, layer)
         koff = tap_offsets(g.cin, g.kh, g.kw, g.sh, g.sw, g.dh, g.dw, hq, wq)
         # output-channel blocks split across threads when the pixel tiles alone leave threads idle
         split = min(packed.nob, -(-2 * layer.threads // packed.tiles)) if layer.threads > 1 else 1
         implicit = sized(conv_im2col, packed.rows() * g.oh * g.ow * g.cin * g.kh * g.kw // 16, layer.threads)
 
         def one(x, y):
-            split_phases(x)
+            phases = split_phases(x)
             implicit(phases, koff, koff.size, g.oh, g.ow, packed.wp, packed.kc, g.cout, split, packed.bias,
                      packed.epf, packed.grid, y.reshape(-1))
         return per_image(g, one)
@@ -289,7 +294,7 @@ class GroupedTapsInPlace(Strategy):
         epf, on_grid = epilogue_of(layer.act, layer.grid, layer.post)
         hq, wq = g.phase_planes
         # one zero row past each plane: the thrown-away columns of the last rows read into it
-        phases = np.zeros((g.cin * g.sh * g.sw, hq + 1, wq), np.float32)
+        phases_of = SharedZeros((g.h, g.w, g.t, g.l, g.sh, g.sw), (g.cin * g.sh * g.sw, hq + 1, wq))
         koff = tap_offsets(cg, g.kh, g.kw, g.sh, g.sw, g.dh, g.dw, hq + 1, wq)
         wide_of = Scratch(COLS, (g.cout, g.oh, wq))     # every column written, the thrown-away ones too
         split = sized(phase_split, g.cin * g.h * g.w, layer.threads)
@@ -299,7 +304,7 @@ class GroupedTapsInPlace(Strategy):
         crop = sized(crop_rows, g.out_size, layer.threads)
 
         def one(x, y):
-            wide = wide_of()
+            wide, phases = wide_of(), phases_of()
             split(np.ascontiguousarray(x), g.t, g.l, g.sh, g.sw, phases)
             fn(phases, koff, g.group, planes, g.oh * wq, wp, k, og, bias, epf, on_grid, wide.reshape(-1))
             crop(wide, y)
