@@ -33,7 +33,7 @@ CASES = {
     "3x3 dense": (geo(2, 16, 20, 20, 16, 3, p=1), "winograd", "blas-im2col"),
     "fc batch 1": (geo(1, 64, 1, 1, 32, 1), "matvec", "blas-rows"),
     "fc many rows": (geo(64, 128, 1, 1, 128, 1), "row-gemm", "blas-rows"),
-    "fc few rows": (geo(2, 16, 1, 1, 8, 1), "blas-rows", "blas-rows"),
+    "fc few rows": (geo(2, 16, 1, 1, 8, 1), "row-gemm", "blas-rows"),
     "1x1": (geo(1, 16, 20, 20, 32, 1), "pointwise", "blas-im2col"),
     "1x1 stride 2": (geo(2, 16, 20, 20, 24, 1, s=2), "pointwise", "blas-im2col"),
     "3x3 s2 to 7x7": (geo(1, 16, 14, 14, 32, 3, s=2, p=1), "im2col-oc", "blas-im2col"),

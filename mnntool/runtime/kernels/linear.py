@@ -15,7 +15,7 @@ import numpy as np
 from numba import njit, prange, types
 from numba.extending import intrinsic
 
-from . import Scratch, sized
+from . import Scratch, direct, sized
 from .llvmir import columns_to_rows, data_of, first_lanes, vector_ops
 from .fgemm import BY_BLOCK_X, OCB, epilogue_of, gemm_batched, gemm_panels, k_block, pack_panels, tile_count
 from .grid import NO_POST
@@ -97,11 +97,13 @@ class RowGemm:
         self.zero = np.zeros(nob * OCB, np.float32)
         self.kc = k_block(self.kp, nob * OCB, tile_count(n))
         self.epf, self.grid = epilogue_of(act, grid, post)     # a fused activation in the IR epilogue
-        self.pack = sized(pack_rows, m * self.kp, threads)
-        self.fn = sized(gemm_panels, nob * OCB * n * self.kp // 16, threads)
+        packed = self.packed()
+        self.pack = direct(sized(pack_rows, m * self.kp, threads), np.empty((1, m, k), np.float32), self.ones, packed)
+        self.fn = direct(sized(gemm_panels, nob * OCB * n * self.kp // 16, threads), self.right, self.n, packed,
+                         self.kp, self.kc, self.m, self.zero, self.epf, self.grid, np.empty(m * n, np.float32), self.n)
 
     def __call__(self, a: np.ndarray, y: np.ndarray) -> None:
-        """a (M, K) rows (any strides), y (M, N) C-contiguous."""
+        """a (M, K) rows (any strides), y (M, N) C-contiguous (the planner's output buffers are)."""
         packed = self.packed()
         self.pack(np.ascontiguousarray(a).reshape(1, self.m, -1), self.ones, packed)
         self.fn(self.right, self.n, packed, self.kp, self.kc, self.m, self.zero, self.epf, self.grid,
