@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from . import PLAN_ONLY, Scratch, sized, writes
+from . import PLAN_ONLY, Scratch, direct, sized, writes
 from .norm import row_softmax
 
 SLICE_BYTES = 512 * 1024       # scores per slice: with the probabilities, half of a 2 MB L2
@@ -48,7 +48,8 @@ def fused_attention(node, ins, outs, settings):
     count = int(np.prod(scores_shape[depth:]))
     # buffers every attention step shares (scratch): one pair per step was cold at every run
     scores_of, probs_of = Scratch("attention_scores", scores_shape[depth:]), Scratch("attention_probs", scores_shape[depth:])
-    rows = sized(row_softmax(), count * 8, settings.threads)
+    example = np.empty((count // lk, lk), np.float32)
+    rows = direct(sized(row_softmax(), count * 8, settings.threads), example, example)
     guard = bool(node.param.get("guard"))
     rank = len(scores_shape)
 

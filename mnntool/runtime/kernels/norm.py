@@ -4,7 +4,7 @@ from __future__ import annotations
 import numpy as np
 from numba import njit, prange
 
-from . import kernel, returns, sized, writes
+from . import direct, kernel, returns, sized, writes
 
 
 @njit(parallel=True, cache=True, fastmath=True)
@@ -45,11 +45,15 @@ def layer_norm(node, ins, outs, settings):
         n = tail[0]
         gv = g if g is not None else np.ones(n, np.float32)
         bv = bt if bt is not None else np.zeros(n, np.float32)
-        rows = sized(layer_norm_rows, int(np.prod(ins[0].shape)) * 4, settings.threads)
+        r = int(np.prod(ins[0].shape)) // n
+        example = np.empty((r, n), np.float32)
+        rows = direct(sized(layer_norm_rows, r * n * 4, settings.threads), example, gv, bv, np.float32(eps), rms,
+                      example)
+
+        eps32 = np.float32(eps)
 
         def run_rows(i, o):     # the last axis: one kernel, rows in parallel
-            rows(np.ascontiguousarray(i[0], np.float32).reshape(-1, n), gv, bv, np.float32(eps), rms,
-                 o[0].reshape(-1, n))
+            rows(np.ascontiguousarray(i[0], np.float32).reshape(-1, n), gv, bv, eps32, rms, o[0].reshape(-1, n))
         return writes(run_rows)
 
     def run(i, o):
@@ -131,7 +135,8 @@ def softmax(node, ins, outs, settings):
     shape = ins[0].shape
     axis = int(node.param.get("axis", -1))
     if shape is not None and len(shape) and axis % len(shape) == len(shape) - 1 and shape[-1] > 0:
-        rows = sized(row_softmax(), int(np.prod(shape)) * 8, settings.threads)
+        example = np.empty((int(np.prod(shape)) // shape[-1], shape[-1]), np.float32)
+        rows = direct(sized(row_softmax(), example.size * 8, settings.threads), example, example)
 
         def run_rows(i, o):     # the last axis: rows in place
             n = shape[-1]
