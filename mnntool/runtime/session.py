@@ -228,6 +228,7 @@ class Session:
         self._dynamic: dict = {}      # kernels of the eager path, by (node index, operand shapes/values)
         self._stored = stored_grids(graph)     # tensors every reader sees on their int8 grid: (grid, zero)
         self._raw = raw_reads(graph)            # ... but these readers unrounded
+        self._raw_tensors = {t for _, t in self._raw}
 
     @property
     def input_names(self) -> list[str]:
@@ -518,7 +519,8 @@ class Session:
                     env[name] = np.asarray(v)
                     grid, zero = self._stored.get(name, (None, 0.0))
                     if grid is not None and kern.out_grid != grid:
-                        env[name + RAW] = env[name]
+                        if name in self._raw_tensors:
+                            env[name + RAW] = env[name]
                         env[name] = _rounding(grid, self.settings.threads, zero).fn([env[name]])[0]
         names = [n for n in env if not n.endswith(RAW)] if keep_all else g.outputs
         return {n: np.array(env[n]) for n in names if n in env}

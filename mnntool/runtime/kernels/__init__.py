@@ -128,13 +128,14 @@ class Scratch:
     shared buffer changed (another thread, a larger layer): ~0.2 us a call against ~1.5."""
 
     def __init__(self, name: str, shape: tuple):
-        self.name, self.shape, self.base, self.view = name, tuple(shape), None, None
+        self.name, self.shape, self.cached = name, tuple(shape), (None, None)
 
     def __call__(self) -> np.ndarray:
-        if _SCRATCH.__dict__.get(self.name) is not self.base or self.base is None:
-            self.view = scratch(self.name, self.shape)
-            self.base = _SCRATCH.__dict__[self.name]
-        return self.view
+        base, view = self.cached       # one read: another thread may replace the pair meanwhile
+        if base is None or _SCRATCH.__dict__.get(self.name) is not base:
+            view = scratch(self.name, self.shape)
+            self.cached = (_SCRATCH.__dict__[self.name], view)
+        return view
 
 
 class SharedZeros:
@@ -144,7 +145,7 @@ class SharedZeros:
     per layer was cold at every run. The key must fix everything that decides what is written."""
 
     def __init__(self, key: tuple, shape: tuple):
-        self.key, self.shape, self.base = ("zeros",) + tuple(key) + tuple(shape), tuple(shape), None
+        self.key, self.shape = ("zeros",) + tuple(key) + tuple(shape), tuple(shape)
 
     def __call__(self) -> np.ndarray:
         table = _SCRATCH.__dict__.setdefault("zeros", {})
