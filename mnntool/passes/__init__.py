@@ -14,7 +14,7 @@ from .dead_code import DeadCodePass
 from .fold_batch_norm import FoldBatchNormPass
 from .fuse_conv import FoldAffineIntoConvPass, FuseReluIntoBinaryPass, FuseReluIntoConvPass
 from .fuse_pad import FusePadIntoConvPass
-from .fuse_patterns import FuseGeluPass, FuseLayerNormPass
+from .fuse_patterns import FuseGeluPass, FuseGeluTanhPass, FuseLayerNormPass
 from .layout import LayoutPass
 from .matmul_to_conv import MatMulToConvPass
 from .mnn_workarounds import MnnWorkaroundsPass
@@ -23,8 +23,8 @@ from .remove_noops import RemoveNoopsPass
 # The one place a pass is registered: its stage lists it, in pipeline order.
 STAGES = {
     "lowering": [FoldBatchNormPass],         # ops MNN has no inference kernel for: first, at every level
-    "optimizing": [RemoveNoopsPass, ConstantFoldPass, FuseGeluPass, FuseLayerNormPass, FusePadIntoConvPass,
-                   FoldAffineIntoConvPass, FuseReluIntoConvPass, FuseReluIntoBinaryPass, MatMulToConvPass,
+    "optimizing": [RemoveNoopsPass, ConstantFoldPass, FuseGeluPass, FuseGeluTanhPass, FuseLayerNormPass,
+                   FusePadIntoConvPass, FoldAffineIntoConvPass, FuseReluIntoConvPass, FuseReluIntoBinaryPass, MatMulToConvPass,
                    DeadCodePass],            # -O1 once, -O2 to a fixed point
     "required": [MnnWorkaroundsPass, LayoutPass],   # what every written file needs: last, at every level
 }
