@@ -29,6 +29,11 @@ def readers(nodes: list[Node]) -> dict[str, list[Node]]:
     return users
 
 
+def _scalar(g: Graph, name: str) -> float | None:
+    c = g.constants.get(name)
+    return float(np.asarray(c).reshape(-1)[0]) if c is not None and np.asarray(c).size == 1 else None
+
+
 def fuse_attention(g: Graph, vals: dict) -> list[Node]:
     """g's nodes with each attention chain replaced by one FusedAttention node (g is not changed)."""
     users, producer = readers(g.nodes), g.producers()
@@ -80,12 +85,29 @@ def fuse_attention(g: Graph, vals: dict) -> list[Node]:
         if not (len(users.get(sm.outputs[0], [])) == (2 if guard else 1)):
             continue
         q, k, v = mm1.inputs[0], mm1.inputs[1], mm2.inputs[1]
+        # q and k scaled by positive constants (an exporter's 1/sqrt(sqrt(d)) on each): the softmax takes
+        # the product in its exponent instead, two passes over q and k fewer. Not under a mask, which adds
+        # to the scaled scores.
+        scale, scalers = 1.0, []
+        for name in (q, k):
+            mul = producer.get(name)
+            if mask is not None or mul is None or mul.op != "BinaryOp" or mul.param.get("opType") != "MUL" or \
+                    int(mul.param.get("activationType", 0)) or only_user(name) is not mm1:
+                continue
+            factor = next((_scalar(g, c) for c in mul.inputs if _scalar(g, c) is not None), None)
+            other = next((i for i in mul.inputs if _scalar(g, i) is None), None)
+            if factor is None or factor <= 0 or other is None or not _known(vals.get(other)) or \
+                    vals[other].shape != vals[name].shape:
+                continue
+            scale *= factor
+            scalers.append(mul)
+            q, k = (other, k) if name == q else (q, other)
         if not all(_known(vals.get(x)) and vals[x].dtype == "float32" for x in (q, k, v, mm2.outputs[0])):
             continue
         fused = Node(FUSED_ATTENTION, [q, k, v] + ([mask] if mask else []), list(mm2.outputs),
-                     f"{mm1.name} (+{len(chain) + 1} ops)",
-                     {"transposeB": bool(mm1.param.get("transposeB")), "guard": guard})
-        members = [mm1] + chain + [mm2]
+                     f"{mm1.name} (+{len(chain) + 1 + len(scalers)} ops)",
+                     {"transposeB": bool(mm1.param.get("transposeB")), "guard": guard, "scale": scale})
+        members = scalers + [mm1] + chain + [mm2]
         replace[idx[id(mm2)]] = fused
         drop.update(idx[id(n)] for n in members if n is not mm2)
     return [replace.get(k, n) for k, n in enumerate(g.nodes) if k not in drop]

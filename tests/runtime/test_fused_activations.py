@@ -71,7 +71,7 @@ def test_ir_exp_below_float_range_is_zero_not_a_denormal():
     x[0, 1:6] = [-87.0, -88.0, -90.0, -1e30, -np.inf]
     x[1] = np.random.RandomState(0).randn(21) * 40
     out = np.empty_like(x)
-    softmax_rows_ir(x, out)
+    softmax_rows_ir(x, out, np.float32(1))
     e = np.exp(x.astype(np.float64) - x.max(1, keepdims=True))
     ref = e / e.sum(1, keepdims=True)
     assert (out[0, 2:6] == 0).all() and out[0, 1] > 0, "exp below EXP_LO (-87.33) is 0, above it is not"

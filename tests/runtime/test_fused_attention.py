@@ -115,3 +115,35 @@ def test_probabilities_read_elsewhere_are_not_fused(tmp_path):
     np.testing.assert_allclose(out["y"], ref[0], atol=1e-5)
     np.testing.assert_allclose(out["p"], ref[1], atol=1e-6)
 
+
+
+@pytest.mark.parametrize("mask", [False, True])
+def test_scaled_q_and_k_are_taken_into_the_softmax(tmp_path, mask):
+    """The dynamo exporter's attention scales q and k by 1/sqrt(sqrt(d)) each: without a mask the fused
+    step takes both factors into its softmax (no Mul step left), with one (which adds to the scaled
+    scores) the Muls stay steps of their own. Reference: onnxruntime, max abs error 1e-5."""
+    shapes = ((1, 3, 9, 16), (1, 3, 11, 16), (1, 3, 11, 8), (1, 1, 9, 11))
+    nodes = [h.make_node("Mul", ["q", "sq"], ["qs"]), h.make_node("Transpose", ["k"], ["kt"], perm=[0, 1, 3, 2]),
+             h.make_node("Mul", ["kt", "sk"], ["ks"]), h.make_node("MatMul", ["qs", "ks"], ["s"])]
+    src = "s"
+    if mask:
+        nodes.append(h.make_node("Add", ["s", "m"], ["sm"]))
+        src = "sm"
+    nodes += [h.make_node("Softmax", [src], ["p"], axis=-1), h.make_node("MatMul", ["p", "v"], ["y"])]
+    inputs = [h.make_tensor_value_info(n, TP.FLOAT, list(s)) for n, s in zip("qkv", shapes)]
+    if mask:
+        inputs.append(h.make_tensor_value_info("m", TP.FLOAT, list(shapes[3])))
+    inits = [h.make_tensor("sq", TP.FLOAT, [], [0.5]), h.make_tensor("sk", TP.FLOAT, [1], [0.7])]
+    g = h.make_graph(nodes, "attn", inputs, [h.make_tensor_value_info("y", TP.FLOAT, None)], inits)
+    m = h.make_model(g, opset_imports=[h.make_opsetid("", 17)])
+    m.ir_version = 8
+    onnx.save(m, str(tmp_path / "a.onnx"))
+    api.convert(tmp_path / "a.onnx", tmp_path / "a.mnn")
+    rng = np.random.RandomState(1)
+    feeds = {n: (rng.randn(*s) * 3).astype(np.float32) for n, s in zip("qkvm" if mask else "qkv", shapes)}
+    ref = ort.InferenceSession(str(tmp_path / "a.onnx")).run(None, feeds)[0]
+    s = Session(api.load_graph(tmp_path / "a.mnn"))
+    got = s.run(feeds)["y"]
+    ops = [st.op for st in s.plan.steps]
+    assert ops.count("FusedAttention") == 1 and ("BinaryOp" in ops or "Program" in ops) == mask, ops
+    np.testing.assert_allclose(got, ref, atol=1e-5)

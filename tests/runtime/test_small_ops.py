@@ -152,11 +152,12 @@ def test_power_by_a_constant(e):
     np.testing.assert_allclose(out, ref, rtol=5e-7, atol=0)
 
 
+@pytest.mark.parametrize("scale", [1.0, 0.125])
 @pytest.mark.parametrize("n", [1, 15, 16, 17, 33, 256])
-def test_row_softmax_kernels_agree_with_float64(n):
-    """Both row kernels (the IR one where the host has AVX-512, and the Numba loops): masked tails of
-    any length, a row of -inf (NaN, as exp(x - max) / sum gives) and half-masked rows. Tolerance: 3e-6
-    relative (float32 sums of up to 256 terms)."""
+def test_row_softmax_kernels_agree_with_float64(n, scale):
+    """Both row kernels (the IR one where the host has AVX-512, and the Numba loops) give softmax(scale *
+    x) (attention's 1/sqrt(d) taken in): masked tails of any length, a row of -inf (NaN, as exp(x - max)
+    / sum gives) and half-masked rows. Tolerance: 3e-6 relative (float32 sums of up to 256 terms)."""
     from mnntool.runtime.kernels.llvmir import host_has
     from mnntool.runtime.kernels.norm import softmax_rows
     kernels = [softmax_rows]
@@ -168,11 +169,11 @@ def test_row_softmax_kernels_agree_with_float64(n):
     x[5, : (n + 1) // 2] = -np.inf
     x64 = x.astype(np.float64)
     with np.errstate(invalid="ignore"):
-        e = np.exp(x64 - x64.max(axis=1, keepdims=True))
+        e = np.exp((x64 - x64.max(axis=1, keepdims=True)) * scale)
         ref = e / e.sum(axis=1, keepdims=True)
     for fn in kernels:
         got = np.empty_like(x)
-        fn(x, got)
+        fn(x, got, np.float32(scale))
         assert np.array_equal(np.isnan(got), np.isnan(ref))
         ok = ~np.isnan(ref)
         np.testing.assert_allclose(got[ok], ref[ok], rtol=3e-6, atol=1e-30)

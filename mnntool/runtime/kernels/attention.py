@@ -1,4 +1,4 @@
-"""FusedAttention (runtime/fusion.py): softmax(q k [+ mask]) v in one step, the scores and the
+"""FusedAttention (runtime/fusion.py): softmax(scale q k [+ mask]) v in one step, the scores and the
 probabilities in buffers of the kernel's own (the same row softmax as the Softmax kernel, which reads
 its input after writing its output: not in place).
 
@@ -49,7 +49,8 @@ def fused_attention(node, ins, outs, settings):
     # buffers every attention step shares (scratch): one pair per step was cold at every run
     scores_of, probs_of = Scratch("attention_scores", scores_shape[depth:]), Scratch("attention_probs", scores_shape[depth:])
     example = np.empty((count // lk, lk), np.float32)
-    rows = direct(sized(row_softmax(), count * 8, settings.threads), example, example)
+    scale = np.float32(node.param.get("scale", 1.0))    # scalar factors of q and k the planner took in
+    rows = direct(sized(row_softmax(), count * 8, settings.threads), example, example, scale)
     guard = bool(node.param.get("guard"))
     rank = len(scores_shape)
 
@@ -59,7 +60,7 @@ def fused_attention(node, ins, outs, settings):
         if mask is not None:
             np.add(scores, mask, out=scores)
         flat = probs.reshape(-1, lk)
-        rows(scores.reshape(-1, lk), flat)
+        rows(scores.reshape(-1, lk), flat, scale)
         if guard:       # a fully masked row: NaN, which the model's own guard turns into 0
             np.copyto(flat, 0.0, where=np.isnan(flat))
         np.matmul(probs, vv, out=out)

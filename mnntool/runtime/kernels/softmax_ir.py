@@ -14,15 +14,15 @@ from .llvmir import data_of, declare, first_lanes, k_loop, vector_ops
 
 
 @intrinsic
-def _softmax_row(typingctx, x, xo, out, oo, n):
-    """out[oo:oo+n] = softmax(x[xo:xo+n]); a row of -inf (fully masked) gives NaN, as exp(x - max) / sum
-    does."""
+def _softmax_row(typingctx, x, xo, out, oo, n, scale):
+    """out[oo:oo+n] = softmax(scale * x[xo:xo+n]) for scale > 0 (exp((x - max) * scale): 1 changes
+    nothing); a row of -inf (fully masked) gives NaN, as exp(x - max) / sum does."""
     from llvmlite import ir
-    sig = types.void(x, types.intp, out, types.intp, types.intp)
+    sig = types.void(x, types.intp, out, types.intp, types.intp, types.float32)
 
     def codegen(context, builder, sig, args):
         from .actir import VectorMath
-        xa, xo_, oa, oo_, n_ = args
+        xa, xo_, oa, oo_, n_, scale_ = args
         i32, f32 = ir.IntType(32), ir.FloatType()
         f16 = ir.VectorType(f32, 16)
         xp = data_of(context, builder, sig.args[0], xa, xo_)
@@ -47,8 +47,11 @@ def _softmax_row(typingctx, x, xo, out, oo, n):
         mx = builder.insert_element(ir.Constant(f16, ir.Undefined), row_max, ir.Constant(i32, 0))
         mx = builder.shuffle_vector(mx, mx, ir.Constant(ir.VectorType(i32, 16), [0] * 16))
 
+        sc = builder.insert_element(ir.Constant(f16, ir.Undefined), scale_, ir.Constant(i32, 0))
+        sc = builder.shuffle_vector(sc, sc, ir.Constant(ir.VectorType(i32, 16), [0] * 16))
+
         def exps(j, m, a):
-            e = vm.exp_neg(builder.fsub(builder.call(mload, [at(xp, j), four, m, ninf]), mx))
+            e = vm.exp_neg(builder.fmul(builder.fsub(builder.call(mload, [at(xp, j), four, m, ninf]), mx), sc))
             e = builder.select(m, e, vm.c(0.0))
             builder.call(mstore, [e, at(op, j), four, m])
             return [builder.fadd(a[0], e)]
@@ -69,10 +72,10 @@ def _softmax_row(typingctx, x, xo, out, oo, n):
 
 
 @njit(parallel=True, cache=True)
-def softmax_rows_ir(x, out):
-    """out[r] = softmax(x[r]) over the rows of (R, N) C-contiguous arrays."""
+def softmax_rows_ir(x, out, scale):
+    """out[r] = softmax(scale * x[r]) over the rows of (R, N) C-contiguous arrays (scale > 0, float32)."""
     n = x.shape[1]
     xf, of = x.reshape(-1), out.reshape(-1)
     for r in prange(x.shape[0]):
-        _softmax_row(xf, r * n, of, r * n, n)
+        _softmax_row(xf, r * n, of, r * n, n, scale)
 
