@@ -23,6 +23,28 @@ def _other(n: Node, name: str) -> str | None:
     return n.inputs[1] if n.inputs[0] == name else n.inputs[0]
 
 
+def _half_x_times_one_plus(g: Graph, producers: dict, x: str, f: Node) -> tuple[list, Node] | None:
+    """Both GELU forms' tail after f (erf or tanh): (1 + f) times x and 0.5, in either order -> (its
+    nodes, the last of them), or None."""
+    one = sole_user(g, f)
+    if not _binary(one, "ADD") or _const_scalar(g, _other(one, f.outputs[0]) or "") != 1.0:
+        return None
+    mul = sole_user(g, one)
+    if not _binary(mul, "MUL"):
+        return None
+    partner = _other(mul, one.outputs[0])
+    if partner == x:                    # ((1 + f) * x) * 0.5
+        half = sole_user(g, mul)
+        if not _binary(half, "MUL") or _const_scalar(g, _other(half, mul.outputs[0]) or "") != 0.5:
+            return None
+        return [one, mul, half], half
+    pre = producers.get(partner)        # (1 + f) * (x * 0.5)
+    if not _binary(pre, "MUL") or _other(pre, x) is None or _const_scalar(g, _other(pre, x)) != 0.5 or \
+            len(users(g, pre.outputs[0])) != 1:
+        return None
+    return [one, mul, pre], mul
+
+
 class FuseGeluPass:
     """x * 0.5 * (1 + erf(x / sqrt(2)))  ->  UnaryOp GELU_STANDARD."""
     name = "fuse_gelu"
@@ -39,28 +61,10 @@ class FuseGeluPass:
                                  (_binary(scaled, "MUL") and abs(k - 1 / np.sqrt(2)) < 1e-3)):
                 continue
             x = scaled.inputs[0]
-            add = sole_user(g, erf)
-            if not _binary(add, "ADD") or _const_scalar(g, _other(add, erf.outputs[0]) or "") != 1.0:
+            tail = _half_x_times_one_plus(g, producers, x, erf)
+            if tail is None:
                 continue
-            mul = sole_user(g, add)
-            if not _binary(mul, "MUL"):
-                continue
-            partner = _other(mul, add.outputs[0])
-            chain = [scaled, erf, add, mul]
-            if partner == x:
-                half = sole_user(g, mul)
-                if not _binary(half, "MUL") or _const_scalar(g, _other(half, mul.outputs[0]) or "") != 0.5:
-                    continue
-                chain.append(half)
-                last = half
-            else:
-                pre = producers.get(partner)
-                if not _binary(pre, "MUL") or _other(pre, x) is None or _const_scalar(g, _other(pre, x)) != 0.5:
-                    continue
-                if len(users(g, pre.outputs[0])) != 1:
-                    continue
-                chain.append(pre)
-                last = mul
+            chain, last = [scaled, erf] + tail[0], tail[1]
             if len(users(g, scaled.outputs[0])) != 1:
                 continue
             out = last.outputs[0]
@@ -119,27 +123,10 @@ class FuseGeluTanhPass:
             chain = [cube_node, cubic, add, scale, tanh]
             if _binary(cube_node, "MUL"):
                 chain.insert(0, producers[_other(cube_node, x)])
-            one = sole_user(g, tanh)
-            if not _binary(one, "ADD") or _const_scalar(g, _other(one, tanh.outputs[0]) or "") != 1.0:
+            tail = _half_x_times_one_plus(g, producers, x, tanh)
+            if tail is None:
                 continue
-            mul = sole_user(g, one)
-            if not _binary(mul, "MUL"):
-                continue
-            partner = _other(mul, one.outputs[0])
-            chain += [one, mul]
-            if partner == x:
-                half = sole_user(g, mul)
-                if not _binary(half, "MUL") or _const_scalar(g, _other(half, mul.outputs[0]) or "") != 0.5:
-                    continue
-                chain.append(half)
-                last = half
-            else:
-                pre = producers.get(partner)
-                if not _binary(pre, "MUL") or _other(pre, x) is None or _const_scalar(g, _other(pre, x)) != 0.5 \
-                        or len(users(g, pre.outputs[0])) != 1:
-                    continue
-                chain.append(pre)
-                last = mul
+            chain, last = chain + tail[0], tail[1]
             if any(len(users(g, n.outputs[0])) != 1 for n in chain if n is not last):
                 continue
             index = g.nodes.index(last)
