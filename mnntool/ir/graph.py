@@ -67,6 +67,11 @@ class Graph:
             i += 1
         return f"{base}_{i}"
 
+    def scalar(self, name: str) -> float | None:
+        """The value of a one-element constant, else None."""
+        v = self.constants.get(name)
+        return float(np.asarray(v).reshape(-1)[0]) if v is not None and np.asarray(v).size == 1 else None
+
     def add_const(self, base: str, value) -> str:
         name = self.fresh_name(base)
         arr = np.asarray(value)

@@ -7,11 +7,6 @@ from ..ir.graph import Graph, Node
 from .util import sole_user, users
 
 
-def _const_scalar(g: Graph, name: str):
-    v = g.constants.get(name)
-    return float(v.reshape(-1)[0]) if v is not None and v.size == 1 else None
-
-
 def _binary(n: Node | None, op: str) -> bool:
     return n is not None and n.op == "BinaryOp" and n.param.get("opType") == op
 
@@ -27,7 +22,7 @@ def _half_x_times_one_plus(g: Graph, producers: dict, x: str, f: Node) -> tuple[
     """Both GELU forms' tail after f (erf or tanh): (1 + f) times x and 0.5, in either order -> (its
     nodes, the last of them), or None."""
     one = sole_user(g, f)
-    if not _binary(one, "ADD") or _const_scalar(g, _other(one, f.outputs[0]) or "") != 1.0:
+    if not _binary(one, "ADD") or g.scalar(_other(one, f.outputs[0]) or "") != 1.0:
         return None
     mul = sole_user(g, one)
     if not _binary(mul, "MUL"):
@@ -35,11 +30,11 @@ def _half_x_times_one_plus(g: Graph, producers: dict, x: str, f: Node) -> tuple[
     partner = _other(mul, one.outputs[0])
     if partner == x:                    # ((1 + f) * x) * 0.5
         half = sole_user(g, mul)
-        if not _binary(half, "MUL") or _const_scalar(g, _other(half, mul.outputs[0]) or "") != 0.5:
+        if not _binary(half, "MUL") or g.scalar(_other(half, mul.outputs[0]) or "") != 0.5:
             return None
         return [one, mul, half], half
     pre = producers.get(partner)        # (1 + f) * (x * 0.5)
-    if not _binary(pre, "MUL") or _other(pre, x) is None or _const_scalar(g, _other(pre, x)) != 0.5 or \
+    if not _binary(pre, "MUL") or _other(pre, x) is None or g.scalar(_other(pre, x)) != 0.5 or \
             len(users(g, pre.outputs[0])) != 1:
         return None
     return [one, mul, pre], mul
@@ -56,7 +51,7 @@ class FuseGeluPass:
             scaled = producers.get(erf.inputs[0])
             if scaled is None or scaled not in g.nodes:
                 continue
-            k = _const_scalar(g, scaled.inputs[1]) if len(scaled.inputs) == 2 else None
+            k = g.scalar(scaled.inputs[1]) if len(scaled.inputs) == 2 else None
             if k is None or not ((_binary(scaled, "REALDIV") and abs(k - np.sqrt(2)) < 1e-3) or
                                  (_binary(scaled, "MUL") and abs(k - 1 / np.sqrt(2)) < 1e-3)):
                 continue
@@ -80,7 +75,7 @@ class FuseGeluPass:
 def _is_cube_of(g: Graph, n: Node | None, x: str) -> bool:
     """n computes x^3: Pow(x, 3) or (x * x) * x."""
     if _binary(n, "POW"):
-        return n.inputs[0] == x and _const_scalar(g, n.inputs[1]) == 3.0
+        return n.inputs[0] == x and g.scalar(n.inputs[1]) == 3.0
     if not _binary(n, "MUL") or x not in n.inputs:
         return False
     sq = g.producers().get(_other(n, x) or "")
@@ -100,8 +95,8 @@ class FuseGeluTanhPass:
             scale = producers.get(tanh.inputs[0])
             if not _binary(scale, "MUL") or len(users(g, scale.outputs[0])) != 1:
                 continue
-            inner = next((i for i in scale.inputs if _const_scalar(g, i) is None), None)
-            k = _const_scalar(g, _other(scale, inner) or "") if inner else None
+            inner = next((i for i in scale.inputs if g.scalar(i) is None), None)
+            k = g.scalar(_other(scale, inner) or "") if inner else None
             if k is None or abs(k - np.sqrt(2 / np.pi)) > 1e-4:
                 continue
             add = producers.get(inner)
@@ -112,8 +107,8 @@ class FuseGeluTanhPass:
                 cubic = producers.get(_other(add, x) or "")
                 if not _binary(cubic, "MUL") or len(users(g, cubic.outputs[0])) != 1:
                     continue
-                cube = next((i for i in cubic.inputs if _const_scalar(g, i) is None), None)
-                c = _const_scalar(g, _other(cubic, cube) or "") if cube else None
+                cube = next((i for i in cubic.inputs if g.scalar(i) is None), None)
+                c = g.scalar(_other(cubic, cube) or "") if cube else None
                 if c is not None and abs(c - 0.044715) < 1e-6 and _is_cube_of(g, producers.get(cube), x) and \
                         len(users(g, cube)) == 1:
                     match = (x, cubic, producers[cube])
@@ -130,7 +125,8 @@ class FuseGeluTanhPass:
             if any(len(users(g, n.outputs[0])) != 1 for n in chain if n is not last):
                 continue
             index = g.nodes.index(last)
-            g.nodes.insert(index, Node("UnaryOp", [x], [last.outputs[0]], last.name, {"opType": "GELU", "T": "DT_FLOAT"}))
+            g.nodes.insert(index, Node("UnaryOp", [x], [last.outputs[0]], last.name,
+                                       {"opType": "GELU", "T": "DT_FLOAT"}))
             for n in chain:
                 g.nodes.remove(n)
             changed = True
@@ -154,7 +150,7 @@ class FuseLayerNormPass:
                 continue
             axes = [int(a) for a in (mean.param.get("dim") if mean.param.get("dim") is not None else [])]
             subs_users = users(g, sub.outputs[0])
-            pow_ = next((n for n in subs_users if (_binary(n, "POW") and _const_scalar(g, n.inputs[1]) == 2.0) or
+            pow_ = next((n for n in subs_users if (_binary(n, "POW") and g.scalar(n.inputs[1]) == 2.0) or
                          (_binary(n, "MUL") and n.inputs[0] == n.inputs[1])), None)
             div = next((n for n in subs_users if _binary(n, "REALDIV") and n.inputs[0] == sub.outputs[0]), None)
             if pow_ is None or div is None or len(subs_users) != 2:
@@ -164,7 +160,7 @@ class FuseLayerNormPass:
                     [int(a) for a in var.param.get("dim", [])] != axes:
                 continue
             add = sole_user(g, var)
-            eps = _const_scalar(g, _other(add, var.outputs[0]) or "") if _binary(add, "ADD") else None
+            eps = g.scalar(_other(add, var.outputs[0]) or "") if _binary(add, "ADD") else None
             sqrt = sole_user(g, add) if eps is not None else None
             if sqrt is None or sqrt.op != "UnaryOp" or sqrt.param.get("opType") != "SQRT" or \
                     div.inputs[1] != sqrt.outputs[0]:

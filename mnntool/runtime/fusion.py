@@ -29,11 +29,6 @@ def readers(nodes: list[Node]) -> dict[str, list[Node]]:
     return users
 
 
-def _scalar(g: Graph, name: str) -> float | None:
-    c = g.constants.get(name)
-    return float(np.asarray(c).reshape(-1)[0]) if c is not None and np.asarray(c).size == 1 else None
-
-
 def fuse_attention(g: Graph, vals: dict) -> list[Node]:
     """g's nodes with each attention chain replaced by one FusedAttention node (g is not changed)."""
     users, producer = readers(g.nodes), g.producers()
@@ -72,10 +67,8 @@ def fuse_attention(g: Graph, vals: dict) -> list[Node]:
         if len(nxt) == 2 and {u.op for u in nxt} == {"BinaryOp", "Select"}:    # IsNaN(p) ? 0 : p
             ne = next(u for u in nxt if u.op == "BinaryOp")
             sel = next(u for u in nxt if u.op == "Select")
-            zero = g.constants.get(sel.inputs[1])
             if ne.param.get("opType") == "NOTEQUAL" and ne.inputs == [p, p] and only_user(ne.outputs[0]) is sel and \
-                    sel.inputs[0] == ne.outputs[0] and sel.inputs[2] == p and zero is not None and \
-                    zero.size == 1 and float(zero.reshape(-1)[0]) == 0.0:
+                    sel.inputs[0] == ne.outputs[0] and sel.inputs[2] == p and g.scalar(sel.inputs[1]) == 0.0:
                 chain += [ne, sel]
                 p, guard = sel.outputs[0], True
         mm2 = only_user(p) if p not in outputs else None
@@ -94,8 +87,8 @@ def fuse_attention(g: Graph, vals: dict) -> list[Node]:
             if mask is not None or mul is None or mul.op != "BinaryOp" or mul.param.get("opType") != "MUL" or \
                     int(mul.param.get("activationType", 0)) or only_user(name) is not mm1:
                 continue
-            factor = next((_scalar(g, c) for c in mul.inputs if _scalar(g, c) is not None), None)
-            other = next((i for i in mul.inputs if _scalar(g, i) is None), None)
+            factor = next((g.scalar(c) for c in mul.inputs if g.scalar(c) is not None), None)
+            other = next((i for i in mul.inputs if g.scalar(i) is None), None)
             if factor is None or factor <= 0 or other is None or not _known(vals.get(other)) or \
                     vals[other].shape != vals[name].shape:
                 continue

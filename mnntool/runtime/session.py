@@ -20,7 +20,7 @@ from ..ir.validate import MAX_TENSOR_BYTES
 from .kernels import KERNELS, PLAN_ONLY, Kernel, aligned_empty, by_definition, sized
 from .kernels.grid import grid_of, to_grid, to_grid_z
 from . import announce_first_compile
-from .fusion import fuse_activations, fuse_attention, fuse_channel_scale, fuse_silu
+from .fusion import MOVES, fuse_activations, fuse_attention, fuse_channel_scale, fuse_silu
 from .kernels.control import SHAPE_FREE
 from .concat_in_place import concat_layout, placements
 from .kernels.program import Programs
@@ -212,7 +212,7 @@ def check_input_shape(g: Graph, name: str, shape) -> None:
 
 # ops whose output holds their input's values, so it lies on the input's int8 grid: a GELU reading an
 # int8 Linear's output through its reshape runs by table (kernels.mnn_math)
-SAME_VALUES = {"Reshape", "ConvertTensor", "Flatten", "Squeeze", "Unsqueeze", "Identity", "Permute", "Transpose"}
+SAME_VALUES = set(MOVES) | {"Identity", "Permute", "Transpose"}
 RAW = " (before int8 store)"     # a stored tensor's name as its producer writes it, before rounding
 SMALL_OPERAND = 1 << 12     # elements: run-time operands up to this size are passed to factories as values
 MAX_PLANS = 8               # plans kept per session, one per distinct set of input shapes

@@ -436,7 +436,8 @@ def test_which_readers_see_a_float_layers_output_rounded(tmp_path, kind):
     rng = np.random.default_rng(5)
     shape = (1, 16, 24, 32)
     fp32, int8 = _exported(tmp_path, lambda: FloatSkipResidual(kind), shape)
-    kept = tuple(n.name for n in reader.load(fp32).nodes if n.op == "Convolution" and ("c2" in n.name or "c4" in n.name))
+    kept = tuple(n.name for n in reader.load(fp32).nodes
+                 if n.op == "Convolution" and ("c2" in n.name or "c4" in n.name))
     samples = [{"x": rng.standard_normal(shape).astype(np.float32)} for _ in range(8)]
     quantize_file(fp32, int8, QuantConfig(int8=True, calib=samples, method="mse", skip=kept))
     g = reader.load(int8)

@@ -1,6 +1,6 @@
 """FusedAttention (runtime/fusion.py): softmax(scale q k [+ mask]) v in one step, the scores and the
-probabilities in buffers of the kernel's own (the same row softmax as the Softmax kernel, which reads
-its input after writing its output: not in place).
+probabilities in work buffers every attention step shares (kernels.Scratch; the same row softmax as
+the Softmax kernel, which reads its input after writing its output: not in place).
 
 Scores larger than L2 are computed a slice of leading batch indices at a time: MobileViT's first
 attention has 4 patches x 4 heads x 256 x 256 scores (4 MB), which went to memory and back four times
@@ -47,7 +47,8 @@ def fused_attention(node, ins, outs, settings):
         all(isinstance(d, int) for d in out_shape) else 0
     count = int(np.prod(scores_shape[depth:]))
     # buffers every attention step shares (scratch): one pair per step was cold at every run
-    scores_of, probs_of = Scratch("attention_scores", scores_shape[depth:]), Scratch("attention_probs", scores_shape[depth:])
+    scores_of = Scratch("attention_scores", scores_shape[depth:])
+    probs_of = Scratch("attention_probs", scores_shape[depth:])
     example = np.empty((count // lk, lk), np.float32)
     scale = np.float32(node.param.get("scale", 1.0))    # scalar factors of q and k the planner took in
     rows = direct(sized(row_softmax(), count * 8, settings.threads), example, example, scale)

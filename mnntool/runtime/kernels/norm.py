@@ -93,10 +93,10 @@ def exp_poly(f):
 
 @njit(parallel=True, cache=True, fastmath=True)
 def softmax_rows(x, out, scale):
-    """out[r] = softmax(scale * x[r]) (scale > 0, float32) over rows of (R, N), four loops a row and no temporaries: exp(t) for
-    t = x - max <= 0 is 2^k * e^f with k = round(t / ln 2), |f| <= ln2 / 2 (degree-6 Taylor, relative
-    error 1.2e-7); 2^k is written as its bits into out first, so both loops vectorize (NumPy's five
-    passes took 142 us on BERT's (4, 128, 128) scores)."""
+    """out[r] = softmax(scale * x[r]) (scale > 0, float32) over rows of (R, N), four loops a row and no
+    temporaries: exp(t) for t = (x - max) * scale <= 0 is 2^k * e^f with k = round(t / ln 2),
+    |f| <= ln2 / 2 (degree-6 Taylor, relative error 1.2e-7); 2^k is written as its bits into out first, so
+    both loops vectorize (NumPy's five passes took 142 us on BERT's (4, 128, 128) scores)."""
     for r in prange(x.shape[0]):
         src, dst = x[r], out[r]
         bits = dst.view(np.int32)
