@@ -20,7 +20,9 @@ def geo(n, cin, h, w, cout, k, s=1, p=0, group=1, d=1):
 
 # geometry -> (strategy with AVX-512, strategy without)
 CASES = {
-    "dw3 tiny map": (geo(1, 16, 7, 7, 16, 3, p=1, group=16), "dw3-flat", "dw3-plane"),
+    "dw3 tiny map": (geo(1, 16, 7, 7, 16, 3, p=1, group=16), "dw-flat", "dw3-plane"),
+    "dw5 tiny map, two images": (geo(2, 24, 7, 7, 24, 5, p=2, group=24), "dw-flat", "dw-channels-last"),
+    "dw7 tiny map, 6x5": (geo(1, 16, 6, 5, 16, 7, p=3, group=16), "dw-flat", "dw-channels-last"),
     "dw3 wide map": (geo(1, 8, 70, 70, 8, 3, p=1, group=8), "dw3-rows", "dw3-plane"),
     "dw3 stride 2": (geo(2, 8, 40, 40, 8, 3, s=2, p=1, group=8), "dw-strips", "dw3-border"),
     "dw5 small map": (geo(1, 16, 14, 14, 16, 5, p=2, group=16), "dw-strips", "dw-channels-last"),
@@ -60,6 +62,13 @@ def test_pick(case):
     g, fast, slow = CASES[case]
     assert pick(g, avx512=True).name == fast
     assert pick(g, avx512=False).name == slow
+
+
+def test_pick_leaves_row_depthwise_to_strips_under_a_fused_activation():
+    """dw3-rows finishes each row under the activation's branch (spills); strips take layers with one."""
+    g = CASES["dw3 wide map"][0]
+    assert pick(g, avx512=True, post=False).name == "dw3-rows"
+    assert pick(g, avx512=True, post=True).name == "dw-strips"
 
 
 def _run(g: Geometry, strategy, act=RELU6, grid=NO_GRID, threads=2):

@@ -11,7 +11,7 @@ from ..llvmir import host_has
 from .base import Geometry, Layer, Strategy, trimmed, with_post
 from .dense import (BlasIm2col, BlasRows, GroupedTapsInPlace, Im2colChannelsInLanes, ImplicitIm2col, MatVecRows,
                     PackedRows, Patchify, Pointwise, SparseTaps, TapsInPlace, Winograd3x3)
-from .depthwise import (BorderDepthwise3x3, ChannelsLastDepthwise, FlatDepthwise3x3, GenericDepthwise,
+from .depthwise import (BorderDepthwise3x3, ChannelsLastDepthwise, FlatDepthwise, GenericDepthwise,
                         PlaneDepthwise3x3, RowDepthwise3x3, StripDepthwise)
 
 __all__ = ["Geometry", "Layer", "Strategy", "trimmed", "with_post", "build", "STRATEGIES", "pick", "HAS_AVX512"]
@@ -20,20 +20,22 @@ HAS_AVX512 = host_has("avx512f")
 
 # In order of preference: the first that suits a layer runs it.
 STRATEGIES: list[Strategy] = [
-    FlatDepthwise3x3(), RowDepthwise3x3(), StripDepthwise(), PlaneDepthwise3x3(), ChannelsLastDepthwise(),
+    FlatDepthwise(), RowDepthwise3x3(), StripDepthwise(), PlaneDepthwise3x3(), ChannelsLastDepthwise(),
     BorderDepthwise3x3(), GenericDepthwise(),
     SparseTaps(), Winograd3x3(), MatVecRows(), PackedRows(), BlasRows(), Pointwise(), Patchify(),
     Im2colChannelsInLanes(), TapsInPlace(), ImplicitIm2col(), GroupedTapsInPlace(), BlasIm2col(),
 ]
 
 
-def pick(g: Geometry, avx512: bool = HAS_AVX512) -> Strategy:
-    return next(s for s in STRATEGIES if (avx512 or not s.avx512) and s.suits(g))
+def pick(g: Geometry, avx512: bool = HAS_AVX512, post: bool = False) -> Strategy:
+    """The first strategy that suits the layer; with `post` (a fused activation past the ReLU bounds), not
+    the ones that run it poorly (Strategy.no_post)."""
+    return next(s for s in STRATEGIES if (avx512 or not s.avx512) and not (post and s.no_post) and s.suits(g))
 
 
 def build(g: Geometry, layer: Layer, avx512: bool = HAS_AVX512):
     """The kernel of the strategy `pick` chooses, with the layer's fused activation after it where the
     strategy's own epilogue does not apply it."""
-    s = pick(g, avx512)
+    s = pick(g, avx512, bool(layer.post[0]))
     k = s.build(g, layer)
     return k if s.fuses_post else with_post(k, layer.post, g.n * g.out_size, layer.threads)
