@@ -175,7 +175,8 @@ def test_max_pool_3x3_stride2_matches_torch(monkeypatch, h, ceil, pad, avx512):
 
 
 @pytest.mark.parametrize("c, h, w, t, l, sh, sw", [(4, 12, 11, 0, 2, 2, 2), (5, 17, 13, 2, 1, 3, 3), (3, 9, 9, 1, 0, 2, 2),
-                                                  (6, 10, 10, 2, 2, 1, 1), (2, 14, 14, 1, 1, 2, 2), (3, 8, 15, 1, 3, 1, 2)])
+                                                  (6, 10, 10, 2, 2, 1, 1), (2, 14, 14, 1, 1, 2, 2), (3, 8, 15, 1, 3, 1, 2),
+                                                  (2, 5, 70, 1, 1, 2, 2), (3, 4, 37, 0, 0, 2, 2), (2, 3, 33, 2, 3, 2, 2)])
 def test_phase_split_matches_padding_and_slicing(c, h, w, t, l, sh, sw):
     """Phase planes against numpy: pad the input (zeros), then plane (c, a, b) = padded[c, a::sh, b::sw],
     cut or zero-filled to the planes' size; the border stays zero. Exact."""
