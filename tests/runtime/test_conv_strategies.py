@@ -27,6 +27,9 @@ CASES = {
     "dw3 stride 2": (geo(2, 8, 40, 40, 8, 3, s=2, p=1, group=8), "dw-strips", "dw3-border"),
     "dw5 small map": (geo(1, 16, 14, 14, 16, 5, p=2, group=16), "dw-strips", "dw-channels-last"),
     "dw5 stride 2": (geo(1, 8, 37, 35, 8, 5, s=2, p=2, group=8), "dw-strips", "dw-generic"),
+    "dw5 stride 2 to 7x7, two images": (geo(2, 24, 14, 14, 24, 5, s=2, p=2, group=24), "dw-phased", "dw-channels-last"),
+    "dw3 stride 2 to 8x7, odd": (geo(1, 16, 15, 13, 16, 3, s=2, p=1, group=16), "dw-phased", "dw-channels-last"),
+    "dw7 stride 2 unpadded to 4x4": (geo(1, 16, 13, 13, 16, 7, s=2, group=16), "dw-phased", "dw-channels-last"),
     "dw5 dilated": (geo(1, 8, 40, 40, 8, 5, p=4, group=8, d=2), "dw-strips", "dw-generic"),
     "dw7": (geo(1, 8, 23, 23, 8, 7, p=3, group=8), "dw-strips", "dw-generic"),
     "dw7 stride 2, unpadded": (geo(1, 8, 40, 40, 8, 7, s=2, group=8), "dw-strips", "dw-generic"),
@@ -94,7 +97,7 @@ def test_strategy_matches_torch(case, avx512):
     assert np.abs(got - ref).max() <= 5e-5 * np.abs(ref).max()
 
 
-@pytest.mark.parametrize("case", ["dw3 tiny map", "dw5 dilated", "dw4 large map", "fc batch 1", "1x1", "grouped",
+@pytest.mark.parametrize("case", ["dw3 tiny map", "dw5 stride 2 to 7x7, two images", "dw5 dilated", "dw4 large map", "fc batch 1", "1x1", "grouped",
                                   "3x3 rate 12 on 16x16 (ASPP)"])
 def test_strategy_rounds_to_the_int8_grid(case):
     g, fast, _ = CASES[case]

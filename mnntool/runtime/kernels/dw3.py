@@ -273,3 +273,37 @@ def depthwise_flat(x, w, b, k, masks, offs, epf, grid, out):
                 _flat5(xf, at, masks, mo, offs, n - span * j, w, c * kk, b[c], of, at, epf, grid)
             else:
                 _flat7(xf, at, masks, mo, offs, n - span * j, w, c * kk, b[c], of, at, epf, grid)
+
+
+def all_lanes_masks(n: int, taps: int):
+    """flat_masks' table where no tap reads padding (the phase planes hold it): every lane below n."""
+    import numpy as np
+    steps = -(-n // (16 * FLAT_STEPS)) * FLAT_STEPS
+    p = np.arange(steps * 16).reshape(steps, 16)
+    bits = ((p < n) * (1 << np.arange(16))).sum(axis=1)
+    return np.ascontiguousarray(np.repeat(bits[:, None], taps, axis=1).reshape(-1), dtype=np.int64)
+
+
+@njit(parallel=True, cache=True)
+def depthwise_flat_phased(xq, w, b, k, masks, offs, epf, grid, wide):
+    """A k x k depthwise of stride 2 on phase planes (fgemm.phase_split: xq (C*4, hq+1, wq), the padding
+    in their zero border): every tap is a flat shift of the wide output (C, oh, wq), so each channel is
+    one flat run as in `depthwise_flat`; the columns past the output's width are thrown away
+    (fgemm.crop_rows). masks from `all_lanes_masks`, offs from fgemm.tap_offsets."""
+    C = wide.shape[0]
+    n = wide.shape[1] * wide.shape[2]
+    cs = (xq.shape[0] // C) * xq.shape[1] * xq.shape[2]
+    span = 16 * FLAT_STEPS
+    blocks = (n + span - 1) // span
+    kk = k * k
+    xf, of = xq.reshape(-1), wide.reshape(-1)
+    for c in prange(C):
+        for j in range(blocks):
+            xo, oo = c * cs + span * j, c * n + span * j
+            mo = kk * FLAT_STEPS * j
+            if k == 3:
+                _flat3(xf, xo, masks, mo, offs, n - span * j, w, c * kk, b[c], of, oo, epf, grid)
+            elif k == 5:
+                _flat5(xf, xo, masks, mo, offs, n - span * j, w, c * kk, b[c], of, oo, epf, grid)
+            else:
+                _flat7(xf, xo, masks, mo, offs, n - span * j, w, c * kk, b[c], of, oo, epf, grid)

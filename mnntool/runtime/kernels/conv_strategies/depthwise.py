@@ -18,6 +18,11 @@ CHANNELS_LAST_MAX_WIDTH = 16
 # padded by 1 and maps from 7 wide; narrower maps and wider pads were left to the other kernels
 # without a measurement of their own.
 PLANE_DW_MAX_PAD, PLANE_DW_MIN_WIDTH = 2, 7
+# Stride-2 depthwise layers up to this output width run on phase planes, where strips leave half their
+# lanes idle (1 thread, with SiLU: 672 channels of 5x5 from 14x14 to 7x7 126 us against 153 in strips;
+# from 28 wide the split costs more than it saves: 240 of 3x3 to 14x14 93 against 64, 144 of 5x5 to
+# 28x28 274 against 250)
+PHASED_DW_MAX_WIDTH = 8
 # Strips go down blocks of this many output rows (their input rows stay in L1 across the strips).
 STRIP_ROWS = 8
 
@@ -39,6 +44,40 @@ class FlatDepthwise(Strategy):
         masks, offs = dw3.flat_masks(g.h, g.w, g.t, g.l, g.kh)
         flat = sized(dw3.depthwise_flat, g.out_size * g.kh * g.kw, layer.threads)
         return per_image(g, lambda x, y: flat(x, wk, layer.bias, g.kh, masks, offs, epf, on_grid, y))
+
+
+class PhasedDepthwise(Strategy):
+    """Stride 2, 3x3, 5x5 or 7x7, on the input's four phase planes (fgemm.phase_split, shared with the
+    grouped convolutions of the geometry): each tap a flat shift, so a channel is one flat run
+    (dw3.depthwise_flat_phased) over a wide output, cropped to its width."""
+    name, avx512, fuses_post = "dw-phased", True, True
+
+    def suits(self, g):
+        from .. import dw3
+        return (g.depthwise and g.kh == g.kw and g.kh in dw3.FLAT_SIZES and g.sh == g.sw == 2
+                and g.dh == g.dw == 1 and g.ow <= PHASED_DW_MAX_WIDTH)
+
+    def build(self, g, layer):
+        from .. import Scratch, SharedZeros, dw3
+        from ..fgemm import crop_rows, epilogue_of, phase_split, tap_offsets
+        from .dense import COLS
+        wk, (epf, on_grid) = dw_weights(g, layer).reshape(-1), epilogue_of(layer.act, layer.grid, layer.post)
+        hq, wq = g.phase_planes
+        # one zero row past each plane: the thrown-away columns of the last rows read into it
+        phases_of = SharedZeros((g.h, g.w, g.t, g.l, g.sh, g.sw), (g.cin * 4, hq + 1, wq))
+        wide_of = Scratch(COLS, (g.cout, g.oh, wq))
+        offs = tap_offsets(1, g.kh, g.kw, 2, 2, 1, 1, hq + 1, wq)
+        masks = dw3.all_lanes_masks(g.oh * wq, g.kh * g.kw)
+        split = sized(phase_split, g.cin * g.h * g.w, layer.threads)
+        flat = sized(dw3.depthwise_flat_phased, g.cout * g.oh * wq * g.kh * g.kw, layer.threads)
+        crop = sized(crop_rows, g.out_size, layer.threads)
+
+        def one(x, y):
+            wide, phases = wide_of(), phases_of()
+            split(np.ascontiguousarray(x), g.t, g.l, 2, 2, phases)
+            flat(phases, wk, layer.bias, g.kh, masks, offs, epf, on_grid, wide)
+            crop(wide, y)
+        return per_image(g, one)
 
 
 class RowDepthwise3x3(Strategy):
