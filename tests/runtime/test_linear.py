@@ -41,9 +41,28 @@ def test_row_gemm_matches_numpy(m, k, n, bias, act):
     w = rng.standard_normal((k, n)).astype(np.float32)
     bb = rng.standard_normal(n).astype(np.float32)
     y = np.full((m, n), np.nan, np.float32)
-    RowGemm(w, bb if bias else None, act, NO_GRID, m, 2)(a, y)
+    RowGemm(w, bb if bias else None, act, NO_GRID, m, 2).step()([a], [y])
     ref = a.astype(np.float64) @ w + (bb if bias else 0)
     close(np.clip(ref, 0, 6 if act == 2 else np.inf) if act else ref, y)
+
+
+def test_row_gemm_step_reads_its_buffers_afresh_every_run():
+    """The step keeps the flat views of the arrays it saw the run before: new contents of the same
+    array, a new array, a strided input (copied, never kept) and a new output all give a @ w."""
+    rng = np.random.default_rng(5)
+    m, k, n = 9, 64, 48
+    w = rng.standard_normal((k, n)).astype(np.float32)
+    run = RowGemm(w, None, 0, NO_GRID, m, 1).step()
+    a, y = rng.standard_normal((m, k)).astype(np.float32), np.empty((m, n), np.float32)
+    wide = rng.standard_normal((m, 2 * k)).astype(np.float32)
+    y2 = np.empty((m, n), np.float32)
+    for x, out in [(a, y), (a, y), (a.copy(), y), (wide[:, ::2], y), (wide[:, ::2], y2), (a, y2)]:
+        if x is a:
+            a[...] = rng.standard_normal((m, k))
+        else:
+            x[...] = rng.standard_normal(x.shape)
+        run([x], [out])
+        close(x.astype(np.float64) @ w, out)
 
 
 @pytest.mark.parametrize("batches, m, k, n", [(4, 128, 64, 128), (4, 128, 128, 64), (3, 7, 5, 9), (1, 9, 300, 33)])

@@ -102,12 +102,26 @@ class RowGemm:
         self.fn = direct(sized(gemm_panels, nob * OCB * n * self.kp // 16, threads), self.right, self.n, packed,
                          self.kp, self.kc, self.m, self.zero, self.epf, self.grid, np.empty(m * n, np.float32), self.n)
 
-    def __call__(self, a: np.ndarray, y: np.ndarray) -> None:
-        """a (M, K) rows (any strides), y (M, N) C-contiguous (the planner's output buffers are)."""
-        packed = self.packed()
-        self.pack(np.ascontiguousarray(a).reshape(1, self.m, -1), self.ones, packed)
-        self.fn(self.right, self.n, packed, self.kp, self.kc, self.m, self.zero, self.epf, self.grid,
-                y.reshape(-1), self.n)
+    def step(self):
+        """A kernel's fn(inputs, outputs): inputs[0] (M*K floats, any shape and strides) times b into
+        outputs[0] (C-contiguous: the planner's output buffers are). The flat views of the arrays of the run before are kept: the planner hands a step
+        the same buffers run after run, and the reshapes cost ~0.2 us each (a tiny BERT's row GEMMs take
+        2-3 us)."""
+        pack, fn, packed_of, m, ones = self.pack, self.fn, self.packed, self.m, self.ones
+        right, n, kp, kc, zero, epf, grid = self.right, self.n, self.kp, self.kc, self.zero, self.epf, self.grid
+        memo = [None, None, None, None]     # input, output, their flat views (the input's: when contiguous)
+
+        def run(inputs, outputs):
+            x, y = inputs[0], outputs[0]
+            if x is not memo[0]:
+                memo[0], memo[2] = x, (x.reshape(1, m, -1) if x.flags.c_contiguous else None)
+            if y is not memo[1]:
+                memo[1], memo[3] = y, y.reshape(-1)
+            rows = memo[2] if memo[2] is not None else np.ascontiguousarray(x).reshape(1, m, -1)
+            packed = packed_of()
+            pack(rows, ones, packed)
+            fn(right, n, packed, kp, kc, m, zero, epf, grid, memo[3], n)
+        return run
 
 
 class BatchedMatMul:

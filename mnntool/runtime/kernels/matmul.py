@@ -36,11 +36,8 @@ def matmul(node, ins, outs, settings):
                     mv(i[0].reshape(k), o[0].reshape(n))
                 return writes(run_vector)
             if m > 1 and m * k * n >= SMALL_GEMM:
-                rows = RowGemm(b, None, 0, NO_GRID, m, settings.threads)
-
-                def run_rows(i, o):         # batch dims folded into rows: one GEMM
-                    rows(i[0].reshape(m, k), o[0].reshape(m, n))
-                return writes(run_rows)
+                # batch dims folded into rows: one GEMM
+                return writes(RowGemm(b, None, 0, NO_GRID, m, settings.threads).step())
         if len(ins[0].shape) > 2 and b.ndim == 2 and not ta:
             a_shape = ins[0].shape
 

@@ -116,10 +116,7 @@ class PackedRows(Strategy):
         from ..linear import RowGemm
         rows = RowGemm(layer.weight.reshape(g.cout, g.cin).T, layer.bias, layer.act, layer.grid, g.n, layer.threads,
                        layer.post)
-
-        def run(inputs, outputs):
-            rows(inputs[0].reshape(g.n, g.cin), outputs[0].reshape(g.n, g.cout))
-        return writes(run)
+        return writes(rows.step())
 
 
 class BlasRows(Strategy):
