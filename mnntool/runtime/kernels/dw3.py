@@ -184,7 +184,10 @@ def depthwise3x3(x, w, b, s, t, l, epf, grid, out):
 FLAT_STEPS = 4
 
 
-def _make_flat(k: int):
+def _make_flat(k: int, table: bool = True):
+    """The flat block of k x k taps; without `table`, no tap reads padding (phase planes): each step's
+    load mask is its lanes below `left`, made once, where the table costs a scalar load per tap and
+    step (the loads, not the FMAs, bound a tap on Zen 4)."""
     @intrinsic
     def flat_block(typingctx, x, xo, masks, mo, offs, left, w, wo, bias, out, oo, epf, on_grid):
         """out[oo + i] for i < min(left, 16 * FLAT_STEPS) = finish(bias + sum_q w[wo + q] * x[xo + offs[q] + i])
@@ -210,11 +213,13 @@ def _make_flat(k: int):
             S, kk = FLAT_STEPS, k * k
             # two chains a step (even and odd taps), 2S sums in flight
             accs = [[splat_(builder, bias_, f16), fzero] for _ in range(S)]
+            step_masks = None if table else [first_lanes(builder, builder.sub(left_, const(16 * st))) for st in range(S)]
             for q in range(kk):
                 wv = splat_(builder, builder.load(builder.gep(wp, [const(q)])), f16)
                 at = builder.gep(xp, [builder.load(builder.gep(op_, [const(q)]))])
                 for st in range(S):
-                    mask = lane_bits(builder, builder.load(builder.gep(mp, [const(st * kk + q)])))
+                    mask = step_masks[st] if step_masks else \
+                        lane_bits(builder, builder.load(builder.gep(mp, [const(st * kk + q)])))
                     ptr = builder.bitcast(builder.gep(at, [const(16 * st)]), f16.as_pointer())
                     v = builder.call(mload, [ptr, ir.Constant(i32, 4), mask, fzero])
                     accs[st][q % 2] = builder.call(fma, [v, wv, accs[st][q % 2]])
@@ -230,6 +235,7 @@ def _make_flat(k: int):
 
 
 _flat3, _flat5, _flat7 = _make_flat(3), _make_flat(5), _make_flat(7)
+_open3, _open5, _open7 = _make_flat(3, False), _make_flat(5, False), _make_flat(7, False)
 FLAT_SIZES = (3, 5, 7)
 
 
@@ -275,21 +281,12 @@ def depthwise_flat(x, w, b, k, masks, offs, epf, grid, out):
                 _flat7(xf, at, masks, mo, offs, n - span * j, w, c * kk, b[c], of, at, epf, grid)
 
 
-def all_lanes_masks(n: int, taps: int):
-    """flat_masks' table where no tap reads padding (the phase planes hold it): every lane below n."""
-    import numpy as np
-    steps = -(-n // (16 * FLAT_STEPS)) * FLAT_STEPS
-    p = np.arange(steps * 16).reshape(steps, 16)
-    bits = ((p < n) * (1 << np.arange(16))).sum(axis=1)
-    return np.ascontiguousarray(np.repeat(bits[:, None], taps, axis=1).reshape(-1), dtype=np.int64)
-
-
 @njit(parallel=True, cache=True)
-def depthwise_flat_phased(xq, w, b, k, masks, offs, epf, grid, wide):
+def depthwise_flat_phased(xq, w, b, k, offs, epf, grid, wide):
     """A k x k depthwise of stride 2 on phase planes (fgemm.phase_split: xq (C*4, hq+1, wq), the padding
     in their zero border): every tap is a flat shift of the wide output (C, oh, wq), so each channel is
     one flat run as in `depthwise_flat`; the columns past the output's width are thrown away
-    (fgemm.crop_rows). masks from `all_lanes_masks`, offs from fgemm.tap_offsets."""
+    (fgemm.crop_rows). offs from fgemm.tap_offsets; no tap reads outside the planes (no mask table)."""
     C = wide.shape[0]
     n = wide.shape[1] * wide.shape[2]
     cs = (xq.shape[0] // C) * xq.shape[1] * xq.shape[2]
@@ -300,10 +297,9 @@ def depthwise_flat_phased(xq, w, b, k, masks, offs, epf, grid, wide):
     for c in prange(C):
         for j in range(blocks):
             xo, oo = c * cs + span * j, c * n + span * j
-            mo = kk * FLAT_STEPS * j
             if k == 3:
-                _flat3(xf, xo, masks, mo, offs, n - span * j, w, c * kk, b[c], of, oo, epf, grid)
+                _open3(xf, xo, offs, 0, offs, n - span * j, w, c * kk, b[c], of, oo, epf, grid)
             elif k == 5:
-                _flat5(xf, xo, masks, mo, offs, n - span * j, w, c * kk, b[c], of, oo, epf, grid)
+                _open5(xf, xo, offs, 0, offs, n - span * j, w, c * kk, b[c], of, oo, epf, grid)
             else:
-                _flat7(xf, xo, masks, mo, offs, n - span * j, w, c * kk, b[c], of, oo, epf, grid)
+                _open7(xf, xo, offs, 0, offs, n - span * j, w, c * kk, b[c], of, oo, epf, grid)

@@ -67,7 +67,6 @@ class PhasedDepthwise(Strategy):
         phases_of = SharedZeros((g.h, g.w, g.t, g.l, g.sh, g.sw), (g.cin * 4, hq + 1, wq))
         wide_of = Scratch(COLS, (g.cout, g.oh, wq))
         offs = tap_offsets(1, g.kh, g.kw, 2, 2, 1, 1, hq + 1, wq)
-        masks = dw3.all_lanes_masks(g.oh * wq, g.kh * g.kw)
         split = sized(phase_split, g.cin * g.h * g.w, layer.threads)
         flat = sized(dw3.depthwise_flat_phased, g.cout * g.oh * wq * g.kh * g.kw, layer.threads)
         crop = sized(crop_rows, g.out_size, layer.threads)
@@ -75,7 +74,7 @@ class PhasedDepthwise(Strategy):
         def one(x, y):
             wide, phases = wide_of(), phases_of()
             split(np.ascontiguousarray(x), g.t, g.l, 2, 2, phases)
-            flat(phases, wk, layer.bias, g.kh, masks, offs, epf, on_grid, wide)
+            flat(phases, wk, layer.bias, g.kh, offs, epf, on_grid, wide)
             crop(wide, y)
         return per_image(g, one)
 
