@@ -448,7 +448,12 @@ def test_which_readers_see_a_float_layers_output_rounded(tmp_path, kind):
         feeds = {"x": rng.standard_normal(shape).astype(np.float32)}
         theirs = mnn_run(int8, ["x"], ["y"], feeds)["y"]
         mine = session.run(feeds)["y"].reshape(theirs.shape)
-        assert np.abs(theirs - mine).max() <= 1e-5 * np.abs(theirs).max()
+        # c2's float sums round to its grid: where MNN's kernels on this CPU sum in another order, a sum
+        # within an ulp of a half step rounds to the other neighbour (seen: 1 of c2's 12288 values on a
+        # Zen 4, which reaches 72 of y's 6144 through c3 and head). The wrong reading (rounded for
+        # unrounded, or the reverse) moves every sum by up to half a step: most of y.
+        off = np.abs(theirs - mine) > 1e-5 * np.abs(theirs).max()
+        assert off.mean() <= 0.03, f"{off.mean():.3f} of the outputs differ"
 
 
 class Mlp(nn.Module):
