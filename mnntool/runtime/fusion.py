@@ -79,12 +79,13 @@ def fuse_attention(g: Graph, vals: dict) -> list[Node]:
             continue
         q, k, v = mm1.inputs[0], mm1.inputs[1], mm2.inputs[1]
         # q and k scaled by positive constants (an exporter's 1/sqrt(sqrt(d)) on each): the softmax takes
-        # the product in its exponent instead, two passes over q and k fewer. Not under a mask, which adds
-        # to the scaled scores.
+        # the product in its exponent instead, two passes over q and k fewer; under a mask, which adds to
+        # the scaled scores, the scores are scaled before it ("score_scale").
         scale, scalers = 1.0, []
+        reader = {q: mm1, k: mm1, v: mm2}       # each operand's reader inside the chain
         for name in (q, k):
             mul = producer.get(name)
-            if mask is not None or mul is None or mul.op != "BinaryOp" or mul.param.get("opType") != "MUL" or \
+            if mul is None or mul.op != "BinaryOp" or mul.param.get("opType") != "MUL" or \
                     int(mul.param.get("activationType", 0)) or only_user(name) is not mm1:
                 continue
             factor = next((g.scalar(c) for c in mul.inputs if g.scalar(c) is not None), None)
@@ -94,16 +95,63 @@ def fuse_attention(g: Graph, vals: dict) -> list[Node]:
                 continue
             scale *= factor
             scalers.append(mul)
+            reader[other] = mul
             q, k = (other, k) if name == q else (q, other)
         if not all(_known(vals.get(x)) and vals[x].dtype == "float32" for x in (q, k, v, mm2.outputs[0])):
             continue
-        fused = Node(FUSED_ATTENTION, [q, k, v] + ([mask] if mask else []), list(mm2.outputs),
-                     f"{mm1.name} (+{len(chain) + 1 + len(scalers)} ops)",
-                     {"transposeB": bool(mm1.param.get("transposeB")), "guard": guard, "scale": scale})
-        members = scalers + [mm1] + chain + [mm2]
+        # head splits and transposes before q, k and v (Permute, through Reshapes) replayed as numpy views
+        # in the step, and the head merge after it (one Permute) as the view the step writes through: a
+        # tiny transformer's 5 Permute steps a layer, each a copy and ~1.4 us of dispatch, become 0-1
+        views, moved = [], []
+        inputs = []
+        for name in (q, k, v):
+            raw, chain_ops, nodes_ = _view_chain(name, producer, only_user, reader[name], vals)
+            inputs.append(raw)
+            views.append(chain_ops)
+            moved += nodes_
+        out, out_perm = mm2.outputs[0], None
+        perm_node = only_user(out) if out not in outputs else None
+        if perm_node is not None and perm_node.op == "Permute" and _known(vals.get(perm_node.outputs[0])):
+            out, out_perm = perm_node.outputs[0], [int(d) for d in perm_node.param["dims"]]
+            moved.append(perm_node)
+        params = {"transposeB": bool(mm1.param.get("transposeB")), "guard": guard}
+        if mask is None:
+            params["scale"] = scale
+        else:
+            params["score_scale"] = scale
+        if any(views):
+            params["views"] = views
+        if out_perm is not None:
+            params["out_perm"] = out_perm
+        fused = Node(FUSED_ATTENTION, inputs + ([mask] if mask else []), [out],
+                     f"{mm1.name} (+{len(chain) + 1 + len(scalers) + len(moved)} ops)", params)
+        members = scalers + moved + [mm1] + chain + [mm2]
         replace[idx[id(mm2)]] = fused
         drop.update(idx[id(n)] for n in members if n is not mm2)
     return [replace.get(k, n) for k, n in enumerate(g.nodes) if k not in drop]
+
+
+def _view_chain(name: str, producer: dict, only_user, reader: Node, vals: dict):
+    """(raw tensor, [("T", perm) | ("R", shape), ...] in order, the nodes) for the Permutes and Reshapes
+    that make `name` from a tensor, each read by the next only, the chain starting at a Permute; the
+    step replays them as numpy views (a reshape numpy cannot view copies: the same values). ([] when
+    there is no Permute to save.)"""
+    ops, nodes, cur, user = [], [], name, reader
+    while True:
+        node = producer.get(cur)
+        if node is None or node.op not in ("Permute", "Reshape") or only_user(cur) is not user or \
+                not _known(vals.get(cur)) or not _known(vals.get(node.inputs[0])):
+            break
+        if node.op == "Permute":
+            ops.insert(0, ("T", tuple(int(d) for d in node.param["dims"])))
+        else:
+            ops.insert(0, ("R", tuple(vals[cur].shape)))
+        nodes.insert(0, node)
+        cur, user = node.inputs[0], node
+    while ops and ops[0][0] == "R":        # Reshapes before the first Permute are views already
+        ops.pop(0)
+        cur = nodes.pop(0).outputs[0]
+    return (cur, ops, nodes) if ops else (name, [], [])
 
 
 FUSED_SILU = "FusedSiLU"

@@ -8,6 +8,8 @@ attention has 4 patches x 4 heads x 256 x 256 scores (4 MB), which went to memor
 L2 (1.6 -> 1.33 ms a step at 1 thread)."""
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 
 from . import PLAN_ONLY, Scratch, direct, sized, writes
@@ -37,7 +39,43 @@ def _index(a: np.ndarray, idx: tuple, rank: int):
     return a[key] if key else a
 
 
+def _replay(x: np.ndarray, chain) -> np.ndarray:
+    """The Permutes and Reshapes the planner took in (fusion._view_chain), as numpy views of x."""
+    for kind, arg in chain:
+        x = x.transpose(arg) if kind == "T" else x.reshape(arg)
+    return x
+
+
+class _Views:
+    """An operand's views, kept for the array of the run before when they share its memory (the
+    planner hands a step the same buffers every run; a reshape numpy could not view is a copy, made
+    again every run)."""
+
+    def __init__(self, chain):
+        self.chain, self.src, self.view = chain, None, None
+
+    def __call__(self, x):
+        if not self.chain:
+            return x
+        if x is self.src:
+            return self.view
+        v = _replay(x, self.chain)
+        if np.shares_memory(v, x):
+            self.src, self.view = x, v
+        return v
+
+
 def fused_attention(node, ins, outs, settings):
+    chains = node.param.get("views") or [[], [], []]
+    # the shapes of q, k and v as the attention reads them (after the views)
+    shape_of = [tuple(_replay(np.broadcast_to(np.float32(0), tuple(v.shape)), c).shape) for v, c in zip(ins, chains)]
+    ins = [replace(v, shape=sh) for v, sh in zip(ins, shape_of)] + list(ins[3:])
+    views = [_Views(c) for c in chains]
+    out_perm = node.param.get("out_perm")
+    if out_perm is not None:     # the step writes the Permute's output through its inverse
+        inverse = tuple(int(d) for d in np.argsort(out_perm))
+        outs = [replace(outs[0], shape=tuple(outs[0].shape[d] for d in inverse))]
+    score_scale = np.float32(node.param.get("score_scale", 1.0))
     q, k = ins[0].shape, ins[1].shape
     transpose_b = bool(node.param.get("transposeB"))
     lk = k[-2] if transpose_b else k[-1]
@@ -58,6 +96,8 @@ def fused_attention(node, ins, outs, settings):
     def one(qq, kk, vv, mask, out, scores, probs):
         kk = np.swapaxes(kk, -1, -2) if transpose_b else kk
         np.matmul(qq, kk, out=scores)
+        if score_scale != 1:
+            np.multiply(scores, score_scale, out=scores)
         if mask is not None:
             np.add(scores, mask, out=scores)
         flat = probs.reshape(-1, lk)
@@ -66,15 +106,18 @@ def fused_attention(node, ins, outs, settings):
             np.copyto(flat, 0.0, where=np.isnan(flat))
         np.matmul(probs, vv, out=out)
 
+    out_view = _Views([("T", inverse)] if out_perm is not None else [])
+
     def run(i, o):
         mask = i[3] if len(i) > 3 else None
         scores, probs = scores_of(), probs_of()
+        qq, kk, vv, out = views[0](i[0]), views[1](i[1]), views[2](i[2]), out_view(o[0])
         if depth == 0:
-            one(i[0], i[1], i[2], mask, o[0], scores, probs)
+            one(qq, kk, vv, mask, out, scores, probs)
             return
         for idx in np.ndindex(*scores_shape[:depth]):
-            one(_index(i[0], idx, rank), _index(i[1], idx, rank), _index(i[2], idx, rank),
-                None if mask is None else _index(mask, idx, rank), o[0][idx], scores, probs)
+            one(_index(qq, idx, rank), _index(kk, idx, rank), _index(vv, idx, rank),
+                None if mask is None else _index(mask, idx, rank), out[idx], scores, probs)
     return writes(run)
 
 
