@@ -227,3 +227,33 @@ def test_squeeze_excite_scale_moves_into_the_next_pointwise_weights(tmp_path, hw
     ops = [st.op for st in s.plan.ran]
     assert ("ScaledPointwise" in ops) == fused
     assert ("BinaryOp" in ops) != fused
+
+
+@pytest.mark.parametrize("kind", ["sigmoid", "silu"])
+def test_ir_sigmoid_and_silu_at_the_extremes(kind):
+    """The epilogues' sigmoid (actir.VectorMath.sigmoid: x clamped to +-80) through a 1x1 identity layer:
+    within 1e-6 relative of float64 where the true sigmoid is above its clamp's 1.8e-35, at most that
+    beyond; SiLU within 1e-6 of x * sigmoid(x) (at most |x| * 1.8e-35 below -80); 1 above 80 (SiLU: x).
+    (Not infinities: the identity layer's zero weights times inf are NaN; and NaN is not kept: the
+    epilogue's ReLU bounds, -inf and inf here, take it to -inf first.)"""
+    from mnntool.runtime.kernels import grid as gr
+    from mnntool.runtime.kernels.conv_strategies import HAS_AVX512, Geometry, Layer, build
+    if not HAS_AVX512:
+        pytest.skip("the IR epilogues need AVX-512")
+    special = [0, -1e-30, 1e-30, -10, 10, -79, 79, -80, 80, -81, 81, -100, 100, -1e30, 1e30, -3e38, 3e38]
+    x = np.concatenate([np.array(special, np.float32), np.random.RandomState(1).randn(16 * 64 - len(special)) * 20])
+    x = x.astype(np.float32).reshape(1, 16, 8, 8)
+    g = Geometry(1, 16, 8, 8, 16, 8, 8)
+    post = (gr.POST_SIGMOID if kind == "sigmoid" else gr.POST_SILU, 0.0, 0.0)
+    y = np.full_like(x, -7.0)
+    build(g, Layer(np.eye(16, dtype=np.float32), np.zeros(16, np.float32), 0, gr.NO_GRID, 1, post)).fn([x], [y])
+    xf = x.astype(np.float64).reshape(-1)
+    with np.errstate(over="ignore", invalid="ignore"):
+        sig = 1 / (1 + np.exp(-xf))
+        ref = sig if kind == "sigmoid" else xf * sig
+    got = y.reshape(-1).astype(np.float64)
+    big = np.isfinite(xf) & (np.abs(xf) <= 80)
+    np.testing.assert_allclose(got[big], ref[big], rtol=1e-6, atol=1e-38)
+    low = np.isfinite(xf) & (xf < -80)
+    assert (np.abs(got[low]) <= np.abs(xf[low] if kind == "silu" else 1) * 2e-35).all()
+    assert (got[(xf > 80)] == (1.0 if kind == "sigmoid" else xf[xf > 80])).all()

@@ -20,6 +20,7 @@ from .norm import LN2_HI, LN2_LO, LOG2E
 EXP_LO = -87.33         # exp below this is under float32's smallest normal: the polynomial's 2^n would not be
 EXP_C = (1.9875691500e-4, 1.3981999507e-3, 8.3334519073e-3, 4.1665795894e-2, 1.6666665459e-1, 5.0000001201e-1)
 GELU_TANH_2 = 1.5957691216057308    # 2 sqrt(2 / pi)
+SIGMOID_CLAMP = 80.0    # exp(80) and 1 / (1 + exp(80)) are normal floats
 
 
 class VectorMath:
@@ -78,10 +79,26 @@ class VectorMath:
         return b.fmul(r, b.call(self.fma, [b.fneg(d), r, self.c(2.0)]))
 
     def sigmoid(self, x):
+        """1 / (1 + exp(-x)) with x clamped to +-SIGMOID_CLAMP, where exp(-x) and its reciprocal stay
+        normal floats (no select on the sign, no underflow test: 20 vector ops where the exp(-|x|)
+        form took 27; SiLU after a 16-to-96-channel 1x1 layer on 112x112 cost more than the layer).
+        Beyond the clamp the result is 1 or 1.8e-35 (the true value is smaller still)."""
+        from llvmlite import ir
         b = self.b
-        e = self.exp_neg(b.fneg(b.call(self.fabs, [x])))
-        s = self.recip(b.fadd(self.c(1.0), e))
-        return b.select(b.fcmp_ordered(">=", x, self.c(0.0)), s, b.fmul(e, s))
+        lo, hi = self.c(-SIGMOID_CLAMP), self.c(SIGMOID_CLAMP)     # NaN passes both (ordered compares)
+        xc = b.select(b.fcmp_ordered("<", x, lo), lo, x)
+        xc = b.select(b.fcmp_ordered(">", xc, hi), hi, xc)
+        # exp(-xc) = 2^n e^r, n = rint(-xc / ln 2), r = -xc - n ln 2
+        n = b.call(self.rint, [b.fmul(xc, self.c(-LOG2E))])
+        nx = b.fneg(xc)
+        r = b.call(self.fma, [n, self.c(-LN2_HI), nx])
+        r = b.call(self.fma, [n, self.c(-LN2_LO), r])
+        p = self.c(EXP_C[0])
+        for coef in EXP_C[1:]:
+            p = b.call(self.fma, [p, r, self.c(coef)])
+        p = b.fadd(b.call(self.fma, [p, b.fmul(r, r), r]), self.c(1.0))
+        e = b.call(self.scalef, [p, n, self.c(0.0), ir.Constant(ir.IntType(16), -1), ir.Constant(ir.IntType(32), 4)])
+        return self.recip(b.fadd(self.c(1.0), e))
 
     def erf(self, x):
         b = self.b
