@@ -290,3 +290,21 @@ def test_channel_scale(op, xs, ss, s_first, relu):
     ref = x * s if op == "MUL" else x + s
     got = Session(g).run(feeds)["y"]
     np.testing.assert_allclose(got, np.maximum(ref, 0) if relu else ref, rtol=0, atol=1e-6)
+
+
+@pytest.mark.parametrize("shape, perm", [((64, 2, 16, 2), (0, 2, 1, 3)), ((8, 16, 2, 4), (2, 0, 1, 3)),
+                                         ((4, 6, 3, 4, 2), (2, 0, 3, 1, 4)), ((5, 3, 2), (1, 0, 2)),
+                                         ((4, 6, 3), (0, 2, 1))])
+def test_permute_matches_numpy(shape, perm):
+    """Permute's kernel (runs of 2 or 4 floats along a kept last axis copied as one wide element) against
+    numpy's transpose, exact; on a strided view as input too (the plain copy then)."""
+    from mnntool.ir.ops import Val
+    from mnntool.runtime.kernels.tensor import permute
+    from mnntool.runtime.settings import Settings
+    x = np.random.default_rng(len(shape)).standard_normal(shape).astype(np.float32)
+    node = Node("Permute", ["x"], ["y"], "p", {"dims": list(perm)})
+    k = permute(node, [Val(shape)], [Val(tuple(shape[p] for p in perm))], Settings(1))
+    for src in (x, np.ascontiguousarray(np.repeat(x, 2, axis=-1))[..., ::2]):
+        y = np.full(tuple(shape[p] for p in perm), np.nan, np.float32)
+        k.fn([src], [y])
+        np.testing.assert_array_equal(y, src.transpose(perm))

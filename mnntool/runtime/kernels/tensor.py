@@ -33,9 +33,27 @@ def flatten(node, ins, outs, settings):
     return views(lambda i: [i[0].reshape(shape)])
 
 
+# A permute that keeps the last axis in place, with runs of this many float32s along it, copies each run
+# as one wider element: numpy's strided loop pays per element (MobileViT's unfold, (1024, 2, 16, 2) ->
+# (1024, 16, 2, 2): 159 -> 22 us; (1024, 16, 2, 2) back: 168 -> 58 us)
+WIDE_RUNS = {2: np.float64, 4: np.complex128}
+
+
 @kernel("Permute")
 def permute(node, ins, outs, settings):
     perm = _ints(node.param["dims"])
+    shape = ins[0].shape
+    if shape is not None and len(shape) > 1 and perm[-1] == len(shape) - 1 and str(ins[0].dtype) == "float32" and \
+            isinstance(shape[-1], int) and shape[-1] in WIDE_RUNS:
+        wide = WIDE_RUNS[shape[-1]]
+
+        def run_wide(i, o):
+            x = i[0]
+            if x.dtype == np.float32 and x.strides[-1] == 4 and o[0].flags.c_contiguous:
+                np.copyto(o[0].view(wide), x.view(wide).transpose(perm))
+            else:
+                np.copyto(o[0], x.transpose(perm))
+        return writes(run_wide)
     return writes(lambda i, o: np.copyto(o[0], i[0].transpose(perm)))
 
 
