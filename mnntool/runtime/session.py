@@ -365,7 +365,10 @@ class Session:
                     continue
             elif s.kernel.view and not keep_all and _bind_views(s, ins, slots, fixed):
                 continue
-            calls.append((s.kernel.fn, ins, s.out_views if s.kernel.writes_out else None, s.outs))
+            # a step whose inputs all sit in fixed slots gets its argument list once, not every run
+            # (~0.3 us a step: a tiny transformer's 30 steps of 1-3 us)
+            bound = [slots[i] for i in ins] if all(i in fixed for i in ins) else None
+            calls.append((s.kernel.fn, ins, s.out_views if s.kernel.writes_out else None, s.outs, bound))
             ran.append(s)
         self.plan = Plan(steps, slots, {n: index[n] for n in g.inputs},
                          {n: np.dtype(g.tensors[n].dtype) for n in g.inputs}, {n: index[n] for n in g.outputs},
@@ -536,8 +539,8 @@ class Session:
         timer = time.perf_counter
         fn = None
         try:
-            for fn, ins, views, outs in plan.calls:
-                args = [slots[i] for i in ins]
+            for fn, ins, views, outs, bound in plan.calls:
+                args = bound if bound is not None else [slots[i] for i in ins]
                 t0 = timer() if profile is not None else 0.0
                 if views is not None:
                     fn(args, views)

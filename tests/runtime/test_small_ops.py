@@ -308,3 +308,22 @@ def test_permute_matches_numpy(shape, perm):
         y = np.full(tuple(shape[p] for p in perm), np.nan, np.float32)
         k.fn([src], [y])
         np.testing.assert_array_equal(y, src.transpose(perm))
+
+
+def test_steps_with_bound_arguments_read_each_runs_values():
+    """A step whose inputs sit in the planner's fixed buffers gets its argument list once, at prepare
+    (Session.prepare: `bound`); the buffers' new contents, and a new feed to the steps that read it,
+    must reach every run. Reference: numpy, exact."""
+    nodes = [Node("Permute", ["x"], ["t"], "t1", {"dims": [1, 0, 2]}),
+             Node("Permute", ["t"], ["u"], "t2", {"dims": [2, 1, 0]}),
+             Node("Softmax", ["u"], ["y"], "sm", {"axis": -1})]
+    g = _graph(nodes, [("x", (3, 4, 5))], ["y"])
+    s = Session(g, threads=1)
+    rng = np.random.default_rng(9)
+    for _ in range(3):
+        x = rng.standard_normal((3, 4, 5)).astype(np.float32)
+        got = s.run({"x": x})["y"]
+        u = x.transpose(1, 0, 2).transpose(2, 1, 0).astype(np.float64)
+        e = np.exp(u - u.max(-1, keepdims=True))
+        np.testing.assert_allclose(got, e / e.sum(-1, keepdims=True), rtol=1e-6)
+    assert [c[4] is not None for c in s.plan.calls] == [False, True, True], "only the step reading x rebuilds"
