@@ -327,3 +327,24 @@ def test_steps_with_bound_arguments_read_each_runs_values():
         e = np.exp(u - u.max(-1, keepdims=True))
         np.testing.assert_allclose(got, e / e.sum(-1, keepdims=True), rtol=1e-6)
     assert [c[4] is not None for c in s.plan.calls] == [False, True, True], "only the step reading x rebuilds"
+
+
+def test_layer_norm_step_reads_its_buffers_afresh_every_run():
+    """LayerNorm's row kernel keeps the row views of the arrays of the run before: a planner buffer's new
+    contents (a Permute's output), and a strided input (copied, never kept), must reach every run.
+    Reference: float64, 1e-5 relative."""
+    from mnntool.ir.ops import Val
+    from mnntool.runtime.kernels.norm import layer_norm
+    from mnntool.runtime.settings import Settings
+    rng = np.random.default_rng(4)
+    gamma, beta = rng.standard_normal(8).astype(np.float32), rng.standard_normal(8).astype(np.float32)
+    node = Node("LayerNorm", ["x"], ["y"], "ln", {"axis": [-1], "epsilon": 1e-5, "gamma": gamma, "beta": beta})
+    k = layer_norm(node, [Val((6, 8))], [Val((6, 8))], Settings(1))
+    buf, y = np.empty((6, 8), np.float32), np.empty((6, 8), np.float32)
+    wide = np.empty((6, 16), np.float32)
+    for src in (buf, buf, wide[:, ::2], buf):
+        src[...] = rng.standard_normal(src.shape)
+        k.fn([src], [y])
+        x = src.astype(np.float64)
+        ref = (x - x.mean(-1, keepdims=True)) / np.sqrt(x.var(-1, keepdims=True) + 1e-5) * gamma + beta
+        np.testing.assert_allclose(y, ref, rtol=1e-5, atol=1e-5)
