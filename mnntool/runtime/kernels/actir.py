@@ -54,10 +54,16 @@ class VectorMath:
     def exp_neg(self, x):
         """exp(x) for x <= 0; 0 below EXP_LO (the polynomial there would give ~1e-38, whose products
         are denormals: a causal mask's rows of attention probabilities ran 5x slower)."""
-        from llvmlite import ir
         b = self.b
         # no clamp: below EXP_LO (-inf included, whose r is NaN) the select gives 0, and NaN stays NaN
         under = b.fcmp_ordered("<", x, self.c(EXP_LO))
+        return b.select(under, self.c(0.0), self._exp(x))
+
+    def _exp(self, x):
+        """exp(x) = 2^n e^r, n = rint(x / ln 2), r = x - n ln 2 (in two parts), e^r by the polynomial;
+        for x whose result is a normal float (the callers clamp or select)."""
+        from llvmlite import ir
+        b = self.b
         n = b.call(self.rint, [b.fmul(x, self.c(LOG2E))])
         r = b.call(self.fma, [n, self.c(-LN2_HI), x])
         r = b.call(self.fma, [n, self.c(-LN2_LO), r])
@@ -65,10 +71,9 @@ class VectorMath:
         for coef in EXP_C[1:]:
             p = b.call(self.fma, [p, r, self.c(coef)])
         p = b.fadd(b.call(self.fma, [p, b.fmul(r, r), r]), self.c(1.0))
-        # p 2^n in one vscalefps (n in [-126, 0] here), where the exponent bits took four instructions
-        scaled = b.call(self.scalef, [p, n, self.c(0.0), ir.Constant(ir.IntType(16), -1),
-                                      ir.Constant(ir.IntType(32), 4)])       # all lanes, current rounding
-        return b.select(under, self.c(0.0), scaled)
+        # p 2^n in one vscalefps, where the exponent bits took four instructions
+        return b.call(self.scalef, [p, n, self.c(0.0), ir.Constant(ir.IntType(16), -1),
+                                    ir.Constant(ir.IntType(32), 4)])       # all lanes, current rounding
 
     def recip(self, d):
         """1 / d as rcp14 and one Newton step (relative error ~1e-8, a few cycles where vdivps takes
@@ -83,21 +88,11 @@ class VectorMath:
         normal floats (no select on the sign, no underflow test: 20 vector ops where the exp(-|x|)
         form took 27; SiLU after a 16-to-96-channel 1x1 layer on 112x112 cost more than the layer).
         Beyond the clamp the result is 1 or 1.8e-35 (the true value is smaller still)."""
-        from llvmlite import ir
         b = self.b
         lo, hi = self.c(-SIGMOID_CLAMP), self.c(SIGMOID_CLAMP)     # NaN passes both (ordered compares)
         xc = b.select(b.fcmp_ordered("<", x, lo), lo, x)
         xc = b.select(b.fcmp_ordered(">", xc, hi), hi, xc)
-        # exp(-xc) = 2^n e^r, n = rint(-xc / ln 2), r = -xc - n ln 2
-        n = b.call(self.rint, [b.fmul(xc, self.c(-LOG2E))])
-        nx = b.fneg(xc)
-        r = b.call(self.fma, [n, self.c(-LN2_HI), nx])
-        r = b.call(self.fma, [n, self.c(-LN2_LO), r])
-        p = self.c(EXP_C[0])
-        for coef in EXP_C[1:]:
-            p = b.call(self.fma, [p, r, self.c(coef)])
-        p = b.fadd(b.call(self.fma, [p, b.fmul(r, r), r]), self.c(1.0))
-        e = b.call(self.scalef, [p, n, self.c(0.0), ir.Constant(ir.IntType(16), -1), ir.Constant(ir.IntType(32), 4)])
+        e = self._exp(b.fneg(xc))
         return self.recip(b.fadd(self.c(1.0), e))
 
     def erf(self, x):

@@ -236,6 +236,24 @@ def _make_flat(k: int, table: bool = True):
 
 _flat3, _flat5, _flat7 = _make_flat(3), _make_flat(5), _make_flat(7)
 _open3, _open5, _open7 = _make_flat(3, False), _make_flat(5, False), _make_flat(7, False)
+
+
+@njit(cache=True, inline="always")
+def _flat_block(k, table, x, xo, masks, mo, offs, left, w, wo, bias, out, oo, epf, grid):
+    """The flat block of the k x k window, its lane masks from the table or (no table) its steps' own."""
+    if table:
+        if k == 3:
+            _flat3(x, xo, masks, mo, offs, left, w, wo, bias, out, oo, epf, grid)
+        elif k == 5:
+            _flat5(x, xo, masks, mo, offs, left, w, wo, bias, out, oo, epf, grid)
+        else:
+            _flat7(x, xo, masks, mo, offs, left, w, wo, bias, out, oo, epf, grid)
+    elif k == 3:
+        _open3(x, xo, masks, mo, offs, left, w, wo, bias, out, oo, epf, grid)
+    elif k == 5:
+        _open5(x, xo, masks, mo, offs, left, w, wo, bias, out, oo, epf, grid)
+    else:
+        _open7(x, xo, masks, mo, offs, left, w, wo, bias, out, oo, epf, grid)
 FLAT_SIZES = (3, 5, 7)
 
 
@@ -272,13 +290,8 @@ def depthwise_flat(x, w, b, k, masks, offs, epf, grid, out):
     for c in prange(C):
         for j in range(blocks):
             at = c * n + span * j
-            mo = kk * FLAT_STEPS * j
-            if k == 3:
-                _flat3(xf, at, masks, mo, offs, n - span * j, w, c * kk, b[c], of, at, epf, grid)
-            elif k == 5:
-                _flat5(xf, at, masks, mo, offs, n - span * j, w, c * kk, b[c], of, at, epf, grid)
-            else:
-                _flat7(xf, at, masks, mo, offs, n - span * j, w, c * kk, b[c], of, at, epf, grid)
+            _flat_block(k, True, xf, at, masks, kk * FLAT_STEPS * j, offs, n - span * j, w, c * kk, b[c], of, at,
+                        epf, grid)
 
 
 @njit(parallel=True, cache=True)
@@ -296,10 +309,5 @@ def depthwise_flat_phased(xq, w, b, k, offs, epf, grid, wide):
     xf, of = xq.reshape(-1), wide.reshape(-1)
     for c in prange(C):
         for j in range(blocks):
-            xo, oo = c * cs + span * j, c * n + span * j
-            if k == 3:
-                _open3(xf, xo, offs, 0, offs, n - span * j, w, c * kk, b[c], of, oo, epf, grid)
-            elif k == 5:
-                _open5(xf, xo, offs, 0, offs, n - span * j, w, c * kk, b[c], of, oo, epf, grid)
-            else:
-                _open7(xf, xo, offs, 0, offs, n - span * j, w, c * kk, b[c], of, oo, epf, grid)
+            _flat_block(k, False, xf, c * cs + span * j, offs, 0, offs, n - span * j, w, c * kk, b[c], of,
+                        c * n + span * j, epf, grid)
