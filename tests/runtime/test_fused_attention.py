@@ -42,8 +42,12 @@ def _model(path, mask: bool, guard: bool, probs_out: bool = False, shapes=SMALL)
         inputs.append(h.make_tensor_value_info("m", TP.FLOAT, list(shapes[3])))
     outputs = [h.make_tensor_value_info("y", TP.FLOAT, None)] + \
         ([h.make_tensor_value_info("p", TP.FLOAT, None)] if probs_out else [])
-    g = h.make_graph(nodes, "attn", inputs, outputs, [h.make_tensor("zero", TP.FLOAT, [], [0.0])])
-    m = h.make_model(g, opset_imports=[h.make_opsetid("", 17)])
+    _save(path, nodes, inputs, outputs, [h.make_tensor("zero", TP.FLOAT, [], [0.0])])
+
+
+def _save(path, nodes, inputs, outputs, inits):
+    """The graph as an opset-17 ONNX file at `path`."""
+    m = h.make_model(h.make_graph(nodes, "attn", inputs, outputs, inits), opset_imports=[h.make_opsetid("", 17)])
     m.ir_version = 8
     onnx.save(m, str(path))
 
@@ -134,10 +138,7 @@ def test_scaled_q_and_k_are_taken_into_the_softmax(tmp_path, mask):
     if mask:
         inputs.append(h.make_tensor_value_info("m", TP.FLOAT, list(shapes[3])))
     inits = [h.make_tensor("sq", TP.FLOAT, [], [0.5]), h.make_tensor("sk", TP.FLOAT, [1], [0.7])]
-    g = h.make_graph(nodes, "attn", inputs, [h.make_tensor_value_info("y", TP.FLOAT, None)], inits)
-    m = h.make_model(g, opset_imports=[h.make_opsetid("", 17)])
-    m.ir_version = 8
-    onnx.save(m, str(tmp_path / "a.onnx"))
+    _save(tmp_path / "a.onnx", nodes, inputs, [h.make_tensor_value_info("y", TP.FLOAT, None)], inits)
     api.convert(tmp_path / "a.onnx", tmp_path / "a.mnn")
     rng = np.random.RandomState(1)
     feeds = {n: (rng.randn(*s) * 3).astype(np.float32) for n, s in zip("qkvm" if mask else "qkv", shapes)}
@@ -178,10 +179,7 @@ def test_head_split_transposes_are_read_as_views(tmp_path, mask):
     if mask:
         inputs.append(h.make_tensor_value_info("m", TP.FLOAT, [1, 1, 1, s_]))
     inits = [shape4, shape3, shape4k, merged, h.make_tensor("sq", TP.FLOAT, [], [0.5])]
-    g = h.make_graph(nodes, "attn", inputs, [h.make_tensor_value_info("y", TP.FLOAT, None)], inits)
-    m = h.make_model(g, opset_imports=[h.make_opsetid("", 17)])
-    m.ir_version = 8
-    onnx.save(m, str(tmp_path / "a.onnx"))
+    _save(tmp_path / "a.onnx", nodes, inputs, [h.make_tensor_value_info("y", TP.FLOAT, None)], inits)
     api.convert(tmp_path / "a.onnx", tmp_path / "a.mnn")
     rng = np.random.RandomState(2)
     feeds = {n: rng.randn(1, s_, heads * d).astype(np.float32) for n in "qkv"}

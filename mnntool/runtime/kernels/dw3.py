@@ -213,7 +213,8 @@ def _make_flat(k: int, table: bool = True):
             S, kk = FLAT_STEPS, k * k
             # two chains a step (even and odd taps), 2S sums in flight
             accs = [[splat_(builder, bias_, f16), fzero] for _ in range(S)]
-            step_masks = None if table else [first_lanes(builder, builder.sub(left_, const(16 * st))) for st in range(S)]
+            step_masks = None if table else \
+                [first_lanes(builder, builder.sub(left_, const(16 * st))) for st in range(S)]
             for q in range(kk):
                 wv = splat_(builder, builder.load(builder.gep(wp, [const(q)])), f16)
                 at = builder.gep(xp, [builder.load(builder.gep(op_, [const(q)]))])
@@ -254,6 +255,8 @@ def _flat_block(k, table, x, xo, masks, mo, offs, left, w, wo, bias, out, oo, ep
         _open5(x, xo, masks, mo, offs, left, w, wo, bias, out, oo, epf, grid)
     else:
         _open7(x, xo, masks, mo, offs, left, w, wo, bias, out, oo, epf, grid)
+
+
 FLAT_SIZES = (3, 5, 7)
 
 
@@ -308,6 +311,6 @@ def depthwise_flat_phased(xq, w, b, k, offs, epf, grid, wide):
     kk = k * k
     xf, of = xq.reshape(-1), wide.reshape(-1)
     for c in prange(C):
-        for j in range(blocks):
+        for j in range(blocks):     # no mask table: offs stands in for its (unread) array
             _flat_block(k, False, xf, c * cs + span * j, offs, 0, offs, n - span * j, w, c * kk, b[c], of,
                         c * n + span * j, epf, grid)

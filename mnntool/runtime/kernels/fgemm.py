@@ -219,8 +219,8 @@ PANEL = 48      # pixels of a panel of `pack_panels`: one full tile
 
 
 @intrinsic
-def _prefetch_lines(typingctx, x, xo, n):
-    """Prefetch (into L2) the cache lines of x[xo:xo + n]."""
+def prefetch_lines(typingctx, x, xo, n):
+    """Prefetch (into L2) the cache lines of x[xo:xo + n]: the next panel (gemm_panels), the next rows (gemv)."""
     from llvmlite import ir
     sig = types.void(x, types.intp, types.intp)
 
@@ -271,7 +271,7 @@ def gemm_panels(x, P, wp, K, kc, O, bias, epf, grid, out, os_):
             p0 = t * PANEL
             o0 = ob * OCB
             if ob == 0 and t + 1 < ntile:   # the first row block streams the panels: the next one ahead
-                _prefetch_lines(x, ((t + 1) * K + k0) * PANEL, kn * PANEL)
+                prefetch_lines(x, ((t + 1) * K + k0) * PANEL, kn * PANEL)
             _tile(3 if t < full else tail_nv, x, (t * K + k0) * PANEL, PANEL, wp, ob * K * OCB + k0 * OCB, kn, out,
                   o0 * os_ + p0, os_, P - p0, O - o0, bias[o0:], epf, flags)
 
@@ -330,7 +330,8 @@ def phase_split(x, t, l, sh, sw, xq):
     even_at, odd_at = (l % 2) * plane + ve, (1 - l % 2) * plane + vo
     for c in prange(C):
         for yy in range(H):
-            s0 = np.uint64((c * H + yy) * W)
+            src = (c * H + yy) * W
+            s0 = np.uint64(src)     # unsigned, for the loops LLVM vectorizes
             base = c * sh * sw * plane + row_at[yy]       # phase (a, b = 0)'s row u
             if sw == 1:
                 n = min(W, Wq - l)
@@ -341,7 +342,6 @@ def phase_split(x, t, l, sh, sw, xq):
             if sw == 2:
                 # both column phases at once, 16 pairs a step in IR (two loads, two shuffles): LLVM's
                 # vectorized loop left rows of 28 (14 pairs) to its scalar remainder
-                src = (c * H + yy) * W
                 for k in range(0, npair, 16):
                     _deinterleave16(xf, src + 2 * k, npair - k, qf, base + even_at + k, base + odd_at + k)
                 for ix in range(2 * npair, W):

@@ -11,7 +11,7 @@ from __future__ import annotations
 from numba import njit, prange, types
 from numba.extending import intrinsic
 
-from .fgemm import _prefetch_lines
+from .fgemm import prefetch_lines
 from .llvmir import data_of, first_lanes, host_has, k_loop, vector_ops
 
 HAS_AVX512 = host_has("avx512f")
@@ -90,7 +90,7 @@ def matvec(w, x, bias, lo, hi, ahead, y):
         o = blk * ROWS
         n = min(ROWS, O - o)
         if ahead and o + ROWS < O:
-            _prefetch_lines(wf, (o + ROWS) * K, min(ROWS, O - o - ROWS) * K)
+            prefetch_lines(wf, (o + ROWS) * K, min(ROWS, O - o - ROWS) * K)
         dot16(wf, o * K, K, x, 0, K, y, o, n)
         for r in range(o, o + n):
             y[r] = min(max(y[r] + bias[r], lo), hi)

@@ -20,8 +20,8 @@ HAS_AVX512 = host_has("avx512f")
 
 # In order of preference: the first that suits a layer runs it.
 STRATEGIES: list[Strategy] = [
-    FlatDepthwise(), RowDepthwise3x3(), PhasedDepthwise(), StripDepthwise(), PlaneDepthwise3x3(), ChannelsLastDepthwise(),
-    BorderDepthwise3x3(), GenericDepthwise(),
+    FlatDepthwise(), RowDepthwise3x3(), PhasedDepthwise(), StripDepthwise(), PlaneDepthwise3x3(),
+    ChannelsLastDepthwise(), BorderDepthwise3x3(), GenericDepthwise(),
     SparseTaps(), Winograd3x3(), MatVecRows(), PackedRows(), BlasRows(), Pointwise(), Patchify(),
     Im2colChannelsInLanes(), TapsInPlace(), ImplicitIm2col(), GroupedTapsInPlace(), BlasIm2col(),
 ]

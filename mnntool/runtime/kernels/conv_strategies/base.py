@@ -8,8 +8,10 @@ from typing import NamedTuple
 import numpy as np
 
 from ....ir.ops.nn import pads_of, same_pads
-from .. import Kernel, SharedZeros, sized, writes
+from .. import Kernel, Scratch, SharedZeros, sized, writes
 from ..grid import NO_GRID, NO_POST, to_grid
+
+COLS = "conv_cols"      # the work buffer (kernels.scratch) im2col matrices, strided picks and wide outputs share
 
 
 @dataclass(frozen=True)
@@ -195,6 +197,38 @@ def padder(g: Geometry):
         padded[:, g.t:g.t + g.h, g.l:g.l + g.w] = x
         return padded
     return pad
+
+
+def phase_splitter(g: Geometry, threads: int, spare_row: bool = False):
+    """fn(x) -> x's phase planes (fgemm.phase_split: big enough for every tap of every output pixel,
+    their zero border the padding), in a buffer the layers of the geometry share; with `spare_row`, one
+    zero row past each plane, for kernels whose thrown-away columns of the last rows read into it."""
+    from ..fgemm import phase_split
+    hq, wq = g.phase_planes
+    phases_of = SharedZeros((g.h, g.w, g.t, g.l, g.sh, g.sw), (g.cin * g.sh * g.sw, hq + spare_row, wq))
+    split = sized(phase_split, g.cin * g.h * g.w, threads)
+
+    def split_phases(x):
+        phases = phases_of()
+        split(np.ascontiguousarray(x), g.t, g.l, g.sh, g.sw, phases)
+        return phases
+    return split_phases
+
+
+def on_wide_rows(g: Geometry, threads: int, fill):
+    """A kernel for the kernels that read the phase planes (with their spare row) on the planes' width:
+    fill(phases, wide) writes every column of the wide output (cout, oh, wq), the thrown-away ones too,
+    which is then cropped to the output's width (fgemm.crop_rows)."""
+    from ..fgemm import crop_rows
+    split = phase_splitter(g, threads, spare_row=True)
+    wide_of = Scratch(COLS, (g.cout, g.oh, g.phase_planes[1]))
+    crop = sized(crop_rows, g.out_size, threads)
+
+    def one(x, y):
+        wide = wide_of()
+        fill(split(x), wide)
+        crop(wide, y)
+    return per_image(g, one)
 
 
 def with_post(k: Kernel, post: tuple, size: int, threads: int) -> Kernel:

@@ -5,10 +5,11 @@ from __future__ import annotations
 
 import numpy as np
 
-from .. import Scratch, SharedZeros, sized, writes
+from .. import Scratch, sized, writes
 from ..conv_loops import bias_act, im2col
 from ..grid import apply_act
-from .base import Geometry, Layer, Strategy, padder, per_image, regrid_of
+from .base import (COLS, Geometry, Layer, Strategy, on_wide_rows, padder, per_image, phase_splitter,
+                   regrid_of)
 
 # Winograd F(4x4, 3x3) from 8 input and output channels: below that its transforms cost more than
 # the multiplications they save.
@@ -16,7 +17,6 @@ WINOGRAD_MIN_CHANNELS = 8
 # Implicit im2col reads its taps in place (no panel copy) for output rows from 32 wide whose packed
 # weights fit L2 (256 KB): MobileNetV2's stem 0.43 -> 0.28 ms, ResNet-18's 2.9 -> 2.5 ms.
 TAPS_IN_PLACE_MIN_WIDTH, L2_BYTES = 32, 256 * 1024
-COLS = "conv_cols"      # the work buffer (kernels.scratch) im2col matrices and strided picks share
 
 
 
@@ -215,19 +215,11 @@ class Im2colChannelsInLanes(Strategy):
 
 
 def _phases(g: Geometry, layer: Layer):
-    """The packed weights and the input's phase planes (big enough for every tap of every output
-    pixel; their zero border is the padding) that implicit im2col reads."""
-    from ..fgemm import PackedGemm, phase_split
+    """The packed weights and the input's phase planes (base.phase_splitter) that implicit im2col reads."""
+    from ..fgemm import PackedGemm
     packed = PackedGemm(layer.weight, layer.bias, layer.act, layer.grid, g.oh * g.ow, layer.threads, layer.post)
     hq, wq = g.phase_planes
-    phases_of = SharedZeros((g.h, g.w, g.t, g.l, g.sh, g.sw), (g.cin * g.sh * g.sw, hq, wq))
-    split = sized(phase_split, g.cin * g.h * g.w, layer.threads)
-
-    def split_phases(x):
-        phases = phases_of()
-        split(np.ascontiguousarray(x), g.t, g.l, g.sh, g.sw, phases)
-        return phases
-    return packed, hq, wq, split_phases
+    return packed, hq, wq, phase_splitter(g, layer.threads)
 
 
 class TapsInPlace(Strategy):
@@ -284,7 +276,7 @@ class GroupedTapsInPlace(Strategy):
         return g.group > 1 and not g.depthwise
 
     def build(self, g, layer):
-        from ..fgemm import OCB, conv_grouped, crop_rows, epilogue_of, pack_weights, phase_split, tap_offsets
+        from ..fgemm import OCB, conv_grouped, epilogue_of, pack_weights, tap_offsets
         cg, og = g.cin // g.group, g.cout // g.group
         nob = -(-og // OCB)
         wp = np.concatenate([pack_weights(layer.weight[k * og:(k + 1) * og]) for k in range(g.group)])
@@ -293,22 +285,12 @@ class GroupedTapsInPlace(Strategy):
         bias = bias.reshape(-1)
         epf, on_grid = epilogue_of(layer.act, layer.grid, layer.post)
         hq, wq = g.phase_planes
-        # one zero row past each plane: the thrown-away columns of the last rows read into it
-        phases_of = SharedZeros((g.h, g.w, g.t, g.l, g.sh, g.sw), (g.cin * g.sh * g.sw, hq + 1, wq))
-        koff = tap_offsets(cg, g.kh, g.kw, g.sh, g.sw, g.dh, g.dw, hq + 1, wq)
-        wide_of = Scratch(COLS, (g.cout, g.oh, wq))     # every column written, the thrown-away ones too
-        split = sized(phase_split, g.cin * g.h * g.w, layer.threads)
+        koff = tap_offsets(cg, g.kh, g.kw, g.sh, g.sw, g.dh, g.dw, hq + 1, wq)     # planes with the spare row
         k = cg * g.kh * g.kw
         fn = sized(conv_grouped, g.cout * g.oh * wq * k, layer.threads)
         planes = cg * g.sh * g.sw * (hq + 1) * wq
-        crop = sized(crop_rows, g.out_size, layer.threads)
-
-        def one(x, y):
-            wide, phases = wide_of(), phases_of()
-            split(np.ascontiguousarray(x), g.t, g.l, g.sh, g.sw, phases)
-            fn(phases, koff, g.group, planes, g.oh * wq, wp, k, og, bias, epf, on_grid, wide.reshape(-1))
-            crop(wide, y)
-        return per_image(g, one)
+        return on_wide_rows(g, layer.threads, lambda phases, wide: fn(phases, koff, g.group, planes, g.oh * wq, wp, k,
+                                                                      og, bias, epf, on_grid, wide.reshape(-1)))
 
 
 class BlasIm2col(Strategy):

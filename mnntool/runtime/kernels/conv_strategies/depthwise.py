@@ -6,7 +6,7 @@ import numpy as np
 
 from .. import sized, writes
 from ..conv_loops import depthwise, depthwise3x3, depthwise3x3_s1, depthwise_hwc
-from .base import Geometry, Layer, Strategy, padder, per_image, regrid_of
+from .base import Geometry, Layer, Strategy, on_wide_rows, padder, per_image, regrid_of
 
 # Maps up to this wide run the depthwise as one flat pass per channel: a 7-wide row strip leaves
 # 9 of the 16 lanes idle.
@@ -58,25 +58,14 @@ class PhasedDepthwise(Strategy):
                 and g.dh == g.dw == 1 and g.ow <= PHASED_DW_MAX_WIDTH)
 
     def build(self, g, layer):
-        from .. import Scratch, SharedZeros, dw3
-        from ..fgemm import crop_rows, epilogue_of, phase_split, tap_offsets
-        from .dense import COLS
+        from .. import dw3
+        from ..fgemm import epilogue_of, tap_offsets
         wk, (epf, on_grid) = dw_weights(g, layer).reshape(-1), epilogue_of(layer.act, layer.grid, layer.post)
         hq, wq = g.phase_planes
-        # one zero row past each plane: the thrown-away columns of the last rows read into it
-        phases_of = SharedZeros((g.h, g.w, g.t, g.l, g.sh, g.sw), (g.cin * 4, hq + 1, wq))
-        wide_of = Scratch(COLS, (g.cout, g.oh, wq))
-        offs = tap_offsets(1, g.kh, g.kw, 2, 2, 1, 1, hq + 1, wq)
-        split = sized(phase_split, g.cin * g.h * g.w, layer.threads)
+        offs = tap_offsets(1, g.kh, g.kw, 2, 2, 1, 1, hq + 1, wq)      # planes with the spare row
         flat = sized(dw3.depthwise_flat_phased, g.cout * g.oh * wq * g.kh * g.kw, layer.threads)
-        crop = sized(crop_rows, g.out_size, layer.threads)
-
-        def one(x, y):
-            wide, phases = wide_of(), phases_of()
-            split(np.ascontiguousarray(x), g.t, g.l, 2, 2, phases)
-            flat(phases, wk, layer.bias, g.kh, offs, epf, on_grid, wide)
-            crop(wide, y)
-        return per_image(g, one)
+        return on_wide_rows(g, layer.threads,
+                            lambda phases, wide: flat(phases, wk, layer.bias, g.kh, offs, epf, on_grid, wide))
 
 
 class RowDepthwise3x3(Strategy):
