@@ -194,3 +194,46 @@ def test_head_split_transposes_are_read_as_views(tmp_path, mask):
     again = s.run({k: v * 0.5 for k, v in feeds.items()})["y"]     # the views follow the buffers' new contents
     ref2 = ort.InferenceSession(str(tmp_path / "a.onnx")).run(None, {k: v * 0.5 for k, v in feeds.items()})[0]
     np.testing.assert_allclose(again, ref2, atol=1e-5)
+
+
+SMALL_PATH = {      # q, k, v, mask: heads of 16-multiple dims, run by small_attention's compiled loops
+    "gpt2-like causal": ((1, 4, 16, 16), (1, 4, 16, 16), (1, 4, 16, 16), (1, 1, 16, 16)),
+    "rows not in fours, keys past 16": ((2, 3, 5, 16), (2, 3, 21, 16), (2, 3, 21, 32), (2, 1, 1, 21)),
+    "shared k and v, mask per head": ((2, 3, 6, 32), (1, 3, 9, 32), (2, 1, 9, 16), (2, 3, 6, 9)),
+    "one key": ((1, 2, 3, 16), (1, 2, 1, 16), (1, 2, 1, 16), (1, 1, 3, 1)),
+}
+
+
+@pytest.mark.parametrize("shape", list(SMALL_PATH))
+@pytest.mark.parametrize("mask,guard", [(False, False), (True, True)])
+def test_small_attention_matches_onnxruntime(tmp_path, monkeypatch, shape, mask, guard):
+    """Small heads of 16-multiple dims run as one compiled call (kernels/small_attention.py, AVX-512
+    hosts); the NumPy products (its threshold set to 0) give the same values. Rows fully masked, rows
+    not in blocks of four, keys over one 16-lane block, broadcast k, v and masks. Reference:
+    onnxruntime, max abs error 1e-5."""
+    from mnntool.runtime.kernels import attention
+    from mnntool.runtime.kernels.llvmir import host_has
+    shapes = SMALL_PATH[shape]
+    _model(tmp_path / "a.onnx", mask, guard, shapes=shapes)
+    api.convert(tmp_path / "a.onnx", tmp_path / "a.mnn")
+    g = api.load_graph(tmp_path / "a.mnn")
+    rng = np.random.RandomState(3)
+    feeds = {n: rng.randn(*s).astype(np.float32) for n, s in zip("qkv", shapes)}
+    if mask:
+        lq, lk = shapes[3][-2:]
+        causal = np.triu(np.full((lq, lk), -np.inf), 1) if lq == lk else np.zeros((lq, lk))
+        m = np.broadcast_to(causal, shapes[3]) + np.where(rng.rand(*shapes[3]) < 0.2, -np.inf, 0)
+        m.reshape(-1, lk)[0] = -np.inf        # a row with every key masked: NaN, 0 after the guard
+        feeds["m"] = m.astype(np.float32)
+    ref = ort.InferenceSession(str(tmp_path / "a.onnx")).run(None, feeds)[0]
+    taken = []
+    real = attention.geometry
+    monkeypatch.setattr(attention, "geometry", lambda *a: taken.append(real(*a)) or taken[-1])
+    got = Session(g).run(feeds)["y"]
+    np.testing.assert_allclose(got, ref, atol=1e-5)
+    assert not guard or not np.isnan(got).any()
+    if host_has("avx512f"):
+        assert taken and taken[0] is not None, "the compiled loops ran"
+    monkeypatch.setattr(attention, "SMALL_ATTENTION_MAX_WORK", 0)
+    np.testing.assert_allclose(Session(g).run(feeds)["y"], ref, atol=1e-5)
+    assert len(taken) <= 1, "NumPy's products ran"

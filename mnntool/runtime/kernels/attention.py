@@ -13,7 +13,9 @@ from dataclasses import replace
 import numpy as np
 
 from . import PLAN_ONLY, Scratch, direct, sized, writes
+from .llvmir import host_has
 from .norm import row_softmax
+from .small_attention import ROWS, SMALL_ATTENTION_MAX_WORK, attend, geometry
 
 SLICE_BYTES = 512 * 1024       # scores per slice: with the probabilities, half of a 2 MB L2
 
@@ -107,11 +109,17 @@ def fused_attention(node, ins, outs, settings):
         np.matmul(probs, vv, out=out)
 
     out_view = _Views([("T", inverse)] if out_perm is not None else [])
+    head_dim = q[-1]
+    small = _Small(transpose_b, score_scale, scale, guard, lk, head_dim) \
+        if depth == 0 and count * head_dim <= SMALL_ATTENTION_MAX_WORK \
+        and all(v.dtype == "float32" for v in ins) and host_has("avx512f") else None
 
     def run(i, o):
         mask = i[3] if len(i) > 3 else None
-        scores, probs = scores_of(), probs_of()
         qq, kk, vv, out = views[0](i[0]), views[1](i[1]), views[2](i[2]), out_view(o[0])
+        if small is not None and small(qq, kk, vv, mask, out):
+            return
+        scores, probs = scores_of(), probs_of()
         if depth == 0:
             one(qq, kk, vv, mask, out, scores, probs)
             return
@@ -119,6 +127,38 @@ def fused_attention(node, ins, outs, settings):
             one(_index(qq, idx, rank), _index(kk, idx, rank), _index(vv, idx, rank),
                 None if mask is None else _index(mask, idx, rank), out[idx], scores, probs)
     return writes(run)
+
+
+class _Small:
+    """small_attention.attend on the operands of the run before when they are the same arrays (the
+    planner hands a step the same buffers every run): their geometry is worked out once."""
+
+    def __init__(self, transpose_b, score_scale, scale, guard, lk, head_dim):
+        self.transpose_b, self.guard = transpose_b, guard
+        self.scalars = (np.float32(score_scale), np.float32(scale), bool(guard))
+        self.work = Scratch("attention_small", ((head_dim + 2 * ROWS) * ((lk + 15) // 16 * 16),))
+        self.seen, self.call = None, None
+
+    def __call__(self, q, k, v, mask, out) -> bool:
+        """Ran it (False: an operand it cannot read; the caller runs NumPy's products)."""
+        seen = self.seen
+        if seen is None or seen[0] is not q or seen[1] is not k or seen[2] is not v or seen[3] is not mask \
+                or seen[4] is not out:
+            self.seen = (q, k, v, mask, out)
+            kt = k if self.transpose_b else np.swapaxes(k, -1, -2)
+            got = geometry(q, kt, v, out, mask)
+            if got is None:
+                self.call = None
+            else:
+                bufs, geo = got
+                writable = all(b.flags.writeable for b in bufs)
+                fn = direct(attend, *bufs, geo, self.work(), *self.scalars) if writable else attend
+                self.call = (fn, tuple(bufs) + (geo,))
+        if self.call is None:
+            return False
+        fn, args = self.call
+        fn(*args, self.work(), *self.scalars)
+        return True
 
 
 PLAN_ONLY["FusedAttention"] = fused_attention
