@@ -110,15 +110,15 @@ def fused_attention(node, ins, outs, settings):
 
     out_view = _Views([("T", inverse)] if out_perm is not None else [])
     head_dim = q[-1]
-    small = _Small(transpose_b, score_scale, scale, guard, lk, head_dim) \
+    small = _Small(views + [out_view], transpose_b, score_scale, scale, guard, lk, head_dim) \
         if depth == 0 and count * head_dim <= SMALL_ATTENTION_MAX_WORK \
         and all(v.dtype == "float32" for v in ins) and host_has("avx512f") else None
 
     def run(i, o):
+        if small is not None and small(i, o):
+            return
         mask = i[3] if len(i) > 3 else None
         qq, kk, vv, out = views[0](i[0]), views[1](i[1]), views[2](i[2]), out_view(o[0])
-        if small is not None and small(qq, kk, vv, mask, out):
-            return
         scores, probs = scores_of(), probs_of()
         if depth == 0:
             one(qq, kk, vv, mask, out, scores, probs)
@@ -130,35 +130,43 @@ def fused_attention(node, ins, outs, settings):
 
 
 class _Small:
-    """small_attention.attend on the operands of the run before when they are the same arrays (the
-    planner hands a step the same buffers every run): their geometry is worked out once."""
+    """small_attention.attend, its geometry worked out once for the operands of the run before when they
+    are the same arrays and its views of them share their memory (the planner hands a step the same
+    buffers every run)."""
 
-    def __init__(self, transpose_b, score_scale, scale, guard, lk, head_dim):
-        self.transpose_b, self.guard = transpose_b, guard
+    def __init__(self, views, transpose_b, score_scale, scale, guard, lk, head_dim):
+        self.views, self.transpose_b = views, transpose_b
         self.scalars = (np.float32(score_scale), np.float32(scale), bool(guard))
         self.work = Scratch("attention_small", ((head_dim + 2 * ROWS) * ((lk + 15) // 16 * 16),))
         self.seen, self.call = None, None
 
-    def __call__(self, q, k, v, mask, out) -> bool:
+    def __call__(self, i, o) -> bool:
         """Ran it (False: an operand it cannot read; the caller runs NumPy's products)."""
+        mask = i[3] if len(i) > 3 else None
         seen = self.seen
-        if seen is None or seen[0] is not q or seen[1] is not k or seen[2] is not v or seen[3] is not mask \
-                or seen[4] is not out:
-            self.seen = (q, k, v, mask, out)
-            kt = k if self.transpose_b else np.swapaxes(k, -1, -2)
-            got = geometry(q, kt, v, out, mask)
-            if got is None:
-                self.call = None
-            else:
-                bufs, geo = got
-                writable = all(b.flags.writeable for b in bufs)
-                fn = direct(attend, *bufs, geo, self.work(), *self.scalars) if writable else attend
-                self.call = (fn, tuple(bufs) + (geo,))
+        if seen is None or seen[0] is not i[0] or seen[1] is not i[1] or seen[2] is not i[2] or seen[3] is not mask \
+                or seen[4] is not o[0]:
+            self._bind(i[0], i[1], i[2], mask, o[0])
         if self.call is None:
             return False
         fn, args = self.call
         fn(*args, self.work(), *self.scalars)
         return True
+
+    def _bind(self, *raw):
+        q, k, v, out = (view(x) for view, x in zip(self.views, raw[:3] + raw[4:]))
+        kt = k if self.transpose_b else np.swapaxes(k, -1, -2)
+        got = geometry(q, kt, v, out, raw[3])
+        if got is None:
+            self.seen, self.call = None, None
+            return
+        bufs, geo = got
+        writable = all(b.flags.writeable for b in bufs)
+        fn = direct(attend, *bufs, geo, self.work(), *self.scalars) if writable else attend
+        self.call = (fn, tuple(bufs) + (geo,))
+        # a view numpy could not make without a copy is new every run: bind again then
+        shared = all(np.shares_memory(x, y) for x, y in zip((q, k, v, out), raw[:3] + raw[4:]))
+        self.seen = raw if shared else None
 
 
 PLAN_ONLY["FusedAttention"] = fused_attention

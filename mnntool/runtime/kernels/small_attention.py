@@ -3,9 +3,10 @@ tokens x 16 dims) spent 10.7 us in NumPy's calls (two batched matmuls, the scale
 guard), for ~16K multiply-adds.
 
 Per (batch, head) the keys are gathered into a work buffer as dims x keys; then four query rows at a
-time: their scores as 16-key vectors (the head's dims as the sum: four independent FMA chains), the row
-softmax (softmax_ir's), and their output rows as 16-dim vectors summed over the keys. A block of fewer
-than four rows repeats its last row, which computes and writes the same values again.
+time: their scores as 16-key vectors (the head's dims as the sum: four independent FMA chains), their
+softmax (the four rows' passes interleaved), and their output rows as 16-dim vectors summed over the
+keys. A block of fewer than four rows repeats its last row, which computes and writes the same values
+again.
 
 Operands are flat float32 arrays with element strides (`geometry`), so the head-split views of a packed
 qkv tensor are read where they lie; their last axis must be contiguous and the heads' dims multiples of
@@ -18,7 +19,6 @@ from numba import njit, types
 from numba.extending import intrinsic
 
 from .llvmir import data_of, declare, first_lanes, k_loop, pointers, splat, vector_ops
-from .softmax_ir import _softmax_row
 
 # work (batch x heads x Lq x Lk x D multiply-adds) up to which this runs instead of NumPy's batched
 # products (BLAS): 4 x 16 x 16 x 16 4.3 against 11.9 us, 4 x 64 x 64 x 64 71 against 77, even at
@@ -139,6 +139,68 @@ def _weighted(typingctx, p, po, lkp, lk, v, vo, vsj, d, o, orows):
     return sig, codegen
 
 
+@intrinsic
+def _softmax4(typingctx, w, so, po, lkp, lk, scale, guard):
+    """w[po + r * lkp + j] = softmax(scale * w[so + r * lkp + :lk])[j] for the four rows r, their passes
+    interleaved (softmax_ir's one row at a time: four latency-bound chains in turn, 2.2 of a GPT-2
+    step's 4.2 us); a row of -inf gives NaN, as exp(x - max) / sum does, and under `guard` a NaN is 0."""
+    from llvmlite import ir
+    sig = types.void(w, types.intp, types.intp, types.intp, types.intp, types.float32, types.boolean)
+
+    def codegen(context, builder, sig, args):
+        from .actir import VectorMath
+        wa, so_, po_, lkp_, lk_, sc, guard_ = args
+        f32, i32 = ir.FloatType(), ir.IntType(32)
+        f16 = _f16()
+        _, mload, mstore = vector_ops(builder)
+        vm = VectorMath(builder)
+        four = ir.Constant(i32, 4)
+        vmax = declare(builder, "llvm.vector.reduce.fmax.v16f32", f32, f16)
+        vadd = declare(builder, "llvm.vector.reduce.fadd.v16f32", f32, f32, f16)
+        ninf = ir.Constant(f16, [float("-inf")] * 16)
+        wp = data_of(context, builder, sig.args[0], wa)
+        src = [builder.add(so_, builder.mul(ir.Constant(lkp_.type, r), lkp_)) for r in range(ROWS)]
+        dst = [builder.add(po_, builder.mul(ir.Constant(lkp_.type, r), lkp_)) for r in range(ROWS)]
+        at = lambda base, j: builder.bitcast(builder.gep(wp, [builder.add(base, j)]), f16.as_pointer())  # noqa: E731
+
+        def loop(init, body):
+            return k_loop(builder, lk_, init, lambda j, a: body(j, first_lanes(builder, builder.sub(lk_, j)), a), step=16)
+
+        maxes = loop([ninf] * ROWS, lambda j, m, a: [vm.max(a[r], builder.call(mload, [at(src[r], j), four, m, ninf]))
+                                                    for r in range(ROWS)])
+        row_max = [builder.call(vmax, [v]) for v in maxes]
+        mx = [splat(builder, v, f16) for v in row_max]
+        scale = splat(builder, sc, f16)
+
+        def exps(j, m, a):
+            out = []
+            for r in range(ROWS):
+                x = builder.call(mload, [at(src[r], j), four, m, ninf])
+                e = builder.select(m, vm.exp_neg(builder.fmul(builder.fsub(x, mx[r]), scale)), vm.c(0.0))
+                builder.call(mstore, [e, at(dst[r], j), four, m])
+                out.append(builder.fadd(a[r], e))
+            return out
+        sums = loop([vm.c(0.0)] * ROWS, exps)
+        inv = []
+        for r in range(ROWS):
+            total = builder.call(vadd, [ir.Constant(f32, 0.0), sums[r]], fastmath=("reassoc",))
+            masked = builder.fcmp_ordered("==", row_max[r], ir.Constant(f32, float("-inf")))
+            inv.append(splat(builder, builder.select(masked, ir.Constant(f32, float("nan")),
+                                                     builder.fdiv(ir.Constant(f32, 1.0), total)), f16))
+        on = builder.icmp_unsigned("!=", guard_, ir.Constant(guard_.type, 0))
+
+        def scale_rows(j, m, a):
+            for r in range(ROWS):
+                v = builder.fmul(builder.call(mload, [at(dst[r], j), four, m, vm.c(0.0)]), inv[r])
+                v = builder.select(builder.and_(splat(builder, on, ir.VectorType(ir.IntType(1), 16)),
+                                                builder.fcmp_unordered("uno", v, v)), vm.c(0.0), v)
+                builder.call(mstore, [v, at(dst[r], j), four, m])
+            return []
+        loop([], scale_rows)
+        return context.get_dummy_value()
+    return sig, codegen
+
+
 @njit(cache=True, error_model="numpy")
 def attend(q, k, v, o, m, geo, work, score_scale, scale, guard):
     """o = softmax(scale * (score_scale * q k^T + m)) v per (batch, head); a NaN probability is 0 under
@@ -158,12 +220,7 @@ def attend(q, k, v, o, m, geo, work, score_scale, scale, guard):
                 qs, ms, os = geo[_Q + 2], geo[_M + 2], geo[_O + 2]
                 _scores(q, (qb + r0 * qs, qb + r1 * qs, qb + r2 * qs, qb + r3 * qs), work, 0, lkp, d, lk, m,
                         (mb + r0 * ms, mb + r1 * ms, mb + r2 * ms, mb + r3 * ms), score_scale, work, so)
-                for r in range(ROWS):
-                    _softmax_row(work, so + r * lkp, work, po + r * lkp, lk, scale)
-                if guard:
-                    for j in range(po, po + ROWS * lkp):
-                        if work[j] != work[j]:
-                            work[j] = 0
+                _softmax4(work, so, po, lkp, lk, scale, guard)
                 _weighted(work, po, lkp, lk, v, vb, geo[_V + 2], dv, o,
                           (ob + r0 * os, ob + r1 * os, ob + r2 * os, ob + r3 * os))
 

@@ -56,7 +56,7 @@ def _softmax_row(typingctx, x, xo, out, oo, n, scale):
             builder.call(mstore, [e, at(op, j), four, m])
             return [builder.fadd(a[0], e)]
         (sv,) = loop([vm.c(0.0)], exps)
-        total = builder.call(vadd, [ir.Constant(f32, 0.0), sv])
+        total = builder.call(vadd, [ir.Constant(f32, 0.0), sv], fastmath=("reassoc",))     # a tree, not 16 adds in turn
         masked = builder.fcmp_ordered("==", row_max, ir.Constant(f32, float("-inf")))
         inv = builder.select(masked, ir.Constant(f32, float("nan")), builder.fdiv(ir.Constant(f32, 1.0), total))
         iv = builder.insert_element(ir.Constant(f16, ir.Undefined), inv, ir.Constant(i32, 0))
