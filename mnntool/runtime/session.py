@@ -15,7 +15,7 @@ import numpy as np
 from ..errors import InvalidModel, MnnToolError
 from ..ir.graph import Graph
 from ..ir.ops import REGISTRY, Val
-from ..ir.shape_inference import infer_node, infer_shapes
+from ..ir.shape_inference import flops, infer_node, infer_shapes
 from ..ir.validate import MAX_TENSOR_BYTES
 from .kernels import KERNELS, PLAN_ONLY, Kernel, aligned_empty, by_definition, sized
 from .kernels.grid import grid_of, to_grid, to_grid_z
@@ -53,6 +53,7 @@ class Plan:
     # so a step of a tiny op (an unrolled LSTM has 436) costs ~0.2 us of Python around its kernel
     calls: list = field(default_factory=list)
     ran: list = field(default_factory=list)     # the steps of `calls`, in order (views bound at prepare are not)
+    settings: Settings | None = None            # the threads its kernels were built for (None: the session's)
 
 
 generic_kernel = by_definition
@@ -216,6 +217,11 @@ SAME_VALUES = set(MOVES) | {"Identity", "Permute", "Transpose"}
 RAW = " (before int8 store)"     # a stored tensor's name as its producer writes it, before rounding
 SMALL_OPERAND = 1 << 12     # elements: run-time operands up to this size are passed to factories as values
 MAX_PLANS = 8               # plans kept per session, one per distinct set of input shapes
+# a plan of fewer floating-point operations is built for one thread, whatever the session's count: no
+# kernel of it has the work to pay for a second (kernels.PARALLEL_MIN_WORK), and with workers spinning
+# beside it the tiny transformers of benchmarks/zoo_speed.py (2-4 MFLOP, ~0.1 ms) ran 0.94-1.15x their
+# 1-thread time at 2 threads
+ONE_THREAD_BELOW_FLOPS = 16_000_000
 
 
 class Session:
@@ -269,6 +275,7 @@ class Session:
                              {}, [], 0, {n: g.tensors[n].shape for n in g.inputs}, None)
             self._remember(key)
             return self.plan
+        settings = self.settings if flops(g, vals) >= ONE_THREAD_BELOW_FLOPS else Settings(1)
         names: list[str] = []
         index: dict[str, int] = {}
 
@@ -285,7 +292,7 @@ class Session:
         stored = self._stored
 
         def build(node, ins, outs):
-            k = kernel_for(node, ins, outs, self.settings)
+            k = kernel_for(node, ins, outs, settings)
             if k.writes_out and any(v.shape is None or not all(isinstance(d, int) for d in v.shape) for v in outs):
                 raise MnnToolError(f"{node.op} '{node.name}': output shape unknown at prepare time")
             if k.out_grid:
@@ -305,8 +312,8 @@ class Session:
                               not keep_all else None))
             for o in rounded:
                 grids[o] = grid = stored[o][0]
-                steps.append(Step(node.name + " (int8 store)", "Int8Store", _rounding(grid, self.settings.threads,
-                                                                                     stored[o][1]),
+                steps.append(Step(node.name + " (int8 store)", "Int8Store", _rounding(grid, settings.threads,
+                                                                                stored[o][1]),
                                   [slot(o + RAW)], [slot(o)]))
 
         def read_as(node, i: str) -> str:
@@ -372,7 +379,7 @@ class Session:
             ran.append(s)
         self.plan = Plan(steps, slots, {n: index[n] for n in g.inputs},
                          {n: np.dtype(g.tensors[n].dtype) for n in g.inputs}, {n: index[n] for n in g.outputs},
-                         names, pool_bytes, {n: vals[n].shape for n in names if n in vals}, calls, ran)
+                         names, pool_bytes, {n: vals[n].shape for n in names if n in vals}, calls, ran, settings)
         # a run with these shapes uses this plan (without it the first run after prepare() prepared again)
         self._remember(key)
         return self.plan
@@ -530,8 +537,8 @@ class Session:
 
     def run(self, feeds: dict[str, np.ndarray], keep_all: bool = False, profile: list | None = None) -> dict:
         """Outputs by name (copies); every tensor when keep_all; per-step seconds appended to `profile`."""
-        self.settings.apply()
         plan = self._ensure(feeds, keep_all)
+        (plan.settings or self.settings).apply()
         if plan.calls is None:
             return self._run_eager(feeds, keep_all)
         self._feed(plan, feeds)

@@ -1,5 +1,5 @@
 """A Session owns its settings: its thread count reaches the kernels it builds and is applied when it
-runs, whatever another session set; preparing leaves the graph it was given as it was. Reference for
+runs, whatever another session set (a plan too small for two threads is built and run for one); preparing leaves the graph it was given as it was. Reference for
 values: numpy's matmul and maximum in float64 (tolerance 1e-4 relative to the largest output)."""
 import numba
 import numpy as np
@@ -37,13 +37,27 @@ def test_settings_cap_and_default():
 
 @pytest.mark.skipif(numba.config.NUMBA_NUM_THREADS < 2, reason="needs two cores")
 def test_each_session_runs_with_its_own_thread_count():
-    g, w = _graph((1, 16, 12, 12))
+    g, w = _graph((1, 16, 96, 96))     # 21 MFLOP: over session.ONE_THREAD_BELOW_FLOPS
     one, two = Session(g, threads=1), Session(g, threads=2)
-    x = np.random.default_rng(1).standard_normal((1, 16, 12, 12)).astype(np.float32)
+    x = np.random.default_rng(1).standard_normal((1, 16, 96, 96)).astype(np.float32)
     ref = _reference(x, w)
     for sess, threads in [(two, 2), (one, 1), (two, 2)]:
         y = sess.run({"x": x})["c"]
         assert numba.get_num_threads() == threads
+        assert np.abs(y - ref).max() <= 1e-4 * np.abs(ref).max()
+
+
+@pytest.mark.skipif(numba.config.NUMBA_NUM_THREADS < 2, reason="needs two cores")
+def test_a_plan_too_small_for_two_threads_runs_on_one():
+    """Under ONE_THREAD_BELOW_FLOPS (here 0.3 MFLOP) a 2-thread session builds and runs the plan as
+    a 1-thread one; a larger input shape of the same session gets a 2-thread plan."""
+    g, w = _graph((1, 16, None, None))
+    two = Session(g, threads=2)
+    for side, threads in [(12, 1), (96, 2), (12, 1)]:
+        x = np.random.default_rng(1).standard_normal((1, 16, side, side)).astype(np.float32)
+        y = two.run({"x": x})["c"]
+        assert numba.get_num_threads() == threads and two.plan.settings.threads == threads
+        ref = _reference(x, w)
         assert np.abs(y - ref).max() <= 1e-4 * np.abs(ref).max()
 
 
