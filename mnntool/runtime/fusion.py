@@ -187,6 +187,48 @@ def fuse_silu(g: Graph, vals: dict, nodes: list[Node]) -> list[Node]:
     return [replace.get(id(n), n) for k, n in enumerate(nodes) if k not in drop]
 
 
+def _scalar(vals: dict, name: str):
+    """The value of a one-element constant tensor, or None."""
+    v = vals.get(name)
+    return None if v is None or v.value is None or np.size(v.value) != 1 else np.asarray(v.value).reshape(-1)[0]
+
+
+def fuse_index_wrap(g: Graph, vals: dict, nodes: list[Node]) -> list[Node]:
+    """A GatherV2 reading idx + (0 > idx) * n (the converter's fix of negative indices for MNN, which
+    reads them as they are: frontends/onnx/index.non_negative) reads idx itself: the runtime's
+    GatherV2 counts negative indices from the end already, so three steps on the indices go (an
+    embedding's ~3 us of a tiny transformer's ~80). Only where the three tensors are read by the chain
+    alone and n is the gathered axis's size."""
+    users = readers(nodes)
+    producer = {o: n for n in nodes for o in n.outputs}
+    outputs = set(g.outputs)
+
+    def only(name: str, op: str, kind: str):
+        n = producer.get(name)
+        ok = n is not None and n.op == op and n.param.get("opType") == kind and name not in outputs and \
+            len(users.get(name, [])) == 1 and not int(n.param.get("activationType", 0) or 0)
+        return n if ok else None
+    drop, replace = set(), {}
+    for gather in nodes:
+        if gather.op != "GatherV2" or len(gather.inputs) < 2:
+            continue
+        add = only(gather.inputs[1], "BinaryOp", "ADD")
+        mul = add and next(filter(None, (only(i, "BinaryOp", "MUL") for i in add.inputs)), None)
+        neg = mul and next(filter(None, (only(i, "BinaryOp", "GREATER") for i in mul.inputs)), None)
+        if neg is None or len(neg.inputs) != 2 or _scalar(vals, neg.inputs[0]) != 0:
+            continue
+        idx = neg.inputs[1]
+        dim = _scalar(vals, next(i for i in mul.inputs if i != neg.outputs[0]))
+        x, axis = vals.get(gather.inputs[0]), _scalar(vals, gather.inputs[2]) if len(gather.inputs) > 2 else 0
+        if sorted(add.inputs) != sorted([idx, mul.outputs[0]]) or x is None or x.shape is None or axis is None or \
+                dim is None or x.shape[int(axis) % len(x.shape)] != dim:
+            continue
+        drop.update((id(add), id(mul), id(neg)))
+        replace[id(gather)] = Node("GatherV2", [gather.inputs[0], idx] + list(gather.inputs[2:]), list(gather.outputs),
+                                   gather.name, dict(gather.param))
+    return [replace.get(id(n), n) for n in nodes if id(n) not in drop]
+
+
 _UNARY_POSTS = {"SIGMOID": POST_SIGMOID, "SILU": POST_SILU, "HARDSWISH": POST_HARDSWISH, "GELU": POST_GELU_TANH,
                 "GELU_STANDARD": POST_GELU, "TANH": POST_TANH}
 

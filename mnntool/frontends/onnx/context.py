@@ -38,7 +38,13 @@ class Ctx:
         return self.g.constants.get(name)
 
     def shape(self, name: str):
-        return self.shapes.get(name)
+        """ONNX shape inference's shape, else a constant's own (shape inference lists no initializers
+        unless the file has value_info for them: a Gather on an initializer table missed its
+        negative-index fix)."""
+        s = self.shapes.get(name)
+        if s is None and name in self.g.constants:
+            return tuple(int(d) for d in np.shape(self.g.constants[name]))
+        return s
 
     def rank(self, name: str) -> int | None:
         s = self.shape(name)
