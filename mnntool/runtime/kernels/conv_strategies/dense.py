@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .. import Scratch, sized, writes
+from .. import Scratch, direct, sized, writes
 from ..conv_loops import bias_act, im2col
 from ..grid import apply_act
 from .base import (COLS, Geometry, Layer, Strategy, on_wide_rows, padder, per_image, phase_splitter,
@@ -180,14 +180,15 @@ class Patchify(Strategy):
                 not g.padded)
 
     def build(self, g, layer):
+        from ..conv_loops import patches
         pixels = g.oh * g.ow
         packed = _one_gemm(g, layer, pixels)
         cols_of = Scratch(COLS, (g.cin, g.kh, g.kw, g.oh, g.ow))
+        copy = direct(patches, np.empty((g.cin, g.h, g.w), np.float32), g.kh, g.kw, g.oh, g.ow, cols_of())
 
         def one(x, y):
             cols = cols_of()
-            p = x[:, :g.oh * g.kh, :g.ow * g.kw].reshape(g.cin, g.oh, g.kh, g.ow, g.kw)
-            np.copyto(cols, p.transpose(0, 2, 4, 1, 3))
+            copy(np.ascontiguousarray(x), g.kh, g.kw, g.oh, g.ow, cols)
             packed(cols.reshape(-1), pixels, y.reshape(-1), pixels)
         return per_image(g, one)
 
