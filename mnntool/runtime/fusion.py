@@ -229,6 +229,50 @@ def fuse_index_wrap(g: Graph, vals: dict, nodes: list[Node]) -> list[Node]:
     return [replace.get(id(n), n) for n in nodes if id(n) not in drop]
 
 
+CHANNEL_SHUFFLE = "ChannelShuffle"
+
+
+def fuse_channel_shuffle(g: Graph, vals: dict, nodes: list[Node]) -> list[Node]:
+    """ShuffleNet's channel shuffle, Concat of k (n, c, h, w) tensors -> Reshape (n, k, c, h, w) ->
+    Permute (0, 2, 1, 3, 4) -> Reshape (n, k c, h, w), as one ChannelShuffle step writing each input's
+    channels to every k-th channel of the output: one pass where the Concat and the Permute each
+    copied all of it (ShuffleNet-v2: 29 steps, 0.24 ms of 4.6). Only where the chain's tensors are read
+    by the chain alone."""
+    users = readers(nodes)
+    outputs = set(g.outputs)
+
+    def next_of(n: Node, op: str):
+        us = users.get(n.outputs[0], [])
+        ok = len(n.outputs) == 1 and n.outputs[0] not in outputs and len(us) == 1 and us[0].op == op and \
+            us[0].inputs[0] == n.outputs[0]
+        return us[0] if ok else None
+
+    def shape(name):
+        v = vals.get(name)
+        return tuple(v.shape) if v is not None and v.shape is not None and \
+            all(isinstance(d, int) for d in v.shape) else None
+    drop, replace = set(), {}
+    for cat in nodes:
+        if cat.op != "Concat" or len(cat.inputs) < 2 or int(cat.param.get("axis", 0)) not in (1, -3):
+            continue
+        first = shape(cat.inputs[0])
+        if first is None or len(first) != 4 or any(shape(i) != first for i in cat.inputs) or \
+                any(vals[i].dtype != "float32" for i in cat.inputs):
+            continue
+        n, c, h, w = first
+        k = len(cat.inputs)
+        split = next_of(cat, "Reshape")
+        perm = split and next_of(split, "Permute")
+        merge = perm and next_of(perm, "Reshape")
+        if merge is None or shape(split.outputs[0]) != (n, k, c, h, w) or \
+                [int(d) for d in np.asarray(perm.param.get("dims", [])).reshape(-1)] != [0, 2, 1, 3, 4] or \
+                shape(merge.outputs[0]) != (n, k * c, h, w):
+            continue
+        drop.update((id(split), id(perm), id(merge)))
+        replace[id(cat)] = Node(CHANNEL_SHUFFLE, list(cat.inputs), list(merge.outputs), f"{cat.name} (+3 ops)", {})
+    return [replace.get(id(n), n) for n in nodes if id(n) not in drop]
+
+
 _UNARY_POSTS = {"SIGMOID": POST_SIGMOID, "SILU": POST_SILU, "HARDSWISH": POST_HARDSWISH, "GELU": POST_GELU_TANH,
                 "GELU_STANDARD": POST_GELU, "TANH": POST_TANH}
 

@@ -7,7 +7,7 @@ import numpy as np
 from numba import njit
 
 from ...ir.ops.tensor import reshape_dims, split_points, strided_index
-from . import by_definition, kernel, returns, views, writes
+from . import PLAN_ONLY, by_definition, kernel, returns, views, writes
 
 
 def _ints(v) -> list[int]:
@@ -148,3 +148,19 @@ def strided_slice(node, ins, outs, settings):
         return by_definition(node)
     sl = strided_index(node, len(ins[0].shape), [v.value for v in ins[1:]])
     return returns(lambda i: [np.ascontiguousarray(i[0][sl])])
+
+
+def channel_shuffle(node, ins, outs, settings):
+    """runtime.fusion.fuse_channel_shuffle's step: input a's channel j to output channel j k + a."""
+    k = len(ins)
+    n, c = ins[0].shape[:2]
+    plane = int(np.prod(ins[0].shape[2:]))
+
+    def run(i, o):
+        out = o[0].reshape(n, c, k, plane)
+        for a in range(k):
+            np.copyto(out[:, :, a], i[a].reshape(n, c, plane))
+    return writes(run)
+
+
+PLAN_ONLY["ChannelShuffle"] = channel_shuffle
