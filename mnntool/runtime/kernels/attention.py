@@ -155,18 +155,17 @@ class _Small:
 
     def _bind(self, *raw):
         q, k, v, out = (view(x) for view, x in zip(self.views, raw[:3] + raw[4:]))
-        kt = k if self.transpose_b else np.swapaxes(k, -1, -2)
-        got = geometry(q, kt, v, out, raw[3])
-        if got is None:
-            self.seen, self.call = None, None
+        # a view numpy could not make without a copy is new every run: bind again then
+        shared = all(np.may_share_memory(x, y) for x, y in zip((q, k, v, out), raw[:3] + raw[4:]))
+        self.seen = raw if shared else None
+        got = geometry(q, k if self.transpose_b else np.swapaxes(k, -1, -2), v, out, raw[3])
+        if got is None:         # layouts it cannot read: NumPy's products, without asking again
+            self.call = None
             return
         bufs, geo = got
         writable = all(b.flags.writeable for b in bufs)
         fn = direct(attend, *bufs, geo, self.work(), *self.scalars) if writable else attend
         self.call = (fn, tuple(bufs) + (geo,))
-        # a view numpy could not make without a copy is new every run: bind again then
-        shared = all(np.shares_memory(x, y) for x, y in zip((q, k, v, out), raw[:3] + raw[4:]))
-        self.seen = raw if shared else None
 
 
 PLAN_ONLY["FusedAttention"] = fused_attention

@@ -4,7 +4,25 @@ from __future__ import annotations
 import numpy as np
 from numba import njit, prange
 
-from . import direct, kernel, returns, sized, writes
+from . import PLAN_ONLY, direct, kernel, returns, sized, writes
+
+
+@njit(cache=True, fastmath=True, inline="always")
+def _norm_row(src, gamma, beta, eps, rms, dst):
+    n = src.shape[0]
+    mean = 0.0
+    if not rms:
+        for j in range(n):
+            mean += src[j]
+        mean /= n
+    var = 0.0
+    for j in range(n):
+        d = src[j] - mean
+        var += d * d
+    inv = 1.0 / np.sqrt(var / n + eps)
+    m32, i32 = np.float32(mean), np.float32(inv)
+    for j in range(n):
+        dst[j] = (src[j] - m32) * i32 * gamma[j] + beta[j]
 
 
 @njit(parallel=True, cache=True, fastmath=True)
@@ -14,53 +32,62 @@ def layer_norm_rows(x, gamma, beta, eps, rms, out):
     which a sequential loop needs to match NumPy's pairwise float32 sums (NumPy's five passes with
     temporaries took 69 us on BERT's (128, 256) rows, this 13)."""
     for r in prange(x.shape[0]):
-        src, dst = x[r], out[r]
-        n = src.shape[0]
-        mean = 0.0
-        if not rms:
-            for j in range(n):
-                mean += src[j]
-            mean /= n
-        var = 0.0
-        for j in range(n):
-            d = src[j] - mean
-            var += d * d
-        inv = 1.0 / np.sqrt(var / n + eps)
-        m32, i32 = np.float32(mean), np.float32(inv)
-        for j in range(n):
-            dst[j] = (src[j] - m32) * i32 * gamma[j] + beta[j]
+        _norm_row(x[r], gamma, beta, eps, rms, out[r])
+
+
+@njit(parallel=True, cache=True, fastmath=True)
+def add_layer_norm_rows(a, b, gamma, beta, eps, rms, total, out):
+    """total = a + b, out = layer_norm_rows(total): a transformer's residual add and the LayerNorm that
+    reads it (runtime.fusion.fuse_add_layer_norm) in one pass over the rows."""
+    for r in prange(a.shape[0]):
+        x, y, t = a[r], b[r], total[r]
+        for j in range(t.shape[0]):
+            t[j] = x[j] + y[j]
+        _norm_row(t, gamma, beta, eps, rms, out[r])
+
+
+def _norm_params(node, shape):
+    """(axes, eps, gamma, beta, rms) of a LayerNorm node over a tensor of `shape`."""
+    rank = len(shape)
+    axes = tuple(sorted(int(a) % rank for a in node.param.get("axis", [-1])))
+    gamma, beta = node.param.get("gamma"), node.param.get("beta")
+    tail = tuple(shape[a] for a in axes)
+    g = np.asarray(gamma, np.float32).reshape(tail) if gamma is not None and len(gamma) else None
+    bt = np.asarray(beta, np.float32).reshape(tail) if beta is not None and len(beta) else None
+    return axes, float(node.param.get("epsilon", 1e-5)), g, bt, bool(node.param.get("useRMSNorm"))
+
+
+class _Rows:
+    """(R, n) views of the arrays of the run before, kept while the planner hands the same buffers
+    (linear.RowGemm.step): the reshapes cost ~0.2 us each."""
+
+    def __init__(self, n: int):
+        self.n, self.src, self.view = n, None, None
+
+    def __call__(self, x):
+        if x is not self.src:
+            self.src = x
+            self.view = x.reshape(-1, self.n) if x.dtype == np.float32 and x.flags.c_contiguous else None
+        return self.view if self.view is not None else np.ascontiguousarray(x, np.float32).reshape(-1, self.n)
 
 
 @kernel("LayerNorm")
 def layer_norm(node, ins, outs, settings):
+    axes, eps, g, bt, rms = _norm_params(node, ins[0].shape)
     rank = len(ins[0].shape)
-    axes = tuple(sorted(int(a) % rank for a in node.param.get("axis", [-1])))
-    eps = float(node.param.get("epsilon", 1e-5))
-    gamma, beta = node.param.get("gamma"), node.param.get("beta")
-    tail = tuple(ins[0].shape[a] for a in axes)
-    g = np.asarray(gamma, np.float32).reshape(tail) if gamma is not None and len(gamma) else None
-    bt = np.asarray(beta, np.float32).reshape(tail) if beta is not None and len(beta) else None
-    rms = bool(node.param.get("useRMSNorm"))
-    if axes == (rank - 1,) and tail[0] > 0:
-        n = tail[0]
+    if axes == (rank - 1,) and ins[0].shape[-1] > 0:
+        n = ins[0].shape[-1]
         gv = g if g is not None else np.ones(n, np.float32)
         bv = bt if bt is not None else np.zeros(n, np.float32)
         r = int(np.prod(ins[0].shape)) // n
         example = np.empty((r, n), np.float32)
         rows = direct(sized(layer_norm_rows, r * n * 4, settings.threads), example, gv, bv, np.float32(eps), rms,
                       example)
-
         eps32 = np.float32(eps)
-        memo = [None, None, None, None]     # the arrays of the run before and their row views (linear.RowGemm.step)
+        src, dst = _Rows(n), _Rows(n)
 
         def run_rows(i, o):     # the last axis: one kernel, rows in parallel
-            x, y = i[0], o[0]
-            if x is not memo[0]:
-                memo[0], memo[2] = x, (x.reshape(-1, n) if x.dtype == np.float32 and x.flags.c_contiguous else None)
-            if y is not memo[1]:
-                memo[1], memo[3] = y, y.reshape(-1, n)
-            rows(memo[2] if memo[2] is not None else np.ascontiguousarray(x, np.float32).reshape(-1, n), gv, bv, eps32,
-                 rms, memo[3])
+            rows(src(i[0]), gv, bv, eps32, rms, dst(o[0]))
         return writes(run_rows)
 
     def run(i, o):
@@ -78,6 +105,26 @@ def layer_norm(node, ins, outs, settings):
         if bt is not None:
             o[0] += bt
     return writes(run)
+
+
+def add_layer_norm(node, ins, outs, settings):
+    """runtime.fusion.fuse_add_layer_norm's step: outputs (a + b, LayerNorm of it over the last axis)."""
+    _, eps, g, bt, rms = _norm_params(node, ins[0].shape)
+    n = ins[0].shape[-1]
+    gv = g if g is not None else np.ones(n, np.float32)
+    bv = bt if bt is not None else np.zeros(n, np.float32)
+    example = np.empty((int(np.prod(ins[0].shape)) // n, n), np.float32)
+    rows = direct(sized(add_layer_norm_rows, example.size * 5, settings.threads), example, example, gv, bv,
+                  np.float32(eps), rms, example, example)
+    eps32 = np.float32(eps)
+    views = [_Rows(n) for _ in range(4)]
+
+    def run(i, o):
+        rows(views[0](i[0]), views[1](i[1]), gv, bv, eps32, rms, views[2](o[0]), views[3](o[1]))
+    return writes(run)
+
+
+PLAN_ONLY["AddLayerNorm"] = add_layer_norm
 
 
 LOG2E, LN2_HI, LN2_LO = np.float32(1.4426950408889634), np.float32(0.693359375), np.float32(-2.12194440e-4)
