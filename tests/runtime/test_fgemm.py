@@ -24,7 +24,8 @@ def close(ref, got, tol=2e-5):
 
 @needs_avx512
 @pytest.mark.parametrize("o, k, p", [(5, 7, 3), (13, 600, 50), (64, 147, 200), (96, 16, 12544 // 8), (24, 1200, 49),
-                                     (40, 64, 64), (8, 9, 1), (512, 2304, 49)])
+                                     (40, 64, 64), (8, 9, 1), (512, 2304, 49),
+                                     (17, 64, 100), (3, 20, 37), (1, 30, 20), (10, 33, 16)])   # last blocks of 1-4 rows
 @pytest.mark.parametrize("act", [0, 1, 2])
 def test_packed_gemm_matches_numpy(o, k, p, act):
     rng = np.random.default_rng(o * k + p)

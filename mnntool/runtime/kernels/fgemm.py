@@ -145,6 +145,10 @@ _tile1, _tile2, _tile3 = _make_tile(1), _make_tile(2), _make_tile(3)
 # 49..64 pixels (7x7 maps) as one tile of 64 x 4 channels, twice per block: a second 48-pixel tile
 # for the last pixel would stream all the weights again
 _tile4 = _make_tile(4, 4)
+# a last block of at most 4 channels (rows) or of one: the 8-row tile computed all 8 (a tiny ViT's 17
+# tokens as rows of its linear layers: a third of every GEMM's FMAs on one row)
+_tile1_4, _tile2_4, _tile3_4 = _make_tile(1, 4), _make_tile(2, 4), _make_tile(3, 4)
+_tile1_1, _tile2_1, _tile3_1 = _make_tile(1, 1), _make_tile(2, 1), _make_tile(3, 1)
 
 
 @njit(cache=True, inline="always")
@@ -153,6 +157,20 @@ def _tile(nv, x, xo, xs, w, wo, nk, out, oo, os_, left, rows, bias, epf, flags):
         _tile4(x, xo, xs, w, wo, nk, out, oo, os_, left, rows, bias, epf, flags)
         if rows > 4:
             _tile4(x, xo, xs, w, wo + 4, nk, out, oo + 4 * os_, os_, left, rows - 4, bias[4:], epf, flags)
+    elif rows == 1:
+        if nv == 3:
+            _tile3_1(x, xo, xs, w, wo, nk, out, oo, os_, left, rows, bias, epf, flags)
+        elif nv == 2:
+            _tile2_1(x, xo, xs, w, wo, nk, out, oo, os_, left, rows, bias, epf, flags)
+        else:
+            _tile1_1(x, xo, xs, w, wo, nk, out, oo, os_, left, rows, bias, epf, flags)
+    elif rows <= 4:
+        if nv == 3:
+            _tile3_4(x, xo, xs, w, wo, nk, out, oo, os_, left, rows, bias, epf, flags)
+        elif nv == 2:
+            _tile2_4(x, xo, xs, w, wo, nk, out, oo, os_, left, rows, bias, epf, flags)
+        else:
+            _tile1_4(x, xo, xs, w, wo, nk, out, oo, os_, left, rows, bias, epf, flags)
     elif nv == 3:
         _tile3(x, xo, xs, w, wo, nk, out, oo, os_, left, rows, bias, epf, flags)
     elif nv == 2:
