@@ -21,8 +21,11 @@ PLANE_DW_MAX_PAD, PLANE_DW_MIN_WIDTH = 2, 7
 # Stride-2 depthwise layers up to this output width run on phase planes, where strips leave half their
 # lanes idle (1 thread, with SiLU: 672 channels of 5x5 from 14x14 to 7x7 126 us against 153 in strips;
 # from 28 wide the split costs more than it saves: 240 of 3x3 to 14x14 93 against 64, 144 of 5x5 to
-# 28x28 274 against 250)
+# 28x28 274 against 250). Not 3x3: strips are ahead there at every width (1 thread, to 7x7: 240
+# channels 21 against 32 us, with a sigmoid 33 against 35; 672 channels 51 against 78), as they are
+# for 5x5 without an activation (100 against 108 us) but not with one (152 against 124) or for 7x7
 PHASED_DW_MAX_WIDTH = 8
+PHASED_DW_SIZES = (5, 7)
 # Strips go down blocks of this many output rows (their input rows stay in L1 across the strips).
 STRIP_ROWS = 8
 
@@ -47,14 +50,13 @@ class FlatDepthwise(Strategy):
 
 
 class PhasedDepthwise(Strategy):
-    """Stride 2, 3x3, 5x5 or 7x7, on the input's four phase planes (fgemm.phase_split, shared with the
+    """Stride 2, 5x5 or 7x7, on the input's four phase planes (fgemm.phase_split, shared with the
     grouped convolutions of the geometry): each tap a flat shift, so a channel is one flat run
     (dw3.depthwise_flat_phased) over a wide output, cropped to its width."""
     name, avx512, fuses_post = "dw-phased", True, True
 
     def suits(self, g):
-        from .. import dw3
-        return (g.depthwise and g.kh == g.kw and g.kh in dw3.FLAT_SIZES and g.sh == g.sw == 2
+        return (g.depthwise and g.kh == g.kw and g.kh in PHASED_DW_SIZES and g.sh == g.sw == 2
                 and g.dh == g.dw == 1 and g.ow <= PHASED_DW_MAX_WIDTH)
 
     def build(self, g, layer):
