@@ -196,21 +196,25 @@ def test_head_split_transposes_are_read_as_views(tmp_path, mask):
     np.testing.assert_allclose(again, ref2, atol=1e-5)
 
 
-SMALL_PATH = {      # q, k, v, mask: heads of 16-multiple dims, run by small_attention's compiled loops
+SMALL_PATH = {      # q, k, v, mask: run by small_attention's compiled loops
     "gpt2-like causal": ((1, 4, 16, 16), (1, 4, 16, 16), (1, 4, 16, 16), (1, 1, 16, 16)),
     "rows not in fours, keys past 16": ((2, 3, 5, 16), (2, 3, 21, 16), (2, 3, 21, 32), (2, 1, 1, 21)),
     "shared k and v, mask per head": ((2, 3, 6, 32), (1, 3, 9, 32), (2, 1, 9, 16), (2, 3, 6, 9)),
     "one key": ((1, 2, 3, 16), (1, 2, 1, 16), (1, 2, 1, 16), (1, 1, 3, 1)),
+    "dims of 20 and 24": ((2, 2, 7, 20), (2, 2, 18, 20), (2, 2, 18, 24), (1, 1, 7, 18)),
+    "mobilevit-like, large": ((4, 4, 256, 16), (4, 4, 256, 16), (4, 4, 256, 16), (1, 1, 256, 256)),
 }
 
 
+@pytest.mark.parametrize("threads", [1, 2])
 @pytest.mark.parametrize("shape", list(SMALL_PATH))
 @pytest.mark.parametrize("mask,guard", [(False, False), (True, True)])
-def test_small_attention_matches_onnxruntime(tmp_path, monkeypatch, shape, mask, guard):
-    """Small heads of 16-multiple dims run as one compiled call (kernels/small_attention.py, AVX-512
-    hosts); the NumPy products (its threshold set to 0) give the same values. Rows fully masked, rows
-    not in blocks of four, keys over one 16-lane block, broadcast k, v and masks. Reference:
-    onnxruntime, max abs error 1e-5."""
+def test_small_attention_matches_onnxruntime(tmp_path, monkeypatch, shape, mask, guard, threads):
+    """Heads of few dims, or small ones, run as one compiled call (kernels/small_attention.py, AVX-512
+    hosts; at 2 threads the large one spreads its heads over them); the NumPy products (its thresholds
+    set to 0) give the same values. Rows fully masked, rows not in blocks of four, keys over one 16-lane
+    block, dims not a multiple of 16, broadcast k, v and masks. Reference: onnxruntime, max abs error
+    1e-5."""
     from mnntool.runtime.kernels import attention
     from mnntool.runtime.kernels.llvmir import host_has
     shapes = SMALL_PATH[shape]
@@ -229,11 +233,12 @@ def test_small_attention_matches_onnxruntime(tmp_path, monkeypatch, shape, mask,
     taken = []
     real = attention.geometry
     monkeypatch.setattr(attention, "geometry", lambda *a: taken.append(real(*a)) or taken[-1])
-    got = Session(g).run(feeds)["y"]
+    got = Session(g, threads=threads).run(feeds)["y"]
     np.testing.assert_allclose(got, ref, atol=1e-5)
     assert not guard or not np.isnan(got).any()
     if host_has("avx512f"):
         assert taken and taken[0] is not None, "the compiled loops ran"
     monkeypatch.setattr(attention, "SMALL_ATTENTION_MAX_WORK", 0)
-    np.testing.assert_allclose(Session(g).run(feeds)["y"], ref, atol=1e-5)
+    monkeypatch.setattr(attention, "SMALL_ATTENTION_MAX_DIM", 0)
+    np.testing.assert_allclose(Session(g, threads=threads).run(feeds)["y"], ref, atol=1e-5)
     assert len(taken) <= 1, "NumPy's products ran"

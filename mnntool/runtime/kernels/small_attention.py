@@ -9,21 +9,25 @@ keys. A block of fewer than four rows repeats its last row, which computes and w
 again.
 
 Operands are flat float32 arrays with element strides (`geometry`), so the head-split views of a packed
-qkv tensor are read where they lie; their last axis must be contiguous and the heads' dims multiples of
-16 (AVX-512 only).
+qkv tensor are read where they lie; their last axis must be contiguous (AVX-512 only). No score matrix
+is ever whole, so large heads of few dims gain most: MobileViT's 16 x 256 x 256 x 16 1.24 against 2.07
+ms in NumPy's products at 1 thread, 4 x 256 x 256 x 32 476 against 668 us (both with a causal mask).
 """
 from __future__ import annotations
 
 import numpy as np
-from numba import njit, types
+import numba
+from numba import njit, prange, types
 from numba.extending import intrinsic
 
 from .llvmir import data_of, declare, first_lanes, k_loop, pointers, splat, vector_ops
 
-# work (batch x heads x Lq x Lk x D multiply-adds) up to which this runs instead of NumPy's batched
-# products (BLAS): 4 x 16 x 16 x 16 4.3 against 11.9 us, 4 x 64 x 64 x 64 71 against 77, even at
-# 16 x 64 x 64 x 16; BLAS ahead at 3 x 197 x 197 x 64 (451 against 504 us)
+# Where this runs instead of NumPy's batched products (BLAS): heads of at most SMALL_ATTENTION_MAX_DIM
+# dims at any size, others up to SMALL_ATTENTION_MAX_WORK multiply-adds (batch x heads x Lq x Lk x D).
+# 1 thread, us: 4 x 16 x 16 x 16 4.3 against 11.9; 4 x 64 x 64 x 64 71 against 77; 4 x 256 x 256 x 48
+# 773 against 790; 3 x 197 x 197 x 64 406 against 453 with a mask, about even without one
 SMALL_ATTENTION_MAX_WORK = 1 << 19
+SMALL_ATTENTION_MAX_DIM = 32
 ROWS = 4
 
 # geometry: B, H, Lq, Lk, D (q's and k's), Dv (v's and the output's), then per operand (q, k, v, out, mask) its (batch, head, row) strides in
@@ -38,19 +42,19 @@ def _f16():
 
 
 @intrinsic
-def _keys_by_dim(typingctx, k, kb, ksj, lk, d, work, lkp):
-    """work[t * lkp + j] = k[kb + j * ksj + t] for j < lk (0 up to lkp): a gather of 16 keys per dim,
-    where the scalar copy took ~0.45 us for a 16 x 16 head."""
+def _keys_by_dim(typingctx, k, kb, ksj, lk, d, work, wo, lkp):
+    """work[wo + t * lkp + j] = k[kb + j * ksj + t] for j < lk (0 up to lkp): a gather of 16 keys per
+    dim, where the scalar copy took ~0.45 us for a 16 x 16 head."""
     from llvmlite import ir
-    sig = types.void(k, types.intp, types.intp, types.intp, types.intp, work, types.intp)
+    sig = types.void(k, types.intp, types.intp, types.intp, types.intp, work, types.intp, types.intp)
 
     def codegen(context, builder, sig, args):
-        ka, kb_, ksj_, lk_, d_, wa, lkp_ = args
+        ka, kb_, ksj_, lk_, d_, wa, wo_, lkp_ = args
         f16, i32, i64 = _f16(), ir.IntType(32), ir.IntType(64)
         l16 = ir.VectorType(i64, 16)
         gather = declare(builder, "llvm.masked.gather.v16f32.v16p0", f16, ir.VectorType(ir.FloatType().as_pointer(), 16),
                          i32, ir.VectorType(ir.IntType(1), 16), f16)
-        kp, wp = data_of(context, builder, sig.args[0], ka, kb_), data_of(context, builder, sig.args[5], wa)
+        kp, wp = data_of(context, builder, sig.args[0], ka, kb_), data_of(context, builder, sig.args[5], wa, wo_)
         zero = ir.Constant(f16, [0.0] * 16)
         step = builder.mul(splat(builder, ksj_, l16), ir.Constant(l16, list(range(16))))
 
@@ -110,14 +114,15 @@ def _scores(typingctx, q, qrows, kt, ko, lkp, d, lk, m, mrows, score_scale, out,
 @intrinsic
 def _weighted(typingctx, p, po, lkp, lk, v, vo, vsj, d, o, orows):
     """o[orows[r] + t] = sum_j p[po + r * lkp + j] v[vo + j * vsj + t] for the four rows r and t < d
-    (v's dims, a multiple of 16)."""
+    (v's dims, 16 a step, the last step masked)."""
     from llvmlite import ir
     sig = types.void(p, types.intp, types.intp, types.intp, v, types.intp, types.intp, types.intp, o, orows)
 
     def codegen(context, builder, sig, args):
         pa, po_, lkp_, lk_, va, vo_, vsj_, d_, oa, orr = args
-        f16 = _f16()
-        fma = vector_ops(builder)[0]
+        f16, i32 = _f16(), ir.IntType(32)
+        fma, mload, mstore = vector_ops(builder)
+        four = ir.Constant(i32, 4)
         pp, vp = data_of(context, builder, sig.args[0], pa, po_), data_of(context, builder, sig.args[4], va, vo_)
         op = data_of(context, builder, sig.args[8], oa)
         zero = ir.Constant(f16, [0.0] * 16)
@@ -126,13 +131,15 @@ def _weighted(typingctx, p, po, lkp, lk, v, vo, vsj, d, o, orows):
         vec = lambda ptr, at: builder.bitcast(builder.gep(ptr, [at]), f16.as_pointer())  # noqa: E731
 
         def block(t, _):
+            lane = first_lanes(builder, builder.sub(d_, t))
+
             def keys(j, accs):
-                vv = builder.load(vec(vp, builder.add(builder.mul(j, vsj_), t)), align=4)
+                vv = builder.call(mload, [vec(vp, builder.add(builder.mul(j, vsj_), t)), four, lane, zero])
                 return [builder.call(fma, [splat(builder, builder.load(builder.gep(pp, [builder.add(prow[r], j)])), f16),
                                            vv, accs[r]]) for r in range(ROWS)]
             accs = k_loop(builder, lk_, [zero] * ROWS, keys)
             for r in range(ROWS):
-                builder.store(accs[r], vec(op, builder.add(orow[r], t)), align=4)
+                builder.call(mstore, [accs[r], vec(op, builder.add(orow[r], t)), four, lane])
             return []
         k_loop(builder, d_, [], block, step=16)
         return context.get_dummy_value()
@@ -201,28 +208,49 @@ def _softmax4(typingctx, w, so, po, lkp, lk, scale, guard):
     return sig, codegen
 
 
+@njit(cache=True, error_model="numpy", inline="always")
+def _head(q, k, v, o, m, geo, work, wo, b, h, score_scale, scale, guard):
+    """One (batch, head) of `attend`, its work buffer at wo."""
+    lq, lk, d, dv = geo[_LQ], geo[_LK], geo[_D], geo[_DV]
+    lkp = (lk + 15) // 16 * 16
+    so, po = wo + d * lkp, wo + (d + ROWS) * lkp
+    qb, kb = b * geo[_Q] + h * geo[_Q + 1], b * geo[_K] + h * geo[_K + 1]
+    vb, ob = b * geo[_V] + h * geo[_V + 1], b * geo[_O] + h * geo[_O + 1]
+    mb = b * geo[_M] + h * geo[_M + 1]
+    qs, ms, os = geo[_Q + 2], geo[_M + 2], geo[_O + 2]
+    _keys_by_dim(k, kb, geo[_K + 2], lk, d, work, wo, lkp)
+    for i0 in range(0, lq, ROWS):
+        last = min(i0 + ROWS, lq) - 1
+        r0, r1, r2, r3 = i0, min(i0 + 1, last), min(i0 + 2, last), min(i0 + 3, last)
+        _scores(q, (qb + r0 * qs, qb + r1 * qs, qb + r2 * qs, qb + r3 * qs), work, wo, lkp, d, lk, m,
+                (mb + r0 * ms, mb + r1 * ms, mb + r2 * ms, mb + r3 * ms), score_scale, work, so)
+        _softmax4(work, so, po, lkp, lk, scale, guard)
+        _weighted(work, po, lkp, lk, v, vb, geo[_V + 2], dv, o,
+                  (ob + r0 * os, ob + r1 * os, ob + r2 * os, ob + r3 * os))
+
+
+def work_size(lk: int, d: int) -> int:
+    """Floats of work buffer a (batch, head) needs: the keys by dim and four rows of scores and
+    probabilities."""
+    return (d + 2 * ROWS) * ((lk + 15) // 16 * 16)
+
+
 @njit(cache=True, error_model="numpy")
 def attend(q, k, v, o, m, geo, work, score_scale, scale, guard):
     """o = softmax(scale * (score_scale * q k^T + m)) v per (batch, head); a NaN probability is 0 under
-    `guard` (a fully masked row). work: at least (D + 2 * ROWS) * Lk rounded up to 16 floats."""
-    nb, nh, lq, lk, d, dv = geo[_B], geo[_H], geo[_LQ], geo[_LK], geo[_D], geo[_DV]
-    lkp = (lk + 15) // 16 * 16
-    so, po = d * lkp, (d + ROWS) * lkp
-    for b in range(nb):
-        for h in range(nh):
-            qb, kb = b * geo[_Q] + h * geo[_Q + 1], b * geo[_K] + h * geo[_K + 1]
-            vb, ob = b * geo[_V] + h * geo[_V + 1], b * geo[_O] + h * geo[_O + 1]
-            mb = b * geo[_M] + h * geo[_M + 1]
-            _keys_by_dim(k, kb, geo[_K + 2], lk, d, work, lkp)
-            for i0 in range(0, lq, ROWS):
-                last = min(i0 + ROWS, lq) - 1
-                r0, r1, r2, r3 = i0, min(i0 + 1, last), min(i0 + 2, last), min(i0 + 3, last)
-                qs, ms, os = geo[_Q + 2], geo[_M + 2], geo[_O + 2]
-                _scores(q, (qb + r0 * qs, qb + r1 * qs, qb + r2 * qs, qb + r3 * qs), work, 0, lkp, d, lk, m,
-                        (mb + r0 * ms, mb + r1 * ms, mb + r2 * ms, mb + r3 * ms), score_scale, work, so)
-                _softmax4(work, so, po, lkp, lk, scale, guard)
-                _weighted(work, po, lkp, lk, v, vb, geo[_V + 2], dv, o,
-                          (ob + r0 * os, ob + r1 * os, ob + r2 * os, ob + r3 * os))
+    `guard` (a fully masked row). work: work_size(Lk, D) floats."""
+    for b in range(geo[_B]):
+        for h in range(geo[_H]):
+            _head(q, k, v, o, m, geo, work, 0, b, h, score_scale, scale, guard)
+
+
+@njit(parallel=True, cache=True, error_model="numpy")
+def attend_heads(q, k, v, o, m, geo, work, per, score_scale, scale, guard):
+    """`attend` with the (batch, head) pairs spread over the threads, each on its own `per` floats of
+    work (at least work_size(Lk, D), for every thread id Numba can give)."""
+    nh = geo[_H]
+    for bh in prange(geo[_B] * nh):
+        _head(q, k, v, o, m, geo, work, numba.get_thread_id() * per, bh // nh, bh % nh, score_scale, scale, guard)
 
 
 def _flat(a: np.ndarray):
@@ -249,13 +277,12 @@ def _strides(x: np.ndarray, shape: tuple):
 
 def geometry(q, kt, v, o, mask):
     """The flat arrays of q (B?, H?, Lq, D), kt (.., Lk, D), v (.., Lk, Dv), o (.., Lq, Dv) and the
-    additive mask (broadcast to .., Lq, Lk), and their geometry; None when a last axis is strided, D or
-    Dv is not a multiple of 16, an operand is not float32 with aligned strides, or there are more than
-    two batch axes."""
+    additive mask (broadcast to .., Lq, Lk), and their geometry; None when a last axis is strided, an
+    operand is not float32 with aligned strides, or there are more than two batch axes."""
     lq, d = q.shape[-2:]
     lk, dv = kt.shape[-2], v.shape[-1]
     batch = o.shape[:-2]
-    if len(batch) > 2 or kt.shape[-1] != d or v.shape[-2] != lk or o.shape[-2:] != (lq, dv) or d % 16 or dv % 16:
+    if len(batch) > 2 or kt.shape[-1] != d or v.shape[-2] != lk or o.shape[-2:] != (lq, dv):
         return None
     pad = (1,) * (2 - len(batch))
     geo = np.zeros(GEOMETRY_SIZE, np.int64)
