@@ -4,7 +4,11 @@ MNN runs). Attention as exporters write it,
     scores = MatMul(q, k)  [+ mask]  -> Softmax(last axis)  [-> Where(IsNaN(p), 0, p)]  -> MatMul(p, v)
 
 becomes one FusedAttention step: the scores are written once, masked and normalised in place, and
-multiplied by v, instead of 3 to 6 steps each passing over the L x L scores."""
+multiplied by v, instead of 3 to 6 steps each passing over the L x L scores. The others: SiLU as
+x * sigmoid(x); activations into the convolution before them; a channel scale into the pointwise
+convolution after it; an embedding's negative-index fix read through; a residual Add with the
+LayerNorm of its sum; ShuffleNet's channel shuffle. Each pass takes and returns the node list, in
+session.prepare's order."""
 from __future__ import annotations
 
 import numpy as np
