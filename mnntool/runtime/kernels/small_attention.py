@@ -149,61 +149,18 @@ def _weighted(typingctx, p, po, lkp, lk, v, vo, vsj, d, o, orows):
 @intrinsic
 def _softmax4(typingctx, w, so, po, lkp, lk, scale, guard):
     """w[po + r * lkp + j] = softmax(scale * w[so + r * lkp + :lk])[j] for the four rows r, their passes
-    interleaved (softmax_ir's one row at a time: four latency-bound chains in turn, 2.2 of a GPT-2
-    step's 4.2 us); a row of -inf gives NaN, as exp(x - max) / sum does, and under `guard` a NaN is 0."""
+    interleaved (softmax_ir.emit_softmax); under `guard` a NaN is 0."""
     from llvmlite import ir
     sig = types.void(w, types.intp, types.intp, types.intp, types.intp, types.float32, types.boolean)
 
     def codegen(context, builder, sig, args):
-        from .actir import VectorMath
+        from .softmax_ir import emit_softmax
         wa, so_, po_, lkp_, lk_, sc, guard_ = args
-        f32, i32 = ir.FloatType(), ir.IntType(32)
-        f16 = _f16()
-        _, mload, mstore = vector_ops(builder)
-        vm = VectorMath(builder)
-        four = ir.Constant(i32, 4)
-        vmax = declare(builder, "llvm.vector.reduce.fmax.v16f32", f32, f16)
-        vadd = declare(builder, "llvm.vector.reduce.fadd.v16f32", f32, f32, f16)
-        ninf = ir.Constant(f16, [float("-inf")] * 16)
         wp = data_of(context, builder, sig.args[0], wa)
-        src = [builder.add(so_, builder.mul(ir.Constant(lkp_.type, r), lkp_)) for r in range(ROWS)]
-        dst = [builder.add(po_, builder.mul(ir.Constant(lkp_.type, r), lkp_)) for r in range(ROWS)]
-        at = lambda base, j: builder.bitcast(builder.gep(wp, [builder.add(base, j)]), f16.as_pointer())  # noqa: E731
-
-        def loop(init, body):
-            return k_loop(builder, lk_, init, lambda j, a: body(j, first_lanes(builder, builder.sub(lk_, j)), a), step=16)
-
-        maxes = loop([ninf] * ROWS, lambda j, m, a: [vm.max(a[r], builder.call(mload, [at(src[r], j), four, m, ninf]))
-                                                    for r in range(ROWS)])
-        row_max = [builder.call(vmax, [v]) for v in maxes]
-        mx = [splat(builder, v, f16) for v in row_max]
-        scale = splat(builder, sc, f16)
-
-        def exps(j, m, a):
-            out = []
-            for r in range(ROWS):
-                x = builder.call(mload, [at(src[r], j), four, m, ninf])
-                e = builder.select(m, vm.exp_neg(builder.fmul(builder.fsub(x, mx[r]), scale)), vm.c(0.0))
-                builder.call(mstore, [e, at(dst[r], j), four, m])
-                out.append(builder.fadd(a[r], e))
-            return out
-        sums = loop([vm.c(0.0)] * ROWS, exps)
-        inv = []
-        for r in range(ROWS):
-            total = builder.call(vadd, [ir.Constant(f32, 0.0), sums[r]], fastmath=("reassoc",))
-            masked = builder.fcmp_ordered("==", row_max[r], ir.Constant(f32, float("-inf")))
-            inv.append(splat(builder, builder.select(masked, ir.Constant(f32, float("nan")),
-                                                     builder.fdiv(ir.Constant(f32, 1.0), total)), f16))
-        on = builder.icmp_unsigned("!=", guard_, ir.Constant(guard_.type, 0))
-
-        def scale_rows(j, m, a):
-            for r in range(ROWS):
-                v = builder.fmul(builder.call(mload, [at(dst[r], j), four, m, vm.c(0.0)]), inv[r])
-                v = builder.select(builder.and_(splat(builder, on, ir.VectorType(ir.IntType(1), 16)),
-                                                builder.fcmp_unordered("uno", v, v)), vm.c(0.0), v)
-                builder.call(mstore, [v, at(dst[r], j), four, m])
-            return []
-        loop([], scale_rows)
+        row = [builder.mul(ir.Constant(lkp_.type, r), lkp_) for r in range(ROWS)]
+        emit_softmax(builder, [builder.gep(wp, [builder.add(so_, d)]) for d in row],
+                     [builder.gep(wp, [builder.add(po_, d)]) for d in row], lk_, sc,
+                     builder.icmp_unsigned("!=", guard_, ir.Constant(guard_.type, 0)))
         return context.get_dummy_value()
     return sig, codegen
 
