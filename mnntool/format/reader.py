@@ -8,7 +8,7 @@ import numpy as np
 
 from ..errors import MnnToolError
 from ..ir.graph import Graph, Node, TensorInfo
-from ..ir.dtypes import from_mnn
+from ..ir.dtypes import FROM_MNN, from_mnn
 from .flatbuf import FormatError, decode
 
 BLOB_FIELDS = ("float32s", "int32s", "int64s", "int8s", "uint8s")
@@ -119,6 +119,8 @@ def net_to_graph(net: dict) -> Graph:
         t = g.info(names[k])
         if t.shape is None:
             t.shape = tuple(int(x) for x in blob["dims"])
+        if blob.get("dataType") in FROM_MNN:     # an index tensor's int32, as the writer recorded it
+            t.dtype = from_mnn(blob["dataType"])
         if blob.get("dataFormat") == "NC4HW4":
             t.layout = "NC4HW4"
     g.outputs = list(net.get("outputName") or [])

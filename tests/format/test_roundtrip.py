@@ -85,3 +85,25 @@ def test_bodies_sharing_a_name_get_distinct_ones():
     names = [d["name"] for d in _subgraphs(g)]
     assert len(set(names)) == 4 and names[:2] == ["b", "b_2"]
     assert [n.param["body_graph"] for n in g.nodes] == names
+
+
+def test_index_tensors_keep_their_int32_through_a_rewrite(tmp_path):
+    """An embedding's negative-index fix computes int32 tensors; the file records their type among its
+    tensor facts (extraTensorDescribe) and reading gives it back, so a rewrite is the same bytes."""
+    import onnx
+    from onnx import TensorProto as TP
+    from onnx import helper as h
+    table = onnx.numpy_helper.from_array(np.arange(80, dtype=np.float32).reshape(10, 8), "table")
+    graph = h.make_graph([h.make_node("Gather", ["table", "ids"], ["y"], axis=0)], "emb",
+                         [h.make_tensor_value_info("ids", TP.INT64, [1, 6])], [h.make_tensor_value_info("y", TP.FLOAT, None)],
+                         [table])
+    m = h.make_model(graph, opset_imports=[h.make_opsetid("", 17)])
+    m.ir_version = 8
+    onnx.save(m, str(tmp_path / "e.onnx"))
+    first, second = tmp_path / "a.mnn", tmp_path / "b.mnn"
+    api.convert(tmp_path / "e.onnx", first)
+    g = reader.load(first)
+    fixed = [n.outputs[0] for n in g.nodes if n.op == "BinaryOp"]
+    assert len(fixed) == 3 and all(g.tensors[t].dtype == "int32" for t in fixed)
+    writer.save(g, second)
+    assert first.read_bytes() == second.read_bytes()
