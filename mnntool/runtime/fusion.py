@@ -7,8 +7,7 @@ becomes one FusedAttention step: the scores are written once, masked and normali
 multiplied by v, instead of 3 to 6 steps each passing over the L x L scores. The others: SiLU as
 x * sigmoid(x); activations into the convolution before them; a channel scale into the pointwise
 convolution after it; an embedding's negative-index fix read through; a residual Add with the
-LayerNorm of its sum; ShuffleNet's channel shuffle. Each pass takes and returns the node list, in
-session.prepare's order."""
+LayerNorm of its sum; ShuffleNet's channel shuffle. `fused_nodes` applies them all, in order."""
 from __future__ import annotations
 
 import numpy as np
@@ -431,3 +430,13 @@ def fuse_channel_scale(g: Graph, vals: dict, nodes: list[Node], stored: dict) ->
                                conv.param, conv.param_type, conv.fmt)
         drop.update([id(m)] + [id(n) for n in chain])
     return [fused.get(id(n), n) for n in nodes if id(n) not in drop]
+
+
+def fused_nodes(g: Graph, vals: dict, stored: dict) -> list[Node]:
+    """g's nodes with every chain above as one node, the passes in the order each needs: attention
+    before the index fix and the shuffle (which leave its inputs alone), the Add and LayerNorm before
+    the activations (an Add followed by an activation stays an Add), a convolution's activation before
+    the channel scale that may follow it."""
+    nodes = fuse_channel_shuffle(g, vals, fuse_index_wrap(g, vals, fuse_attention(g, vals)))
+    nodes = fuse_silu(g, vals, fuse_add_layer_norm(g, vals, nodes, stored))
+    return fuse_channel_scale(g, vals, fuse_activations(g, vals, nodes, stored), stored)

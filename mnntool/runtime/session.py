@@ -20,8 +20,7 @@ from ..ir.validate import MAX_TENSOR_BYTES
 from .kernels import KERNELS, PLAN_ONLY, Kernel, aligned_empty, by_definition, sized
 from .kernels.grid import grid_of, to_grid, to_grid_z
 from . import announce_first_compile
-from .fusion import (MOVES, fuse_activations, fuse_add_layer_norm, fuse_attention, fuse_channel_scale,
-                     fuse_channel_shuffle, fuse_index_wrap, fuse_silu)
+from .fusion import MOVES, fused_nodes
 from .kernels.control import SHAPE_FREE
 from .concat_in_place import concat_layout, placements
 from .kernels.program import Programs
@@ -337,9 +336,7 @@ class Session:
                     build(*item)
             run.clear()
         # keep_all (verify) wants every tensor: nothing fused away
-        fused = g.nodes if keep_all else fuse_channel_scale(
-            g, vals, fuse_activations(g, vals, fuse_silu(g, vals, fuse_add_layer_norm(g, vals, fuse_channel_shuffle(
-                g, vals, fuse_index_wrap(g, vals, fuse_attention(g, vals))), stored)), stored), stored)
+        fused = g.nodes if keep_all else fused_nodes(g, vals, stored)
         known: dict[str, np.ndarray] = {}
         for node in fused:
             if _computed_at_prepare(node, vals, stored):
