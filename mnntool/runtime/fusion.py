@@ -32,14 +32,27 @@ def readers(nodes: list[Node]) -> dict[str, list[Node]]:
     return users
 
 
+def sole_reader(users: dict, outputs: set, name: str) -> Node | None:
+    """The one node reading `name` when it is not a graph output and nothing else reads it, else None:
+    a chain may drop a tensor only then."""
+    us = users.get(name, [])
+    return us[0] if len(us) == 1 and name not in outputs else None
+
+
+def _fixed_shape(vals: dict, name: str) -> tuple | None:
+    """The tensor's shape when shape inference knows every dim, else None."""
+    v = vals.get(name)
+    return tuple(v.shape) if v is not None and v.shape is not None and all(isinstance(d, int) for d in v.shape) \
+        else None
+
+
 def fuse_attention(g: Graph, vals: dict) -> list[Node]:
     """g's nodes with each attention chain replaced by one FusedAttention node (g is not changed)."""
     users, producer = readers(g.nodes), g.producers()
     outputs = set(g.outputs)
 
     def only_user(name):
-        us = users.get(name, [])
-        return us[0] if len(us) == 1 and name not in outputs else None
+        return sole_reader(users, outputs, name)
 
     replace: dict[int, Node] = {}
     drop: set[int] = set()
@@ -208,8 +221,8 @@ def fuse_index_wrap(g: Graph, vals: dict, nodes: list[Node]) -> list[Node]:
 
     def only(name: str, op: str, kind: str):
         n = producer.get(name)
-        ok = n is not None and n.op == op and n.param.get("opType") == kind and name not in outputs and \
-            len(users.get(name, [])) == 1 and not int(n.param.get("activationType", 0) or 0)
+        ok = n is not None and n.op == op and n.param.get("opType") == kind and \
+            sole_reader(users, outputs, name) is not None and not int(n.param.get("activationType", 0) or 0)
         return n if ok else None
     drop, replace = set(), {}
     for gather in nodes:
@@ -243,12 +256,11 @@ def fuse_add_layer_norm(g: Graph, vals: dict, nodes: list[Node], stored: dict) -
         if add.op != "BinaryOp" or add.param.get("opType") != "ADD" or len(add.inputs) != 2 or \
                 int(add.param.get("activationType", 0) or 0) or add.outputs[0] in stored:
             continue
-        shapes = [vals.get(i) for i in add.inputs + add.outputs]
-        if any(v is None or v.dtype != "float32" or v.shape is None or not all(isinstance(d, int) for d in v.shape)
-               or tuple(v.shape) != tuple(shapes[0].shape) for v in shapes) or not shapes[0].shape or \
-                shapes[0].shape[-1] < 1:
+        shape = _fixed_shape(vals, add.outputs[0])
+        if not shape or shape[-1] < 1 or any(_fixed_shape(vals, i) != shape or vals[i].dtype != "float32"
+                                             for i in add.inputs + add.outputs):
             continue
-        rank = len(shapes[0].shape)
+        rank = len(shape)
         norm = next((n for n in users.get(add.outputs[0], []) if n.op == "LayerNorm" and n.inputs[0] == add.outputs[0]
                      and len(n.inputs) == 1 and n.outputs[0] not in stored and
                      [int(a) % rank for a in n.param.get("axis", [-1])] == [rank - 1]), None)
@@ -273,21 +285,15 @@ def fuse_channel_shuffle(g: Graph, vals: dict, nodes: list[Node]) -> list[Node]:
     outputs = set(g.outputs)
 
     def next_of(n: Node, op: str):
-        us = users.get(n.outputs[0], [])
-        ok = len(n.outputs) == 1 and n.outputs[0] not in outputs and len(us) == 1 and us[0].op == op and \
-            us[0].inputs[0] == n.outputs[0]
-        return us[0] if ok else None
+        user = sole_reader(users, outputs, n.outputs[0]) if len(n.outputs) == 1 else None
+        return user if user is not None and user.op == op and user.inputs[0] == n.outputs[0] else None
 
-    def shape(name):
-        v = vals.get(name)
-        return tuple(v.shape) if v is not None and v.shape is not None and \
-            all(isinstance(d, int) for d in v.shape) else None
     drop, replace = set(), {}
     for cat in nodes:
         if cat.op != "Concat" or len(cat.inputs) < 2 or int(cat.param.get("axis", 0)) not in (1, -3):
             continue
-        first = shape(cat.inputs[0])
-        if first is None or len(first) != 4 or any(shape(i) != first for i in cat.inputs) or \
+        first = _fixed_shape(vals, cat.inputs[0])
+        if first is None or len(first) != 4 or any(_fixed_shape(vals, i) != first for i in cat.inputs) or \
                 any(vals[i].dtype != "float32" for i in cat.inputs):
             continue
         n, c, h, w = first
@@ -295,9 +301,9 @@ def fuse_channel_shuffle(g: Graph, vals: dict, nodes: list[Node]) -> list[Node]:
         split = next_of(cat, "Reshape")
         perm = split and next_of(split, "Permute")
         merge = perm and next_of(perm, "Reshape")
-        if merge is None or shape(split.outputs[0]) != (n, k, c, h, w) or \
+        if merge is None or _fixed_shape(vals, split.outputs[0]) != (n, k, c, h, w) or \
                 [int(d) for d in np.asarray(perm.param.get("dims", [])).reshape(-1)] != [0, 2, 1, 3, 4] or \
-                shape(merge.outputs[0]) != (n, k * c, h, w):
+                _fixed_shape(vals, merge.outputs[0]) != (n, k * c, h, w):
             continue
         drop.update((id(split), id(perm), id(merge)))
         replace[id(cat)] = Node(CHANNEL_SHUFFLE, list(cat.inputs), list(merge.outputs), f"{cat.name} (+3 ops)", {})
