@@ -14,6 +14,7 @@ from typing import Callable
 import numpy as np
 
 from ...registry import registrar
+from .jit import Bound, JitFunction, compiled_entry
 
 KERNELS: dict[str, Callable] = {}
 # kernels of steps the planner makes from several ops (runtime/fusion.py): no op of the file has them
@@ -37,29 +38,12 @@ kernel = registrar(KERNELS)
 # slept between kernels; they now spin through a run, tuning.py, and the bound was not re-tuned), so a
 # kernel with less than ~100 us of single-thread work runs its serial twin: MobileNetV2 has ~70 per run.
 PARALLEL_MIN_WORK = 250_000      # element operations
-_SERIAL: dict = {}
 
 
-def serial(fn):
-    """The same Numba kernel compiled without `parallel` (prange runs as range), cached on its own.
-
-    With NumPy's error model, as the parallel loop bodies have: Python's (Numba's default) checks every
-    division for zero, and that check kept LLVM from vectorizing the loops (GELU on 4096 floats took
-    11.5 us serially against 4.1 in the parallel kernel on one thread; 2.4 us now). The suffix names a
-    cache of its own, apart from twins compiled with the other model."""
-    if fn not in _SERIAL:
-        import types
-
-        import numba
-        py = fn.py_func
-        name = py.__name__ + "_serial_np"
-        code = py.__code__.replace(co_name=name, co_qualname=py.__qualname__ + "_serial_np")
-        twin = types.FunctionType(code, py.__globals__, name, py.__defaults__, py.__closure__)
-        twin.__qualname__, twin.__module__ = py.__qualname__ + "_serial_np", py.__module__
-        opts = {k: v for k, v in fn.targetoptions.items() if k not in ("parallel", "nopython")}
-        opts.setdefault("error_model", "numpy")
-        _SERIAL[fn] = numba.njit(cache=True, **opts)(twin)
-    return _SERIAL[fn]
+def serial(fn: JitFunction) -> JitFunction:
+    """The same kernel compiled without `parallel` (prange runs as range), cached on its own
+    (JitFunction.serial)."""
+    return fn.serial()
 
 
 # At one thread a parallel kernel still enters OpenMP's region (~0.5 us a call: 0.85 against 0.38 us
@@ -69,22 +53,26 @@ def serial(fn):
 SERIAL_AT_ONE_MAX_WORK = 16_384
 
 
-def sized(fn, work: int, threads: int):
-    """`fn` (a parallel Numba kernel) when `work` pays for waking `threads` threads, else its serial twin
-    (at one thread: only for tiny work, SERIAL_AT_ONE_MAX_WORK)."""
+def sized(fn: JitFunction, work: int, threads: int):
+    """The code to call for `fn` (a parallel kernel) at `threads`: at one thread a `Bound` kernel (the
+    ahead-of-time library's, else the serial twin for tiny work, SERIAL_AT_ONE_MAX_WORK, or `fn`);
+    above, `fn` when `work` pays for waking the threads, else its serial twin."""
     if threads <= 1:
-        return serial(fn) if work < SERIAL_AT_ONE_MAX_WORK else fn
-    return fn if work >= PARALLEL_MIN_WORK else serial(fn)
+        return Bound(serial(fn) if work < SERIAL_AT_ONE_MAX_WORK else fn)
+    return (fn if work >= PARALLEL_MIN_WORK else serial(fn)).dispatcher()
 
 
 def direct(fn, *example):
-    """`fn`'s compiled code for the argument types of `example`, called without Numba's dispatcher: its
+    """`fn`'s compiled code for the argument types of `example`, called without a dispatcher: Numba's
     type resolution costs ~0.5-0.8 us a call (11 arguments), more than the arithmetic of a tiny
     transformer's linear layer (16 x 64 x 64: 2.04 -> 1.22 us). Only for calls whose every argument
-    type prepare fixes: the compiled code reads an argument as the type it was compiled for."""
-    import numba
-    from numba.core.typing.typeof import Purpose
-    return fn.compile(tuple(numba.typeof(a, Purpose.argument) for a in example))
+    type prepare fixes: the compiled code reads an argument as the type it was compiled for. fn: a
+    `sized` result, or a kernel (a parallel one runs at the session's thread count)."""
+    if isinstance(fn, JitFunction):
+        fn = Bound(fn) if not fn.targetoptions.get("parallel") else fn.dispatcher()
+    if isinstance(fn, Bound):
+        return fn.bind(example, compiled=True)
+    return compiled_entry(fn, example)
 
 
 CACHE_LINE = 64

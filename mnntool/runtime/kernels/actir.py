@@ -10,7 +10,7 @@ tanh(u) = 2 sigmoid(2u) - 1 and 0.5 x (1 + tanh(u)) = x sigmoid(2u).
 from __future__ import annotations
 
 import numpy as np
-from numba import njit, prange
+from .jit import njit, prange
 
 from .elementwise import P0, P1, P2, P3, P4, P5, P6, Q0, Q1, Q2, Q3, Q4, erf32
 from .grid import (POST_CLIP, POST_GELU, POST_GELU_TANH, POST_HARDSIGMOID, POST_HARDSWISH, POST_LEAKY, POST_SIGMOID,

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import NamedTuple
 
 import numpy as np
-from numba import njit
+from .jit import njit
 
 from ...errors import InvalidModel
 from . import PLAN_ONLY, Kernel, kernel, sized, writes

@@ -2,7 +2,7 @@
 padded plane, channels innermost), im2col and col2im, and the bias/activation pass after BLAS."""
 from __future__ import annotations
 
-from numba import njit, prange
+from .jit import njit, prange
 
 from .grid import finish
 

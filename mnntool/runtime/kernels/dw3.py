@@ -11,8 +11,7 @@ row kernel with max for FMA and -inf for the taps outside.
 from __future__ import annotations
 
 import numpy as np
-from numba import njit, prange, types
-from numba.extending import intrinsic
+from .jit import njit, prange, types, intrinsic
 
 from .llvmir import Finish, data_of, vector_ops, first_lanes, host_has, lane_bits, lanes, splat as splat_
 

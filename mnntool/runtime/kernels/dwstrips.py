@@ -15,8 +15,7 @@ around it cost more than the FMAs (1.3 cycles an FMA on one channel in L1, 0.85 
 """
 from __future__ import annotations
 
-from numba import njit, prange, types
-from numba.extending import intrinsic
+from .jit import njit, prange, types, intrinsic
 
 from .llvmir import Finish, data_of, first_lanes, lanes, prefetch, splat as splat_, vector_ops
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 import math
 
 import numpy as np
-from numba import njit, prange
+from .jit import njit, prange
 
 from . import PLAN_ONLY, by_definition, kernel, mnn_math, returns, sized, writes
 from ...ir.ops.elementwise import COMPARE as COMPARE_OPS, operand_dtypes

@@ -14,8 +14,7 @@ the channels past O, so the output needs no padding rows.
 from __future__ import annotations
 
 import numpy as np
-from numba import njit, prange, types
-from numba.extending import intrinsic
+from .jit import njit, prange, types, intrinsic
 
 from .grid import NO_POST
 from .llvmir import Finish, data_of, vector_ops, first_lanes, host_has, k_loop, prefetch, splat as splat_

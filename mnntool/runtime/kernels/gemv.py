@@ -8,8 +8,7 @@ the memory latency overlaps) with one zmm accumulator per row: 0.17 ms on the sa
 """
 from __future__ import annotations
 
-from numba import njit, prange, types
-from numba.extending import intrinsic
+from .jit import njit, prange, types, intrinsic
 
 from .fgemm import prefetch_lines
 from .llvmir import data_of, first_lanes, host_has, k_loop, vector_ops

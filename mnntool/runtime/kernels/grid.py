@@ -3,7 +3,7 @@ an int8 grid, so a float kernel can stand in for an int8 one with the same resul
 from __future__ import annotations
 
 import numpy as np
-from numba import njit, prange
+from .jit import njit, prange
 
 RELU, RELU6 = 1, 2
 

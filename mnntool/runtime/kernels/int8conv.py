@@ -13,7 +13,7 @@ from __future__ import annotations
 import copy
 
 import numpy as np
-from numba import njit, prange
+from .jit import njit, prange
 
 from . import sized
 from .grid import EXACT, act_bounds, activation, grid_of, mnn_cast, to_grid_z

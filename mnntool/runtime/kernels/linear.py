@@ -12,8 +12,7 @@ per output row, not per column.
 from __future__ import annotations
 
 import numpy as np
-from numba import njit, prange, types
-from numba.extending import intrinsic
+from .jit import njit, prange, types, intrinsic
 
 from . import Scratch, direct, sized
 from .llvmir import columns_to_rows, data_of, first_lanes, vector_ops

@@ -1,23 +1,20 @@
 """What the LLVM-IR micro-kernels (`vnni`, `fgemm`) share: the host check and IR building helpers."""
 from __future__ import annotations
 
-from numba import config
-from numba.core import cgutils
+import os
+
+from .host import host_features
 
 
 def host_has(feature: str) -> bool:
     """`feature` (an LLVM name such as "avx512f") on the host, and Numba compiling for the host (not a
     portable NUMBA_CPU_NAME target)."""
-    try:
-        import llvmlite.binding as llvm
-        features = llvm.get_host_cpu_features().flatten()
-    except Exception:
-        return False
-    return f"+{feature}" in features.split(",") and config.CPU_NAME in (None, "host")
+    return feature in host_features() and os.environ.get("NUMBA_CPU_NAME", "host") == "host"
 
 
 def data_of(context, builder, ty, value, offset=None):
     """The data pointer of a Numba array value inside generated IR, moved by `offset` elements."""
+    from numba.core import cgutils
     data = cgutils.create_struct_proxy(ty)(context, builder, value=value).data
     return data if offset is None else builder.gep(data, [offset])
 
@@ -25,6 +22,7 @@ def data_of(context, builder, ty, value, offset=None):
 def declare(builder, name: str, ret, *args):
     """The intrinsic `name` (ret(*args)) in the builder's module."""
     from llvmlite import ir
+    from numba.core import cgutils
     return cgutils.get_or_insert_function(builder.module, ir.FunctionType(ret, list(args)), name)
 
 

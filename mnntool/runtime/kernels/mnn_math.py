@@ -18,7 +18,7 @@ from __future__ import annotations
 import math
 
 import numpy as np
-from numba import njit, prange
+from .jit import njit, prange
 
 f32 = np.float32
 

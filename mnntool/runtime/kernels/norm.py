@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 import numpy as np
-from numba import njit, prange
+from .jit import njit, prange
 
 from . import PLAN_ONLY, direct, kernel, returns, sized, writes
 

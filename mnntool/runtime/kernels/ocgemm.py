@@ -12,8 +12,7 @@ block's weights, which come from memory.
 from __future__ import annotations
 
 import numpy as np
-from numba import njit, prange, types
-from numba.extending import intrinsic
+from .jit import njit, prange, types, intrinsic
 
 from .grid import NO_POST
 from .llvmir import Finish, columns_to_rows, data_of, declare, host_has, k_loop, prefetch, splat as splat_

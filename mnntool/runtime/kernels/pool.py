@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 import numpy as np
-from numba import njit, prange
+from .jit import njit, prange
 
 from . import Kernel, kernel, writes
 from .grid import mnn_round

@@ -14,7 +14,7 @@ readable by later steps and by `keep_all`.
 from __future__ import annotations
 
 import numpy as np
-from numba import njit
+from .jit import njit
 
 from . import Kernel, aligned_empty
 from .gemv import dot16

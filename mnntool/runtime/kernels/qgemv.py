@@ -11,8 +11,7 @@ j (low nibble) and j+16 (high), so one 16-byte load feeds two 16-lane FMAs on co
 from __future__ import annotations
 
 import numpy as np
-from numba import njit, prange, types
-from numba.extending import intrinsic
+from .jit import njit, prange, types, intrinsic
 
 from .gemv import ROWS, row_sums16
 from .llvmir import data_of, first_lanes, k_loop, splat, vector_ops

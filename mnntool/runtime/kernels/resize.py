@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 import numpy as np
-from numba import njit, prange
+from .jit import njit, prange
 
 from ...ir.ops.resize import src_coords as _src_coords
 from . import kernel, writes

@@ -3,7 +3,7 @@ BatchNorms read a Concat), with the activation after it fused (runtime/fusion.py
 from __future__ import annotations
 
 import numpy as np
-from numba import njit, prange
+from .jit import njit, prange
 
 from . import kernel, sized, writes
 from .actir import _post_block

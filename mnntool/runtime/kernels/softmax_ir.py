@@ -7,8 +7,7 @@ MobileViT's time. exp is actir's (Cephes: relative error ~1e-7).
 """
 from __future__ import annotations
 
-from numba import njit, prange, types
-from numba.extending import intrinsic
+from .jit import njit, prange, types, intrinsic
 
 from .llvmir import data_of, declare, first_lanes, k_loop, splat, vector_ops
 

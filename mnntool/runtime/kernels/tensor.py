@@ -4,7 +4,7 @@ in one pass. Other gathers, padding, shape ops and the rest run their definition
 from __future__ import annotations
 
 import numpy as np
-from numba import njit
+from .jit import njit
 
 from ...ir.ops.tensor import reshape_dims, split_points, strided_index
 from . import PLAN_ONLY, by_definition, kernel, returns, views, writes

@@ -14,8 +14,7 @@ Layouts: activations packed as [P/16][K/4][16 pixels][4 bytes] uint8 (`pixel_blo
 from __future__ import annotations
 
 import numpy as np
-from numba import njit, prange, types
-from numba.extending import intrinsic
+from .jit import njit, prange, types, intrinsic
 
 from .grid import act_bounds
 from .llvmir import data_of, declare, first_lanes, host_has, k_loop, splat as splat_

@@ -11,7 +11,7 @@ transformed and packed at prepare.
 from __future__ import annotations
 
 import numpy as np
-from numba import njit, prange
+from .jit import njit, prange
 
 from . import scratch, sized
 from .fgemm import IDENTITY, OCB, epilogue_of, gemm_batched, k_block, pack_weights, tile_count

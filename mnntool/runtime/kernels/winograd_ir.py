@@ -7,8 +7,7 @@ the six stride-4 operands (and back into four interleaved stores) for 16 tiles a
 """
 from __future__ import annotations
 
-from numba import types
-from numba.extending import intrinsic
+from .jit import types, intrinsic
 
 from .llvmir import Finish, data_of, declare, first_lanes, lane_bits, lanes, pointers, splat as splat_
 
