@@ -337,6 +337,9 @@ def bench(model: str = typer.Argument(..., help="A .mnn model (or the .onnx sour
     t.add_row(*(f"{r[k]:.2f} ms" for k in ("median_ms", "mean_ms", "min_ms", "p90_ms", "p99_ms", "first_run_ms",
                                              "load_prepare_ms")), f"{r['gflop_per_s']:.1f}", f"{r['peak_rss_mb']:.0f} MB")
     console.print(t)
+    if backend == "numba" and threads == 1 and not r.get("kernel_library"):
+        err.print("note: no ahead-of-time kernels for this CPU: `mnntool compile-kernels` (once) makes load+prepare "
+                  "and the first run several times faster", highlight=False)
     if "profile" in r:
         for key, title in (("op_types", "time per op type"), ("ops", "slowest ops")):
             pt = Table(title=title)
@@ -433,6 +436,31 @@ def quant(src: str = typer.Argument(..., help="A float .mnn model."),
         for name in r["worst_layers"]:
             t.add_row(u(name), f"{by_name[name]['cosine']:.6f}")
         console.print(t)
+
+
+@app.command("compile-kernels")
+def compile_kernels(force: bool = typer.Option(False, "--force", help="Build even when the library exists."),
+                    as_json: bool = JSON):
+    """Compile the runtime's kernels ahead of time for this CPU (a minute or two, once): one-thread
+    sessions then load in ~0.1 s and run their first inference without compiling (pycc, needs a C
+    compiler). Without it they compile with Numba (its cache: ~0.5 s a start)."""
+    from .runtime.kernels import aot, aot_build
+    lib, _ = aot.library_paths()
+    if lib.exists() and not force:
+        r = {"library": str(lib), "kernels": None, "built": False}
+    else:
+        count = len(aot_build.read_manifest())
+        with _progress("compiling kernels", count, shown=not as_json) as step:
+            try:
+                r = {**aot_build.build(quiet=True, progress=step), "built": True}
+            except aot_build.BuildError as e:
+                raise MnnToolError(str(e))
+    if as_json:
+        print(json.dumps(r))
+    elif r["built"]:
+        console.print(f"compiled {r['kernels']} kernels in {r['seconds']:.0f} s: {u(r['library'])}")
+    else:
+        console.print(f"up to date: {u(r['library'])} (--force rebuilds)")
 
 
 @app.command()

@@ -64,7 +64,10 @@ def bench(path, backend: str = "numba", threads: int = 1, warmup: int = 5, runs:
     out["gflops"] = total_flops / 1e9
     out["gflop_per_s"] = total_flops / 1e9 / (out["median_ms"] / 1e3) if out["median_ms"] else 0.0
     if backend == "numba":
+        from .runtime.kernels import aot
         out["memory_pool_mb"] = r.session.plan.pool_bytes / 1e6
+        lib = aot.library()      # the one-thread kernels' ahead-of-time library, if one loaded
+        out["kernel_library"] = str(lib.path) if lib is not None else None
     if per_step:
         total = sum(per_step.values())
         by_type = defaultdict(lambda: [0.0, 0])

@@ -6,6 +6,9 @@ from mnntool.tuning import tune_process
 tune_process()      # as the CLI does, before numpy loads; child processes inherit it
 
 import os  # noqa: E402
+
+# a one-thread call site bound to a kernel checks its argument types at every call (kernels/jit.Bound)
+os.environ.setdefault("MNNTOOL_CHECK_KERNELS", "1")
 import sys  # noqa: E402
 from pathlib import Path  # noqa: E402
 

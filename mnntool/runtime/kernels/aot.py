@@ -59,6 +59,21 @@ def type_key(args: tuple) -> str:
     return ",".join(_token(a) for a in args)
 
 
+def split_key(key: str) -> list[str]:
+    """A key's argument tokens (commas inside a tuple's parentheses do not split)."""
+    out, depth, cur = [], 0, ""
+    for ch in key:
+        if ch == "," and depth == 0:
+            out.append(cur)
+            cur = ""
+            continue
+        depth += (ch == "(") - (ch == ")")
+        cur += ch
+    if cur:
+        out.append(cur)
+    return out
+
+
 def enabled() -> bool:
     return os.environ.get("MNNTOOL_AOT", "1") != "0"
 
@@ -73,8 +88,10 @@ def source_stamp() -> str:
 
 
 def cache_dir() -> Path:
-    """Where compiled kernels live: NUMBA_CACHE_DIR when set (runtime/__init__ sets it for a read-only
-    install), else beside the kernels."""
+    """Where the library lives: MNNTOOL_AOT_DIR, else under NUMBA_CACHE_DIR when set (runtime/__init__
+    sets it for a read-only install), else beside the kernels."""
+    if os.environ.get("MNNTOOL_AOT_DIR"):
+        return Path(os.environ["MNNTOOL_AOT_DIR"])
     env = os.environ.get("NUMBA_CACHE_DIR")
     return Path(env) / "mnntool-aot" if env else _HERE / "__pycache__" / "aot"
 
@@ -138,7 +155,8 @@ def lookup(kernel, key: str):
     """The library's function for `kernel` (a JitFunction; a parallel one as its serial twin) at the
     argument types `key`, or None."""
     name = kernel.serial().name
-    if _RECORD and "?" not in key:
+    if _RECORD and "?" not in key and len(split_key(key)) >= kernel.py_func.__code__.co_argcount:
+        # (a call leaving a default out has no entry: the library's functions take every argument)
         _RECORDED.add((name, key))
     lib = library()
     if lib is None:

@@ -21,14 +21,15 @@ import time
 from pathlib import Path
 
 from . import aot
+from .aot import split_key
 from .jit import JitFunction
 
 MANIFEST = Path(__file__).resolve().parent / "aot_manifest.txt"
 
 
-def read_manifest(path: Path = MANIFEST) -> list[tuple[str, str]]:
+def read_manifest(path: Path | None = None) -> list[tuple[str, str]]:
     out = []
-    for line in path.read_text().splitlines():
+    for line in (path or MANIFEST).read_text().splitlines():
         line = line.strip()
         if line and not line.startswith("#"):
             name, key = line.split(" ", 1)
@@ -48,28 +49,13 @@ def kernel_named(name: str) -> JitFunction:
     return obj.serial()
 
 
-def _split(text: str) -> list[str]:
-    """A key's top-level tokens (commas inside a tuple's parentheses do not split)."""
-    out, depth, cur = [], 0, ""
-    for ch in text:
-        if ch == "," and depth == 0:
-            out.append(cur)
-            cur = ""
-            continue
-        depth += (ch == "(") - (ch == ")")
-        cur += ch
-    if cur:
-        out.append(cur)
-    return out
-
-
 def numba_type(token: str):
     """The Numba type a `type_key` token names."""
     import numpy as np
     from numba.core import types
     from numba.np.numpy_support import from_dtype
     if token.startswith("("):
-        items = [numba_type(t) for t in _split(token[1:-1])]
+        items = [numba_type(t) for t in split_key(token[1:-1])]
         if items and all(t == items[0] for t in items):
             return types.UniTuple(items[0], len(items))
         return types.Tuple(items)
@@ -89,16 +75,38 @@ def numba_type(token: str):
 def signature(key: str):
     """The argument types of `key`, the return type left to inference (some kernels return a flag)."""
     from numba.core.typing import signature as make
-    return make(None, *(numba_type(t) for t in _split(key)))
+    return make(None, *(numba_type(t) for t in split_key(key)))
+
+
+class BuildError(Exception):
+    pass
+
+
+def _remove_stale(lib_path: Path, table_path: Path) -> None:
+    """This CPU's libraries for other kernel sources (an earlier version): nothing loads them again."""
+    prefix = f"{aot.MODULE}-{lib_path.name.split('-')[1]}-"
+    for old in lib_path.parent.glob(prefix + "*"):
+        if old not in (lib_path, table_path) and not old.name.endswith(".tmp"):
+            try:
+                old.unlink()
+            except OSError:
+                pass
 
 
 def build(entries: list[tuple[str, str]] | None = None, out: tuple[Path, Path] | None = None,
-          quiet: bool = False) -> tuple[Path, Path]:
+          quiet: bool = False, progress=None) -> dict:
     """Compiles `entries` (default: the manifest) into the library for this CPU and these sources (or
-    `out`: the library's and its table's paths); written whole or not at all."""
-    import numba.pycc.compiler as pycc_compiler
+    `out`: the library's and its table's paths); written whole or not at all. progress(1) after each
+    kernel compiles. Returns what it built (paths, counts, seconds)."""
+    import warnings
+    with warnings.catch_warnings():     # pycc is "pending deprecation" since Numba 0.57
+        warnings.simplefilter("ignore")
+        try:
+            import numba.pycc.compiler as pycc_compiler
+            from numba.pycc import CC
+        except ImportError as e:
+            raise BuildError(f"this Numba has no ahead-of-time compiler (numba.pycc): {e}") from None
     from numba.core.compiler import Flags
-    from numba.pycc import CC
 
     entries = read_manifest() if entries is None else entries
     lib_path, table_path = out or aot.library_paths()
@@ -126,11 +134,19 @@ def build(entries: list[tuple[str, str]] | None = None, out: tuple[Path, Path] |
             kern.dispatcher().targetdescr.options.parse_as_flags(own, opts)
             for attr in ("no_compile", "no_cpython_wrapper", "no_cfunc_wrapper", "nrt"):
                 setattr(own, attr, getattr(flags, attr))
-            return original(typingctx, targetctx, func, args, return_type, own, locals, **kw)
+            result = original(typingctx, targetctx, func, args, return_type, own, locals, **kw)
+            if progress:
+                progress(1)
+            return result
 
         pycc_compiler.compile_extra = compile_extra
         try:
             cc.compile()
+        except Exception as e:      # the C compiler or linker pycc runs (distutils errors name no common base)
+            if type(e).__module__.split(".")[0] in ("distutils", "setuptools") or isinstance(e, OSError):
+                raise BuildError(f"pycc could not compile or link the library (is a C compiler installed?): "
+                                 f"{' '.join(str(e).split())}") from None
+            raise
         finally:
             pycc_compiler.compile_extra = original
         built = next(build_dir.glob(aot.MODULE + "*"))
@@ -141,12 +157,14 @@ def build(entries: list[tuple[str, str]] | None = None, out: tuple[Path, Path] |
                                          "seconds": round(time.perf_counter() - t0, 1)}, indent=0))
         os.replace(tmp_table, table_path)       # the table first: the library is what readers look for
         os.replace(tmp_lib, lib_path)
+        _remove_stale(lib_path, table_path)
     finally:
         shutil.rmtree(build_dir, ignore_errors=True)
+    seconds = time.perf_counter() - t0
     if not quiet:
-        print(f"mnntool: built {len(entries)} kernels into {lib_path} in {time.perf_counter() - t0:.0f} s",
-              file=sys.stderr)
-    return lib_path, table_path
+        print(f"mnntool: built {len(entries)} kernels into {lib_path} in {seconds:.0f} s", file=sys.stderr)
+    return {"library": str(lib_path), "table": str(table_path), "kernels": len(entries),
+            "bytes": lib_path.stat().st_size, "seconds": round(seconds, 1)}
 
 
 if __name__ == "__main__":

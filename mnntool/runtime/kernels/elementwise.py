@@ -228,7 +228,7 @@ def _sigmoid_kernel(size: int | None = None, threads: int = 1):
     if size is None or size < 4 * SIGMOID_BLOCK:
         return writes(lambda i, o: sigmoid_flat(i[0].reshape(-1), o[0].reshape(-1)))
     blocks = sized(sigmoid_blocks, size * 4, threads)
-    return writes(lambda i, o: blocks(np.ascontiguousarray(i[0]).reshape(-1), o[0].reshape(-1)))
+    return writes(lambda i, o: blocks(np.ascontiguousarray(i[0]).reshape(-1), o[0].reshape(-1), False))
 
 
 def _size(outs) -> int | None:
