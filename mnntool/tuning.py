@@ -10,12 +10,18 @@ short because idle spinning workers starved OpenBLAS's threads (ResNet-18 at 2 t
 default 300k); sessions now keep BLAS at one thread (runtime/settings.py), so nothing wants that core.
 Read when OpenMP starts, so before Numba's first parallel kernel. OpenBLAS's own workers (a library
 user's BLAS at more threads) spin after each sgemm: the shortest spin (2^4 cycles; read when OpenBLAS
-loads, so before numpy is imported).
+loads, so before numpy is imported). And OpenBLAS at one thread from its start, as sessions keep it.
 """
 from __future__ import annotations
 
 import os
 import sys
+
+
+# whether OpenBLAS runs at one thread from its start (tune_process set it before numpy loaded): sessions
+# keep BLAS at one thread (runtime/settings.py) and then need not ask threadpoolctl, whose scan of the
+# process's libraries cost ~5 ms of a first run
+BLAS_AT_ONE: list = [False]
 
 
 def tune_process() -> list[str]:
@@ -31,4 +37,8 @@ def tune_process() -> list[str]:
         if "numpy" in sys.modules:
             print("mnntool: tune_process() after numpy was imported: OpenBLAS keeps its default spin",
                   file=sys.stderr)
+    if "OPENBLAS_NUM_THREADS" not in os.environ and "numpy" not in sys.modules:
+        os.environ["OPENBLAS_NUM_THREADS"] = "1"
+        set_now.append("OPENBLAS_NUM_THREADS")
+        BLAS_AT_ONE[0] = True
     return set_now

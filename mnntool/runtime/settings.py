@@ -57,6 +57,9 @@ class Settings:
             if numba.get_num_threads() != self.threads:
                 numba.set_num_threads(self.threads)
         if not _blas_limited[0]:
+            from ..tuning import BLAS_AT_ONE
+            _blas_limited[0] = BLAS_AT_ONE[0]
+        if not _blas_limited[0]:
             from threadpoolctl import threadpool_limits
             threadpool_limits(limits=1, user_api="blas")
             _blas_limited[0] = True

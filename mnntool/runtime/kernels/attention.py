@@ -142,13 +142,13 @@ class _Small:
     buffers every run)."""
 
     def __init__(self, views, transpose_b, score_scale, scale, guard, lk, head_dim, threads):
-        import numba
+        from ..settings import cores
         self.views, self.transpose_b = views, transpose_b
         self.scalars = (np.float32(score_scale), np.float32(scale), bool(guard))
         if threads > 1:     # a part of the work buffer for every thread id Numba may give
             per = work_size(lk, head_dim)
             self.kernel, self.per = attend_heads, (per,)
-            self.work = Scratch("attention_small", (per * numba.config.NUMBA_NUM_THREADS,))
+            self.work = Scratch("attention_small", (per * cores(),))
         else:
             self.kernel, self.per = attend, ()
             self.work = Scratch("attention_small", (work_size(lk, head_dim),))
