@@ -54,7 +54,8 @@ def announce_first_compile(cache: Path | None = None) -> bool:
         return False
     _ANNOUNCED.append(True)
     print("mnntool: first run of this install: compiling the runtime's kernels for this CPU (about 20 s, "
-          "cached for later runs)", file=sys.stderr, flush=True)
+          "cached for later runs; `mnntool compile-kernels` builds the one-thread kernels ahead of time)",
+          file=sys.stderr, flush=True)
     return True
 
 

@@ -9,6 +9,8 @@ sizes before the axis 1) of one dtype, inputs written by steps that write their 
 graph inputs or constants), each input at one place."""
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 
@@ -28,7 +30,7 @@ def concat_layout(node, ins, outs) -> list[int] | None:
         if v.shape is None or len(v.shape) != len(shape) or not all(isinstance(d, int) for d in v.shape) or \
                 np.dtype(v.dtype) != dtype or v.value is not None:
             return None
-        sizes.append(int(np.prod(v.shape, dtype=np.int64)) * dtype.itemsize)
+        sizes.append(math.prod(int(d) for d in v.shape) * dtype.itemsize)
     return sizes
 
 

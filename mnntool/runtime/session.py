@@ -6,6 +6,7 @@ kernel returns a fresh array (small shape tensors, gathers).
 """
 from __future__ import annotations
 
+import math
 import time
 from dataclasses import dataclass, field, replace
 from dataclasses import replace as copy_info
@@ -23,6 +24,7 @@ from . import announce_first_compile
 from .fusion import MOVES, fused_nodes
 from .kernels.control import SHAPE_FREE
 from .concat_in_place import concat_layout, placements
+from .kernels import aot
 from .kernels.program import Programs
 from .settings import Settings
 
@@ -264,7 +266,8 @@ class Session:
         if key in self._plans:
             self.plan, self._plan_key = self._plans[key], key
             return self.plan
-        announce_first_compile()
+        if self.settings.threads > 1 or aot.library() is None:     # else the kernels are compiled already
+            announce_first_compile()
         vals = infer_shapes(g)
         for name, v in vals.items():
             _check_size(name, v)
@@ -406,7 +409,7 @@ class Session:
 
         def nbytes_of(slot):
             v = vals[names[slot]]
-            return max(int(np.prod(v.shape, dtype=np.int64)) * np.dtype(v.dtype).itemsize, 1)
+            return max(math.prod(int(d) for d in v.shape) * np.dtype(v.dtype).itemsize, 1)
         placed, elided = placements(steps, output_slots, nbytes_of)     # no Step.concat under keep_all
         for k in elided:
             steps[k].elided = True
@@ -456,7 +459,7 @@ class Session:
         for s in steps:
             s.out_views = [None] * len(s.outs)
         for k, pos, b, shape, dtype, offset in views:
-            count = int(np.prod(shape, dtype=np.int64))
+            count = math.prod(int(d) for d in shape)
             steps[k].out_views[pos] = buffers[b][offset:offset + count * dtype.itemsize].view(dtype).reshape(shape)
         return int(sum(buf_size))
 

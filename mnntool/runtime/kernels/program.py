@@ -13,6 +13,8 @@ readable by later steps and by `keep_all`.
 """
 from __future__ import annotations
 
+import math
+
 import numpy as np
 from .jit import njit
 
@@ -117,7 +119,7 @@ def execute(prog, arena, e0, e1, e2, e3):
 
 
 def _size(shape) -> int:
-    return int(np.prod(shape, dtype=np.int64))
+    return math.prod(int(d) for d in shape)
 
 
 def _known(v) -> bool:
