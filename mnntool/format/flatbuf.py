@@ -272,7 +272,11 @@ class _Reader:
             base = sc.enums[elem][0] if elem in sc.enums else elem
             dt = np.dtype(NP_DTYPE[base])
             self._check(start, length * dt.itemsize)
-            arr = np.frombuffer(self.buf, dtype=dt, count=length, offset=start).copy()
+            arr = np.frombuffer(self.buf, dtype=dt, count=length, offset=start)
+            # a view into a writable buffer (the reader's bytearray: no second copy of the weights) where
+            # it is aligned for its type; else a copy of its own
+            if not (arr.flags.writeable and arr.flags.aligned):
+                arr = arr.copy()
             if elem in sc.enums:
                 return [_enum_name(elem, int(v), sc) for v in arr]
             return arr.astype(bool) if base == "bool" else arr

@@ -136,7 +136,10 @@ def net_to_graph(net: dict) -> Graph:
 def load(path: str | os.PathLike) -> Graph:
     path = Path(path)
     try:
-        data = path.read_bytes()
+        data = bytearray(path.stat().st_size)      # writable: the weights are views into it (flatbuf.vector)
+        with open(path, "rb") as f:
+            if f.readinto(data) != len(data):
+                raise MnnToolError(f"{path}: changed while it was read")
     except FileNotFoundError:
         raise MnnToolError(f"{path}: no such file") from None
     except IsADirectoryError:
