@@ -22,6 +22,7 @@ demo: $(STAMP)
 	$(BIN)/mnntool quant demo/mobilenetv2.mnn demo/mobilenetv2_int8.mnn --int8 --calib build/calib --method mse
 	$(BIN)/mnntool verify build/fixtures/mobilenetv2.onnx demo/mobilenetv2.mnn --report demo/verify.html
 	$(BIN)/mnntool verify build/fixtures/mobilenetv2.onnx demo/mobilenetv2_int8.mnn --min-cosine 0.99 --report demo/verify_int8.html
+	$(BIN)/mnntool compile-kernels
 	$(BIN)/mnntool bench demo/mobilenetv2.mnn --runs 20 --profile --top 5
 	$(BIN)/mnntool bench demo/mobilenetv2.mnn --runs 20 --backend mnn
 
