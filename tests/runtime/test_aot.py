@@ -102,3 +102,38 @@ def test_a_library_runs_a_model_without_numba(tmp_path, fixture_model, monkeypat
     assert list(a) == list(j)
     for k in a:
         np.testing.assert_array_equal(a[k], j[k])
+
+
+def test_every_manifest_entry_names_a_kernel_and_all_its_arguments():
+    from mnntool.runtime.kernels.aot import split_key
+    entries = aot_build.read_manifest()
+    assert len(entries) >= 50
+    for name, key in entries:
+        kern = aot_build.kernel_named(name)
+        assert len(split_key(key)) == kern.py_func.__code__.co_argcount, (name, key)
+        aot_build.signature(key)        # every token names a Numba type
+
+
+_RECORD = """
+import sys
+from pathlib import Path
+from mnntool.runners import backend_runner
+from mnntool.inputs import random_feeds
+for path in sys.argv[1:]:
+    r = backend_runner(Path(path), "numba", 1, None)
+    r.run(random_feeds(r.graph, None))
+"""
+
+
+def test_the_manifest_holds_what_the_fixtures_ask_for(tmp_path, fixture_model):
+    """A kernel change that gives a kernel new argument types (or a new kernel) must reach the manifest,
+    else one-thread sessions import Numba again: MNNTOOL_RECORD_KERNELS=FILE, then merge (sort -u)."""
+    record = tmp_path / "asked.txt"
+    models = [str(fixture_model(m)) for m in ("mobilenetv2", "resnet18", "bert", "lstm")]
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "MNNTOOL_AOT": "0", "MNNTOOL_RECORD_KERNELS": str(record)}
+    done = subprocess.run([sys.executable, "-c", _RECORD, *models], env=env, capture_output=True, text=True,
+                          timeout=900)
+    assert done.returncode == 0, done.stderr[-2000:]
+    asked = set(aot_build.read_manifest(record))
+    missing = asked - set(aot_build.read_manifest())
+    assert asked and not missing, sorted(missing)

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import NamedTuple
 
 import numpy as np
-from .jit import njit
+from .jit import Bound, njit
 
 from ...errors import InvalidModel
 from . import PLAN_ONLY, Kernel, kernel, sized, writes
@@ -146,6 +146,9 @@ def convolution_float(node, ins, outs, weight, bias, settings, grid=NO_GRID) -> 
     """Float convolution on the first strategy that suits it; `grid` rounds its output to an int8 grid."""
     c = node.param["common"]
     g, weight = trimmed(Geometry.of(c, ins[0].shape, outs[0].shape), weight)
+    # a bias of its own: a read-only one (an ONNX initializer's) is another argument type for the kernels
+    # that read it in place, one the ahead-of-time library does not hold
+    bias = np.array(bias, np.float32)
     return build(g, Layer(weight, bias, activation(c), grid, settings.threads, node.param.get(POST, NO_POST)))
 
 
@@ -225,10 +228,10 @@ def scaled_pointwise(node, ins, outs, settings):
     pg = PackedGemm(conv_weight(node.param, cout).reshape(cout, cin), _bias(node.param, cout), activation(c), NO_GRID, h * w,
                     settings.threads, node.param.get(POST, NO_POST))
     scaled = pg.wp.reshape(pg.nob, cin, OCB)
-    base = scaled.copy()
+    base, scale = scaled.copy(), Bound(scale_packed)
 
     def run(i, o):
-        scale_packed(base, np.ascontiguousarray(i[1], np.float32).reshape(cin), scaled)
+        scale(base, np.ascontiguousarray(i[1], np.float32).reshape(cin), scaled)
         pg(np.ascontiguousarray(i[0], np.float32).reshape(-1), h * w, o[0].reshape(-1), h * w)
     return writes(run)
 

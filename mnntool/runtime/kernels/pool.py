@@ -2,9 +2,9 @@
 from __future__ import annotations
 
 import numpy as np
-from .jit import njit, prange
+from .jit import Bound, njit, prange
 
-from . import Kernel, kernel, writes
+from . import Kernel, kernel, sized, writes
 from .grid import mnn_round
 
 
@@ -167,8 +167,8 @@ def pooling(node, ins, outs, settings):
         return Kernel(lambda i, o: int8_average(np.ascontiguousarray(i[0], np.float32), grid, offset,
                                                 kh, kw, sh, sw, pt, pl, o[0]), True, grid)
     if p.get("isGlobal"):
-        rows = int(np.prod(ins[0].shape[:2]))
-        return writes(lambda i, o: global_pool(np.ascontiguousarray(i[0]).reshape(rows, -1), is_max, o[0].reshape(rows)))
+        rows, gp = int(np.prod(ins[0].shape[:2])), Bound(global_pool)
+        return writes(lambda i, o: gp(np.ascontiguousarray(i[0]).reshape(rows, -1), is_max, o[0].reshape(rows)))
     n, c, h, w = ins[0].shape
     oh, ow = outs[0].shape[2:]
     kh, kw, sh, sw = p["kernelY"], p["kernelX"], p["strideY"], p["strideX"]
@@ -192,17 +192,20 @@ def pooling(node, ins, outs, settings):
         from . import dw3
         if dw3.HAS_AVX512:      # the IR row kernel with max for FMA
             from .fgemm import IDENTITY
+            rows = sized(dw3.max_pool3x3_s2, c * oh * ow * 9, settings.threads)
 
             def run_ir(i, o):
                 x = np.ascontiguousarray(i[0])
                 for b in range(n):
-                    dw3.max_pool3x3_s2(x[b], pt, pl, IDENTITY, o[0][b])
+                    rows(x[b], pt, pl, IDENTITY, o[0][b])
             return writes(run_ir)
         return writes(lambda i, o: max_pool3_s2(np.ascontiguousarray(i[0]), pt, pl, o[0]))
 
+    windows = sized(pool_rows, n * c * oh * ow * kh * kw, settings.threads)
+
     def run(i, o):
         canvas[:, :, pt:pt + h, pl:pl + w] = i[0]
-        pool_rows(canvas, kh, kw, sh, sw, is_max, inv, o[0])
+        windows(canvas, kh, kw, sh, sw, is_max, inv, o[0])
     return writes(run)
 
 

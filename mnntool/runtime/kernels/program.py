@@ -16,7 +16,7 @@ from __future__ import annotations
 import math
 
 import numpy as np
-from .jit import njit
+from .jit import Bound, njit
 
 from . import Kernel, aligned_empty
 from .gemv import dot16
@@ -267,10 +267,11 @@ class Programs:
         holder = self         # the arena is made in finish()
         dummy = np.zeros(1, np.float32)
         pad = [dummy] * (EXTERNAL - len(self.externals))
+        interpret = Bound(execute)
 
         def run(inputs):
             ext = [x.reshape(-1) for x in inputs] + pad     # float32 (accepts); copies if not contiguous
-            execute(prog, holder.arena, ext[0], ext[1], ext[2], ext[3])
+            interpret(prog, holder.arena, ext[0], ext[1], ext[2], ext[3])
             return views
         done = (list(self.nodes), list(self.externals), [o for o, _ in self.outputs], Kernel(run, False))
         self._open()

@@ -5,7 +5,7 @@ import numpy as np
 from .jit import njit, prange
 
 from ...ir.ops.resize import src_coords as _src_coords
-from . import kernel, writes
+from . import kernel, sized, writes
 
 
 @njit(parallel=True, cache=True, fastmath=True)
@@ -61,4 +61,5 @@ def interp(node, ins, outs, settings):
     wy, wx = (fy - y0).astype(np.float32), (fx - x0).astype(np.float32)
     n, c = ins[0].shape[:2]
     rows = np.empty((n * c, h, ow), np.float32)
-    return writes(lambda i, o: _bilinear(i[0], y0, y1, wy, x0, x1, wx, rows, o[0]))
+    bilinear = sized(_bilinear, n * c * (h + oh) * ow * 3, settings.threads)     # the two passes
+    return writes(lambda i, o: bilinear(i[0], y0, y1, wy, x0, x1, wx, rows, o[0]))

@@ -4,7 +4,7 @@ in one pass. Other gathers, padding, shape ops and the rest run their definition
 from __future__ import annotations
 
 import numpy as np
-from .jit import njit
+from .jit import Bound, njit
 
 from ...ir.ops.tensor import reshape_dims, split_points, strided_index
 from . import PLAN_ONLY, by_definition, kernel, returns, views, writes
@@ -121,11 +121,11 @@ def _row_gather(node, ins, outs):
     if any(d != 1 for d in x[:axis]):
         return None
     rows, inner, count = x[axis], int(np.prod(x[axis + 1:], dtype=np.int64)), int(np.prod(idx.shape, dtype=np.int64))
-    dtype = np.dtype(ins[0].dtype)
+    dtype, take = np.dtype(ins[0].dtype), Bound(take_rows)
 
     def run(i, o):
         src = np.ascontiguousarray(i[0], dtype).reshape(rows, inner)
-        if not take_rows(src, np.ascontiguousarray(i[1]).reshape(count), o[0].reshape(count, inner)):
+        if not take(src, np.ascontiguousarray(i[1]).reshape(count), o[0].reshape(count, inner)):
             raise IndexError(f"{node.op} '{node.name}': index out of range for axis of size {rows}")
     return writes(run)
 
