@@ -229,6 +229,12 @@ ONE_THREAD_BELOW_FLOPS = 16_000_000
 class Session:
     def __init__(self, graph: Graph, threads: int | None = None):
         self.graph = graph
+        # read-only constants (an ONNX initializer's view of its protobuf) become writable copies of the same
+        # values: a kernel reading one in place would otherwise see another argument type than for a .mnn's
+        # weights, one the ahead-of-time kernel library does not hold (kernels/aot.py)
+        for name, value in graph.constants.items():
+            if isinstance(value, np.ndarray) and not value.flags.writeable:
+                graph.constants[name] = value.copy()
         self.settings = Settings.of(threads)
         self.plan: Plan | None = None
         self._plan_key = None
