@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -78,6 +79,7 @@ def _run(model: Path, out: Path, **env) -> dict:
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
+@pytest.mark.skipif(not (shutil.which("cc") or shutil.which("gcc")), reason="pycc needs a C compiler")
 def test_a_library_runs_a_model_without_numba(tmp_path, fixture_model, monkeypatch):
     from typer.testing import CliRunner
 
