@@ -139,3 +139,15 @@ def test_the_manifest_holds_what_the_fixtures_ask_for(tmp_path, fixture_model):
     asked = set(aot_build.read_manifest(record))
     missing = asked - set(aot_build.read_manifest())
     assert asked and not missing, sorted(missing)
+
+
+def test_the_library_lives_with_numbas_cache_in_a_read_only_install(monkeypatch, tmp_path):
+    """runtime/__init__ moves Numba's cache (NUMBA_CACHE_DIR) when the package directory is read-only;
+    the library follows it, and MNNTOOL_AOT_DIR overrides both."""
+    monkeypatch.delenv("MNNTOOL_AOT_DIR", raising=False)
+    monkeypatch.setenv("NUMBA_CACHE_DIR", str(tmp_path / "nb"))
+    lib, table = aot.library_paths()
+    assert lib.parent == table.parent == tmp_path / "nb" / "mnntool-aot"
+    assert aot.source_stamp() in lib.name and lib.name.startswith(aot.MODULE)
+    monkeypatch.setenv("MNNTOOL_AOT_DIR", str(tmp_path / "x"))
+    assert aot.library_paths()[0].parent == tmp_path / "x"

@@ -191,3 +191,20 @@ def test_phase_split_matches_padding_and_slicing(c, h, w, t, l, sh, sw):
     padded[:, t:t + h, l:l + w] = x[:, :hq * sh - t, :wq * sw - l]
     want = padded.reshape(c, hq, sh, wq, sw).transpose(0, 2, 4, 1, 3).reshape(c * sh * sw, hq, wq)
     np.testing.assert_array_equal(got, want)
+
+
+def test_winograd_weights_are_g_w_gt_packed_for_the_gemms():
+    """transform_weights against G w G^T in float64 (einsum, the textbook form); transform_packed against
+    the fgemm packing of it (reference: pack_stacked), for output counts off the block size too."""
+    from mnntool.runtime.kernels.fgemm import pack_stacked
+    from mnntool.runtime.kernels.winograd import G2, G4, transform_packed, transform_weights
+    rng = np.random.default_rng(3)
+    for o, c, block in ((16, 8, 16), (30, 17, 16), (40, 5, 32)):
+        w = rng.standard_normal((o, c, 3, 3)).astype(np.float32)
+        for m, g in ((2, G2), (4, G4)):
+            ref = np.einsum("ai,ocij,bj->aboc", g, w.astype(np.float64), g).reshape(-1, o, c)
+            u = transform_weights(w, m)
+            np.testing.assert_allclose(u, ref, rtol=1e-6, atol=1e-6)
+            packed = transform_packed(w, m, block)
+            np.testing.assert_allclose(packed, pack_stacked(u, block), rtol=1e-6, atol=1e-6)
+            assert packed.ctypes.data % 64 == 0

@@ -14,7 +14,7 @@ import numpy as np
 from .jit import njit, prange
 
 from . import scratch, sized
-from .fgemm import IDENTITY, OCB, epilogue_of, gemm_batched, k_block, pack_stacked, tile_count
+from .fgemm import IDENTITY, OCB, epilogue_of, gemm_batched, k_block, tile_count
 from .grid import NO_POST
 from .ocgemm import OCB as OC_BLOCK, ocgemm, suits
 from .winograd_ir import at4_block, bt4_cols, bt4_tiles, f2_in, f2_out
@@ -25,13 +25,29 @@ G2 = np.array([[1, 0, 0], [0.5, 0.5, 0.5], [0.5, -0.5, 0.5], [0, 0, 1]], np.floa
 
 
 def transform_weights(w: np.ndarray, m: int) -> np.ndarray:
-    """(O, C, 3, 3) -> U (alpha^2, O, C) with U[a*alpha+b] = (G w G^T)[a, b]: one float32 GEMM by the
-    Kronecker product G (x) G, written in U's layout (ResNet-18's 13 layers: 325 ms as a float64
-    three-operand einsum, ~50 ms so; U within an ulp of the float64 result)."""
+    """(O, C, 3, 3) -> U (alpha^2, O, C) with U[a*alpha+b] = (G w G^T)[a, b] (the reference layout;
+    `transform_packed` makes the kernels')."""
     g = G4 if m == 4 else G2
     o, c = w.shape[:2]
     kron = np.kron(g, g).astype(np.float32)                     # (alpha^2, 9)
     return (kron @ np.asarray(w, np.float32).reshape(o * c, 9).T).reshape(-1, o, c)
+
+
+def transform_packed(w: np.ndarray, m: int, block: int) -> np.ndarray:
+    """U packed as the GEMMs read it, flat [alpha^2][O/block][C][block] (fgemm.pack_stacked of
+    `transform_weights`), by one float32 GEMM with the Kronecker product G (x) G whose columns are the
+    taps already in that order: only the 3x3 taps are moved, not the alpha^2/9 times larger result
+    (ResNet-18's 13 layers: 325 ms as a float64 three-operand einsum plus ~120 of packing; ~30 so)."""
+    from . import aligned_empty
+    g = G4 if m == 4 else G2
+    o, c = w.shape[:2]
+    nb = -(-o // block)
+    taps = np.zeros((nb * block, c, 9), np.float32)
+    taps[:o] = w.reshape(o, c, 9)
+    cols = np.ascontiguousarray(taps.reshape(nb, block, c, 9).transpose(0, 2, 1, 3)).reshape(-1, 9)
+    out = aligned_empty((m + 2) ** 2 * cols.shape[0])
+    np.matmul(np.kron(g, g).astype(np.float32), cols.T, out=out.reshape(-1, cols.shape[0]))
+    return out
 
 
 @njit(parallel=True, cache=True, fastmath=True)
@@ -144,12 +160,11 @@ class Winograd:
         m = self.m = tile_size(oh, ow)
         a2 = (m + 2) ** 2
         cout = weight.shape[0]
-        u = transform_weights(weight.reshape(cout, cin, 3, 3), m)
         self.nob = -(-cout // OCB)
         self.th, self.tw = -(-oh // m), -(-ow // m)
         # few tiles per position (a 28x28 map has 49): output channels in the vector lanes
         self.oc = suits(self.th * self.tw, cin * cout * 4)
-        self.wp = pack_stacked(u, OC_BLOCK if self.oc else OCB)
+        self.wp = transform_packed(weight.reshape(cout, cin, 3, 3), m, OC_BLOCK if self.oc else OCB)
         tiles = self.th * self.tw
         self.t, self.l, self.cin = t, l, cin
         if m == 2:      # gathers and scatters through index tables, 16 tiles a step
