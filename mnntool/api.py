@@ -9,12 +9,11 @@ from pathlib import Path
 import numpy as np
 
 from .errors import MnnToolError
-from .format import reader, writer
+from .format import writer
 from .format.flatbuf import decode
-from .frontends import load as load_source
-from .ir.graph import Graph
 from .ir.validate import validate
 from .ir.shape_inference import flops, infer_shapes
+from .loading import load_graph
 from .passes import run_pipeline
 
 
@@ -31,19 +30,6 @@ def parse_input_shapes(specs) -> dict[str, tuple[int, ...]]:
             raise MnnToolError(f"--input-shape '{spec}': expected NAME:D1xD2x... with positive sizes") from None
         out[name] = shape
     return out
-
-
-def load_graph(path, framework: str | None = None, input_shapes: dict | None = None) -> Graph:
-    """Any supported model file -> IR (a .mnn file is read, anything else goes through its frontend)."""
-    path = Path(path)
-    if (framework or "").lower() == "mnn" or (framework is None and path.suffix.lower() == ".mnn"):
-        g = reader.load(path)
-        for name, shape in (input_shapes or {}).items():
-            if name not in g.inputs:
-                raise MnnToolError(f"{path}: --input-shape names '{name}', but the inputs are {', '.join(g.inputs)}")
-            g.tensors[name].shape = tuple(shape)
-        return g
-    return load_source(path, framework, input_shapes)
 
 
 def load_session(path, threads: int | None = None):

@@ -11,7 +11,8 @@ class MnnRunner(Runner):
     name = "mnn"
 
     def __init__(self, path: Path, threads: int | None, shapes: dict):
-        from ..api import convert, load_graph
+        from ..api import convert
+        from ..loading import load_graph
         from ..runtime.mnn_backend import MnnSession
         self.path, self.threads = path, threads
         if path.suffix.lower() != ".mnn":

@@ -10,7 +10,7 @@ class OwnRunner(Runner):
     name = "numba"
 
     def __init__(self, path: Path, threads: int | None, shapes: dict):
-        from ..api import load_graph
+        from ..loading import load_graph
         from ..runtime.session import Session
         self.graph = load_graph(path, input_shapes=shapes)
         if path.suffix.lower() != ".mnn":
