@@ -151,3 +151,14 @@ def test_the_library_lives_with_numbas_cache_in_a_read_only_install(monkeypatch,
     assert aot.source_stamp() in lib.name and lib.name.startswith(aot.MODULE)
     monkeypatch.setenv("MNNTOOL_AOT_DIR", str(tmp_path / "x"))
     assert aot.library_paths()[0].parent == tmp_path / "x"
+
+
+def test_no_c_compiler_is_one_line_and_no_library(tmp_path):
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "CC": str(tmp_path / "no-such-cc"),
+           "MNNTOOL_AOT_DIR": str(tmp_path / "lib")}
+    done = subprocess.run([sys.executable, "-m", "mnntool", "compile-kernels", "--json"], env=env,
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 2
+    assert "C compiler" in json.loads(done.stdout.strip().splitlines()[-1])["error"]
+    assert "Traceback" not in done.stderr and "C compiler" in done.stderr
+    assert not (tmp_path / "lib").exists() or not any((tmp_path / "lib").iterdir())

@@ -114,7 +114,10 @@ def build(entries: list[tuple[str, str]] | None = None, out: tuple[Path, Path] |
     build_dir = Path(tempfile.mkdtemp(prefix="mnntool-aot-"))
     t0 = time.perf_counter()
     try:
-        cc = CC(aot.MODULE, source_module=__name__)
+        try:
+            cc = CC(aot.MODULE, source_module=__name__)        # checks that a C compiler works
+        except RuntimeError as e:
+            raise BuildError(f"pycc needs a working C compiler: {' '.join(str(e).split())[:300]}") from None
         cc.output_dir, cc.target_cpu, cc.verbose = str(build_dir), "host", False
         table: dict = {}
         options = {}        # the realized Python function -> its kernel's options
