@@ -500,10 +500,9 @@ def pack_weights(w: np.ndarray, block: int = OCB) -> np.ndarray:
 
 
 def pack_stacked(u: np.ndarray, block: int = OCB) -> np.ndarray:
-    """(P, O, K) -> flat [P][O/block][K][block] float32 (P matrices packed one after the other, as
-    Winograd's positions are), rows past O zero: one strided copy into a cache-line aligned buffer
-    (ResNet-18's Winograd layers packed in ~40 ms; through zero-padded copies and a concatenation
-    of the 36 positions, ~120)."""
+    """(P, O, K) -> flat [P][O/block][K][block] float32 (P matrices packed one after the other, the
+    layout of Winograd's positions, which winograd.transform_packed writes directly), rows past O zero:
+    one strided copy into a cache-line aligned buffer, not a zero-padded copy and another."""
     from . import aligned_empty
     p, o, k = u.shape
     nb, whole = -(-o // block), o // block
