@@ -11,7 +11,7 @@ def test_serial_twin_matches_numpy_and_sizing_picks_it():
     twin = serial(bias_act)
     assert twin is serial(bias_act) and twin is not bias_act
     assert not twin.targetoptions.get("parallel")
-    assert sized(bias_act, 10, 2) is twin.dispatcher()
+    assert sized(bias_act, 10, 2).kernel is twin
     assert sized(bias_act, PARALLEL_MIN_WORK, 2) is bias_act.dispatcher()
     assert sized(bias_act, 10, 1).kernel is twin           # one thread, tiny work: no OpenMP region to enter
     assert sized(bias_act, SERIAL_AT_ONE_MAX_WORK, 1).kernel is bias_act   # the parallel kernel wakes no one

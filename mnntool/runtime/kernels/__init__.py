@@ -56,10 +56,11 @@ SERIAL_AT_ONE_MAX_WORK = 16_384
 def sized(fn: JitFunction, work: int, threads: int):
     """The code to call for `fn` (a parallel kernel) at `threads`: at one thread a `Bound` kernel (the
     ahead-of-time library's, else the serial twin for tiny work, SERIAL_AT_ONE_MAX_WORK, or `fn`);
-    above, `fn` when `work` pays for waking the threads, else its serial twin."""
+    above, `fn` when `work` pays for waking the threads, else its serial twin (Bound too)."""
     if threads <= 1:
         return Bound(serial(fn) if work < SERIAL_AT_ONE_MAX_WORK else fn)
-    return (fn if work >= PARALLEL_MIN_WORK else serial(fn)).dispatcher()
+    # the serial twin is the same code at any thread count: the library's, where it has it
+    return fn.dispatcher() if work >= PARALLEL_MIN_WORK else Bound(serial(fn))
 
 
 def direct(fn, *example):

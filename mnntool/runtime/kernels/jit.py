@@ -134,8 +134,9 @@ CHECK = bool(os.environ.get("MNNTOOL_CHECK_KERNELS"))
 
 
 class Bound:
-    """A kernel at one call site of a one-thread session, bound at its first call to the compiled code
-    for that call's argument types: the library's entry, else Numba's dispatcher. Later calls skip the
+    """A kernel at one call site (a one-thread session's, or a serial twin's at any count), bound at its
+    first call to the compiled code for that call's argument types: the library's entry, else Numba's
+    dispatcher. Later calls skip the
     type lookup (as Numba's `compile` entries do), so the call site must pass the same types every time,
     which holds where prepare fixed the buffers; MNNTOOL_CHECK_KERNELS checks it (the tests set it)."""
 
