@@ -124,7 +124,7 @@ def raw_reads(g: Graph) -> set[tuple[str, str]]:
     computed_float = set()
     for n in g.nodes:
         if float_elementwise(n) or (n.op in ("Convolution", "ConvolutionDepthwise") and "symmetricQuan"
-                                    not in n.param and not _file_grid(g, n.inputs[0])):
+                                    not in n.param and n.inputs and not _file_grid(g, n.inputs[0])):
             computed_float.update(o for o in n.outputs if _file_grid(g, o))
     return {(n.name, i) for n in g.nodes if float_elementwise(n) for i in n.inputs if i in computed_float}
 
