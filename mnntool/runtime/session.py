@@ -18,13 +18,12 @@ from ..ir.graph import Graph
 from ..ir.ops import REGISTRY, Val
 from ..ir.shape_inference import flops, infer_node, infer_shapes
 from ..ir.validate import MAX_TENSOR_BYTES
-from .kernels import KERNELS, PLAN_ONLY, Kernel, aligned_empty, by_definition, sized
+from .kernels import KERNELS, PLAN_ONLY, Kernel, aligned_empty, aot, by_definition, sized
 from .kernels.grid import grid_of, to_grid, to_grid_z
 from . import announce_first_compile
 from .fusion import MOVES, fused_nodes
 from .kernels.control import SHAPE_FREE
 from .concat_in_place import concat_layout, placements
-from .kernels import aot
 from .kernels.program import Programs
 from .settings import Settings
 

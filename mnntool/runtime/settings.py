@@ -26,10 +26,15 @@ def cores() -> int:
         return max(1, os.cpu_count() or 1)
 
 
+def applied_threads() -> int | None:
+    """The thread count the calling thread last ran a session at (None: it has run none)."""
+    return getattr(_applied, "threads", None)
+
+
 def numba_loaded() -> None:
     """Numba was just imported mid-run (a kernel the ahead-of-time library lacks): its count for this
     thread is the run's, not Numba's default of every core."""
-    threads = getattr(_applied, "threads", None)
+    threads = applied_threads()
     if threads:
         import numba
         numba.set_num_threads(min(threads, numba.config.NUMBA_NUM_THREADS))
@@ -46,8 +51,8 @@ class Settings:
         return cls(max(1, min(int(threads), cap)) if threads else cap)
 
     def apply(self) -> None:
-        """Before a run: Numba's count (when Numba is loaded or wanted) for this thread (Numba keeps one per thread), and BLAS at one thread:
-        the few BLAS calls left (activation x activation products) are small, and BLAS's own workers would
+        """Before a run: Numba's count for this thread (Numba keeps one per thread; set when Numba is loaded
+        or the run wants more than one thread), and BLAS at one thread: the few BLAS calls left (activation x activation products) are small, and BLAS's own workers would
         fight the OpenMP workers that spin between the kernels of a run (tuning.py). At 2 threads, BLAS
         at 2 took ViT-tiny to 18.3 ms and MobileViT-xxs to 13.6 ms (slower than at 1 thread), at 1 to
         14.3 and 10.8 ms. Costs ~1 us when nothing changes."""

@@ -120,18 +120,18 @@ def build(entries: list[tuple[str, str]] | None = None, out: tuple[Path, Path] |
             raise BuildError(f"pycc needs a working C compiler: {' '.join(str(e).split())[:300]}") from None
         cc.output_dir, cc.target_cpu, cc.verbose = str(build_dir), "host", False
         table: dict = {}
-        options = {}        # the realized Python function -> its kernel's options
+        kernel_of = {}      # the realized Python function pycc compiles -> its kernel (for its options)
         for i, (name, key) in enumerate(entries):
             kern = kernel_named(name)
             py = kern.dispatcher().py_func
-            options[py] = kern
+            kernel_of[py] = kern
             symbol = f"k{i}"
             cc.export(symbol, signature(key))(py)
             table.setdefault(name, {})[key] = symbol
         original = pycc_compiler.compile_extra
 
         def compile_extra(typingctx, targetctx, func, args, return_type, flags, locals, **kw):
-            kern = options[func]
+            kern = kernel_of[func]
             own = Flags()
             opts = {k: v for k, v in kern.dispatcher().targetoptions.items() if k != "parallel"}
             kern.dispatcher().targetdescr.options.parse_as_flags(own, opts)
@@ -154,12 +154,16 @@ def build(entries: list[tuple[str, str]] | None = None, out: tuple[Path, Path] |
             pycc_compiler.compile_extra = original
         built = next(build_dir.glob(aot.MODULE + "*"))
         tmp_lib = lib_path.with_name(lib_path.name + f".{os.getpid()}.tmp")
-        shutil.copyfile(built, tmp_lib)
         tmp_table = table_path.with_name(table_path.name + f".{os.getpid()}.tmp")
-        tmp_table.write_text(json.dumps({"kernels": table, "entries": len(entries),
-                                         "seconds": round(time.perf_counter() - t0, 1)}, indent=0))
-        os.replace(tmp_table, table_path)       # the table first: the library is what readers look for
-        os.replace(tmp_lib, lib_path)
+        try:
+            shutil.copyfile(built, tmp_lib)
+            tmp_table.write_text(json.dumps({"kernels": table, "entries": len(entries),
+                                             "seconds": round(time.perf_counter() - t0, 1)}, indent=0))
+            os.replace(tmp_table, table_path)       # the table first: the library is what readers look for
+            os.replace(tmp_lib, lib_path)
+        finally:        # a failed copy or write leaves no partial file behind
+            tmp_lib.unlink(missing_ok=True)
+            tmp_table.unlink(missing_ok=True)
         _remove_stale(lib_path, table_path)
     finally:
         shutil.rmtree(build_dir, ignore_errors=True)

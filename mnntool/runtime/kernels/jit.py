@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import importlib
 import os
-import sys
 import types as pytypes
 
 
@@ -125,8 +124,8 @@ class JitFunction:
 
 def _one_thread() -> bool:
     """Whether the calling thread runs at one thread (its session said so, or none did)."""
-    from ..settings import _applied
-    return getattr(_applied, "threads", 1) <= 1
+    from ..settings import applied_threads
+    return (applied_threads() or 1) <= 1
 
 
 # tests set MNNTOOL_CHECK_KERNELS: every call of a Bound kernel checks its argument types
@@ -136,9 +135,9 @@ CHECK = bool(os.environ.get("MNNTOOL_CHECK_KERNELS"))
 class Bound:
     """A kernel at one call site (a one-thread session's, or a serial twin's at any count), bound at its
     first call to the compiled code for that call's argument types: the library's entry, else Numba's
-    dispatcher. Later calls skip the
-    type lookup (as Numba's `compile` entries do), so the call site must pass the same types every time,
-    which holds where prepare fixed the buffers; MNNTOOL_CHECK_KERNELS checks it (the tests set it)."""
+    dispatcher. Later calls skip the type lookup (as Numba's `compile` entries do), so the call site must
+    pass the same types every time, which holds where prepare fixed the buffers; MNNTOOL_CHECK_KERNELS
+    checks it (the tests set it)."""
 
     __slots__ = ("kernel", "fn", "key")
 
@@ -225,6 +224,3 @@ def realized_function(py, module_globals: dict):
     fn.__kwdefaults__ = py.__kwdefaults__
     return fn
 
-
-def loaded() -> bool:
-    return "numba" in sys.modules

@@ -24,13 +24,17 @@ G4 = np.array([[1 / 4, 0, 0], [-1 / 6, -1 / 6, -1 / 6], [-1 / 6, 1 / 6, -1 / 6],
 G2 = np.array([[1, 0, 0], [0.5, 0.5, 0.5], [0.5, -0.5, 0.5], [0, 0, 1]], np.float64)
 
 
+def _taps_to_positions(m: int) -> np.ndarray:
+    """G (x) G in float32, (alpha^2, 9): row a*alpha+b maps a 3x3 kernel's taps to (G w G^T)[a, b]."""
+    g = G4 if m == 4 else G2
+    return np.kron(g, g).astype(np.float32)
+
+
 def transform_weights(w: np.ndarray, m: int) -> np.ndarray:
     """(O, C, 3, 3) -> U (alpha^2, O, C) with U[a*alpha+b] = (G w G^T)[a, b] (the reference layout;
     `transform_packed` makes the kernels')."""
-    g = G4 if m == 4 else G2
     o, c = w.shape[:2]
-    kron = np.kron(g, g).astype(np.float32)                     # (alpha^2, 9)
-    return (kron @ np.asarray(w, np.float32).reshape(o * c, 9).T).reshape(-1, o, c)
+    return (_taps_to_positions(m) @ np.asarray(w, np.float32).reshape(o * c, 9).T).reshape(-1, o, c)
 
 
 def transform_packed(w: np.ndarray, m: int, block: int) -> np.ndarray:
@@ -39,14 +43,13 @@ def transform_packed(w: np.ndarray, m: int, block: int) -> np.ndarray:
     taps already in that order: only the 3x3 taps are moved, not the alpha^2/9 times larger result
     (ResNet-18's 13 layers: 325 ms as a float64 three-operand einsum plus ~120 of packing; ~30 so)."""
     from . import aligned_empty
-    g = G4 if m == 4 else G2
     o, c = w.shape[:2]
     nb = -(-o // block)
     taps = np.zeros((nb * block, c, 9), np.float32)
     taps[:o] = w.reshape(o, c, 9)
     cols = np.ascontiguousarray(taps.reshape(nb, block, c, 9).transpose(0, 2, 1, 3)).reshape(-1, 9)
     out = aligned_empty((m + 2) ** 2 * cols.shape[0])
-    np.matmul(np.kron(g, g).astype(np.float32), cols.T, out=out.reshape(-1, cols.shape[0]))
+    np.matmul(_taps_to_positions(m), cols.T, out=out.reshape(-1, cols.shape[0]))
     return out
 
 
