@@ -1,0 +1,1 @@
+"""Language models: export to MNN-LLM's bundle."""
