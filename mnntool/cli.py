@@ -503,6 +503,11 @@ def _version(value: bool):
         raise typer.Exit()
 
 
+from .cli_llm import llm_app  # noqa: E402  (after the shared options it imports from here)
+
+app.add_typer(llm_app, name="llm")
+
+
 @app.callback()
 def _options(version: bool = typer.Option(False, "--version", callback=_version, is_eager=True,
                                           help="Print the version and exit.")):

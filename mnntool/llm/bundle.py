@@ -70,6 +70,8 @@ def _embeddings(ck: Checkpoint, spec, dec: Decoder, tmp: Path, bits: int, plan: 
     if spec.tied and head_q is not None and bits == head_q.bits:
         header = head_ext[1] - head_q.stored.nbytes
         return [head_ext[0] + header, head_ext[0] + head_ext[1], head_ext[2], head_q.bits, head_q.block], None, 0
+    if spec.tied and head_q is None and bits == 16:      # the fp16 head: MNN-LLM reads its rows as fp16
+        return [head_ext[0], head_ext[0] + head_ext[1], 0, 16, 0], None, 0
     name = spec.names["embed"]
     w = dec.tensor(name, (spec.vocab, spec.hidden))
     if bits == 16:
@@ -136,7 +138,7 @@ def _write(ck: Checkpoint, spec, plan: QuantPlan, embed_bits, model_dir: Path, t
         net.ops[1]["main"]["dims"] = [2, 1, 1, -1, -1]
     outputs = ["logits", "hidden_states"]
     (tmp / "llm.mnn").write_bytes(net.to_bytes(outputs))
-    ebits = embed_bits or (dec.head[1].bits if spec.tied and dec.head[1] is not None else 16)
+    ebits = embed_bits or (plan.head_bits if spec.tied else 16)
     tie, emb_file, emb_bytes = _embeddings(ck, spec, dec, tmp, ebits, plan)
 
     llm_config = {"model_type": spec.model_type, "hidden_size": spec.hidden, "layer_nums": spec.layers,
@@ -146,8 +148,7 @@ def _write(ck: Checkpoint, spec, plan: QuantPlan, embed_bits, model_dir: Path, t
         llm_config["sliding_window"] = spec.sliding_window
     if tie:
         llm_config["tie_embeddings"] = tie
-    if tok.get("jinja"):
-        llm_config["jinja"] = tok["jinja"]
+    llm_config.update(tok.get("llm_config") or {})
     (tmp / "llm_config.json").write_text(json.dumps(llm_config, indent=4, ensure_ascii=False))
     config = {"llm_model": "llm.mnn", "llm_weight": "llm.mnn.weight", **RUNTIME_CONFIG,
               "tokenizer_file": "tokenizer.mtok"}
@@ -162,7 +163,7 @@ def _write(ck: Checkpoint, spec, plan: QuantPlan, embed_bits, model_dir: Path, t
             "settings": {"bits": plan.bits, "block": plan.block, "symmetric": plan.symmetric, "hqq": plan.hqq,
                          "lm_bits": plan.head_bits, "lm_block": plan.lm_block if plan.lm_block is not None
                          else plan.block, "embed_bits": ebits},
-            "attention_type": llm_config["attention_type"], "notes": spec.notes, "tokenizer": tok.get("summary", {}),
+            "attention_type": llm_config["attention_type"], "notes": spec.notes, "tokenizer": {k: v for k, v in tok.items() if k not in ("llm_config", "path")},
             "files": {p.name: p.stat().st_size for p in sorted(tmp.iterdir()) if p.is_file()},
             "linear_weights": weights,
             "bits_per_weight": round(8.0 * sum(r.bytes for r in recs) / max(weights, 1), 3),

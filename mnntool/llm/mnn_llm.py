@@ -15,6 +15,7 @@ import json
 import os
 import subprocess
 import sys
+import tempfile
 
 _CHILD = r'''
 import json, sys, time
@@ -22,10 +23,6 @@ import numpy as np
 args = json.loads(sys.argv[1])
 import MNN.llm as llm
 m = llm.create(args["config"])
-cfg = {"thread_num": args["threads"], "all_logits": False}
-if args["exact"]:
-    cfg.update(precision="high", memory="high")
-m.set_config(cfg)
 m.load()
 out = {"steps": [], "tokens": []}
 def logits_of(v):
@@ -54,13 +51,27 @@ os._exit(0)
 '''
 
 
+def runtime_config(bundle, tmp, threads: int = 1, exact: bool = True, **extra) -> str:
+    """A config.json in `tmp` that points at the bundle (base_dir) with these settings: MNN-LLM reads
+    precision and memory at create(); set_config() after it does not change them."""
+    cfg = json.loads(open(os.path.join(str(bundle), "config.json")).read())
+    cfg.update(base_dir=os.path.abspath(str(bundle)) + os.sep, thread_num=threads, **extra)
+    if exact:
+        cfg.update(precision="high", memory="high")
+    path = os.path.join(str(tmp), "config.json")
+    with open(path, "w") as f:
+        json.dump(cfg, f)
+    return path
+
+
 def run(bundle, ids: list[int], steps: int = 0, exact: bool = True, threads: int = 1, keep_logits: bool = True,
         encode: list[str] | None = None, timeout: float = 600) -> dict:
     """Prefill + greedy steps in MNN-LLM; {'steps': [logits...], 'tokens': [...], 'prefill_s'}."""
-    args = {"config": os.path.join(str(bundle), "config.json"), "ids": [int(i) for i in ids], "steps": steps,
-            "exact": exact, "threads": threads, "keep": keep_logits, "encode": encode}
-    p = subprocess.run([sys.executable, "-c", _CHILD, json.dumps(args)], capture_output=True, text=True,
-                       timeout=timeout)
+    with tempfile.TemporaryDirectory() as tmp:
+        args = {"config": runtime_config(bundle, tmp, threads, exact), "ids": [int(i) for i in ids],
+                "steps": steps, "keep": keep_logits, "encode": encode}
+        p = subprocess.run([sys.executable, "-c", _CHILD, json.dumps(args)], capture_output=True, text=True,
+                           timeout=timeout)
     for line in p.stdout.splitlines():
         if line.startswith("RESULT "):
             return json.loads(line[7:])
