@@ -142,9 +142,12 @@ def test_report_and_files(checkpoint, tmp_path):
     assert {"config.json", "llm.mnn", "llm.mnn.weight", "llm_config.json", "tokenizer.mtok"} <= names
     cfg = json.loads((tmp_path / "b" / "llm_config.json").read_text())
     assert cfg["tie_embeddings"][3:] == [4, 64]
-    lin = [t for t in r["tensors"] if t["name"] != "lm_head"]
-    # 4 bits + an fp32 (zero, scale) pair per 64 weights + header and bias
-    assert all(4.9 < t["bits_per_weight"] < 5.6 for t in lin), lin
+    for t in r["tensors"]:
+        oc, ic = t["shape"]
+        bias = 4 * oc if t["name"].split("/")[-1] in ("q_proj", "k_proj", "v_proj") else 0     # Qwen2's q/k/v
+        # header (22 bytes), 4-bit values, an fp32 (zero, scale) pair per block, fp32 bias
+        assert t["bytes"] == 22 + oc * ic // 2 + 8 * oc * ic // t["block"] + bias, t
+        assert t["block"] == (64 if ic % 64 == 0 else 32)      # halved until it divides (160 inputs)
     assert json.loads((tmp_path / "b" / "export.json").read_text())["settings"]["bits"] == 4
 
 
