@@ -89,6 +89,8 @@ def _read_json(path: Path, required: bool = False):
     try:
         with open(path, "rb") as f:
             return json.loads(f.read().decode("utf-8"))
+    except OSError as e:
+        raise MnnToolError(f"{path}: cannot read ({e.strerror})") from None
     except UnicodeDecodeError as e:
         raise MnnToolError(f"{path}: not UTF-8 text ({e.reason} at byte {e.start})") from None
     except json.JSONDecodeError as e:
@@ -214,7 +216,10 @@ def _pb_int32(v: int) -> int:
 def _spm_to_tokenizer_json(path: Path) -> dict:
     """A SentencePiece ModelProto as the tokenizer.json transformers would build from it (BPE: merges
     ranked by piece score; Unigram: scores), for the same writer."""
-    data = path.read_bytes()
+    try:
+        data = path.read_bytes()
+    except OSError as e:
+        raise MnnToolError(f"{path}: cannot read ({e.strerror})") from None
     pieces, trainer, norm = [], {}, {}
     for field, wire, val in _pb_fields(data, path):
         if field == 1 and wire == 2:
@@ -325,7 +330,10 @@ class _Buf:
         self.parts.append(b)
 
     def str(self, s, what: str, src: _Source):
-        b = s.encode("utf-8") if isinstance(s, str) else bytes(s)
+        try:
+            b = s.encode("utf-8") if isinstance(s, str) else bytes(s)
+        except UnicodeEncodeError:
+            raise src.err(f"{what} is not valid Unicode text") from None
         if len(b) > 0xFFFF:
             raise src.err(f"{what} is {len(b)} bytes, longer than MNN's 65535-byte strings")
         self.u16(len(b))
@@ -377,6 +385,11 @@ def _types(node, key: str) -> list[str]:
 # the pipeline components
 # --------------------------------------------------------------------------------------------------
 
+def _is_identity_normalizer(node) -> bool:
+    """A Precompiled normalizer without a charsmap (SentencePiece's "identity" rule) changes nothing."""
+    return isinstance(node, dict) and node.get("type") == "Precompiled" and not node.get("precompiled_charsmap")
+
+
 def _write_normalizer(buf: _Buf, node, src: _Source, notes: list, skip_bytelevel: bool):
     if node is None:
         buf.u8(_N_NONE)
@@ -384,8 +397,10 @@ def _write_normalizer(buf: _Buf, node, src: _Source, notes: list, skip_bytelevel
     if not isinstance(node, dict):
         raise src.err("normalizer is not an object")
     t = node.get("type")
-    if t == "Sequence":
-        children = node.get("normalizers") or []
+    if _is_identity_normalizer(node) or (skip_bytelevel and t == "ByteLevel"):
+        buf.u8(_N_NONE)  # (a lone ByteLevel normalizer is the BPE model's byte_level flag)
+    elif t == "Sequence":
+        children = [c for c in node.get("normalizers") or [] if not _is_identity_normalizer(c)]
         # NFD then StripAccents is how tokenizers strips accents; MNN does both in one step
         merged, i = [], 0
         while i < len(children):
@@ -551,8 +566,16 @@ def _write_decoder(buf: _Buf, node, src: _Source):
         raise src.err(f"unsupported decoder {t} (MNN's tokenizer has no equivalent)")
 
 
-def _sorted_by_bytes(table: list[str]) -> list[tuple[bytes, int]]:
-    return sorted(((tok.encode("utf-8"), i) for i, tok in enumerate(table)), key=lambda e: (e[0], e[1]))
+def _sorted_by_bytes(table: list[str], src: _Source) -> list[tuple[bytes, int]]:
+    """(UTF-8 text, id), in the byte order the reader's binary search assumes."""
+    rows = []
+    for i, tok in enumerate(table):
+        try:
+            rows.append((tok.encode("utf-8"), i))
+        except UnicodeEncodeError:
+            raise src.err(f"token {i} ({tok!r}) is not valid Unicode text") from None
+    rows.sort()
+    return rows
 
 
 def _id_table(vocab: dict, added: list[dict], src: _Source, notes: list) -> tuple[list[str], int]:
@@ -574,8 +597,8 @@ def _id_table(vocab: dict, added: list[dict], src: _Source, notes: list) -> tupl
         by_id[tid] = content
         known.add(content)
     size = max(by_id) + 1 if by_id else 0
-    if size > 0x7FFFFFFF:
-        raise src.err(f"token id {size - 1} is too large")
+    if size > 2 * len(by_id) + 1024:  # the reader's table has a row for every id up to the largest
+        raise src.err(f"token ids are sparse (largest {size - 1} for {len(by_id)} tokens)")
     holes = size - len(by_id)
     if holes:
         notes.append(f"{holes} unused ids below {size} decode as empty text")
@@ -606,7 +629,7 @@ def _write_model(buf: _Buf, tj: dict, added: list[dict], src: _Source, notes: li
         buf.str(model.get("unk_token") or "[UNK]", "WordPiece unk_token", src)
         buf.str(model.get("continuing_subword_prefix") or "##", "WordPiece prefix", src)
         buf.u32(int(model.get("max_input_chars_per_word") or 100))
-        for b, i in _sorted_by_bytes(table):
+        for b, i in _sorted_by_bytes(table, src):
             buf.str(b, f"token {i}", src)
             buf.u32(i)
         return {"kind": "WordPiece", "model_vocab": n_model, "table": table}
@@ -638,7 +661,7 @@ def _write_model(buf: _Buf, tj: dict, added: list[dict], src: _Source, notes: li
         buf.u32(len(table))
         buf.u32(0xFFFFFFFF if unk is None else int(unk))
         buf.u8(bool(model.get("byte_fallback", False)))
-        for b, i in _sorted_by_bytes(table):
+        for b, i in _sorted_by_bytes(table, src):
             buf.str(b, f"token {i}", src)
             buf.u32(i)
             buf.f64(scores[i])
@@ -692,7 +715,7 @@ def _write_bpe(buf: _Buf, tj: dict, model: dict, added: list[dict], src: _Source
     buf.u8(bool(model.get("byte_fallback", False)))
     buf.u8(byte_level_model)
     buf.u32(len(rows))
-    for b, i in _sorted_by_bytes(table):
+    for b, i in _sorted_by_bytes(table, src):
         buf.str(b, f"token {i}", src)
         buf.u32(i)
     for (a, b) in sorted(rows):
@@ -711,8 +734,9 @@ def _added_tokens(tj: dict, src: _Source) -> list[dict]:
     out = []
     for i, at in enumerate(tj.get("added_tokens") or []):
         if not isinstance(at, dict) or not isinstance(at.get("content"), str) or not at["content"] \
-                or isinstance(at.get("id"), bool) or not isinstance(at.get("id"), int) or at["id"] < 0:
-            raise src.err(f"added_tokens[{i}] needs a non-empty content and a non-negative id")
+                or isinstance(at.get("id"), bool) or not isinstance(at.get("id"), int) \
+                or not 0 <= at["id"] < 0x80000000:
+            raise src.err(f"added_tokens[{i}] needs a non-empty content and an id in 0..2^31-1")
         out.append({"id": at["id"], "content": at["content"], "special": bool(at.get("special", False)),
                     "lstrip": bool(at.get("lstrip", False)), "rstrip": bool(at.get("rstrip", False))})
     return out
@@ -907,7 +931,10 @@ def _atomic_write(path: Path, data: bytes) -> None:
     folder = path.parent if str(path.parent) else Path(".")
     if not folder.is_dir():
         raise MnnToolError(f"{folder}: output folder does not exist")
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=folder)
+    try:
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=folder)
+    except OSError as e:
+        raise MnnToolError(f"{path}: cannot write ({e.strerror})") from None
     try:
         umask = os.umask(0)
         os.umask(umask)
@@ -917,9 +944,11 @@ def _atomic_write(path: Path, data: bytes) -> None:
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
-    except BaseException:
+    except BaseException as e:
         try:
             os.unlink(tmp)
         except FileNotFoundError:
             pass
+        if isinstance(e, OSError):
+            raise MnnToolError(f"{path}: cannot write ({e.strerror})") from None
         raise
