@@ -24,6 +24,9 @@ def export(model_dir: str = typer.Argument(..., help="A Hugging Face checkpoint 
            lm_block: Optional[int] = typer.Option(None, "--lm-block", help="Block of the LM head (default: --block)."),
            embed_bits: Optional[int] = typer.Option(None, "--embed-bits", help="Embeddings: 16 (bf16), 8 or 4 "
                                                     "(default: the head's bits when tied, else 16)."),
+           calib_text: Optional[str] = typer.Option(None, "--calib-text", help="A text file: AWQ searches per-channel "
+                                                    "scales on its tokens (data-aware 4/8-bit)."),
+           calib_tokens: int = typer.Option(4096, "--calib-tokens", min=16, help="Tokens of --calib-text used."),
            overwrite: bool = typer.Option(False, "--overwrite", help="Replace OUT_DIR when it exists."),
            tensors: bool = typer.Option(False, "--tensors", help="Show the per-tensor table."),
            as_json: bool = JSON):
@@ -38,7 +41,8 @@ def export(model_dir: str = typer.Argument(..., help="A Hugging Face checkpoint 
             bar.prog.update(bar.prog.task_ids[0], total=total)
             return step
         r = run_export(model_dir, out_dir, bits=bits, block=block, symmetric=sym, hqq=hqq, lm_bits=lm_bits,
-                       lm_block=lm_block, embed_bits=embed_bits, overwrite=overwrite,
+                       lm_block=lm_block, embed_bits=embed_bits, calib_text=calib_text,
+                       calib_tokens=calib_tokens, overwrite=overwrite,
                        progress=progress if step else None)
     if as_json:
         print(json.dumps(r))
@@ -47,7 +51,7 @@ def export(model_dir: str = typer.Argument(..., help="A Hugging Face checkpoint 
     console.print(f"{u(r['out'])}: {r['family']} ({r['model_type']}), {r['layers']} layers, hidden {r['hidden']}, "
                   f"vocab {r['vocab']}{', tied embeddings' if r['tied'] else ''}; {s['bits']}-bit blocks of "
                   f"{s['block'] or 'a channel'}{' sym' if s['symmetric'] else ''}{' hqq' if s['hqq'] else ''}, "
-                  f"head {s['lm_bits']}-bit, embeddings {s['embed_bits']}-bit; "
+                  f"head {s['lm_bits']}-bit, embeddings {s['embed_bits']}-bit{', AWQ' if r.get('awq') else ''}; "
                   f"{r['bits_per_weight']:.2f} bits per weight; {r['seconds']:.1f} s")
     t = Table(title="files")
     t.add_column("file")

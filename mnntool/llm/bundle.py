@@ -91,9 +91,10 @@ def _embeddings(ck: Checkpoint, spec, dec: Decoder, tmp: Path, bits: int, plan: 
 
 def export(model_dir, out_dir, bits: int = 4, block: int = 64, symmetric: bool = False, hqq: bool = False,
            lm_bits: int | None = None, lm_block: int | None = None, embed_bits: int | None = None,
-           overwrite: bool = False, progress=None) -> dict:
-    """Write the bundle; returns the report (also saved as export.json). `progress(total)` may return a
-    function advanced once per layer."""
+           calib_text=None, calib_tokens: int = 4096, overwrite: bool = False, progress=None) -> dict:
+    """Write the bundle; returns the report (also saved as export.json). `calib_text` (a text file) turns
+    on AWQ's scale search over its first `calib_tokens` tokens. `progress(total)` may return a function
+    advanced once per layer."""
     t0 = time.perf_counter()
     model_dir, out = Path(model_dir), Path(out_dir)
     plan = QuantPlan(bits, block, symmetric, hqq, lm_bits, lm_block)
@@ -106,7 +107,7 @@ def export(model_dir, out_dir, bits: int = 4, block: int = 64, symmetric: bool =
         except OSError as e:
             raise MnnToolError(f"{out}: cannot write here ({e.strerror or e})") from None
         try:
-            report = _write(ck, spec, plan, embed_bits, model_dir, tmp, progress)
+            report = _write(ck, spec, plan, embed_bits, model_dir, tmp, progress, calib_text, calib_tokens)
             report["seconds"] = round(time.perf_counter() - t0, 2)
             (tmp / "export.json").write_text(json.dumps(report, indent=1))
             os.chmod(tmp, 0o777 & ~_umask())
@@ -126,13 +127,31 @@ def _umask() -> int:
     return m
 
 
-def _write(ck: Checkpoint, spec, plan: QuantPlan, embed_bits, model_dir: Path, tmp: Path, progress) -> dict:
+def _calibrator(ck: Checkpoint, spec, plan: QuantPlan, model_dir: Path, calib_text, calib_tokens: int, dec):
+    """AWQ over the calibration text, cut into sequences of 512 tokens (positions as at inference)."""
+    from .awq import Calibrator
+    from .reference import LayerwiseModel
+    from .text import encode_file
+    if plan.bits == 16:
+        raise MnnToolError("--calib-text: AWQ searches scales for 4- and 8-bit weights; --bits is 16")
+    ids = encode_file(model_dir, calib_text)[:calib_tokens]
+    if len(ids) < 16:
+        raise MnnToolError(f"{calib_text}: {len(ids)} tokens; AWQ needs some text (a few thousand tokens)")
+    seqs = [ids[k:k + 512] for k in range(0, len(ids), 512)]
+    seqs = [q for q in seqs if len(q) >= 16]
+    return Calibrator(spec, LayerwiseModel(spec, dec.tensor, dec.maybe), seqs, plan.bits, plan.block, plan.symmetric)
+
+
+def _write(ck: Checkpoint, spec, plan: QuantPlan, embed_bits, model_dir: Path, tmp: Path, progress,
+           calib_text=None, calib_tokens: int = 4096) -> dict:
     from .tokenizer import write_mtok
     tok = write_mtok(model_dir, tmp / "tokenizer.mtok")
     advance = progress(spec.layers) if progress else None
     with open(tmp / "llm.mnn.weight", "wb") as f:
         wf = WeightFile(f)
         dec = Decoder(spec, ck, wf, plan, advance)
+        if calib_text is not None:
+            dec.calib = _calibrator(ck, spec, plan, model_dir, calib_text, calib_tokens, dec)
         net = dec.build()
     if dec.mixed:
         net.ops[1]["main"]["dims"] = [2, 1, 1, -1, -1]
@@ -160,6 +179,7 @@ def _write(ck: Checkpoint, spec, plan: QuantPlan, embed_bits, model_dir: Path, t
     weights = sum(r.shape[0] * r.shape[1] for r in recs)
     return {"model_type": spec.model_type, "family": spec.family, "layers": spec.layers,
             "hidden": spec.hidden, "vocab": spec.vocab, "tied": spec.tied,
+            "awq": dec.calib.report if dec.calib is not None else None,
             "settings": {"bits": plan.bits, "block": plan.block, "symmetric": plan.symmetric, "hqq": plan.hqq,
                          "lm_bits": plan.head_bits, "lm_block": plan.lm_block if plan.lm_block is not None
                          else plan.block, "embed_bits": ebits},

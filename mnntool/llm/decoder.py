@@ -38,8 +38,9 @@ class QuantPlan:
 
 
 class Decoder:
-    def __init__(self, spec: Spec, ckpt, weights: WeightFile, plan: QuantPlan, progress=None):
+    def __init__(self, spec: Spec, ckpt, weights: WeightFile, plan: QuantPlan, progress=None, calib=None):
         self.s, self.ck, self.wf, self.plan = spec, ckpt, weights, plan
+        self.calib = calib          # awq.Calibrator: scales each layer's weights before they are written
         self.b = NetBuilder()
         self.progress = progress or (lambda: None)
         self.head = None            # (external, Quantized) of the LM head, for tied embeddings
@@ -77,12 +78,15 @@ class Decoder:
             self.head = (main["external"], q)
         return self.b.op("Convolution", [c4], name, "Convolution2D", main)
 
-    def norm(self, x: str, base: str, dim: int, out: str) -> str:
+    def norm(self, x: str, base: str, dim: int, out: str, divide=None) -> str:
         s = self.s
         gamma = self.tensor(base, (dim,)) + np.float32(s.norm_offset)
         beta = None
         if s.norm == "layer":
             beta = self.tensor(base.rsplit(".", 1)[0] + ".bias", (dim,))
+        if divide is not None:
+            gamma = gamma / divide
+            beta = beta / divide if beta is not None else None
         ext = self.wf.norm(gamma, beta)
         return self.b.op("LayerNorm", [x], out, "LayerNorm",
                          {"axis": [-1], "epsilon": s.eps, "group": 1, "external": ext,
@@ -122,28 +126,50 @@ class Decoder:
         rest = b.slice_last(x, rd, head_dim, 3, name + "/pass")
         return b.concat([y, rest], -1, name + "/rope_full")
 
-    def attention(self, i: int, h: str, tables, mask: str) -> str:
-        s, b = self.s, self.b
-        L = s.names
-        H, KV, D, hid = s.heads, s.kv_heads, s.head_dim, s.hidden
-        pre = f"layers.{i}.self_attn"
-        c4 = self.to_c4(h, hid, pre + "/in")
+    def layer_weights(self, i: int) -> dict:
+        """This layer's linear weights by role, (w (oc, ic) float32, bias or None), fused tensors split:
+        q k v o, and gate up down (no gate in a plain MLP)."""
+        s, L = self.s, self.s.names
+        H, KV, D, hid, inter = s.heads, s.kv_heads, s.head_dim, s.hidden, s.intermediate
+        out = {}
         if s.fused_qkv:
             base = s.fused_qkv.format(i=i)
             w = self.weight(base, (H + 2 * KV) * D, hid)
             bias = self.maybe(base + ".bias", ((H + 2 * KV) * D,)) if s.qkv_bias else None
             cut = [0, H * D, (H + KV) * D, (H + 2 * KV) * D]
-            parts = {k: (w[cut[j]:cut[j + 1]], None if bias is None else bias[cut[j]:cut[j + 1]])
-                     for j, k in enumerate("qkv")}
+            for j, k in enumerate("qkv"):
+                out[k] = (w[cut[j]:cut[j + 1]], None if bias is None else bias[cut[j]:cut[j + 1]])
         else:
-            parts = {}
             for k, oc in (("q", H * D), ("k", KV * D), ("v", KV * D)):
                 base = L[k].format(i=i)
-                parts[k] = (self.weight(base, oc, hid), self.maybe(base + ".bias", (oc,)) if s.qkv_bias else None)
+                out[k] = (self.weight(base, oc, hid), self.maybe(base + ".bias", (oc,)) if s.qkv_bias else None)
+        base = L["o"].format(i=i)
+        out["o"] = (self.weight(base, hid, H * D), self.maybe(base + ".bias", (hid,)) if s.o_bias else None)
+
+        def bias(base, n):
+            return self.maybe(base + ".bias", (n,)) if s.mlp_bias else None
+        if s.fused_gate_up:
+            w = self.weight(L["gate_up"].format(i=i), 2 * inter, hid)
+            out["gate"], out["up"] = (w[:inter], None), (w[inter:], None)
+        else:
+            roles = ("gate", "up") if s.gated else ("up",)
+            for k in roles:
+                base = L[k].format(i=i)
+                out[k] = (self.weight(base, inter, hid), bias(base, inter))
+        base = L["down"].format(i=i)
+        out["down"] = (self.weight(base, hid, inter), bias(base, hid))
+        return out
+
+    def attention(self, i: int, h: str, tables, mask, w: dict) -> str:
+        s, b = self.s, self.b
+        L = s.names
+        H, KV, D, hid = s.heads, s.kv_heads, s.head_dim, s.hidden
+        pre = f"layers.{i}.self_attn"
+        c4 = self.to_c4(h, hid, pre + "/in")
         heads = {"q": H, "k": KV, "v": KV}
         out = {}
-        for k, (w, bias) in parts.items():
-            y = self.from_c4(self.conv(c4, f"{pre}/{k}_proj", w, bias), heads[k] * D, f"{pre}/{k}")
+        for k in "qkv":
+            y = self.from_c4(self.conv(c4, f"{pre}/{k}_proj", *w[k]), heads[k] * D, f"{pre}/{k}")
             out[k] = b.reshape(y, [1, -1, heads[k], D], f"{pre}/{k}4")
         q, k, v = out["q"], out["k"], out["v"]
         if s.qk_norm:
@@ -161,57 +187,40 @@ class Decoder:
             layer_mask = mask[1] if s.sliding[i] else mask[0]
         a = b.op("Attention", [q, k, v, layer_mask], f"{pre}/attn", "AttentionParam",
                  {"kv_cache": True, "layer_index": i})
-        o_base = L["o"].format(i=i)
-        o_c4 = self.to_c4(a, H * D, pre + "/o_in")
-        o = self.conv(o_c4, f"{pre}/o_proj", self.weight(o_base, hid, H * D),
-                      self.maybe(o_base + ".bias", (hid,)) if s.o_bias else None)
+        o = self.conv(self.to_c4(a, H * D, pre + "/o_in"), f"{pre}/o_proj", *w["o"])
         return self.from_c4(o, hid, f"{pre}/out")
 
-    def mlp(self, i: int, h: str) -> str:
+    def mlp(self, i: int, h: str, w: dict) -> str:
         s, b = self.s, self.b
-        L, hid, inter = s.names, s.hidden, s.intermediate
         pre = f"layers.{i}.mlp"
-        c4 = self.to_c4(h, hid, pre + "/in")
-
-        def bias(base, n):
-            return self.maybe(base + ".bias", (n,)) if s.mlp_bias else None
-        if s.fused_gate_up:
-            base = L["gate_up"].format(i=i)
-            w = self.weight(base, 2 * inter, hid)
-            gate = self.conv(c4, pre + "/gate_proj", w[:inter], None)
-            up = self.conv(c4, pre + "/up_proj", w[inter:], None)
-        elif s.gated:
-            gate = self.conv(c4, pre + "/gate_proj", self.weight(L["gate"].format(i=i), inter, hid),
-                             bias(L["gate"].format(i=i), inter))
-            up = self.conv(c4, pre + "/up_proj", self.weight(L["up"].format(i=i), inter, hid),
-                           bias(L["up"].format(i=i), inter))
-        else:
-            up = self.conv(c4, pre + "/up_proj", self.weight(L["up"].format(i=i), inter, hid),
-                           bias(L["up"].format(i=i), inter))
-            gate = None
+        c4 = self.to_c4(h, s.hidden, pre + "/in")
+        up = self.conv(c4, pre + "/up_proj", *w["up"])
+        gate = self.conv(c4, pre + "/gate_proj", *w["gate"]) if "gate" in w else None
         if gate is not None and s.act == "silu":
             act = b.binary("MUL_SILU", up, gate, pre + "/act")
         elif gate is not None:
             act = b.binary("MUL", b.unary(_GELU[s.act], gate, pre + "/gate_act"), up, pre + "/act")
         else:
             act = b.unary(_GELU.get(s.act, "SILU"), up, pre + "/act")
-        d_base = L["down"].format(i=i)
-        down = self.conv(act, pre + "/down_proj", self.weight(d_base, hid, inter), bias(d_base, hid))
-        return self.from_c4(down, hid, f"{pre}/out")
+        down = self.conv(act, pre + "/down_proj", *w["down"])
+        return self.from_c4(down, s.hidden, f"{pre}/out")
 
     def layer(self, i: int, h: str, tables, mask) -> str:
         s, b, L = self.s, self.b, self.s.names
-        x = self.norm(h, L["in_norm"].format(i=i), s.hidden, f"layers.{i}/in_norm")
-        a = self.attention(i, x, tables, mask)
+        w = self.layer_weights(i)
+        div = {}                            # AWQ: a norm's gamma divided by its readers' input scales
+        if self.calib is not None:
+            w, div = self.calib.layer(i, w)
+        ff_norm = "pre_ff_norm" if s.sandwich else "post_norm"
+        x = self.norm(h, L["in_norm"].format(i=i), s.hidden, f"layers.{i}/in_norm", div.get("qkv"))
+        a = self.attention(i, x, tables, mask, w)
         if s.sandwich:
             a = self.norm(a, L["post_norm"].format(i=i), s.hidden, f"layers.{i}/post_attn_norm")
-            h = b.binary("ADD", h, a, f"layers.{i}/attn_residual")
-            x = self.norm(h, L["pre_ff_norm"].format(i=i), s.hidden, f"layers.{i}/pre_ff_norm")
-            m = self.norm(self.mlp(i, x), L["post_ff_norm"].format(i=i), s.hidden, f"layers.{i}/post_ff_norm")
-        else:
-            h = b.binary("ADD", h, a, f"layers.{i}/attn_residual")
-            x = self.norm(h, L["post_norm"].format(i=i), s.hidden, f"layers.{i}/post_attn_norm")
-            m = self.mlp(i, x)
+        h = b.binary("ADD", h, a, f"layers.{i}/attn_residual")
+        x = self.norm(h, L[ff_norm].format(i=i), s.hidden, f"layers.{i}/{ff_norm}", div.get("gate_up"))
+        m = self.mlp(i, x, w)
+        if s.sandwich:
+            m = self.norm(m, L["post_ff_norm"].format(i=i), s.hidden, f"layers.{i}/post_ff_norm")
         self.progress()
         return b.binary("ADD", h, m, f"layers.{i}/out")
 
