@@ -19,13 +19,15 @@ __all__ = ["MnnToolError", "bench", "convert", "info", "load", "quantize", "veri
 
 
 def convert(src, dst, *, framework: str | None = None, input_shapes: dict | None = None, optimize: int = 1,
-            passes: list[str] | None = None, biz_code: str = "mnntool") -> dict:
+            passes: list[str] | None = None, biz_code: str = "mnntool", external_weights: bool | None = None) -> dict:
     """Convert a model file (.onnx, .pt2, .pt, .prototxt, .pb/.keras/SavedModel, .tflite) into `dst`.
 
     `input_shapes` fixes open input dims ({"x": (1, 3, 224, 224)}); `optimize` is -O (0, 1, 2) and
-    `passes` replaces the default pipeline. Returns the report: ops, params, size, per-pass changes."""
+    `passes` replaces the default pipeline; `external_weights` True writes the weights to `dst`.weight
+    (MNN's --saveExternalData layout), None does so past 2000 MB. Returns the report: ops, params, size,
+    per-pass changes."""
     from . import api
-    return api.convert(src, dst, framework, input_shapes, optimize, biz_code, passes)
+    return api.convert(src, dst, framework, input_shapes, optimize, biz_code, passes, external_weights)
 
 
 def quantize(src, dst, *, int8: bool = False, calib=None, method: str = "mse", weight_bits: int | None = None,

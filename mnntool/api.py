@@ -39,7 +39,9 @@ def load_session(path, threads: int | None = None):
 
 
 def convert(src, dst, framework: str | None = None, input_shapes: dict | None = None, optimize: int = 1,
-            biz_code: str = "mnntool", passes: list[str] | None = None) -> dict:
+            biz_code: str = "mnntool", passes: list[str] | None = None, external_weights: bool | None = None) -> dict:
+    """external_weights: True writes dst + dst.weight (MNN's --saveExternalData layout); None does so when
+    the weights pass 2000 MB, as MNN's converter does."""
     t0 = time.perf_counter()
     dst = Path(dst)
     sources = _sources(src)
@@ -54,10 +56,10 @@ def convert(src, dst, framework: str | None = None, input_shapes: dict | None = 
         apply_int8_plan(g)
     validate(g, str(src))
     params = g.param_count()
-    size = writer.save(g, dst, biz_code, sources, consume=True)
-    return {"source": str(src), "output": str(dst), "ops": len(g.nodes), "params": params,
-            "size_bytes": size, "passes_changed": list(report), "passes": report, "optimize": optimize,
-            "seconds": round(time.perf_counter() - t0, 3)}
+    written = writer.write(g, dst, biz_code, sources, consume=True, external=external_weights)
+    return {"source": str(src), "output": str(dst), "weight_file": written["weight_file"], "ops": len(g.nodes),
+            "params": params, "size_bytes": written["bytes"], "passes_changed": list(report), "passes": report,
+            "optimize": optimize, "seconds": round(time.perf_counter() - t0, 3)}
 
 
 def _sources(src) -> list[Path]:
@@ -65,6 +67,8 @@ def _sources(src) -> list[Path]:
     them may be the output."""
     src = Path(src)
     out = [src]
+    if src.suffix.lower() == ".mnn":
+        out.append(writer.weight_path(src))
     if src.suffix.lower() == ".prototxt":
         out.append(src.with_suffix(".caffemodel"))
     if src.is_dir():
@@ -82,7 +86,8 @@ def info(path, framework: str | None = None, input_shapes: dict | None = None) -
     vals = infer_shapes(g)
     return {
         "file": str(path), "format": "mnn" if path.suffix.lower() == ".mnn" else (framework or path.suffix[1:]),
-        "size_bytes": path.stat().st_size,
+        "size_bytes": path.stat().st_size + (Path(g.weight_file).stat().st_size if g.weight_file else 0),
+        "weight_file": g.weight_file,
         "inputs": [{"name": n, "shape": _shape_str(g.tensors[n].shape), "dtype": g.tensors[n].dtype} for n in g.inputs],
         "outputs": [{"name": n, "shape": _shape_str(g.info(n).shape), "dtype": g.info(n).dtype} for n in g.outputs],
         "ops": len(g.nodes), "op_counts": dict(Counter(n.op for n in g.nodes).most_common()),

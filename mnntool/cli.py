@@ -48,6 +48,9 @@ FRAMEWORK = typer.Option(None, "--framework", "-f", help="Force the source frame
                          "torchscript, tensorflow, tflite, caffe or mnn.")
 INPUT_SHAPE = typer.Option(None, "--input-shape", help="Fix an input's shape: NAME:1x3x224x224 (repeatable).")
 JSON = typer.Option(False, "--json", help="Print one JSON object for machines.")
+EXTERNAL_WEIGHTS = typer.Option(False, "--external-weights",
+                                help="Write the weights to OUT.weight beside OUT (MNN's --saveExternalData layout); "
+                                     "automatic past 2000 MB.")
 THREADS = typer.Option(1, "--threads", "-t", min=1, help="Threads for kernels and BLAS.")
 SAMPLES = typer.Option(None, "--samples", "-n", min=1, help="Use at most N samples of --calib (default: verify 4, "
                        "quant all).")
@@ -130,7 +133,7 @@ def convert(src: Optional[str] = typer.Argument(None, help="Source model: .onnx,
             passes: Optional[str] = typer.Option(None, "--passes",
                                                  help="Comma-separated passes to run instead, or 'list'."),
             biz_code: str = typer.Option("mnntool", "--biz-code", help="Free string stored in the file."),
-            as_json: bool = JSON):
+            external_weights: bool = EXTERNAL_WEIGHTS, as_json: bool = JSON):
     """Convert a model into MNN's .mnn format."""
     from .passes import DOCS, PIPELINES
     if passes == "list" or src == "passes":
@@ -149,12 +152,14 @@ def convert(src: Optional[str] = typer.Argument(None, help="Source model: .onnx,
     if dst is None:
         raise MnnToolError("convert needs SRC and DST")
     chosen = [p.strip() for p in passes.split(",") if p.strip()] if passes else None
-    r = api.convert(src, dst, framework, api.parse_input_shapes(input_shape), optimize, biz_code, chosen)
+    r = api.convert(src, dst, framework, api.parse_input_shapes(input_shape), optimize, biz_code, chosen,
+                    external_weights or None)
     if as_json:
         print(json.dumps(r))
     else:
-        console.print(f"[green]converted[/] {u(src)} -> {u(dst)}: {r['ops']} ops, {_human(r['params'])} params, "
-                      f"{_human(r['size_bytes'], 'B')} in {r['seconds']:.2f}s")
+        weights = f" + {u(r['weight_file'])}" if r["weight_file"] else ""
+        console.print(f"[green]converted[/] {u(src)} -> {u(dst)}{weights}: {r['ops']} ops, {_human(r['params'])} "
+                      f"params, {_human(r['size_bytes'], 'B')} in {r['seconds']:.2f}s")
         for name, ch in r["passes"].items():
             removed = ", ".join(f"-{n} {op}" for op, n in ch["removed"].items())
             added = ", ".join(f"+{n} {op}" for op, n in ch["added"].items())
@@ -396,7 +401,7 @@ def quant(src: str = typer.Argument(..., help="A float .mnn model."),
                                                help="JSON: method, skip, per_channel, samples, symmetric_activations."),
           mean: Optional[str] = MEAN, normal: Optional[str] = NORMAL, std: Optional[str] = STD,
           size: Optional[str] = SIZE, fmt: str = FORMAT, input_shape: Optional[List[str]] = INPUT_SHAPE,
-          threads: int = THREADS, as_json: bool = JSON):
+          threads: int = THREADS, external_weights: bool = EXTERNAL_WEIGHTS, as_json: bool = JSON):
     """Quantize a .mnn model: int8 PTQ, weight-only int8/int4, or fp16 -- files the MNN runtime runs."""
     from .quant import QuantConfig, quantize_file
     cfg = QuantConfig(int8=int8, weight_bits=weight_bits, fp16=fp16, calib=calib, method=method,
@@ -406,7 +411,7 @@ def quant(src: str = typer.Argument(..., help="A float .mnn model."),
                       symmetric_activations=symmetric_activations, float_weights=float_weights,
                       prep=_image_prep(mean, normal, size, fmt, std),
                       asymmetric=asymmetric, block_size=block_size, hqq=hqq, head_bits=head_bits,
-                      input_shapes=api.parse_input_shapes(input_shape))
+                      input_shapes=api.parse_input_shapes(input_shape), external_weights=external_weights or None)
     if config:
         cfg = cfg.with_file(config)
     with _progress("calibrating", None, shown=int8 and not as_json) as step:

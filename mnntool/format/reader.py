@@ -1,4 +1,5 @@
-"""bytes -> MNN `Net` table -> IR, with every failure reported as one MnnToolError."""
+"""bytes -> MNN `Net` table -> IR, with every failure reported as one MnnToolError. Weights in a
+`.mnn.weight` file beside the model (format/external.py) are memory-mapped."""
 from __future__ import annotations
 
 import os
@@ -9,6 +10,7 @@ import numpy as np
 from ..errors import MnnToolError
 from ..ir.graph import Graph, Node, TensorInfo
 from ..ir.dtypes import FROM_MNN, from_mnn
+from . import external
 from .flatbuf import FormatError, decode
 
 BLOB_FIELDS = ("float32s", "int32s", "int64s", "int8s", "uint8s")
@@ -16,6 +18,15 @@ BLOB_FIELDS = ("float32s", "int32s", "int64s", "int8s", "uint8s")
 
 def blob_value(b: dict) -> np.ndarray:
     dims = [int(d) for d in b.get("dims", [])]
+    if b.get("dataType") in ("DT_HALF", "DT_BFLOAT16") and "uint8s" in b:   # 2-byte floats as raw bytes (--fp16)
+        raw = np.asarray(b["uint8s"], np.uint8)
+        if raw.size % 2:
+            raise FormatError(f"a {b['dataType']} constant of {raw.size} bytes")
+        if b["dataType"] == "DT_HALF":
+            arr = raw.view(np.float16).astype(np.float32)
+        else:
+            arr = (raw.view(np.uint16).astype(np.uint32) << 16).view(np.float32)
+        b = {"dims": dims, "float32s": arr}
     for field in BLOB_FIELDS:
         if field in b:
             arr = np.asarray(b[field])
@@ -150,9 +161,11 @@ def load(path: str | os.PathLike) -> Graph:
         net = decode(data, "Net")
         if not net.get("oplists"):
             raise FormatError("no ops")
+        weights = external.attach(net, path)     # arrays in <path>.weight: mapped, not read
         g = net_to_graph(net)
     except (FormatError, KeyError, ValueError, TypeError, IndexError, AttributeError, OverflowError) as e:
         # every way a corrupt table shows itself while it is decoded (an op without outputs: IndexError)
         raise MnnToolError(f"{path}: not a valid MNN model ({type(e).__name__}: {' '.join(str(e).split())[:160]})") from None
     g.name = path.stem
+    g.weight_file = str(weights) if weights else None
     return g

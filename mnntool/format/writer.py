@@ -1,4 +1,4 @@
-"""IR -> MNN `Net` table -> bytes, written atomically."""
+"""IR -> MNN `Net` table -> bytes, written atomically (big weights into a `.mnn.weight` file beside it)."""
 from __future__ import annotations
 
 import os
@@ -11,9 +11,11 @@ from ..errors import MnnToolError
 from ..ir import ops
 from ..ir.graph import Graph
 from ..ir.dtypes import to_mnn
+from .external import externalize, weight_path
 from .flatbuf import FormatError, encode, encode_buffer
 
 FLATBUFFERS_MAX = 2**31 - 1
+EXTERNAL_ABOVE = 2000 * 2**20     # MNN's converter moves the weights out past 2000 MB (writeFb.cpp)
 
 BLOB_FIELD = {"DT_FLOAT": ("float32s", np.float32), "DT_INT32": ("int32s", np.int32),
               "DT_INT8": ("int8s", np.int8), "DT_UINT8": ("uint8s", np.uint8)}
@@ -146,33 +148,53 @@ def check_output(path: str | os.PathLike, sources=()) -> Path:
     return path
 
 
+class _Staged:
+    """A temporary file beside `path`: commit() flushes it to disk and renames it onto `path`, discard()
+    removes it. No half-written outputs; the umask honoured (mkstemp alone makes 0600)."""
+
+    def __init__(self, path: Path):
+        self.path = path
+        try:
+            fd, self.tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+        except OSError as e:
+            raise MnnToolError(f"{path}: cannot write here ({e.strerror or e})") from None
+        self.file = os.fdopen(fd, "wb")
+
+    def write(self, data) -> None:
+        try:
+            self.file.write(data)
+        except OSError as e:
+            raise MnnToolError(f"{self.path}: cannot write ({e.strerror or e})") from None
+
+    def commit(self) -> None:
+        try:
+            self.file.flush()
+            os.fsync(self.file.fileno())
+            self.file.close()
+            os.chmod(self.tmp, 0o666 & ~_umask())
+            os.replace(self.tmp, self.path)
+        except OSError as e:
+            raise MnnToolError(f"{self.path}: cannot write ({e.strerror or e})") from None
+
+    def discard(self) -> None:
+        self.file.close()
+        if os.path.exists(self.tmp):
+            os.unlink(self.tmp)
+
+
 def atomic_write(path: str | os.PathLike, data: bytes, sources=()) -> None:
     """Write to a temporary file beside the target, flush it to disk, then rename: no half-written
-    outputs, the umask honoured (mkstemp alone makes 0600), sources and devices never replaced."""
-    path = check_output(path, sources)
+    outputs, the umask honoured, sources and devices never replaced."""
+    staged = _Staged(check_output(path, sources))
     try:
-        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    except OSError as e:
-        raise MnnToolError(f"{path}: cannot write here ({e.strerror or e})") from None
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.chmod(tmp, 0o666 & ~_umask())
-        os.replace(tmp, path)
-    except OSError as e:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise MnnToolError(f"{path}: cannot write ({e.strerror or e})") from None
+        staged.write(data)
+        staged.commit()
     except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
+        staged.discard()
         raise
 
 
-def _size_hint(g: Graph) -> int:
-    """About the file's size (arrays as stored, 4 bytes an element at most, plus room for the tables)."""
+def _arrays(g: Graph) -> list:
     arrays = list(g.constants.values())
     stack = [n.param for n in g.nodes]
     while stack:
@@ -183,19 +205,70 @@ def _size_hint(g: Graph) -> int:
             stack.extend(v.values())
         elif isinstance(v, (list, tuple)) and len(v) < 64:
             stack.extend(v)
-    return sum(a.size * max(a.itemsize, 4) for a in arrays) + (1 << 20) + 4096 * len(g.nodes)
+    return arrays
 
 
-def save(g: Graph, path: str | os.PathLike, biz_code: str = "mnntool", sources=(), consume: bool = False) -> int:
-    """Write the graph as a .mnn. With `consume` the graph's constants are moved into the file as it is
-    built and the graph is left without them: a large model's weights are then held once, not twice."""
-    hint = _size_hint(g)
-    if hint > FLATBUFFERS_MAX:
-        raise MnnToolError(f"{path}: the model's weights come to {hint / 2**30:.1f} GB, and a .mnn (one "
-                           "FlatBuffers file) holds 2 GB; MNN's separate weight files are not written yet")
+def _size_hint(arrays: list, nodes: int) -> int:
+    """About the file's size (arrays as stored, 4 bytes an element at most, plus room for the tables)."""
+    return sum(a.size * max(a.itemsize, 4) for a in arrays) + (1 << 20) + 4096 * nodes
+
+
+def _stored_bytes(arrays: list) -> int:
+    """The arrays' bytes as the file stores them (floats as float32, int8 tables as bytes)."""
+    return sum(a.size * (1 if a.itemsize == 1 else 4) for a in arrays)
+
+
+def _encode(net: dict, hint: int, consume: bool, path, external: bool) -> memoryview:
     try:
-        data = encode_buffer("Net", graph_to_net(g, biz_code, consume), hint, consume)
+        return encode_buffer("Net", net, hint, consume)
     except FormatError as e:
-        raise MnnToolError(f"{path}: {e}") from None
-    atomic_write(path, data, sources)
-    return len(data)
+        more = "" if external else " (--external-weights moves the weights into a .mnn.weight file)"
+        raise MnnToolError(f"{path}: {e}{more}") from None
+
+
+def save(g: Graph, path: str | os.PathLike, biz_code: str = "mnntool", sources=(), consume: bool = False,
+         external: bool | None = None) -> int:
+    """write(), returning the bytes written (both files' when the weights are external)."""
+    return write(g, path, biz_code, sources, consume, external)["bytes"]
+
+
+def write(g: Graph, path: str | os.PathLike, biz_code: str = "mnntool", sources=(), consume: bool = False,
+          external: bool | None = None) -> dict:
+    """Write the graph as a .mnn; returns {"bytes", "weight_file"}. With `consume` the graph's constants
+    are moved into the file as it is built and the graph is left without them: a large model's weights
+    are then held once, not twice. `external` writes the big arrays into `<path>.weight` (MNN's
+    --saveExternalData layout, format/external.py) as the tables are walked; None does so when they
+    pass 2000 MB, as MNN's converter does. Both files are staged beside their targets and renamed into
+    place only once both are whole."""
+    path = check_output(path, sources)
+    arrays = _arrays(g)
+    hint, stored = _size_hint(arrays, len(g.nodes)), _stored_bytes(arrays)
+    del arrays
+    if external is None:
+        external = stored > EXTERNAL_ABOVE
+    if not external:
+        if stored > FLATBUFFERS_MAX:
+            raise MnnToolError(f"{path}: the model's weights come to {stored / 2**30:.1f} GB, and a .mnn (one "
+                               "FlatBuffers file) holds 2 GB; --external-weights writes them to a .mnn.weight file")
+        data = _encode(graph_to_net(g, biz_code, consume), hint, consume, path, False)
+        atomic_write(path, data, sources)
+        return {"bytes": len(data), "weight_file": None}
+    wpath = check_output(weight_path(path), sources)
+    net = graph_to_net(g, biz_code, consume)
+    staged = [_Staged(wpath)]
+    try:
+        moved = externalize(net, staged[0], consume)
+        data = _encode(net, max(hint - moved, 0), consume, path, True)
+        staged.append(_Staged(path))
+        staged[1].write(data)
+        staged[0].commit()
+        try:
+            staged[1].commit()
+        except BaseException:
+            os.unlink(wpath)
+            raise
+    except BaseException:
+        for s in staged:
+            s.discard()
+        raise
+    return {"bytes": len(data) + moved, "weight_file": str(wpath)}

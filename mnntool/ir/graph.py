@@ -42,6 +42,7 @@ class Graph:
     # convolutions a quantized source model runs in int8, by node name: {"weight": int8 (O, I*kh*kw),
     # "alpha": per-channel scales, "input"/"output": (scale, zero point)}; applied after the passes
     int8_plan: dict = field(default_factory=dict)
+    weight_file: str | None = None   # a .mnn read with external weights: the .weight file they are mapped from
 
     def info(self, name: str) -> TensorInfo:
         if name not in self.tensors:

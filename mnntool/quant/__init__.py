@@ -70,7 +70,9 @@ def quantize_file(src, dst, config: QuantConfig, progress=None) -> dict:
     unknown = sorted(s for s in skip if s not in names)
     if unknown:
         raise MnnToolError(f"--skip names no layer of {src}: {', '.join(unknown)}")
-    report: dict = {"source": str(src), "output": str(dst), "size_before": src.stat().st_size}
+    sources = (src, writer.weight_path(src))
+    report: dict = {"source": str(src), "output": str(dst),
+                    "size_before": src.stat().st_size + (Path(g.weight_file).stat().st_size if g.weight_file else 0)}
     if cfg.int8:
         data = _reader(cfg.calib, _shaped(g, cfg.input_shapes, src), cfg.prep)
         report["notes"] = list(getattr(data, "notes", []))
@@ -113,7 +115,8 @@ def quantize_file(src, dst, config: QuantConfig, progress=None) -> dict:
         acc = layer_report(g, q, [feeds], cfg.threads)
         if note:
             report.setdefault("notes", []).append(note)
-    report["size_after"] = writer.save(q, dst)
+    written = writer.write(q, dst, sources=sources, external=cfg.external_weights)
+    report["size_after"], report["weight_file"] = written["bytes"], written["weight_file"]
     report["ratio"] = report["size_before"] / report["size_after"]
     report["outputs"] = acc["outputs"]
     report["layers"] = acc["layers"]

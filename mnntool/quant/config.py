@@ -39,6 +39,8 @@ class QuantConfig:
     block_size: int | None = None
     hqq: bool = False                   # zero points by half-quadratic optimisation (implies asymmetric)
     head_bits: int | None = None        # bits of the output layers (weight_only.head_layers); None: 8 at int4
+    # the output: weights in a .mnn.weight file beside it (True), or when they pass 2000 MB (None)
+    external_weights: bool | None = None
 
     def resolved_head_bits(self) -> int | None:
         return self.head_bits if self.head_bits is not None else (8 if self.weight_bits == 4 else None)
