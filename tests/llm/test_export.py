@@ -104,7 +104,9 @@ def test_family_matches_transformers(family, bits, checkpoint, tmp_path):
 
 
 @pytest.mark.parametrize("family,kw", [("qwen2", dict(bits=8, block=0)), ("llama", dict(bits=4, block=32, symmetric=True)),
-                                       ("qwen3", dict(bits=4, block=64, lm_bits=8))])
+                                       ("qwen3", dict(bits=4, block=64, lm_bits=8)),
+                                       ("llama", dict(bits=4, block=64, embed_bits=4)),
+                                       ("qwen2", dict(bits=4, block=64, embed_bits=8))])
 def test_quant_settings(family, kw, checkpoint, tmp_path):
     """Per-channel, symmetric and a head at other bits: the bundle still equals its fake-quantized model."""
     src = checkpoint(family)
@@ -114,6 +116,7 @@ def test_quant_settings(family, kw, checkpoint, tmp_path):
     got = mnn_llm.run(tmp_path / "b", ids, steps=8, exact=True)
     from transformers import AutoModelForCausalLM
     model = AutoModelForCausalLM.from_pretrained(src, dtype=torch.float32).eval()
+    raw = model.get_input_embeddings().weight.detach().numpy().copy()
     with torch.no_grad():
         for name, mod in model.named_modules():
             if isinstance(mod, torch.nn.Linear):
@@ -121,8 +124,15 @@ def test_quant_settings(family, kw, checkpoint, tmp_path):
                 bits = kw.get("lm_bits", kw["bits"]) if head else kw["bits"]
                 d = dequantize(quantize(mod.weight.detach().numpy(), bits, kw["block"], kw.get("symmetric", False)))
                 mod.weight.data = torch.from_numpy(d)
-        if model.config.tie_word_embeddings:
-            model.get_input_embeddings().weight.data = model.lm_head.weight.data
+        e = model.get_input_embeddings()
+        if "embed_bits" in kw:              # embeddings of their own bits (a file of their own, tied or not)
+            if model.config.tie_word_embeddings:
+                e.weight = torch.nn.Parameter(e.weight.data.clone())   # untie: the head keeps its own bits
+            e.weight.data = torch.from_numpy(dequantize(quantize(raw, kw["embed_bits"], kw["block"])))
+        elif model.config.tie_word_embeddings:
+            e.weight.data = model.lm_head.weight.data
+        else:
+            e.weight.data = e.weight.data.bfloat16().float()
         g = model.generate(torch.tensor([ids]), max_new_tokens=9, do_sample=False, output_logits=True,
                            return_dict_in_generate=True)
     assert got["tokens"] == g.sequences[0, len(ids):].tolist()
