@@ -12,10 +12,13 @@ is scored exactly once, and each scored token sees at least ctx - stride tokens 
 in the first window). This is Hugging Face's "strided sliding window" perplexity. llama.cpp's
 `perplexity` instead cuts the text into non-overlapping ctx chunks and scores only each chunk's second
 half (half the tokens are never scored, each scored one sees >= ctx/2): `windows(..., style="llamacpp")`
-gives those windows, for numbers comparable with llama.cpp's. The sliding default is used because it
-covers the whole text at the same minimum context for about the same cost (stride ctx/2: two passes over
-each token either way). The last sliding window is moved back to end at the text's end, so every window
-has the same length (one MNN module shape, and transformers can batch them).
+gives those windows, for numbers comparable with llama.cpp's (which also puts a BOS at each chunk's start
+for models that add one; these windows are plain slices of the token stream). The sliding default is used
+because it scores the whole text, with the same minimum context and the same cost per scored token as
+llama.cpp's (two tokens run per token scored, at stride ctx/2). The last sliding window is moved back to
+end at the text's end, so every window has the same length (one MNN module shape; transformers batches
+them). `windows(ids, seq + 1, seq)` scores non-overlapping seq-token stretches (the fixtures' training-time
+perplexity).
 
 A window is (start, ids, first): its tokens are ids = text[start:start + len], and the targets scored are
 ids[first:], each predicted by the logits of the position before it (rows first-1 .. len-2).
@@ -23,9 +26,10 @@ ids[first:], each predicted by the logits of the position before it (rows first-
 Logits. `mnn_logits` runs MNN-LLM (the `mnn` wheel's MNN.llm) in ONE child process for all windows, as
 every use of MNN-LLM here is (it crashes its process on some inputs): `all_logits: true` in the runtime
 config makes the prefill graph return every position's logits ([1, n, vocab]; the graph's `logits_index`
-input is 0 instead of -1), and `reset()` before each window empties the KV cache and restarts positions
-at 0 (both checked on mnn 3.6.1: a window's logits are identical whether it follows other windows or
-runs in a fresh process). The child writes one float32 .npy per window into a folder; the parent maps
+input is 0 instead of -1; set before `load()`, or after it at the cost of a module clone), and `reset()`
+before each window empties the KV cache and restarts positions at 0 (both checked on mnn 3.6.1: a window's
+logits are the same, to float rounding, whether it follows other windows or runs in a fresh process; in
+exact mode they equal transformers on the bundle's dequantized weights to ~1e-5). The child writes one float32 .npy per window into a folder; the parent maps
 them (np.load mmap_mode="r") and deletes the folder at once (the mappings keep the data until the
 arrays are released), so vocab x tokens floats never go through a pipe or sit twice in memory.
 `hf_logits` does the same from transformers in float32 (in this process: transformers is not MNN-LLM),
@@ -45,6 +49,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import types
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -295,7 +300,9 @@ def mnn_encode(bundle, texts: list[str] | str, timeout: float = 600) -> list:
 # --------------------------------------------------------------------------------------- transformers
 
 def _transformers():
-    sys.modules.setdefault("torchvision", None)     # the torchvision wheel here breaks transformers' imports
+    # torchvision 0.28 is a CUDA wheel whose C ops do not load beside torch+cpu; its Python modules do:
+    # skip its op registrations (as fixtures/zoo.py does) so transformers imports
+    sys.modules.setdefault("torchvision._meta_registrations", types.ModuleType("torchvision._meta_registrations"))
     import transformers
     return transformers
 

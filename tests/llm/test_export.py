@@ -22,7 +22,9 @@ from tests.conftest import ROOT
 
 pytest.importorskip("MNN")
 torch = pytest.importorskip("torch")
-sys.modules.setdefault("torchvision", None)   # its CUDA wheel breaks transformers imports beside torch+cpu
+from fixtures.zoo import _without_torchvision_ops  # noqa: E402
+
+_without_torchvision_ops()     # torchvision 0.28 is a CUDA wheel: its C ops do not load beside torch+cpu
 
 from mnntool.errors import MnnToolError  # noqa: E402
 from mnntool.llm import mnn_llm  # noqa: E402

@@ -10,7 +10,9 @@ import pytest
 from tests.conftest import ROOT
 
 torch = pytest.importorskip("torch")
-sys.modules.setdefault("torchvision", None)
+from fixtures.zoo import _without_torchvision_ops  # noqa: E402
+
+_without_torchvision_ops()     # torchvision 0.28 is a CUDA wheel: its C ops do not load beside torch+cpu
 
 from mnntool.errors import MnnToolError  # noqa: E402
 from mnntool.llm import families  # noqa: E402

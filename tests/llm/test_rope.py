@@ -8,7 +8,9 @@ import numpy as np
 import pytest
 
 pytest.importorskip("torch")
-sys.modules.setdefault("torchvision", None)
+from fixtures.zoo import _without_torchvision_ops  # noqa: E402
+
+_without_torchvision_ops()     # torchvision 0.28 is a CUDA wheel: its C ops do not load beside torch+cpu
 
 from mnntool.errors import MnnToolError  # noqa: E402
 from mnntool.llm.families import rope  # noqa: E402
