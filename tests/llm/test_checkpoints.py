@@ -4,13 +4,11 @@ wanders instead of repeating a token; the settings meant to matter (sliding wind
 scaling) change the logits. The streamed writer (the 0.5b/1.5b path) equals save_pretrained's output.
 
 The families are built once into build/llm/checkpoints and reused across runs (recipe.json). The trained
-"test" model is checked where build/llm/trained-test already holds it (`python -m fixtures.llm_checkpoints
-build/llm trained test`, tens of seconds), or built here with MNNTOOL_SLOW=1.
+"test" model is built into build/llm/trained-test (tens of seconds, once) and reused.
 """
 from __future__ import annotations
 
 import json
-import os
 
 import pytest
 
@@ -156,11 +154,7 @@ def test_hf4_config_style_loads_the_same(tmp_path, checkpoint, family):
 
 
 def test_trained_test_model():
-    out = ROOT / "build" / "llm" / "trained-test"
-    if not L.trained_is_built(out, "test") and not os.environ.get("MNNTOOL_SLOW"):
-        pytest.skip("build/llm/trained-test not built: python -m fixtures.llm_checkpoints build/llm trained test "
-                    "(or MNNTOOL_SLOW=1)")
-    folder = L.build_trained(out, "test")
+    folder = L.build_trained(ROOT / "build" / "llm" / "trained-test", "test")     # ~20 s once, then cached
     rec = json.loads((folder / "recipe.json").read_text())
     assert not set(rec["train_files"]) & set(rec["heldout_files"])
     held = (folder / "heldout.txt").read_text(encoding="utf-8")

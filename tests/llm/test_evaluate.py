@@ -112,7 +112,6 @@ def _tiny_qwen2(out):
     build/llmref/make_tiny.py makes one, with the fixtures' Qwen2-style tokenizer trained on four small
     stdlib files. (A bare ByteLevel pre-tokenizer would not do: transformers 5 loads a qwen2 folder's
     tokenizer as Qwen2Tokenizer, which swaps in Qwen2's split regex, while tokenizer.json has GPT-2's.)"""
-    import sys
     import sysconfig
     from pathlib import Path
     from fixtures.zoo import _without_torchvision_ops

@@ -141,6 +141,15 @@ def test_quant_settings(family, kw, checkpoint, tmp_path):
     assert min(_cos(a, b[0].numpy()) for a, b in zip(got["steps"], g.logits)) >= 0.999
 
 
+@pytest.mark.parametrize("bits", [16, 4])
+def test_trained_model_matches_transformers(bits, tmp_path):
+    """The trained Llama (real weight statistics, untied embeddings): the same bars as the families."""
+    from fixtures.llm_checkpoints import build_trained
+    src = build_trained(ROOT / "build" / "llm" / "trained-test", "test")
+    export(src, tmp_path / "b", bits=bits, block=64)
+    check_against_transformers(src, tmp_path / "b", bits)
+
+
 def test_softcap_reported(tmp_path):
     from fixtures.llm_checkpoints import build_random
     r = export(build_random("gemma2", CACHE / "gemma2-cap5"), tmp_path / "b", bits=16)

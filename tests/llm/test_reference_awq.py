@@ -2,7 +2,6 @@
 scaled weights with divided norms compute the same float function (tolerances stated per test)."""
 from __future__ import annotations
 
-import sys
 
 import numpy as np
 import pytest

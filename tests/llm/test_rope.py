@@ -2,7 +2,6 @@
 the supported families' configs use; relative error <= 1e-6 (both float32)."""
 from __future__ import annotations
 
-import sys
 
 import numpy as np
 import pytest
