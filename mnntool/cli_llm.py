@@ -9,7 +9,7 @@ from rich.table import Table
 
 from .cli import JSON, _human, _progress, console, u
 
-llm_app = typer.Typer(no_args_is_help=True, help="Language models: export to the bundle MNN-LLM runs.")
+llm_app = typer.Typer(no_args_is_help=True, help="Language models: export to the bundle MNN-LLM runs; run and bench it.")
 
 
 @llm_app.command("export")
@@ -69,3 +69,116 @@ def export(model_dir: str = typer.Argument(..., help="A Hugging Face checkpoint 
         console.print(t)
     for note in r["notes"]:
         console.print(f"[yellow]note:[/] {u(note)}")
+
+
+@llm_app.command("run")
+def run(bundle: str = typer.Argument(..., help="A bundle folder (what `mnntool llm export` or llmexport wrote)."),
+        prompt: str = typer.Option(..., "--prompt", "-p", help="The prompt text (encoded with the bundle's tokenizer.mtok)."),
+        n: int = typer.Option(128, "-n", "--max-new-tokens", min=1, help="Tokens to generate at most."),
+        temperature: float = typer.Option(0.0, "--temperature", min=0.0, help="0: greedy; else sample at this temperature."),
+        top_k: int = typer.Option(0, "--top-k", min=0, help="Sample from the k most likely tokens (0: all)."),
+        top_p: float = typer.Option(1.0, "--top-p", min=0.0, max=1.0, help="Nucleus: the smallest set reaching this probability."),
+        seed: Optional[int] = typer.Option(None, "--seed", help="Seed of the sampler."),
+        threads: int = typer.Option(1, "--threads", "-t", min=1, help="Threads of the runtime's kernels."),
+        ignore_eos: bool = typer.Option(False, "--ignore-eos", help="Go on past stop tokens."),
+        as_json: bool = JSON):
+    """Generate from a bundle in mnntool's own runtime, the tokens printed as they come."""
+    import sys
+
+    from .llm.engine import load
+
+    llm = load(bundle, threads=threads)
+
+    def show(text):
+        sys.stdout.write(text)
+        sys.stdout.flush()
+    if not as_json:
+        show(prompt)
+    g = llm.generate(prompt, max_new_tokens=n, temperature=temperature, top_k=top_k, top_p=top_p, seed=seed,
+                     stop=not ignore_eos, on_text=None if as_json else show)
+    if as_json:
+        print(json.dumps({**g.as_dict(), "threads": threads, "load_s": round(llm.model.load_s, 4)}))
+        return
+    sys.stdout.write("\n")
+    console.print(f"[dim]{len(g.prompt_ids)} prompt tokens {g.prefill_tps:.1f} tok/s, {len(g.ids)} generated "
+                  f"{g.decode_tps:.1f} tok/s ({g.stopped}), {threads} thread{'s' if threads > 1 else ''}[/]",
+                  highlight=False)
+
+
+def _ints_list(text: str, what: str) -> list:
+    from .errors import MnnToolError
+    try:
+        out = [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise MnnToolError(f"{what} '{text}': expected comma-separated integers") from None
+    if not out or min(out) < 1:
+        raise MnnToolError(f"{what} '{text}': expected positive integers")
+    return out
+
+
+@llm_app.command("bench")
+def bench(bundle: str = typer.Argument(..., help="A bundle folder."),
+          p: int = typer.Option(512, "-p", "--n-prompt", min=0, help="Prompt tokens (the pp row; 0: none)."),
+          n: int = typer.Option(128, "-n", "--n-gen", min=0, help="Generated tokens (the tg row; 0: none)."),
+          pg: Optional[str] = typer.Option(None, "-pg", help="P,N: a prompt of P then N generated, timed together."),
+          reps: int = typer.Option(3, "-r", "--repetitions", min=1, help="Repetitions (mean and stddev over them)."),
+          threads: str = typer.Option("1", "--threads", "-t", help="Thread counts, comma-separated (e.g. 1,2,4)."),
+          backend: str = typer.Option("mnntool", "--backend", help="mnntool (this runtime) or mnn (MNN-LLM, MNN.llm)."),
+          exact: bool = typer.Option(False, "--exact", help="MNN-LLM with precision/memory high (default: as config.json)."),
+          as_json: bool = JSON):
+    """llama-bench's rows for a bundle: prompt processing (pp) and generation (tg) tokens/s, mean ± stddev,
+    load time and peak RSS; each thread count in a child process of its own."""
+    from .errors import MnnToolError
+    from .llm.engine.bench import host_info, rows, run_child
+    from .llm.engine.files import open_bundle
+
+    if backend not in ("mnntool", "mnn"):
+        raise MnnToolError(f"--backend {backend}: mnntool or mnn")
+    open_bundle(bundle)
+    counts = _ints_list(threads, "--threads")
+    pair = _ints_list(pg, "-pg") if pg else None
+    if pair is not None and len(pair) != 2:
+        raise MnnToolError(f"-pg {pg}: expected P,N")
+    if not p and not n and not pair:
+        raise MnnToolError("nothing to measure: -p and -n are 0 and no -pg")
+    out = []
+    for t in counts:
+        out.extend(rows(run_child(backend, bundle, t, p, n, reps, pair, exact=exact)))
+    info = host_info()
+    if as_json:
+        print(json.dumps([{**info, "model_filename": bundle, **r} for r in out]))
+        return
+    tb = Table(title=f"{u(bundle)} on {u(info['cpu_info'] or '?')}")
+    for col in ("backend", "threads", "test", "t/s", "load s", "peak RSS"):
+        tb.add_column(col, justify="right" if col not in ("backend", "test") else "left")
+    for r in out:
+        tb.add_row(r["backend"], str(r["threads"]), r["test"], f"{r['avg_ts']:.2f} ± {r['stddev_ts']:.2f}",
+                   f"{r['load_s']:.2f}", _human(r["peak_rss"], "B"))
+    console.print(tb)
+
+
+@llm_app.command("eval")
+def eval_(bundle: str = typer.Argument(..., help="An MNN-LLM bundle folder."),
+          text: str = typer.Option(..., "--text", help="A UTF-8 text file to score."),
+          ref: Optional[str] = typer.Option(None, "--ref", help="Compare with: the Hugging Face checkpoint (fp32, "
+                                            "transformers) or another bundle: KL divergence and same-top-1."),
+          ctx: int = typer.Option(512, "--ctx", min=2, help="Window length in tokens."),
+          stride: Optional[int] = typer.Option(None, "--stride", min=1, help="Window step (default ctx/2)."),
+          max_tokens: int = typer.Option(0, "--max-tokens", min=0, help="Score the first N tokens (0: all)."),
+          default_mode: bool = typer.Option(False, "--default-mode", help="MNN-LLM's default low/low precision "
+                                            "(int kernels) instead of its exact float32 mode."),
+          threads: int = typer.Option(1, "--threads", "-t", min=1), as_json: bool = JSON):
+    """Perplexity over a text in windows; with --ref, KL divergence per token (llama.cpp's --kl-divergence)."""
+    from .llm.evaluate import evaluate
+    r = evaluate(bundle, text, ref, ctx, stride, max_tokens, exact=not default_mode, threads=threads)
+    if as_json:
+        print(json.dumps(r))
+        return
+    console.print(f"{u(r['bundle'])}: {r['text_tokens']} tokens, {r['windows']} windows of {r['ctx']} ({r['mode']} mode)")
+    console.print(f"perplexity {r['ppl']:.4f} ± {r['ppl_err']:.4f}")
+    if "ref" in r:
+        console.print(f"reference {u(r['ref'])}: perplexity {r['ref_ppl']:.4f}; KL mean {r['kl_mean']:.6f} ± "
+                      f"{r['kl_mean_err']:.6f}, p99 {r['kl_p99']:.5f}, max {r['kl_max']:.5f}; same top-1 "
+                      f"{100 * r['same_top1']:.2f}%")
+    if r.get("note"):
+        console.print(f"[yellow]note:[/] {u(r['note'])}")

@@ -29,9 +29,10 @@ config makes the prefill graph return every position's logits ([1, n, vocab]; th
 input is 0 instead of -1; set before `load()`, or after it at the cost of a module clone), and `reset()`
 before each window empties the KV cache and restarts positions at 0 (both checked on mnn 3.6.1: a window's
 logits are the same, to float rounding, whether it follows other windows or runs in a fresh process; in
-exact mode they equal transformers on the bundle's dequantized weights to ~1e-5). The child writes one float32 .npy per window into a folder; the parent maps
-them (np.load mmap_mode="r") and deletes the folder at once (the mappings keep the data until the
-arrays are released), so vocab x tokens floats never go through a pipe or sit twice in memory.
+exact mode they equal transformers on the bundle's dequantized weights to ~1e-5). The child writes one
+float32 .npy per window into a folder; the parent maps them (np.load mmap_mode="r") and deletes the folder
+at once (the mappings keep the data until the arrays are released), so vocab x tokens floats never go
+through a pipe or sit twice in memory.
 `hf_logits` does the same from transformers in float32 (in this process: transformers is not MNN-LLM),
 optionally on a fake-quantized copy (`fake_quantizer`).
 
@@ -398,3 +399,45 @@ def hf_logits(model_dir, windows_: list[Window], fake_quant=None, rows: str = "a
         shutil.rmtree(work, ignore_errors=True)
         raise
     return _mapped(work, len(windows_))
+
+
+# ------------------------------------------------------------------------------------------- llm eval
+
+def evaluate(bundle, text_path, ref=None, ctx: int = 512, stride: int | None = None, max_tokens: int = 0,
+             exact: bool = True, threads: int = 1, style: str = "sliding") -> dict:
+    """`mnntool llm eval`: perplexity of the bundle (MNN-LLM's logits) over a text in windows, and with `ref`
+    (a Hugging Face checkpoint folder, run by transformers in float32, or another bundle) the KL divergence
+    per token to it (mean, p99, max) and the same-top-1 rate. The text is tokenized by the bundle's own
+    tokenizer."""
+    from .text import read_text
+    from ..errors import MnnToolError
+    text = read_text(text_path)
+    bundle = Path(bundle)
+    if not (bundle / "config.json").is_file():
+        raise MnnToolError(f"{bundle}: not an MNN-LLM bundle (no config.json)")
+    ids = mnn_encode(bundle, text)
+    if max_tokens:
+        ids = ids[:max_tokens]
+    if len(ids) < 2:
+        raise MnnToolError(f"{text_path}: {len(ids)} tokens; nothing to score")
+    ctx = min(ctx, len(ids))
+    ws = windows(ids, ctx, stride, style)
+    info: dict = {}
+    got = mnn_logits(bundle, ws, exact=exact, threads=threads, info=info)
+    out = {"bundle": str(bundle), "text": str(text_path), "text_tokens": len(ids), "ctx": ctx,
+           "stride": ws[1].start - ws[0].start if len(ws) > 1 else ctx, "windows": len(ws),
+           "mode": "exact" if exact else "default", **perplexity_stats(got, ws)}
+    if ref is not None:
+        ref = Path(ref)
+        if (ref / "llm.mnn").is_file():
+            r = mnn_logits(ref, ws, exact=exact, threads=threads)
+        else:
+            if hf_encode(ref, text)[:len(ids)] != ids:
+                out["note"] = "the checkpoint's tokenizer and the bundle's differ on this text; scored with the bundle's ids"
+            r = hf_logits(ref, ws)
+        out["ref"] = str(ref)
+        out["ref_ppl"] = perplexity(r, ws)
+        out.update(kl_stats(r, got, ws))
+        del r
+    del got
+    return out
