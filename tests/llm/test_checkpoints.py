@@ -3,7 +3,7 @@ alone (no trust_remote_code), in the family's real layout; its tokenizer round-t
 wanders instead of repeating a token; the settings meant to matter (sliding window, soft-capping, rope
 scaling) change the logits. The streamed writer (the 0.5b/1.5b path) equals save_pretrained's output.
 
-The families are built once into build/llm/checkpoints and reused across runs (recipe.json). The trained
+The families are built once into build/llm/random and reused across runs (recipe.json). The trained
 "test" model is built into build/llm/trained-test (tens of seconds, once) and reused.
 """
 from __future__ import annotations
@@ -19,7 +19,7 @@ pytest.importorskip("transformers")
 
 from fixtures import llm_checkpoints as L  # noqa: E402
 
-CACHE = ROOT / "build" / "llm" / "checkpoints"
+CACHE = ROOT / "build" / "llm" / "random"     # shared with the export tests (gemma2 there has its cap at 50)
 TEXT = "def f(x):\n    return x ** 2  # Grüße, 東京 ✓\n\n\tclass A: pass"
 PROMPT = "def main():\n    "
 
@@ -30,7 +30,7 @@ def checkpoint():
 
     def get(family: str):
         if family not in built:
-            built[family] = L.build_random(family, CACHE / family)
+            built[family] = L.build_random(family, CACHE / (family + ("-cap5" if family == "gemma2" else "")))
         return built[family]
     return get
 
