@@ -81,13 +81,15 @@ def run(bundle: str = typer.Argument(..., help="A bundle folder (what `mnntool l
         seed: Optional[int] = typer.Option(None, "--seed", help="Seed of the sampler."),
         threads: int = typer.Option(1, "--threads", "-t", min=1, help="Threads of the runtime's kernels."),
         ignore_eos: bool = typer.Option(False, "--ignore-eos", help="Go on past stop tokens."),
+        precision: str = typer.Option("normal", "--precision", help="normal (int16 inputs to the quantized layers) "
+                                      "or high (float32, slower)."),
         as_json: bool = JSON):
     """Generate from a bundle in mnntool's own runtime, the tokens printed as they come."""
     import sys
 
     from .llm.engine import load
 
-    llm = load(bundle, threads=threads)
+    llm = load(bundle, threads=threads, precision=precision)
 
     def show(text):
         sys.stdout.write(text)
@@ -124,7 +126,8 @@ def bench(bundle: str = typer.Argument(..., help="A bundle folder."),
           reps: int = typer.Option(3, "-r", "--repetitions", min=1, help="Repetitions (mean and stddev over them)."),
           threads: str = typer.Option("1", "--threads", "-t", help="Thread counts, comma-separated (e.g. 1,2,4)."),
           backend: str = typer.Option("mnntool", "--backend", help="mnntool (this runtime) or mnn (MNN-LLM, MNN.llm)."),
-          exact: bool = typer.Option(False, "--exact", help="MNN-LLM with precision/memory high (default: as config.json)."),
+          exact: bool = typer.Option(False, "--exact", help="MNN-LLM with precision/memory high (default: as config.json); "
+                                     "mnntool with float32 inputs (--precision high)."),
           as_json: bool = JSON):
     """llama-bench's rows for a bundle: prompt processing (pp) and generation (tg) tokens/s, mean ± stddev,
     load time and peak RSS; each thread count in a child process of its own."""
