@@ -35,6 +35,20 @@ RUNTIME_CONFIG = {"backend_type": "cpu", "thread_num": 4, "precision": "low", "m
                   "frequency_penalty": 0.0, "penalty_window": 0, "n_gram": 8, "ngram_factor": 1.0}
 
 
+def _sampler(gen: dict) -> dict:
+    """The checkpoint's own sampling defaults (generation_config.json) in MNN-LLM's terms: greedy when
+    it does not sample, else its temperature, top-k, top-p and repetition penalty."""
+    if gen.get("do_sample") is False:
+        return {"sampler_type": "greedy"}
+    out = {}
+    for key, name, kind in (("temperature", "temperature", float), ("top_k", "top_k", int), ("top_p", "top_p", float),
+                            ("repetition_penalty", "repetition_penalty", float)):
+        v = gen.get(key)
+        if isinstance(v, (int, float)) and not isinstance(v, bool) and v > 0:
+            out[name] = kind(v)
+    return out
+
+
 def _check_plan(p: QuantPlan, embed_bits: int | None) -> None:
     for what, v in (("--bits", p.bits), ("--lm-bits", p.lm_bits), ("--embed-bits", embed_bits)):
         if v is not None and v not in (4, 8, 16):
@@ -169,7 +183,7 @@ def _write(ck: Checkpoint, spec, plan: QuantPlan, embed_bits, model_dir: Path, t
         llm_config["tie_embeddings"] = tie
     llm_config.update(tok.get("llm_config") or {})
     (tmp / "llm_config.json").write_text(json.dumps(llm_config, indent=4, ensure_ascii=False))
-    config = {"llm_model": "llm.mnn", "llm_weight": "llm.mnn.weight", **RUNTIME_CONFIG,
+    config = {"llm_model": "llm.mnn", "llm_weight": "llm.mnn.weight", **RUNTIME_CONFIG, **_sampler(ck.generation_config),
               "tokenizer_file": "tokenizer.mtok"}
     if emb_file:
         config["embedding_file"] = emb_file

@@ -157,6 +157,21 @@ def test_softcap_reported(tmp_path):
     assert r["attention_type"] == "mix"
 
 
+def test_sampler_from_generation_config(checkpoint, tmp_path):
+    """generation_config.json's do_sample false -> greedy; its temperature/top-k/top-p otherwise."""
+    import shutil
+    src = tmp_path / "m"
+    shutil.copytree(checkpoint("qwen2"), src)
+    export(src, tmp_path / "a")
+    assert json.loads((tmp_path / "a" / "config.json").read_text())["sampler_type"] == "greedy"
+    (src / "generation_config.json").write_text(json.dumps({"do_sample": True, "temperature": 0.7, "top_k": 20,
+                                                            "top_p": 0.8, "repetition_penalty": 1.05}))
+    export(src, tmp_path / "b")
+    cfg = json.loads((tmp_path / "b" / "config.json").read_text())
+    assert (cfg["sampler_type"], cfg["temperature"], cfg["top_k"], cfg["top_p"], cfg["repetition_penalty"]) == \
+        ("mixed", 0.7, 20, 0.8, 1.05)
+
+
 def test_report_and_files(checkpoint, tmp_path):
     r = export(checkpoint("qwen2"), tmp_path / "b", bits=4, block=64)
     names = set(r["files"])
