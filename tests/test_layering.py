@@ -1,4 +1,4 @@
-"""Imports only go down the layers README.md names: ir <- format <- runtime <- quant; a module never
+"""Imports only go down the layers docs/contributing/layout.md names: ir <- format <- runtime <- quant; a module never
 imports a package above its own (the check parses every module's imports, including function-level
 ones)."""
 import ast
