@@ -1,7 +1,9 @@
-"""mnntool's own runtime for MNN-LLM bundles: the graph's decoder recognised (graph.py), the weights kept
-quantized as the file stores them (weights.py), Numba kernels (qdot.py, qkernels.py, steps.py), a KV
-cache owned by the engine (model.py), the bundle's tokenizer read back (tokenizer.py), generation
-(generate.py) and the benchmark (bench.py)."""
+"""mnntool's own runtime for MNN-LLM bundles: the bundle's files (files.py), the graph's decoder
+recognised from its ops (graph.py), the weights kept quantized with the file's values (weights.py), Numba
+kernels (packed.py: int4/int8 GEMV and GEMM on int16 inputs; qkernels.py + qdot.py: float32 inputs on the
+file's layout; steps.py: norms, RoPE, attention), a KV cache owned by the engine (model.py, kernels.py),
+the bundle's tokenizer read back (tokenizer.py), generation and sampling (generate.py) and the
+benchmark (bench.py)."""
 from __future__ import annotations
 
 

@@ -117,6 +117,9 @@ def run_child(backend: str, bundle, threads: int, p: int, n: int, reps: int, pg=
         env = dict(os.environ)
         if backend == "mnntool":
             env.setdefault("NUMBA_NUM_THREADS", str(max(threads, 1)))
+            if threads > 1 and "OMP_WAIT_POLICY" not in env and env.get("GOMP_SPINCOUNT") in (None, "1000000"):
+                env.pop("GOMP_SPINCOUNT", None)         # as Model does in-process (kernels.wait_policy)
+                env["OMP_WAIT_POLICY"] = "PASSIVE"
         proc = subprocess.run([sys.executable, "-c", _CHILD, json.dumps(args)], capture_output=True, text=True,
                               timeout=timeout, env=env)
     for line in proc.stdout.splitlines():

@@ -151,7 +151,11 @@ def load(folder, threads: int = 1, context: int | None = None, precision: str = 
     """An MNN-LLM bundle folder (what `mnntool llm export` writes, or llmexport) in mnntool's runtime.
     precision "normal" feeds the quantized layers int16 inputs (rounding 1.5e-5 of a block's largest
     value), "high" float32 (the file's layout read in place; slower)."""
+    t0 = time.perf_counter()
     model = Model.load(folder, threads=threads, context=context, precision=precision)
+    model.forward([0])          # the kernels loaded (Numba's cache) now, not in the first prompt's time
+    model.reset()
+    model.load_s = time.perf_counter() - t0
     tok = None
     if model.files.tokenizer is not None and model.files.tokenizer.is_file():
         tok = Tokenizer(model.files.tokenizer)

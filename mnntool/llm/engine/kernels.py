@@ -1,6 +1,7 @@
 """The engine's steps: linear layers on quantized weights, norms, RoPE, attention over the KV cache.
 
-Reference versions in numpy (`REFERENCE`); the fast path (qkernels.py) is used when the shapes suit it.
+The numpy reference (`REFERENCE`, tests) and the fast path: linear layers in packed.py / qkernels.py,
+the rest in steps.py, one fused step per layer for T tokens (T = 1: decode) over the engine's KV cache.
 """
 from __future__ import annotations
 
@@ -15,46 +16,49 @@ REFERENCE = False      # tests flip it to run the numpy path
 PACKED = True          # 4/8-bit layers repacked for the int16 GEMV/GEMM (packed.py); else read in place
 
 
-class Linear:
-    """y = x @ w.T + bias on a quantized w."""
+class Linears:
+    """Linear layers reading one input (q/k/v, gate/up, or one alone): y_i = x @ w_i.T + bias_i on
+    quantized w_i. precision "normal": int16 inputs where the kernels take them, the layers repacked
+    together (packed.py); "high": float32 inputs, the file's layout read in place (qkernels.py)."""
 
-    def __init__(self, w: QWeight, threads: int = 1, precision: str = "normal"):
-        """precision "normal": int16 inputs where the kernels take them (packed.py); "high": float32
-        inputs everywhere (the file's layout read in place, slower)."""
-        self.w, self.threads = w, threads
-        self.oc, self.ic = w.oc, w.ic
-        self.nbytes = w.nbytes
-        self.fast = None
+    def __init__(self, ws: list, threads: int = 1, precision: str = "normal"):
+        self.ws, self.threads = ws, threads
+        self.packed = None
+        self.fast = [None] * len(ws)
         if not REFERENCE:
             from . import packed, qkernels
             high = precision == "high"
             if PACKED and not high:
-                self.fast = packed.PackedLinear.of(w, threads)
-            if self.fast is None:
-                self.fast = qkernels.QLinear.of(w, threads, int16=not high)
-            if self.fast is not None and hasattr(self.fast, "nbytes"):
-                self.nbytes = self.fast.nbytes
-
-    def apply(self, x: np.ndarray) -> np.ndarray:
-        x = np.ascontiguousarray(x, np.float32).reshape(-1, self.ic)
-        if self.fast is not None:
-            return self.fast.apply(x)
-        y = x @ self.w.dequantize().T
-        if self.w.bias is not None:
-            y += self.w.bias
-        return y
-
-
-class Linears:
-    """Several linear layers reading one input (q/k/v, gate/up)."""
-
-    def __init__(self, ws: list, threads: int = 1, precision: str = "normal"):
-        self.ws = ws
-        self.parts = [Linear(w, threads, precision) for w in ws]
-        self.nbytes = sum(p.nbytes for p in self.parts)
+                self.packed = packed.PackedLinear.of(ws, threads)
+            if self.packed is None:
+                self.fast = [qkernels.QLinear.of(w, threads) for w in ws]
+        self.nbytes = self.packed.nbytes if self.packed is not None else sum(w.nbytes for w in ws)
 
     def apply(self, x: np.ndarray) -> list:
-        return [p.apply(x) for p in self.parts]
+        x = np.ascontiguousarray(x, np.float32).reshape(-1, self.ws[0].ic)
+        if self.packed is not None:
+            return self.packed.apply(x)
+        out = []
+        for w, fast in zip(self.ws, self.fast):
+            if fast is not None:
+                out.append(fast.apply(x))
+                continue
+            y = x @ w.dequantize().T
+            if w.bias is not None:
+                y += w.bias
+            out.append(y)
+        return out
+
+
+class Linear(Linears):
+    """One linear layer."""
+
+    def __init__(self, w: QWeight, threads: int = 1, precision: str = "normal"):
+        super().__init__([w], threads, precision)
+        self.w, self.oc, self.ic = w, w.oc, w.ic
+
+    def apply(self, x: np.ndarray) -> np.ndarray:
+        return super().apply(x)[0]
 
 
 class Workspace:
@@ -83,18 +87,37 @@ class Workspace:
         return nw.gamma, beta, nw.beta is not None, float(nw.eps), bool(nw.rms)
 
 
+SPIN_OF_TUNE_PROCESS = "1000000"     # the spin mnntool.tuning.tune_process sets for the CNN sessions
+
+
+def wait_policy(threads: int) -> None:
+    """At more than one thread, OpenMP's workers sleep between parallel regions (OMP_WAIT_POLICY
+    passive) unless the user chose otherwise. A decode step runs ~100 short regions; workers that spin
+    between them (tune_process's GOMP_SPINCOUNT, kept for the CNN sessions) take the cores the other
+    threads need whenever the host is shared: here, with other jobs on the 2 cores, 2-thread decode ran
+    2-6 tokens/s spinning and 24-36 passive (1 thread: 38). Read when OpenMP starts: only before Numba's
+    first parallel kernel."""
+    import os
+    import sys
+    if threads <= 1 or "OMP_WAIT_POLICY" in os.environ:
+        return
+    par = sys.modules.get("numba.np.ufunc.parallel")
+    if par is not None and getattr(par, "_is_initialized", False):
+        return
+    if os.environ.get("GOMP_SPINCOUNT") not in (None, SPIN_OF_TUNE_PROCESS):
+        return
+    os.environ.pop("GOMP_SPINCOUNT", None)
+    os.environ["OMP_WAIT_POLICY"] = "PASSIVE"
+
+
 @contextlib.contextmanager
-def threads(n: int, blas: bool = False):
-    """The engine's thread count for Numba; with `blas` (a prefill's sgemms) for BLAS too, which the
-    runtime otherwise keeps at one thread."""
+def threads(n: int):
+    """The engine's thread count for Numba's kernels. BLAS (the prefill's attention products) stays at
+    one thread, as the runtime keeps it: OpenBLAS's workers spin after each call and, at 2 threads on a
+    busy host, took the core Numba's worker needed (prefill 512 tokens: 75 against 126-170 tokens/s)."""
     from ...runtime.settings import Settings
     Settings.of(n).apply()
-    if blas and n > 1:
-        from threadpoolctl import threadpool_limits
-        with threadpool_limits(limits=n, user_api="blas"):
-            yield
-    else:
-        yield
+    yield
 
 
 def norm(x: np.ndarray, nw: NormWeights) -> np.ndarray:

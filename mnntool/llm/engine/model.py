@@ -54,6 +54,7 @@ class Model:
         self.precision = precision
         self.files, self.plan = files, plan
         self.threads = max(1, int(threads))
+        K.wait_policy(self.threads)
         self.reference = K.REFERENCE
         self.hidden, self.vocab = plan.hidden, plan.vocab
         cfg = files.llm_config
@@ -64,6 +65,7 @@ class Model:
         self.layers = [self._layer(lp, window) for lp in plan.layers]
         self.final_norm = read_norm(self.wf, plan.final_norm, plan.hidden)
         self.head = K.Linear(read_linear(self.wf, plan.head), self.threads, precision)
+        self._release(self.head)
         self.softcap = plan.softcap
         self.embed = self._embeddings()
         L = plan.layers[0]
@@ -98,13 +100,23 @@ class Model:
             cos = (np.cos(f) * np.float32(lp.rope.scaling)).astype(np.float32)
             sin = (np.sin(f) * np.float32(lp.rope.scaling)).astype(np.float32)
         scale = lp.attn_scale if lp.attn_scale else 1.0 / math.sqrt(lp.head_dim)
-        return Layer(lp, read_norm(wf, lp.in_norm, lp.q.ic), K.Linears([q, k, v], t, pr),
-                     K.Linear(read_linear(wf, lp.o), t, pr), K.Linears(mlp, t, pr),
-                     K.Linear(read_linear(wf, lp.down), t, pr),
+        qkv, o = K.Linears([q, k, v], t, pr), K.Linear(read_linear(wf, lp.o), t, pr)
+        mlp_in, down = K.Linears(mlp, t, pr), K.Linear(read_linear(wf, lp.down), t, pr)
+        for lin in (qkv, o, mlp_in, down):
+            self._release(lin)
+        return Layer(lp, read_norm(wf, lp.in_norm, lp.q.ic), qkv, o, mlp_in, down,
                      self._norm(lp.q_norm, lp.head_dim), self._norm(lp.k_norm, lp.head_dim),
                      self._norm(lp.post_attn_norm, lp.o.oc), read_norm(wf, lp.ff_norm, lp.o.oc),
                      self._norm(lp.post_ff_norm, lp.o.oc), cos, sin, window if lp.sliding else 0,
                      float(scale * lp.q_scale))
+
+    def _release(self, lin) -> None:
+        """Layers repacked at load (packed.py) read their copy: the file's pages under them are let go,
+        and the unpacked scales and offsets."""
+        if lin.packed is not None:
+            for w in lin.ws:
+                self.wf.release(w.codes)
+                w.scale = w.offset = w.zero = None
 
     def _embeddings(self) -> Embeddings:
         f, p = self.files, self.plan
@@ -143,7 +155,7 @@ class Model:
         if self.pos + n > self.context:
             raise MnnToolError(f"context full: {self.pos} + {n} tokens > {self.context} (load with a larger context)")
         h = self.embed_rows(ids)
-        with K.threads(self.threads, blas=n > 2):
+        with K.threads(self.threads):
             for layer, i in zip(self.layers, range(len(self.layers))):
                 h = K.layer_step(self, i, layer, h, self.pos)
             self.pos += n

@@ -27,7 +27,7 @@ from ...runtime.kernels.llvmir import data_of, first_lanes, k_loop, splat, vecto
 
 LANES = 16
 KC = {4: 8, 8: 4}               # channels per 32-bit word
-GEMV_GROUPS = 1                 # groups of 16 rows per GEMV step (2: 10 against 13 GB/s here, spills)
+GEMM_CHUNK = 2                  # groups of rows per scheduling chunk of the GEMM at > 1 thread
 TOKENS = 6                      # tokens per GEMM tile (6 int32 + 6 float accumulators + 4 unpacked weights)
 
 
@@ -197,8 +197,6 @@ def _make_tile(bits: int, M: int, NG: int = 1):
 
 tile_u4_1 = _make_tile(4, 1)
 tile_u8_1 = _make_tile(8, 1)
-tile_u4_2 = _make_tile(4, 1, 2)      # two groups of rows at once: twice the independent chains
-tile_u8_2 = _make_tile(8, 1, 2)
 tile_u4_m = _make_tile(4, TOKENS)
 tile_u8_m = _make_tile(8, TOKENS)
 
@@ -227,22 +225,17 @@ def quantize_rows(x, blk, qmax, xq, sx, xs):
 
 
 @njit(parallel=True, cache=True)
-def gemv(w, bits, s, off, bias, x, blk, qmax, xq, sx, xs, ng, y):
-    """y (O,) = W x + bias, x (1, K): one token, parallel over groups of 16 rows."""
+def gemv(w, bits, s, off, bias, x, blk, qmax, xq, sx, xs, y):
+    """y (O,) = W x + bias, x (1, K): one token, parallel over groups of 16 rows (one stream through
+    the packed words: software prefetch of later groups made it slower here, 14 -> 12 GB/s)."""
     G, nch, _ = w.shape
     O = y.size
     nb = s.shape[1]
     quantize_rows(x, blk, qmax, xq, sx, xs)
     wf, sf, of = w.reshape(-1), s.reshape(-1), off.reshape(-1)
-    for gp in prange((G + ng - 1) // ng):
-        g = ng * gp
-        n = min(ng * LANES, O - g * LANES)
-        if ng == 2 and g + 1 < G:
-            if bits == 4:
-                tile_u4_2(wf, g * nch * LANES, nch, blk, sf, g * nb * LANES, of, xq, 0, 0, sx, 0, 0, xs, y, g * LANES, 0, 1, n)
-            else:
-                tile_u8_2(wf, g * nch * LANES, nch, blk, sf, g * nb * LANES, of, xq, 0, 0, sx, 0, 0, xs, y, g * LANES, 0, 1, n)
-        elif bits == 4:
+    for g in prange(G):
+        n = min(LANES, O - g * LANES)
+        if bits == 4:
             tile_u4_1(wf, g * nch * LANES, nch, blk, sf, g * nb * LANES, of, xq, 0, 0, sx, 0, 0, xs, y, g * LANES, 0, 1, n)
         else:
             tile_u8_1(wf, g * nch * LANES, nch, blk, sf, g * nb * LANES, of, xq, 0, 0, sx, 0, 0, xs, y, g * LANES, 0, 1, n)
@@ -279,46 +272,70 @@ def gemm(w, bits, s, off, bias, x, blk, qmax, xq, sx, xs, y):
 
 
 class PackedLinear:
-    """A 4- or 8-bit layer repacked (`of` returns None when the blocks do not suit: a block must hold
-    whole words, K a whole number of blocks)."""
+    """4- or 8-bit layers reading one input (q/k/v, gate/up: the same bits, block and input size),
+    repacked into one matrix: one call and one quantization of the input for all of them. Each layer's
+    rows start on a group of 16 (the rows between are zero). `of` returns None when the layers do not
+    suit (a block must hold whole words, K a whole number of blocks)."""
 
-    def __init__(self, w, threads: int):
+    packed = True
+
+    def __init__(self, ws: list, threads: int):
         from .qkernels import _pick
-        self.oc, self.ic, self.bits, self.blk = w.oc, w.ic, w.bits, w.block
-        G = -(-w.oc // LANES)
-        kc = KC[w.bits]
-        self.w = np.empty((G, w.ic // kc, LANES), np.uint32)
-        _pick(pack_u4 if w.bits == 4 else pack_u8, 1 << 30, threads)(w.codes, w.oc, w.ic, NIBBLES, self.w)
-        self.s = pack_blocks(w.scale, G)
-        self.off = pack_blocks(w.offset, G)
-        self.bias = np.zeros(w.oc, np.float32) if w.bias is None else np.ascontiguousarray(w.bias, np.float32)
-        nb = w.scale.shape[1]
-        top = 15 if w.bits == 4 else 255
+        self.threads = threads
+        w0 = ws[0]
+        self.ic, self.bits, self.blk = w0.ic, w0.bits, w0.block
+        kc, nb = KC[w0.bits], w0.ic // w0.block
+        groups = [-(-w.oc // LANES) for w in ws]
+        G = sum(groups)
+        self.O = G * LANES
+        self.w = np.empty((G, w0.ic // kc, LANES), np.uint32)
+        self.s = np.zeros((G, nb, LANES), np.float32)
+        self.off = np.zeros((G, nb, LANES), np.float32)
+        self.bias = np.zeros(self.O, np.float32)
+        self.slices = []
+        pack = _pick(pack_u4 if w0.bits == 4 else pack_u8, 1 << 30, threads)
+        g0 = 0
+        for w, g in zip(ws, groups):
+            pack(w.codes, w.oc, w.ic, NIBBLES, self.w[g0:g0 + g])
+            self.s[g0:g0 + g] = pack_blocks(w.scale, g)
+            self.off[g0:g0 + g] = pack_blocks(w.offset, g)
+            if w.bias is not None:
+                self.bias[g0 * LANES:g0 * LANES + w.oc] = w.bias
+            self.slices.append((g0 * LANES, g0 * LANES + w.oc))
+            g0 += g
+        top = 15 if w0.bits == 4 else 255
         self.qmax = int(min(32767, (2**31 - 1) // (self.blk * top)))
-        self.xq1 = np.empty((1, w.ic), np.int16)
+        self.xq1 = np.empty((1, w0.ic), np.int16)
         self.sx1, self.xs1 = np.empty((1, nb), np.float32), np.empty((1, nb), np.float32)
         self.gemv = _pick(gemv, self.w.size * 4, threads)
-        self.ng = GEMV_GROUPS
         self.gemm = _pick(gemm, 1 << 30, threads)
         self.nbytes = self.w.nbytes + self.s.nbytes + self.off.nbytes + self.bias.nbytes
 
     @staticmethod
-    def of(w, threads: int):
+    def of(ws: list, threads: int):
         from .qkernels import HAS_I16
-        if not HAS_I16 or w.bits not in (4, 8) or w.block % KC[w.bits] or w.ic % w.block:
+        w0 = ws[0]
+        if not HAS_I16 or w0.bits not in (4, 8) or w0.block % KC[w0.bits] or w0.ic % w0.block:
             return None
-        return PackedLinear(w, threads)
+        if any((w.bits, w.block, w.ic) != (w0.bits, w0.block, w0.ic) for w in ws):
+            return None
+        return PackedLinear(ws, threads)
 
-    def apply(self, x: np.ndarray, y: np.ndarray | None = None) -> np.ndarray:
+    def apply(self, x: np.ndarray) -> list:
+        """x (T, K) -> each layer's (T, oc) output (views when T = 1)."""
         T = x.shape[0]
-        if y is None:
-            y = np.empty((T, self.oc), np.float32)
+        y = np.empty((T, self.O), np.float32)
         if T == 1:
             self.gemv(self.w, self.bits, self.s, self.off, self.bias, x, self.blk, self.qmax, self.xq1, self.sx1,
-                      self.xs1, self.ng, y[0])
-            return y
+                      self.xs1, y[0])
+            return [y[:, a:b] for a, b in self.slices]
         nb = self.s.shape[1]
         xq = np.empty((T, self.ic), np.int16)
         sx, xs = np.empty((T, nb), np.float32), np.empty((T, nb), np.float32)
-        self.gemm(self.w, self.bits, self.s, self.off, self.bias, x, self.blk, self.qmax, xq, sx, xs, y)
-        return y
+        if self.threads > 1:        # groups handed out a few at a time: a thread slowed by another job takes fewer
+            import numba
+            with numba.parallel_chunksize(GEMM_CHUNK):
+                self.gemm(self.w, self.bits, self.s, self.off, self.bias, x, self.blk, self.qmax, xq, sx, xs, y)
+        else:
+            self.gemm(self.w, self.bits, self.s, self.off, self.bias, x, self.blk, self.qmax, xq, sx, xs, y)
+        return [np.ascontiguousarray(y[:, a:b]) for a, b in self.slices]

@@ -1,4 +1,6 @@
-"""Weight-only int4 / int8 (and fp16) linear layers on the weight file's bytes, in Numba.
+"""Weight-only int4 / int8 (and fp16) linear layers on the weight file's bytes as they lie in the memory
+map, in Numba, with float32 inputs: the engine's precision "high", its 16-bit layers, and what the
+repacked int16 path (packed.py) does not take.
 
 decode (one token): a GEMV that streams the stored values once, 4 rows at a time (qdot.py), with the
     dequantization fused: y[r] = sum_b scale[r,b] * (u_rb . x_b) + offset[r,b] * sum(x_b) + bias[r];
@@ -16,14 +18,13 @@ from ...runtime.kernels.fgemm import prefetch_lines
 from ...runtime.kernels.gemv import ROWS
 from ...runtime.kernels.llvmir import host_has
 from ...runtime.kernels.jit import Bound, njit, prange
-from .qdot import GROUP, qdot_f16, qdot_i16_u4, qdot_i16_u8, qdot_u4, qdot_u8
+from .qdot import GROUP, qdot_f16, qdot_u4, qdot_u8
 from .weights import QWeight
 
 KIND = {4: 0, 8: 1, 16: 2}
 STEP = {4: 32, 8: 16, 16: 16}       # values per 16-lane step of qdot
 AHEAD = 4                          # groups of rows prefetched ahead (4.7 -> ~7.5 GB/s cold at one thread here)
-INT16_INPUTS = True                # decode GEMVs quantize their input to int16 per block (qdot.py)
-HAS_I16 = host_has("avx512bw")
+HAS_I16 = host_has("avx512bw")     # vpmaddwd on zmm: the packed int16 kernels (packed.py)
 PANEL_FLOATS = 256 * 1024           # rows dequantized per sgemm: ~1 MB of float32
 
 
@@ -78,56 +79,6 @@ def qgemv(codes, kind, scale, offset, bias, x, xp, xs, blk, ahead_groups, y):
             y[r] = t
 
 
-@njit(cache=True)
-def quantize_x(x, blk, qmax, permute, xq, sx):
-    """xq = round(x / sx[b]) per block b, sx[b] = max|x_b| / qmax (int16); with `permute` each group of
-    64 reordered odd positions first, then even ones (the order qdot_i16_u4 meets the nibbles in)."""
-    nb = sx.size
-    for b in range(nb):
-        m = np.float32(0)
-        for j in range(b * blk, (b + 1) * blk):
-            a = abs(x[j])
-            if a > m:
-                m = a
-        s = m / np.float32(qmax) if m > 0 else np.float32(1)
-        sx[b] = s
-        inv = np.float32(1) / s
-        if permute:
-            for c in range(b * blk, (b + 1) * blk, 64):
-                for j in range(32):
-                    xq[c + j] = np.int16(np.floor(x[c + 2 * j + 1] * inv + np.float32(0.5)))
-                    xq[c + 32 + j] = np.int16(np.floor(x[c + 2 * j] * inv + np.float32(0.5)))
-        else:
-            for j in range(b * blk, (b + 1) * blk):
-                xq[j] = np.int16(np.floor(x[j] * inv + np.float32(0.5)))
-
-
-@njit(parallel=True, cache=True)
-def qgemv_i16(codes, kind, scale, offset, bias, x, xq, sx, xs, blk, qmax, ahead_groups, y):
-    """y = W x + bias with x quantized per block to int16 (see qdot.py); kind 0 u4, 1 u8."""
-    O, rb = codes.shape
-    nb = scale.shape[1]
-    K = nb * blk
-    quantize_x(x, blk, qmax, kind == 0, xq, sx)
-    block_sums(x, blk, xs)
-    cf, sf = codes.reshape(-1), scale.reshape(-1)
-    for g in prange((O + GROUP - 1) // GROUP):
-        o = g * GROUP
-        n = min(GROUP, O - o)
-        ahead = o + ahead_groups * GROUP
-        if ahead_groups > 0 and ahead < O:
-            prefetch_lines(cf, ahead * rb, (min(GROUP, O - ahead) * rb) // 4)
-        if kind == 0:
-            qdot_i16_u4(cf, o * rb, rb, xq, K, blk, sf, o * nb, nb, sx, y, o, n)
-        else:
-            qdot_i16_u8(cf, o * rb, rb, xq, K, blk, sf, o * nb, nb, sx, y, o, n)
-        for r in range(o, o + n):
-            t = y[r] + bias[r]
-            for b in range(nb):
-                t += offset[r, b] * xs[b]
-            y[r] = t
-
-
 @njit(parallel=True, cache=True)
 def dequant_rows(codes, kind, scale, offset, r0, r1, out):
     """out[r - r0, :] = the float32 weights of rows r0..r1 (u4 / u8; fp16 is converted by numpy)."""
@@ -160,7 +111,7 @@ def _pick(fn, work: int, threads: int):
 class QLinear:
     """A quantized linear layer's fast path; `of` returns None where the layout does not suit it."""
 
-    def __init__(self, w: QWeight, threads: int, int16: bool = True):
+    def __init__(self, w: QWeight, threads: int):
         self.w, self.threads = w, threads
         self.oc, self.ic = w.oc, w.ic
         self.kind = KIND[w.bits]
@@ -176,29 +127,16 @@ class QLinear:
         self.xs = np.empty(self.scale.shape[1], np.float32)
         self.gemv = _pick(qgemv, self.codes.size, threads)
         self.ahead = AHEAD
-        self.int16 = int16 and INT16_INPUTS and HAS_I16 and (
-            (w.bits == 4 and self.blk % 64 == 0) or (w.bits == 8 and self.blk % 32 == 0))
-        if self.int16:
-            self.gemv16 = _pick(qgemv_i16, self.codes.size, threads)
-            self.xq = np.empty(w.ic, np.int16)
-            self.sx = np.empty(self.scale.shape[1], np.float32)
-            # int32 sums per lane over a block: steps * products per lane per step * largest stored value
-            steps, per_lane, top = (self.blk // 64, 4, 15) if w.bits == 4 else (self.blk // 32, 2, 255)
-            self.qmax = int(min(32767, (2**31 - 1) // (steps * per_lane * top)))
         self.dequant = _pick(dequant_rows, self.codes.size, threads)
         self.panel_rows = max(ROWS, min(w.oc, PANEL_FLOATS // max(w.ic, 1)))
 
     @staticmethod
-    def of(w: QWeight, threads: int, int16: bool = True):
+    def of(w: QWeight, threads: int):
         if w.ic % STEP[w.bits] or (w.bits != 16 and w.block % STEP[w.bits]):
             return None
-        return QLinear(w, threads, int16)
+        return QLinear(w, threads)
 
     def matvec(self, x: np.ndarray, y: np.ndarray) -> None:
-        if self.int16:
-            self.gemv16(self.codes, self.kind, self.scale, self.offset, self.bias, x, self.xq, self.sx, self.xs,
-                        self.blk, self.qmax, self.ahead, y)
-            return
         self.gemv(self.codes, self.kind, self.scale, self.offset, self.bias, x, self.xp, self.xs, self.blk, self.ahead, y)
 
     def weights(self, r0: int, r1: int, out: np.ndarray) -> np.ndarray:

@@ -124,26 +124,29 @@ def prepare_qkv(q, k, v, qn, qn_b, kn, kn_b, qn_on, kn_on, eps_q, eps_k, rms_q, 
                 vc[h, p, j] = v[t, h, j]
 
 
-@njit(parallel=True, cache=True, fastmath=False)
+@njit(parallel=True, cache=True, fastmath=True)
 def attend(q, kc, vc, pos0, window, scale, scores, out):
     """out (T, H, D) = softmax(q k^T * scale) v over the cache, causal, sliding when window > 0.
-    scores: (H, context) scratch."""
+    scores: (H, context) scratch. fastmath: the dot products and sums vectorized (reassociated)."""
     T, H, D = q.shape
     KV = kc.shape[0]
     rep = H // KV
     for h in prange(H):
         g = h // rep
         sc = scores[h]
+        acc = np.empty(D, np.float32)
         for t in range(T):
             p = pos0 + t
             lo = 0
             if window > 0 and p - window + 1 > 0:
                 lo = p - window + 1
-            m = -np.inf
+            qv = q[t, h]
+            m = np.float32(-np.inf)
             for j in range(lo, p + 1):
+                kv = kc[g, j]
                 s = np.float32(0)
                 for d in range(D):
-                    s += q[t, h, d] * kc[g, j, d]
+                    s += qv[d] * kv[d]
                 s *= scale
                 sc[j] = s
                 if s > m:
@@ -154,9 +157,11 @@ def attend(q, kc, vc, pos0, window, scale, scores, out):
                 sc[j] = e
                 tot += e
             inv = np.float32(1) / tot
-            for d in range(D):
-                out[t, h, d] = 0
+            acc[:] = 0
             for j in range(lo, p + 1):
                 w = sc[j] * inv
+                vv = vc[g, j]
                 for d in range(D):
-                    out[t, h, d] += w * vc[g, j, d]
+                    acc[d] += w * vv[d]
+            for d in range(D):
+                out[t, h, d] = acc[d]

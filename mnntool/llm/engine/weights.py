@@ -52,6 +52,22 @@ class WeightFile:
         raw = self.bytes_view(offset, count * dt.itemsize, what)
         return np.frombuffer(raw.tobytes(), dt).copy()
 
+    def release(self, view: np.ndarray) -> None:
+        """The pages under `view` (a view of this file) dropped from the process (MADV_DONTNEED): a layer
+        repacked at load no longer reads them; they come back from the page cache if read again."""
+        if not self.size or not hasattr(self.map, "madvise") or not hasattr(mmap, "MADV_DONTNEED"):
+            return
+        start = view.__array_interface__["data"][0] - self.buf.__array_interface__["data"][0]
+        if start < 0 or start + view.nbytes > self.size:
+            return
+        page = mmap.PAGESIZE
+        lo, hi = -(-start // page) * page, (start + view.nbytes) // page * page
+        if hi > lo:
+            try:
+                self.map.madvise(mmap.MADV_DONTNEED, lo, hi - lo)
+            except (OSError, ValueError):
+                pass
+
     def advise_willneed(self) -> None:
         if self.size and hasattr(self.map, "madvise") and hasattr(mmap, "MADV_WILLNEED"):
             try:
