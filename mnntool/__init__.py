@@ -43,13 +43,16 @@ def quantize(src, dst, *, int8: bool = False, calib=None, method: str = "mse", w
 
 def verify(source, model, *, feeds=None, input_shapes: dict | None = None, backend: str = "numba",
            min_cosine: float = 0.999, max_abs: float | None = None, threads: int | None = None,
-           workers: int = 1, ray: str | None = None) -> dict:
+           workers: int = 1, ray: str | None = None, outputs_only: bool = False, seed: int = 0) -> dict:
     """Compare every tensor of the .mnn `model` with the `source` model run in its own framework, on
-    `feeds` (a dict, a list of dicts, or None for random inputs; a list split over `workers` local
-    processes, or Ray tasks with `ray` an address). `report["pass"]` is the verdict; `report["first_failing"]` names the first layer under
-    `min_cosine`."""
+    `feeds` (a dict, a list of dicts, or None for random N(0,1) inputs drawn with `seed`; a list split
+    over `workers` local processes, or Ray tasks with `ray` an address). `report["pass"]` is the verdict:
+    every output and every compared layer meets the thresholds (only the outputs with `outputs_only`);
+    `report["exit_code"]` is the CLI's (0, 1, or 3 for files that are not the same model);
+    `report["first_failing"]` names the first layer under `min_cosine`."""
     from .verifier import verify as run
-    return run(source, model, feeds, input_shapes, backend, min_cosine, max_abs, threads, workers=workers, ray=ray)
+    return run(source, model, feeds, input_shapes, backend, min_cosine, max_abs, threads, workers=workers, ray=ray,
+               outputs_only=outputs_only, seed=seed)
 
 
 def load(path, threads=None):

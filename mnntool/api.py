@@ -110,10 +110,11 @@ def _jsonable(obj):
 def dump_json(path, out, framework: str | None = None, input_shapes: dict | None = None) -> None:
     """The whole model as JSON, like MNN's --JsonFile (the Net table, field names as in the schema)."""
     path = Path(path)
+    writer.check_output(out, _sources(path))     # refused before the conversion, not only at the write
     if path.suffix.lower() == ".mnn" and framework is None:
         net = decode(path.read_bytes(), "Net")
     else:
         g = load_graph(path, framework, input_shapes)
         run_pipeline(g, 1)
         net = writer.graph_to_net(g)
-    writer.atomic_write(out, json.dumps(_jsonable(net), indent=1).encode())
+    writer.atomic_write(out, json.dumps(_jsonable(net), indent=1).encode(), _sources(path))

@@ -218,33 +218,127 @@ def verify(source: str = typer.Argument(..., help="The source model (.onnx, .pt,
                                        help="Compare the samples in N local processes (the same numbers as one)."),
            ray: Optional[str] = typer.Option(None, "--ray", help="Compare the samples as Ray tasks (the same numbers "
                                              "as one process): local, auto or ray://HOST:PORT."),
+           outputs_only: bool = typer.Option(False, "--outputs-only", help="Judge the final outputs only: layers "
+                                             "below the threshold are reported but do not fail the run."),
+           seed: int = typer.Option(0, "--seed", help="Seed of the random N(0,1) inputs used without --input, "
+                                    "--calib or --load-inputs."),
+           save_inputs: Optional[str] = typer.Option(None, "--save-inputs", help="Write the inputs used as "
+                                                     "DIR/NNNN.npz, one per sample (read back by --load-inputs)."),
+           load_inputs: Optional[str] = typer.Option(None, "--load-inputs", help="Read every sample of DIR (as "
+                                                     "--save-inputs writes them: NNNN.npz, an array per input)."),
+           save_outputs: Optional[str] = typer.Option(None, "--save-outputs", help="Write the source framework's "
+                                                      "outputs (golden) as DIR/NNNN/NAME.npy."),
+           thresholds: Optional[str] = typer.Option(None, "--thresholds", help="A .json or .toml file of limits per "
+                                                    "output (by name) and per layer (by pattern); its top-level "
+                                                    "min_cosine/max_abs replace the options'."),
+           junit: Optional[str] = typer.Option(None, "--junit", help="Write a JUnit XML report: a test case per "
+                                               "output and per failing layer."),
+           out_format: Optional[str] = typer.Option(None, "--output-format", help="text, json or github (workflow "
+                                                    "annotations, and a Markdown summary to $GITHUB_STEP_SUMMARY); "
+                                                    "--format github/json/text is accepted too."),
            fmt: str = FORMAT, threads: int = THREADS, as_json: bool = JSON):
-    """Per-layer comparison with the source framework; exit 1 when the outputs miss the thresholds.
+    """Per-layer comparison with the source framework; exit 1 when an output or a compared layer misses
+    the thresholds (only outputs with --outputs-only), 3 when the files are not the same model (too few
+    tensors match by name), 2 on a user error.
+
+    Example: mnntool verify model.onnx model.mnn --junit verify.xml --format github
 
     The source model runs in its own framework (onnxruntime, torch, TensorFlow, OpenCV), and with it
     whatever the file holds: verify only models you trust. Converting never runs model code."""
     from .format import reader as mnn_reader
-    from .format.writer import atomic_write
-    from .inputs import load_feeds
+    from .format.writer import atomic_write, check_output, weight_path
+    from .inputs import input_files, load_feeds
     from .quant.data import calibration_samples
     from .verifier import html_report, verify as run_verify
+    if not 0.0 <= min_cosine <= 1.0:       # (also refuses NaN)
+        raise MnnToolError(f"--min-cosine must be in [0, 1], got {min_cosine}")
+    if max_abs is not None and not max_abs >= 0.0:
+        raise MnnToolError(f"--max-abs must be at least 0, got {max_abs}")
     shapes = api.parse_input_shapes(input_shape)
+    sources = api._sources(source) + [model, weight_path(model), calib] + input_files(inputs)
+    if report:      # refused before the (slow) comparison, not only at the write
+        check_output(report, sources)
+    if fmt.lower() in ("github", "json", "text"):       # --format github: the report's format, not the image's
+        out_format, fmt = out_format or fmt.lower(), "RGB"
+    out_format = (out_format or ("json" if as_json else "text")).lower()
+    if out_format not in ("text", "json", "github"):
+        raise MnnToolError(f"--output-format {out_format}: expected text, json or github")
+    as_json = out_format == "json"
+    from .verifier import load_thresholds
+    limits = load_thresholds(thresholds) if thresholds else None
+    if load_inputs and (calib or inputs):
+        raise MnnToolError("--load-inputs reads the samples itself: give it without --calib or --input")
+    if junit:
+        check_output(junit, sources)
+    for what, folder in (("--save-inputs", save_inputs), ("--save-outputs", save_outputs)):
+        if folder and os.path.exists(folder) and not os.path.isdir(folder):
+            raise MnnToolError(f"{what} {folder}: exists and is not a folder")
     g = mnn_reader.load(model)
     prep = _image_prep(mean, normal, size, fmt, std)
-    feeds = calibration_samples(calib, g, prep, samples or 4) if calib else (load_feeds(inputs, g) if inputs else None)
+    if load_inputs:
+        from pathlib import Path
+        if not Path(load_inputs).is_dir():
+            raise MnnToolError(f"--load-inputs {load_inputs}: not a folder (a file of inputs goes to --input)")
+        feeds = calibration_samples(load_inputs, g, None, None)
+        files = sorted(p.name for p in Path(load_inputs).iterdir() if p.suffix.lower() in (".npy", ".npz"))
+        described = {"kind": "files", "folder": load_inputs, "files": files or ["(one folder per sample)"]}
+    elif calib:
+        feeds = calibration_samples(calib, g, prep, samples or 4)
+        described = {"kind": "calibration", "folder": calib, "samples": len(feeds)}
+    elif inputs:
+        feeds = load_feeds(inputs, g)
+        described = {"kind": "files", "files": list(inputs)}
+    else:
+        feeds, described = None, None          # the verifier draws them with the seed
+        if save_inputs:
+            from .inputs import random_feeds
+            for name, shape in (shapes or {}).items():
+                if name in g.tensors:
+                    g.tensors[name].shape = tuple(shape)
+            feeds = random_feeds(g, shapes, seed)
+            described = {"kind": "random", "distribution": "normal(0, 1); integer inputs uniform in [0, 100)",
+                         "seed": seed}
+    if save_inputs:
+        from .verifier import save_inputs as write_inputs
+        write_inputs(save_inputs, feeds if isinstance(feeds, list) else [feeds])
     several = isinstance(feeds, list) and len(feeds) > 1
-    with _progress("comparing samples", len(feeds) if several else 1, shown=several and not as_json) as step:
-        r = run_verify(source, model, feeds, shapes, backend, min_cosine, max_abs, threads, allow_io, progress=step,
-                       workers=workers, ray=ray)
+    try:
+        with _progress("comparing samples", len(feeds) if several else 1, shown=several and not as_json) as step:
+            r = run_verify(source, model, feeds, shapes, backend, min_cosine, max_abs, threads, allow_io,
+                           progress=step, workers=workers, ray=ray, outputs_only=outputs_only, seed=seed,
+                           inputs=described, save_outputs=save_outputs, thresholds=limits)
+    except MnnToolError as e:       # CI still gets a report saying why
+        from .verify_report import github_annotation, junit_error
+        if junit:
+            atomic_write(junit, junit_error(str(e), source, model), sources)
+        if out_format == "github":
+            print(github_annotation("error", "mnntool verify", str(e), model))
+        raise
     if report:
-        atomic_write(report, html_report(r).encode())
+        atomic_write(report, html_report(r).encode(), sources)
+    if junit:
+        from .verify_report import junit_xml
+        atomic_write(junit, junit_xml(r), sources)
     if as_json:
         print(json.dumps(r))
+    elif not sys.stdout.isatty() or out_format == "github":     # logs: plain lines, names never cut
+        from .verify_report import github_lines, markdown_summary, plain_text
+        print(plain_text(r, top))
+        if out_format == "github":
+            print("\n".join(github_lines(r)))
+            summary = os.environ.get("GITHUB_STEP_SUMMARY")
+            if summary:
+                try:
+                    with open(summary, "a", encoding="utf-8") as f:
+                        f.write(markdown_summary(r, top))
+                except OSError as e:
+                    raise MnnToolError(f"$GITHUB_STEP_SUMMARY {summary}: cannot write ({e.strerror or e})") from None
     else:
+        from .verifier import inputs_text, verdict_text
         t = Table(title=f"{u(model)} vs {u(source)}: {len(r['layers'])} layers matched, {len(r['unmatched'])} without "
                         f"counterpart ({r['backend']})")
         for col in ("tensor", "op", "cosine", "max_abs", "rel_l2", "snr_db", ""):
-            t.add_column(col)
+            t.add_column(col, overflow="fold", min_width=16) if col == "tensor" else t.add_column(col)
         worst = sorted(r["layers"], key=lambda m: m["cosine"])[:top]
         order = {m["name"]: k for k, m in enumerate(r["layers"])}
         for m in sorted(worst, key=lambda m: order[m["name"]]):
@@ -252,13 +346,15 @@ def verify(source: str = typer.Argument(..., help="The source model (.onnx, .pt,
             t.add_row(u(m["name"]), u(m["op"]), f"{m['cosine']:.6f}", f"{m['max_abs']:.3g}", f"{m['rel_l2']:.3g}",
                       f"{m['snr_db']:.1f}", mark)
         console.print(t)
+        console.print(f"inputs: {u(inputs_text(r['inputs']))}", highlight=False)
         for o in r["outputs"]:
             verdict = "[green]pass[/]" if o["pass"] else "[red]FAIL[/]"
             console.print(f"output {u(o['name'])}: cosine {o['cosine']:.6f}, max abs {o['max_abs']:.3g} {verdict}")
         if r["first_failing"]:
             console.print(f"[red]first layer below the threshold:[/] {u(r['first_failing'])}")
-    if not r["pass"]:
-        raise typer.Exit(1)
+        console.print(("[green]" if r["pass"] else "[red]") + u(verdict_text(r)) + "[/]", highlight=False)
+    if r["exit_code"]:
+        raise typer.Exit(r["exit_code"])
 
 
 @app.command()
@@ -272,8 +368,8 @@ def run(model: str = typer.Argument(..., help="A .mnn (or .onnx) model."),
     import io
     from pathlib import Path
 
-    from .format.writer import atomic_write
-    from .inputs import load_feeds, random_feeds
+    from .format.writer import atomic_write, check_output, weight_path
+    from .inputs import input_files, load_feeds, random_feeds
     from .runtime.session import Session
     shapes = api.parse_input_shapes(input_shape)
     g = api.load_graph(model, input_shapes=shapes)
@@ -283,6 +379,10 @@ def run(model: str = typer.Argument(..., help="A .mnn (or .onnx) model."),
         raise MnnToolError(f"{model}: no data for input(s) {', '.join(missing)}")
     if not inputs:
         feeds = random_feeds(g, shapes)
+    sources = [model, weight_path(model)] + input_files(inputs)
+    if output_dir and Path(output_dir).is_dir():     # refused before the run, not only at the write
+        for name in g.outputs:
+            check_output(Path(output_dir) / f"{name.replace('/', '_')}.npy", sources)
     outs = Session(g, threads).run(feeds)
     if output_dir:
         if Path(output_dir).exists() and not Path(output_dir).is_dir():
@@ -296,7 +396,7 @@ def run(model: str = typer.Argument(..., help="A .mnn (or .onnx) model."),
         if output_dir:
             buf = io.BytesIO()
             np.save(buf, arr)
-            atomic_write(Path(output_dir) / f"{name.replace('/', '_')}.npy", buf.getvalue())
+            atomic_write(Path(output_dir) / f"{name.replace('/', '_')}.npy", buf.getvalue(), sources)
         f = arr.astype(np.float64)
         rows.append({"name": name, "shape": list(arr.shape), "dtype": str(arr.dtype), "min": float(f.min()),
                      "max": float(f.max()), "mean": float(f.mean())})
@@ -413,6 +513,8 @@ def quant(src: str = typer.Argument(..., help="A float .mnn model."),
                       asymmetric=asymmetric, block_size=block_size, hqq=hqq, head_bits=head_bits,
                       input_shapes=api.parse_input_shapes(input_shape), external_weights=external_weights or None)
     if config:
+        from .format.writer import check_output
+        check_output(dst, [config])     # the output must not replace the config file it reads either
         cfg = cfg.with_file(config)
     with _progress("calibrating", None, shown=int8 and not as_json) as step:
         r = quantize_file(src, dst, cfg, progress=step)

@@ -31,6 +31,11 @@ def random_feeds(g: Graph, shapes: dict | None = None, seed: int = 0) -> dict[st
     return feeds
 
 
+def input_files(specs) -> list[Path]:
+    """The files named by --input specs (NAME=file.npy or a .npz): an output must not replace them."""
+    return [Path(spec.partition("=")[2] if "=" in spec else spec) for spec in specs or []]
+
+
 def load_feeds(specs, g: Graph) -> dict[str, np.ndarray]:
     """--input name=file.npy (repeatable), or one .npz holding every input by name."""
     feeds = {}

@@ -118,8 +118,13 @@ def test_verify_exit_codes(tmp_path, small_onnx):
     assert run("convert", small_onnx, out, "--input-shape", "x:1x3x8x8")[0] == 0
     code, stdout, _ = run("verify", small_onnx, out, "--input-shape", "x:1x3x8x8", "--json")
     assert code == 0 and json.loads(stdout)["outputs"][0]["cosine"] > 0.9999
-    code, _, _ = run("verify", small_onnx, out, "--input-shape", "x:1x3x8x8", "--min-cosine", "1.01")
+    half = tmp_path / "half.mnn"       # fp16 weights: outputs off by ~1e-4, above a --max-abs of 1e-30
+    assert run("quant", out, half, "--fp16")[0] == 0
+    code, _, _ = run("verify", small_onnx, half, "--input-shape", "x:1x3x8x8", "--max-abs", "1e-30")
     assert code == 1
+    # a threshold no cosine can meet is a mistake, not a failing model (issue 49: ranges checked up front)
+    assert_one_line_error(*run("verify", small_onnx, out, "--input-shape", "x:1x3x8x8", "--min-cosine", "1.01"),
+                          "--min-cosine must be in [0, 1]")
 
 
 def test_run_writes_outputs_and_bench_reports_json(tmp_path, small_onnx):

@@ -132,13 +132,29 @@ def _umask() -> int:
     return mask
 
 
+MODEL_SUFFIXES = (".mnn", ".onnx", ".pb", ".tflite", ".pt", ".pth", ".prototxt", ".caffemodel", ".keras", ".h5",
+                  ".weight")
+
+
+def _same_file(a: Path, b: Path) -> bool:
+    """Whether writing `a` would replace `b`: the same path once links are followed, or one file under
+    two names (a hard link)."""
+    try:
+        if a.resolve() == b.resolve():
+            return True
+        return a.exists() and b.exists() and os.path.samefile(a, b)
+    except OSError:
+        return False
+
+
 def check_output(path: str | os.PathLike, sources=()) -> Path:
     """The output path, refused with one line when writing it would lose data or cannot work: it is one
     of the sources, a directory, or an existing non-regular file (a device: /dev/full is not replaced)."""
     path = Path(path)
     for src in sources:
-        if src is not None and path.resolve() == Path(src).resolve():
-            raise MnnToolError(f"{path}: is the source model; refusing to overwrite it")
+        if src is not None and _same_file(path, Path(src)):
+            what = "the source model" if Path(src).suffix.lower() in MODEL_SUFFIXES else f"an input ({src})"
+            raise MnnToolError(f"{path}: is {what}; refusing to overwrite it")
     if path.is_dir():
         raise MnnToolError(f"{path}: is a directory; give a file name")
     if path.exists() and not path.is_file():

@@ -64,13 +64,16 @@ def quantize_file(src, dst, config: QuantConfig, progress=None) -> dict:
     cfg = config
     cfg.check()
     src, dst = Path(src), Path(dst)
+    sources = (src, writer.weight_path(src), cfg.calib if isinstance(cfg.calib, (str, Path)) else None)
+    writer.check_output(dst, sources)      # refused before the (slow) calibration, not only at the write
+    if cfg.external_weights:
+        writer.check_output(writer.weight_path(dst), sources)
     g = reader.load(src)
     skip = set(cfg.skip)
     names = {n.name for n in g.nodes} | {o for n in g.nodes for o in n.outputs}
     unknown = sorted(s for s in skip if s not in names)
     if unknown:
         raise MnnToolError(f"--skip names no layer of {src}: {', '.join(unknown)}")
-    sources = (src, writer.weight_path(src))
     report: dict = {"source": str(src), "output": str(dst),
                     "size_before": src.stat().st_size + (Path(g.weight_file).stat().st_size if g.weight_file else 0)}
     if cfg.int8:

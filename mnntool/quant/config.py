@@ -9,6 +9,8 @@ from ..errors import MnnToolError
 from .calibrate import CALIBRATORS
 from .data import ImagePrep
 
+WEIGHT_BITS = (8, 4)
+BLOCK_SIZES = (16, 32, 64, 128, 256, 512, 1024)     # --block-size: input channels that share one scale
 FILE_KEYS = ("method", "skip", "per_channel", "samples", "symmetric_activations")   # what --config may set
 OLD_KEYS = {"batches": "samples"}
 
@@ -80,3 +82,31 @@ class QuantConfig:
             raise MnnToolError("--int8 needs calibration data: --calib DIR")
         if self.int8 and self.method not in CALIBRATORS:
             raise MnnToolError(f"unknown calibration method '{self.method}' ({', '.join(CALIBRATORS)})")
+        self._check_ranges()
+
+    def _check_ranges(self) -> None:
+        """Every number in its stated range, and no option that means nothing in the chosen mode, before
+        any work: one line naming the option and the range."""
+        if self.weight_bits is not None and self.weight_bits not in WEIGHT_BITS:
+            raise MnnToolError(f"--weight-bits: only 8 and 4 are supported, got {self.weight_bits}")
+        if self.head_bits is not None and self.head_bits not in WEIGHT_BITS:
+            raise MnnToolError(f"--head-bits: only 8 and 4 are supported, got {self.head_bits}")
+        if self.block_size is not None and self.block_size not in BLOCK_SIZES:
+            raise MnnToolError(f"--block-size must be a power of two from {BLOCK_SIZES[0]} to {BLOCK_SIZES[-1]} "
+                               f"(input channels per scale), got {self.block_size}")
+        if self.auto_skip is not None:
+            if not self.int8:
+                raise MnnToolError("--auto-skip chooses layers to keep float in int8 quantization: add --int8")
+            if not 0.0 < self.auto_skip <= 1.0:     # (also false for NaN)
+                raise MnnToolError(f"--auto-skip is a target output cosine, in (0, 1], got {self.auto_skip}")
+        if self.samples is not None and self.samples < 1:
+            raise MnnToolError(f"--samples must be at least 1, got {self.samples}")
+        if self.threads is not None and self.threads < 1:
+            raise MnnToolError(f"--threads must be at least 1, got {self.threads}")
+        if not self.int8:
+            if self.calib is not None:
+                mode = "--fp16" if self.fp16 else f"--weight-bits {self.weight_bits}"
+                raise MnnToolError(f"--calib calibrates int8 activations; {mode} quantizes weights only and "
+                                   "reads no data: drop --calib, or use --int8")
+        if self.prep is not None:
+            self.prep.check()

@@ -24,7 +24,26 @@ class ImagePrep:
     size: tuple | None = None           # (width, height); default: the model input's
     fmt: str = "RGB"
 
+    def check(self) -> None:
+        """--mean/--normal/--std: one value per channel of --format (or one for all), finite; --size positive."""
+        channels = 1 if self.fmt.upper() == "GRAY" else 3
+        for what, vals in (("--mean", self.mean), ("--normal/--std", self.normal)):
+            vals = tuple(vals)
+            if len(vals) not in (1, channels) and not (channels == 1 and len(vals) == 3 and len(set(vals)) == 1):
+                raise MnnToolError(f"{what}: {len(vals)} values for {channels} channel(s) ({self.fmt.upper()}); "
+                                   f"give {channels}" + (" or 1 for all" if channels > 1 else ""))
+            if not all(np.isfinite(v) for v in vals):
+                raise MnnToolError(f"{what}: values must be finite numbers, got {','.join(map(str, vals))}")
+        if self.size is not None and not all(int(v) >= 1 for v in self.size):
+            raise MnnToolError(f"--size must be positive WxH, got {'x'.join(map(str, self.size))}")
 
+    @property
+    def is_identity(self) -> bool:
+        return all(v == 0 for v in self.mean) and all(v == 1 for v in self.normal)
+
+
+RAW_PIXELS_NOTE = ("images are fed as raw 0-255 pixel values (no --mean/--std given): give the model's "
+                   "preprocessing, e.g. --mean 127.5,127.5,127.5 --std 127.5,127.5,127.5")
 ASPECT_TOLERANCE = 0.01      # relative change of width/height that resizing calls a distortion
 
 
@@ -157,6 +176,8 @@ class FolderReader(CalibrationReader):
                 self._check_image_model()
                 note = aspect_note(files[:limit] if limit else files, self.prep, g.tensors[g.inputs[0]].shape)
                 self.notes += [note] if note else []
+                if self.prep.is_identity:
+                    self.notes.append(RAW_PIXELS_NOTE)
             else:
                 files = [p for p in entries if p.suffix.lower() in (".npy", ".npz")] or \
                     [p for p in entries if p.is_dir()]

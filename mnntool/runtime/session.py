@@ -7,6 +7,7 @@ kernel returns a fresh array (small shape tensors, gathers).
 from __future__ import annotations
 
 import math
+import threading
 import time
 from dataclasses import dataclass, field, replace
 from dataclasses import replace as copy_info
@@ -40,7 +41,7 @@ class Step:
     elided: bool = False            # its output written in place by its inputs' producers
 
 
-@dataclass
+@dataclass(eq=False)     # compared by identity (a plan holds arrays)
 class Plan:
     steps: list[Step]
     slots: list
@@ -55,6 +56,8 @@ class Plan:
     calls: list = field(default_factory=list)
     ran: list = field(default_factory=list)     # the steps of `calls`, in order (views bound at prepare are not)
     settings: Settings | None = None            # the threads its kernels were built for (None: the session's)
+    # an eager plan's kernels, by (node index, operand shapes/values): see Session._run_eager
+    dynamic: dict = field(default_factory=dict)
 
 
 generic_kernel = by_definition
@@ -217,7 +220,14 @@ def check_input_shape(g: Graph, name: str, shape) -> None:
 SAME_VALUES = set(MOVES) | {"Identity", "Permute", "Transpose"}
 RAW = " (before int8 store)"     # a stored tensor's name as its producer writes it, before rounding
 SMALL_OPERAND = 1 << 12     # elements: run-time operands up to this size are passed to factories as values
-MAX_PLANS = 8               # plans kept per session, one per distinct set of input shapes
+MAX_PLANS = 8               # input-shape sets a session keeps plans for
+# Thread safety: a plan's buffers (its memory pool, its kernels' work arrays) serve one run at a time, so
+# a run checks a plan out of its shape's idle list and back in after; a run that finds every plan of its
+# shape busy (another thread is in it) prepares one more. Plans kept per shape: at most this many idle
+# ones (so at most MAX_PLANS x MAX_IDLE_PER_SHAPE in all, beside those of runs in progress).
+MAX_IDLE_PER_SHAPE = 16
+MAX_DYNAMIC = 20000         # kernels an eager plan caches (cleared when full; they are rebuilt)
+_PREPARE = threading.RLock()    # one prepare at a time in the process: kernel factories compile and load lazily
 # a plan of fewer floating-point operations is built for one thread, whatever the session's count: no
 # kernel of it has the work to pay for a second (kernels.PARALLEL_MIN_WORK), and with workers spinning
 # beside it the tiny transformers of benchmarks/zoo_speed.py (2-4 MFLOP, ~0.1 ms) ran 0.94-1.15x their
@@ -235,10 +245,11 @@ class Session:
             if isinstance(value, np.ndarray) and not value.flags.writeable:
                 graph.constants[name] = value.copy()
         self.settings = Settings.of(threads)
-        self.plan: Plan | None = None
+        self.plan: Plan | None = None       # the plan last prepared or run (a run uses its own, checked out)
         self._plan_key = None
-        self._plans: dict = {}
-        self._dynamic: dict = {}      # kernels of the eager path, by (node index, operand shapes/values)
+        self._plans: dict = {}        # input-shape key -> its first plan (insertion order: oldest first)
+        self._idle: dict = {}         # input-shape key -> plans of it no run is using
+        self._lock = threading.Lock()   # guards _plans and _idle (held for a few dict operations)
         self._stored = stored_grids(graph)     # tensors every reader sees on their int8 grid: (grid, zero)
         self._raw = raw_reads(graph)            # ... but these readers unrounded
         self._raw_tensors = {t for _, t in self._raw}
@@ -268,9 +279,20 @@ class Session:
     def prepare(self, shapes: dict[str, tuple] | None = None, keep_all: bool = False) -> Plan:
         g = self._shaped(shapes)
         key = (tuple((n, tuple(g.tensors[n].shape)) for n in g.inputs), keep_all)
-        if key in self._plans:
-            self.plan, self._plan_key = self._plans[key], key
-            return self.plan
+        with self._lock:
+            plan = self._plans.get(key)
+        if plan is None:
+            plan = self._build(g, keep_all)
+            plan = self._remember(key, plan)
+        self.plan, self._plan_key = plan, key
+        return plan
+
+    def _build(self, g: Graph, keep_all: bool) -> Plan:
+        with _PREPARE:
+            return self._build_locked(g, keep_all)
+
+    def _build_locked(self, g: Graph, keep_all: bool) -> Plan:
+        """A new plan of the shaped graph `g`: its own kernels and buffers, shared with no other plan."""
         if self.settings.threads > 1 or aot.library() is None:     # else the kernels are compiled already
             announce_first_compile()
         vals = infer_shapes(g)
@@ -279,10 +301,8 @@ class Session:
         if any(vals.get(o) is None or vals[o].shape is None or not all(isinstance(d, int) for d in vals[o].shape)
                for n in g.nodes for o in n.outputs if o):
             # an output shape depends on values known only at run time: run op by op (see _run_eager)
-            self.plan = Plan([], [], {n: 0 for n in g.inputs}, {n: np.dtype(g.tensors[n].dtype) for n in g.inputs},
-                             {}, [], 0, {n: g.tensors[n].shape for n in g.inputs}, None)
-            self._remember(key)
-            return self.plan
+            return Plan([], [], {n: 0 for n in g.inputs}, {n: np.dtype(g.tensors[n].dtype) for n in g.inputs},
+                        {}, [], 0, {n: g.tensors[n].shape for n in g.inputs}, None)
         settings = self.settings if flops(g, vals) >= ONE_THREAD_BELOW_FLOPS else Settings(1)
         names: list[str] = []
         index: dict[str, int] = {}
@@ -384,18 +404,50 @@ class Session:
             bound = [slots[i] for i in ins] if all(i in fixed for i in ins) else None
             calls.append((s.kernel.fn, ins, s.out_views if s.kernel.writes_out else None, s.outs, bound))
             ran.append(s)
-        self.plan = Plan(steps, slots, {n: index[n] for n in g.inputs},
-                         {n: np.dtype(g.tensors[n].dtype) for n in g.inputs}, {n: index[n] for n in g.outputs},
-                         names, pool_bytes, {n: vals[n].shape for n in names if n in vals}, calls, ran, settings)
-        # a run with these shapes uses this plan (without it the first run after prepare() prepared again)
-        self._remember(key)
-        return self.plan
+        return Plan(steps, slots, {n: index[n] for n in g.inputs},
+                    {n: np.dtype(g.tensors[n].dtype) for n in g.inputs}, {n: index[n] for n in g.outputs},
+                    names, pool_bytes, {n: vals[n].shape for n in names if n in vals}, calls, ran, settings)
 
-    def _remember(self, key) -> None:
-        self._plan_key = key
-        self._plans[key] = self.plan
-        while len(self._plans) > MAX_PLANS:
-            self._plans.pop(next(iter(self._plans)))
+    def _remember(self, key, plan: Plan, idle: bool = True) -> Plan:
+        """Keep `plan` as the plan of `key`, idle unless a run holds it (a run with these shapes uses it:
+        without it the first run after prepare() prepared again); the plan kept, another thread's if it
+        was first."""
+        with self._lock:
+            if key in self._plans:
+                return self._plans[key]
+            self._plans[key] = plan
+            self._idle[key] = [plan] if idle else []
+            while len(self._plans) > MAX_PLANS:
+                old = next(iter(self._plans))
+                del self._plans[old]
+                self._idle.pop(old, None)
+        return plan
+
+    def _checkout(self, feeds, keep_all: bool):
+        """(key, plan) for a run with these feeds: a plan no other run is using, prepared if none is."""
+        key = (tuple((n, tuple(np.shape(feeds[n]))) for n in self.graph.inputs if n in feeds), keep_all)
+        with self._lock:
+            idle = self._idle.get(key)
+            if idle:
+                plan = idle.pop()
+                self.plan, self._plan_key = plan, key
+                return key, plan
+            known = key in self._plans
+        for name in self.graph.inputs:
+            if name not in feeds:
+                raise MnnToolError(f"missing input '{name}' (inputs: {', '.join(self.graph.inputs)})")
+        g = self._shaped({n: tuple(np.shape(v)) for n, v in feeds.items()})
+        plan = self._build(g, keep_all)
+        if not known:
+            self._remember(key, plan, idle=False)
+        self.plan, self._plan_key = plan, key
+        return key, plan
+
+    def _checkin(self, key, plan: Plan) -> None:
+        with self._lock:
+            idle = self._idle.get(key)
+            if idle is not None and len(idle) < MAX_IDLE_PER_SHAPE and not any(p is plan for p in idle):
+                idle.append(plan)
 
     @staticmethod
     def _plan_memory(steps, names, vals, output_slots, keep_all) -> int:
@@ -478,16 +530,7 @@ class Session:
                 raise MnnToolError(f"input '{name}' has shape {list(x.shape)}, prepared for {list(plan.shapes[name])}")
             plan.slots[k] = np.asarray(x, dtype=plan.input_dtypes[name], order="C")   # ascontiguousarray makes 0-d 1-d
 
-    def _ensure(self, feeds, keep_all=False) -> Plan:
-        key = (tuple((n, tuple(np.shape(feeds[n]))) for n in self.graph.inputs if n in feeds), keep_all)
-        if self.plan is None or self._plan_key != key:
-            for name in self.graph.inputs:
-                if name not in feeds:
-                    raise MnnToolError(f"missing input '{name}' (inputs: {', '.join(self.graph.inputs)})")
-            self.prepare({n: tuple(np.shape(v)) for n, v in feeds.items()}, keep_all=keep_all)
-        return self.plan
-
-    def _run_eager(self, feeds, keep_all: bool) -> dict:
+    def _run_eager(self, plan: Plan, feeds, keep_all: bool) -> dict:
         """Op by op with the values at hand: for graphs whose shapes depend on run-time values (a
         Reshape to a computed shape, NonZero). Kernels are cached by their operands' shapes and small
         values, so a repeated run builds nothing."""
@@ -504,7 +547,7 @@ class Session:
             small = [x is not None and x.size <= SMALL_OPERAND for x in xs]
             key = (k,) + tuple((x.shape, x.dtype.str, x.tobytes() if sm else None) if x is not None else None
                                for x, sm in zip(xs, small))
-            built = self._dynamic.get(key)
+            built = plan.dynamic.get(key)
             if built is None:
                 ins = [_stored_on(Val(x.shape, str(x.dtype), x if sm else None),
                                   None if (node.name, i) in self._raw else self._stored.get(i))
@@ -517,9 +560,9 @@ class Session:
                     built = (generic_kernel(node), outs)
                 else:
                     built = (kernel_for(node, ins, outs, self.settings), outs)
-                if len(self._dynamic) > 20000:
-                    self._dynamic.clear()
-                self._dynamic[key] = built
+                if len(plan.dynamic) >= MAX_DYNAMIC:
+                    plan.dynamic.clear()
+                plan.dynamic[key] = built
             kern, outs = built
             try:
                 if kern.writes_out:
@@ -543,11 +586,20 @@ class Session:
         return {n: np.array(env[n]) for n in names if n in env}
 
     def run(self, feeds: dict[str, np.ndarray], keep_all: bool = False, profile: list | None = None) -> dict:
-        """Outputs by name (copies); every tensor when keep_all; per-step seconds appended to `profile`."""
-        plan = self._ensure(feeds, keep_all)
+        """Outputs by name (copies); every tensor when keep_all; per-step seconds appended to `profile`.
+
+        Safe to call from any number of threads at once: each run has a plan (buffers, kernel work
+        arrays) of its own for its duration, and gives the answer it would give alone."""
+        key, plan = self._checkout(feeds, keep_all)
+        try:
+            return self._run_plan(plan, feeds, keep_all, profile)
+        finally:
+            self._checkin(key, plan)
+
+    def _run_plan(self, plan: Plan, feeds, keep_all: bool, profile) -> dict:
         (plan.settings or self.settings).apply()
         if plan.calls is None:
-            return self._run_eager(feeds, keep_all)
+            return self._run_eager(plan, feeds, keep_all)
         self._feed(plan, feeds)
         slots = plan.slots
         timer = time.perf_counter

@@ -16,7 +16,7 @@ from onnx import helper as h
 from mnntool import api
 from tests.conftest import save_onnx
 from mnntool.ir.graph import Graph, TensorInfo
-from mnntool.quant.data import FolderReader, ImagePrep
+from mnntool.quant.data import RAW_PIXELS_NOTE, FolderReader, ImagePrep
 
 MNN = pytest.importorskip("MNN")
 Image = pytest.importorskip("PIL.Image")
@@ -75,10 +75,12 @@ def test_aspect_ratio_change_is_reported(tmp_path):
     for k, size in enumerate([(40, 40), (60, 40), (32, 32)]):     # (width, height)
         Image.fromarray(np.zeros(size[::-1] + (3,), np.uint8)).save(folder / f"{k}.png")
     r = FolderReader(folder, _image_graph(3, 16, 16))
+    assert r.notes[-1] == RAW_PIXELS_NOTE       # no --mean/--std: said so
+    r.notes.pop()
     assert len(r.notes) == 1 and "1 of 3 calibration images change aspect ratio" in r.notes[0] and "1.png" in r.notes[0]
     assert "2 of 3" in FolderReader(folder, _image_graph(3, 16, 16), ImagePrep(size=(24, 16))).notes[0]  # 60x40 fits
     (folder / "1.png").unlink()
-    assert FolderReader(folder, _image_graph(3, 16, 16)).notes == []
+    assert FolderReader(folder, _image_graph(3, 16, 16)).notes == [RAW_PIXELS_NOTE]
 
 
 def _two_inputs(path):

@@ -38,6 +38,22 @@ def _read(path: Path) -> onnx.ModelProto:
     return model
 
 
+ANONYMOUS_DIMS = ("", "?", "-1", "None", "none", "unk", "unknown")
+
+
+def _open_dims(inp) -> None:
+    """An input's dims that exporters mark open in ways other than a named symbol: a negative size (-1,
+    as onnxruntime reads it) becomes a symbol of its own, and so does an anonymous symbol ('?', as the
+    PP-OCR models declare [-1, 3, '?', '?']): two '?' are not the same size, where two uses of one name
+    are. A 0 stays 0 unless --input-shape gives the dim (it is a valid, empty size)."""
+    if not inp.type.HasField("tensor_type") or not inp.type.tensor_type.HasField("shape"):
+        return
+    for k, d in enumerate(inp.type.tensor_type.shape.dim):
+        if (d.HasField("dim_value") and d.dim_value < 0) or (not d.HasField("dim_value") and
+                                                             d.dim_param.strip() in ANONYMOUS_DIMS[1:]):
+            d.dim_param = f"{inp.name}_d{k}"
+
+
 def _fix_input_shapes(path, model, input_shapes: dict) -> None:
     init = {i.name for i in model.graph.initializer}
     real = [i for i in model.graph.input if i.name not in init]
@@ -47,6 +63,7 @@ def _fix_input_shapes(path, model, input_shapes: dict) -> None:
             raise MnnToolError(f"{path}: --input-shape names '{name}', but the model's inputs are "
                                f"{', '.join(sorted(names))}")
     for inp in real:
+        _open_dims(inp)
         if inp.name not in input_shapes:
             continue
         want = input_shapes[inp.name]
@@ -55,7 +72,7 @@ def _fix_input_shapes(path, model, input_shapes: dict) -> None:
             raise MnnToolError(f"{path}: --input-shape {inp.name}: rank {len(want)} does not match the "
                                f"model's rank {len(dims)}")
         for d, w in zip(dims, want):
-            if d.HasField("dim_value") and d.dim_value != w:
+            if d.HasField("dim_value") and d.dim_value > 0 and d.dim_value != w:
                 raise MnnToolError(f"{path}: --input-shape {inp.name}: {list(want)} conflicts with the model's "
                                    f"fixed shape {[x.dim_value or x.dim_param for x in dims]}")
             d.ClearField("dim_param")

@@ -8,6 +8,7 @@ buffers that the planner owns (`writes_out`), or returns arrays (views, tiny sha
 from __future__ import annotations
 
 import threading
+import weakref
 from dataclasses import dataclass
 from typing import Callable
 
@@ -127,19 +128,45 @@ class Scratch:
         return view
 
 
+# keys of the SharedZeros objects alive (in some plan's kernels) -> how many: a thread's table keeps
+# buffers of these keys only. Without it every new input shape left its padded planes behind for good
+# (an open-shape model grew ~0.5 MB a shape: benchmarks/soak.py).
+_LIVE_ZEROS: dict = {}
+_LIVE_LOCK = threading.Lock()
+
+
+def _release_zeros(key) -> None:
+    with _LIVE_LOCK:
+        n = _LIVE_ZEROS.get(key, 0) - 1
+        if n > 0:
+            _LIVE_ZEROS[key] = n
+        else:
+            _LIVE_ZEROS.pop(key, None)
+
+
 class SharedZeros:
     """A zero-filled float32 buffer shared on this thread by every kernel that asks with the same key:
     for buffers whose writers leave the same part zero (a padding border) and rewrite the rest at every
     call, so convolutions of one geometry share their padded input planes, kept in cache, where one
-    per layer was cold at every run. The key must fix everything that decides what is written."""
+    per layer was cold at every run. The key must fix everything that decides what is written.
+
+    Bound: a thread holds buffers only for keys some live plan's kernels use (those of plans a session
+    dropped go at the thread's next new key), so at most one buffer per geometry of the plans kept."""
 
     def __init__(self, key: tuple, shape: tuple):
         self.key, self.shape = ("zeros",) + tuple(key) + tuple(shape), tuple(shape)
+        with _LIVE_LOCK:
+            _LIVE_ZEROS[self.key] = _LIVE_ZEROS.get(self.key, 0) + 1
+        weakref.finalize(self, _release_zeros, self.key)
 
     def __call__(self) -> np.ndarray:
         table = _SCRATCH.__dict__.setdefault("zeros", {})
         buf = table.get(self.key)
         if buf is None:
+            with _LIVE_LOCK:
+                dead = [k for k in table if k not in _LIVE_ZEROS]
+            for k in dead:
+                del table[k]
             n = 1
             for d in self.shape:
                 n *= d
