@@ -25,6 +25,12 @@ demo: $(STAMP)
 	$(BIN)/mnntool compile-kernels
 	$(BIN)/mnntool bench demo/mobilenetv2.mnn --runs 20 --profile --top 5
 	$(BIN)/mnntool bench demo/mobilenetv2.mnn --runs 20 --backend mnn
+	# a language model: a small Llama trained here on the stdlib's sources (~1 min once), exported to the bundle
+	# MNN-LLM loads, run in mnntool's runtime, scored through MNN-LLM against transformers
+	$(BIN)/python -m fixtures.llm_checkpoints build/llm trained test
+	$(BIN)/mnntool llm export build/llm/trained-test demo/llama-q4 --bits 4 --hqq --overwrite
+	$(BIN)/mnntool llm run demo/llama-q4 --prompt "def main(argv):" -n 48
+	$(BIN)/mnntool llm eval demo/llama-q4 --text build/llm/trained-test/heldout.txt --max-tokens 4096 --ctx 128 --ref build/llm/trained-test
 
 # a native crash (no Python traceback) leaves its stack in build/test-crash.log: its first line and the
 # frames in tests/ and mnntool/ are printed last, where CI's excerpt of the output shows them
