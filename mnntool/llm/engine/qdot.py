@@ -13,30 +13,12 @@ they are a short product over blocks. One zmm accumulator per row and block.
 """
 from __future__ import annotations
 
-from ...runtime.kernels.gemv import ROWS
+from ...runtime.kernels.gemv import row_sums16
 from ...runtime.kernels.jit import intrinsic, types
 from ...runtime.kernels.llvmir import data_of, first_lanes, k_loop, splat, vector_ops
 
 GROUP = 4       # rows per call: 4 streams read faster from memory than 16 here (5.7 against 3.8 GB/s
 #                 cold at one thread, AMD EPYC; the same warm), and keep 4 FMA chains in flight
-
-
-def row_sums(builder, accs):
-    """R (a power of two <= 16) vectors of 16 partial sums, one per row -> one vector whose lane r < R is
-    row r's sum: runtime/kernels/gemv.row_sums16's transposing add tree, pairing the last vector with
-    itself once fewer than two are left (4 levels whatever R)."""
-    from llvmlite import ir
-    i32 = ir.IntType(32)
-    g = 16
-    while g > 1:
-        if len(accs) == 1:
-            accs = [accs[0], accs[0]]
-        halves = [[grp * g + t + h for grp in range(16 // g) for t in range(g // 2)] for h in (0, g // 2)]
-        picks = [ir.Constant(ir.VectorType(i32, 16), idx + [j + 16 for j in idx]) for idx in halves]
-        accs = [builder.fadd(builder.shuffle_vector(a, b, picks[0]), builder.shuffle_vector(a, b, picks[1]))
-                for a, b in zip(accs[0::2], accs[1::2])]
-        g //= 2
-    return accs[0]
 
 
 KINDS = {"u4": (32, 16), "u8": (16, 16), "f16": (16, 32)}     # values and bytes per 16-lane step
@@ -106,7 +88,7 @@ def _codegen(kind: str, R: int = GROUP):
                     out.append(builder.call(fma, [accs[r], sv, tots[r]]))
                 return out
             tots = k_loop(builder, builder.sdiv(k_, blk_), [zero] * R, block)
-            builder.call(mstore, [row_sums(builder, tots), builder.bitcast(op, f16v.as_pointer()), ir.Constant(i32, 4),
+            builder.call(mstore, [row_sums16(builder, tots), builder.bitcast(op, f16v.as_pointer()), ir.Constant(i32, 4),
                                   first_lanes(builder, n_)])
             return context.get_dummy_value()
         return sig, codegen

@@ -22,15 +22,19 @@ PREFETCH_BELOW_K = 512
 
 
 def row_sums16(builder, accs):
-    """16 vectors of 16 partial sums (one per row) -> one vector whose lane r is row r's sum.
+    """R (a power of two <= 16) vectors of 16 partial sums, one per row -> one vector whose lane r < R is
+    row r's sum.
 
     A transposing add tree: pair vectors (a, b) whose lanes hold groups of g partial sums per row; keep
     each group's first halves (a's groups, then b's) and add its second halves: g halves, the rows per
-    vector double, and after four levels lane r holds row r's sum."""
+    vector double, and after four levels lane r holds row r's sum. With fewer than 16 rows the last vector
+    is paired with itself once fewer than two are left (lanes past R then hold copies)."""
     from llvmlite import ir
     i32 = ir.IntType(32)
     g = 16
-    while len(accs) > 1:
+    while g > 1:
+        if len(accs) == 1:
+            accs = [accs[0], accs[0]]
         halves = [[grp * g + t + h for grp in range(16 // g) for t in range(g // 2)] for h in (0, g // 2)]
         picks = [ir.Constant(ir.VectorType(i32, 16), idx + [j + 16 for j in idx]) for idx in halves]
         accs = [builder.fadd(builder.shuffle_vector(a, b, picks[0]), builder.shuffle_vector(a, b, picks[1]))
