@@ -216,10 +216,6 @@ work = sys.argv[1]
 args = json.load(open(os.path.join(work, "args.json")))
 import MNN.llm as llm
 m = llm.create(args["config"])
-cfg = {"thread_num": args["threads"], "all_logits": True}
-if args["exact"]:
-    cfg.update(precision="high", memory="high")
-m.set_config(cfg)
 t = time.perf_counter()
 m.load()
 out = {"load_s": time.perf_counter() - t}
@@ -252,7 +248,8 @@ os._exit(0)
 
 def _mnn_child(bundle, work: Path, wins: list[Window], exact: bool, threads: int, rows: str,
                encode: list[str] | None, timeout: float) -> dict:
-    args = {"config": os.path.join(str(bundle), "config.json"), "exact": exact, "threads": threads,
+    from .mnn_llm import runtime_config      # settings through config.json: MNN-LLM reads them at create()
+    args = {"config": runtime_config(bundle, work, threads, exact, all_logits=True),
             "windows": [list(w.ids) for w in wins], "first": [w.first for w in wins], "rows": rows,
             "encode": encode}
     (work / "args.json").write_text(json.dumps(args))
