@@ -141,11 +141,12 @@ def _umask() -> int:
     return m
 
 
-def _calibrator(ck: Checkpoint, spec, plan: QuantPlan, model_dir: Path, calib_text, calib_tokens: int, dec):
+def _calibrator(dec: Decoder, model_dir: Path, calib_text, calib_tokens: int):
     """AWQ over the calibration text, cut into sequences of 512 tokens (positions as at inference)."""
     from .awq import Calibrator
     from .reference import LayerwiseModel
     from .text import encode_file
+    spec, plan = dec.s, dec.plan
     if plan.bits == 16:
         raise MnnToolError("--calib-text: AWQ searches scales for 4- and 8-bit weights; --bits is 16")
     ids = encode_file(model_dir, calib_text)[:calib_tokens]
@@ -165,7 +166,7 @@ def _write(ck: Checkpoint, spec, plan: QuantPlan, embed_bits, model_dir: Path, t
         wf = WeightFile(f)
         dec = Decoder(spec, ck, wf, plan, advance)
         if calib_text is not None:
-            dec.calib = _calibrator(ck, spec, plan, model_dir, calib_text, calib_tokens, dec)
+            dec.calib = _calibrator(dec, model_dir, calib_text, calib_tokens)
         net = dec.build()
     if dec.mixed:
         net.ops[1]["main"]["dims"] = [2, 1, 1, -1, -1]

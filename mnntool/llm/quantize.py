@@ -99,8 +99,7 @@ def dequantize(qz: Quantized) -> np.ndarray:
 def header(oc: int, ic: int, bits: int) -> bytes:
     """The bytes before a quantized weight in MNN's layout: 2 dims, the shape (int16, int32 above
     65535), and the value table (its size, 0 meaning 256, then the signed values)."""
-    wide = oc > 65535 or ic > 65535
-    dims = np.array([oc, ic], np.int32 if wide else np.int16).tobytes()
+    dims = np.array([oc, ic], np.int32 if wide_shape(oc, ic) else np.int16).tobytes()
     n = 1 << bits
     table = np.arange(-(n // 2), n // 2, dtype=np.int8).tobytes()
     return b"\x02" + dims + bytes([0 if n == 256 else n]) + table

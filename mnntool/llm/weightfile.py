@@ -44,8 +44,8 @@ class WeightFile:
         return n
 
     def linear(self, name: str, w: np.ndarray, bias: np.ndarray | None, bits: int, block: int,
-               symmetric: bool, hqq: bool = False) -> tuple[dict, dict | None, qz.Quantized | None]:
-        """Write one linear layer; returns (the Convolution2D's fields, the Quantized values or None)."""
+               symmetric: bool, hqq: bool = False) -> tuple[dict, qz.Quantized | None]:
+        """Write one linear layer; returns (the Convolution2D's fields, the Quantized values; None at 16 bits)."""
         oc, ic = w.shape
         start = self.offset
         if bits == 16:
