@@ -37,14 +37,23 @@ from benchmarks.isolated import converted, save_rows  # noqa: E402
 THREADS_GAP_S = 0.04
 
 
-def paired(mnn_path: Path, onnx_path: Path, runs: int, threads: int = 1, own_at: int | None = None) -> dict:
-    """Medians and ratios; with own_at, mnntool at that many threads takes turns too (its time at
-    `threads` against its own at `own_at`, measured the same way: vs_own)."""
-    runners = {"mnntool": backend_runner(mnn_path, "numba", threads),
-               "ort": backend_runner(onnx_path, "onnxruntime", threads), "mnn": backend_runner(mnn_path, "mnn", threads)}
+# reference name in the results -> (backend, which file it runs)
+REFS = {"ort": ("onnxruntime", "onnx"), "mnn": ("mnn", "mnn"), "ov": ("openvino", "onnx")}
+
+
+def paired(mnn_path: Path, onnx_path: Path, runs: int, threads: int = 1, own_at: int | None = None,
+           refs: tuple = ("ort", "mnn"), shapes: dict | None = None) -> dict:
+    """Medians and ratios (vs_<ref> for each of `refs`: onnxruntime, MNN, OpenVINO); with own_at,
+    mnntool at that many threads takes turns too (its time at `threads` against its own at `own_at`,
+    measured the same way: vs_own). `shapes` fixes open input dims for every runtime alike."""
+    files = {"onnx": onnx_path, "mnn": mnn_path}
+    runners = {"mnntool": backend_runner(mnn_path, "numba", threads, shapes)}
+    for ref in refs:
+        backend, kind = REFS[ref]
+        runners[ref] = backend_runner(files[kind], backend, threads, shapes)
     if own_at is not None:
-        runners["own"] = backend_runner(mnn_path, "numba", own_at)
-    feeds = random_feeds(runners["mnntool"].graph, None)
+        runners["own"] = backend_runner(mnn_path, "numba", own_at, shapes)
+    feeds = random_feeds(runners["mnntool"].graph, shapes)
     for r in runners.values():
         for _ in range(10):
             r.run(feeds)
@@ -60,7 +69,7 @@ def paired(mnn_path: Path, onnx_path: Path, runs: int, threads: int = 1, own_at:
             runners[n].run(feeds)
             times[n].append((time.perf_counter() - t0) * 1e3)
     med = {n: statistics.median(v) for n, v in times.items()}
-    ratios = {"vs_ort": med["mnntool"] / med["ort"], "vs_mnn": med["mnntool"] / med["mnn"]}
+    ratios = {f"vs_{ref}": med["mnntool"] / med[ref] for ref in refs}
     if "own" in med:
         ratios["vs_own"] = med["mnntool"] / med["own"]
     return {**{f"{n}_ms": med[n] for n in names}, **ratios}

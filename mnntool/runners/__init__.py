@@ -10,7 +10,8 @@ from ..errors import MnnToolError
 from .base import Runner
 
 # --backend name -> (module, class): the runners of a .mnn (or of a source converted on the way)
-BACKENDS = {"numba": ("own", "OwnRunner"), "mnn": ("mnn", "MnnRunner"), "onnxruntime": ("ort", "OrtRunner")}
+BACKENDS = {"numba": ("own", "OwnRunner"), "mnn": ("mnn", "MnnRunner"), "onnxruntime": ("ort", "OrtRunner"),
+            "openvino": ("openvino", "OpenVinoRunner")}
 # framework -> (module, class): the runner of a source model in its own framework, for verify
 REFERENCES = {"onnx": ("ort", "OrtRunner"), "caffe": ("caffe", "OpenCvRunner"),
               "torchscript": ("torchscript", "TorchRunner"), "torch.export": ("torchscript", "ExportedRunner"),

@@ -35,7 +35,9 @@ def test_backends_agree_with_onnxruntime(model, backend):
     src, mnn, feeds, ref = model
     if backend == "mnn":
         pytest.importorskip("MNN")
-    r = backend_runner(src if backend == "onnxruntime" else mnn, backend, threads=1)
+    if backend == "openvino":
+        pytest.importorskip("openvino")
+    r = backend_runner(src if backend in ("onnxruntime", "openvino") else mnn, backend, threads=1)
     r.prepare({"x": (1, 3, 10, 10)})
     assert_close(ref, r.run(feeds)["y"])
     assert r.graph.inputs == ["x"]
@@ -67,3 +69,5 @@ def test_errors_name_the_file_and_the_choice(model, tmp_path):
         reference_runner(mnn)
     with pytest.raises(MnnToolError, match="needs the source .onnx"):
         backend_runner(mnn, "onnxruntime")
+    with pytest.raises(MnnToolError, match="runs the source .onnx"):
+        backend_runner(mnn, "openvino")
