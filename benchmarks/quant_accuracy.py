@@ -12,6 +12,11 @@ runtime, the two runtimes' agreement on the same file, and beside them onnxrunti
 (MinMax, QDQ per-channel) and MNN's own quantizer (KL) where they run:
 
     python benchmarks/quant_accuracy.py --zoo [names...] [--calib 16] [--held-out 8]
+
+`--ocr` scores PP-OCR's detector (1x3x320x320), recognizer (1x3x48x320) and direction classifier
+(1x3x48x192) from the rapidocr-onnxruntime wheel on rendered text pages and lines, against onnxruntime:
+
+    python benchmarks/quant_accuracy.py --ocr [--calib 16] [--held-out 4]
 """
 from __future__ import annotations
 
@@ -170,8 +175,86 @@ def _others(row, name, tmp, src, calib, calib_n, size, inp, out_name, test_x, re
         print(f"{name}: MNN's quantizer: {str(e)[:120]}", flush=True)
 
 
+OCR_WHEEL = "rapidocr-onnxruntime==1.4.4"
+# model file in the wheel -> (input shape, text-page size (W, H), font px range, mean, std): PP-OCR's own
+# preprocessing (the detector: ImageNet mean/std; the recognizer and classifier: (x/255 - 0.5) / 0.5)
+OCR_MODELS = {
+    "ch_PP-OCRv4_det_infer.onnx": ((1, 3, 320, 320), (320, 320), (14, 40), (0.485, 0.456, 0.406),
+                                   (0.229, 0.224, 0.225)),
+    "ch_PP-OCRv4_rec_infer.onnx": ((1, 3, 48, 320), (320, 48), (18, 34), (0.5,) * 3, (0.5,) * 3),
+    "ch_ppocr_mobile_v2.0_cls_infer.onnx": ((1, 3, 48, 192), (192, 48), (18, 34), (0.5,) * 3, (0.5,) * 3),
+}
+
+
+def ocr_models(out: Path) -> dict[str, Path]:
+    """PP-OCR's detector, recognizer and direction classifier, as the rapidocr-onnxruntime wheel ships
+    them (pip download --no-deps from the package index; only its .onnx files are used)."""
+    import subprocess
+    import zipfile
+    out.mkdir(parents=True, exist_ok=True)
+    wheels = list(out.glob("rapidocr_onnxruntime-*.whl"))
+    if not wheels:
+        subprocess.run([sys.executable, "-m", "pip", "download", "-q", "--no-deps", "-d", str(out), OCR_WHEEL],
+                       check=True)
+        wheels = list(out.glob("rapidocr_onnxruntime-*.whl"))
+    found = {}
+    with zipfile.ZipFile(wheels[0]) as z:
+        for name in z.namelist():
+            base = name.rsplit("/", 1)[-1]
+            if base in OCR_MODELS:
+                target = out / base
+                if not target.exists():
+                    target.write_bytes(z.read(name))
+                found[base] = target
+    return found
+
+
+def ocr_rows(calib_n: int, held_n: int, method: str, out: Path) -> list[dict]:
+    """PP-OCR's three models quantized on rendered text (fixtures/textpages.py: dark words in PIL's
+    default font on a light page; whole pages for the detector, single lines for the recognizer and
+    classifier), each at its own preprocessing; scored on held-out renders against onnxruntime on the
+    source .onnx: cosine in MNN and in mnntool's runtime, and the two runtimes' agreement on the file."""
+    import onnxruntime as ort
+    from fixtures.textpages import normalised, page
+    from mnntool.compare import metrics
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp:
+        tmp = Path(tmp)
+        for name, src in sorted(ocr_models(out).items()):
+            shape, size, px, mean, std = OCR_MODELS[name]
+            render = lambda seed: normalised(page(seed, size, px), mean, std)  # noqa: E731
+            calib = [{"x": render(k)} for k in range(calib_n)]
+            held = [render(1000 + k) for k in range(held_n)]
+            fp32, int8 = tmp / f"{name}.mnn", tmp / f"{name}_int8.mnn"
+            convert(src, fp32, input_shapes={"x": shape})
+            report = quantize_file(fp32, int8, QuantConfig(int8=True, calib=calib, method=method))
+            sess = ort.InferenceSession(str(src))
+            out_name = sess.get_outputs()[0].name
+            ref = [sess.run(None, {"x": x})[0] for x in held]
+            theirs = MnnSession(str(int8), ["x"], [out_name])
+            mnn_out = [theirs.run({"x": x})[out_name].reshape(r.shape) for x, r in zip(held, ref)]
+            ours_sess = mnntool.load(int8)
+            ours = [ours_sess.run({"x": x})[out_name].reshape(r.shape) for x, r in zip(held, ref)]
+            row = {"model": name, "input": "x".join(map(str, shape)),
+                   "size_ratio": fp32.stat().st_size / int8.stat().st_size,
+                   "float_layers": len(report.get("float_layers", [])),
+                   "cos_mnn": float(np.mean([metrics(r, m)["cosine"] for r, m in zip(ref, mnn_out)])),
+                   "cos_mnn_min": float(np.min([metrics(r, m)["cosine"] for r, m in zip(ref, mnn_out)])),
+                   "cos_mnntool": float(np.mean([metrics(r, o)["cosine"] for r, o in zip(ref, ours)])),
+                   "agree": float(np.mean([metrics(m, o)["cosine"] for m, o in zip(mnn_out, ours)])),
+                   "agree_min": float(np.min([metrics(m, o)["cosine"] for m, o in zip(mnn_out, ours)]))}
+            rows.append(row)
+            print(f"{name:38s} {row['input']:12s} size {row['size_ratio']:.2f}x  cos MNN {row['cos_mnn']:.6f} "
+                  f"(min {row['cos_mnn_min']:.6f})  mnntool {row['cos_mnntool']:.6f}  agree {row['agree']:.6f} "
+                  f"(min {row['agree_min']:.6f})  float {row['float_layers']}", flush=True)
+    return rows
+
+
 def main():
     ap = argparse.ArgumentParser()
+    ap.add_argument("--ocr", action="store_true",
+                    help="PP-OCR's detector, recognizer and classifier (rapidocr-onnxruntime's wheel) on rendered text")
+    ap.add_argument("--ocr-dir", default=str(ROOT / "build" / "wheels"), help="--ocr: where the wheel is kept")
     ap.add_argument("--zoo", nargs="*", default=None, help="held-out architectures (default: a set of 10)")
     ap.add_argument("--method", default="mse")
     ap.add_argument("--auto-skip", type=float, default=None,
@@ -183,6 +266,11 @@ def main():
     ap.add_argument("--held-out", type=int, default=100)
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
+    if args.ocr:
+        rows = ocr_rows(args.calib, args.held_out, args.method, Path(args.ocr_dir))
+        if args.json:
+            Path(args.json).write_text(json.dumps(rows, indent=1))
+        return
     if args.zoo is not None:
         rows = zoo_rows(args.zoo or ZOO_DEFAULT, args.calib, args.held_out, args.method, args.auto_skip,
                         not args.mnntool_only)

@@ -172,6 +172,12 @@ def main():
     i, n = map(int, args.shard.split("/"))
     models = args.models[i::n]
     rows, t0 = [], time.time()
+    suffix = "" if args.shard == "0/1" else f"_s{i}of{n}"
+
+    def save():     # after every model: a shard stopped at its time limit keeps what it measured
+        result = {"cpu": cpu_name(), "threads": args.threads, "refs": list(refs), "seconds": round(time.time() - t0),
+                  "rows": rows, "geomean": geomeans(rows, refs)}
+        (out / f"wide_speed_t{args.threads}{suffix}.json").write_text(json.dumps(result, indent=1))
     for name in models:
         if failed.get(name):
             rows.append({"model": name, "group": SET[name].group, "error": f"export: {failed[name]}"})
@@ -182,14 +188,14 @@ def main():
                 print(f"{r['model']:28s} failed: {r['error']}", flush=True)
             else:
                 print(f"{r['model']:28s} mnntool {r['mnntool_ms']:9.2f} ms  "
-                      + "  ".join(f"{ref} {r[f'{ref}_ms']:9.2f} x{r[f'vs_{ref}']:.2f}" for ref in refs), flush=True)
+                      + "  ".join(f"{ref} {r[f'{ref}_ms']:9.2f} x{r[f'vs_{ref}']:.2f}" for ref in refs)
+                      + (f"  1->{args.threads} threads x{r['speedup_from_1_thread']:.2f}"
+                         if "speedup_from_1_thread" in r else ""), flush=True)
+        save()
+    save()
     gm = geomeans(rows, refs)
-    print(f"geometric mean over the models that ran: " + "  ".join(f"x {k[3:]} {v:.3f}" for k, v in gm.items()
-                                                                   if k.startswith("vs_")))
-    result = {"cpu": cpu_name(), "threads": args.threads, "refs": list(refs), "seconds": round(time.time() - t0),
-              "rows": rows, "geomean": gm}
-    suffix = "" if args.shard == "0/1" else f"_s{i}of{n}"
-    (out / f"wide_speed_t{args.threads}{suffix}.json").write_text(json.dumps(result, indent=1))
+    print("geometric mean over the models that ran: " + "  ".join(f"x {k[3:]} {v:.3f}" for k, v in gm.items()
+                                                                  if k.startswith("vs_")))
 
 
 if __name__ == "__main__":

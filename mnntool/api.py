@@ -39,9 +39,11 @@ def load_session(path, threads: int | None = None):
 
 
 def convert(src, dst, framework: str | None = None, input_shapes: dict | None = None, optimize: int = 1,
-            biz_code: str = "mnntool", passes: list[str] | None = None, external_weights: bool | None = None) -> dict:
+            biz_code: str = "mnntool", passes: list[str] | None = None, external_weights: bool | None = None,
+            exact_gelu: bool = False) -> dict:
     """external_weights: True writes dst + dst.weight (MNN's --saveExternalData layout); None does so when
-    the weights pass 2000 MB, as MNN's converter does."""
+    the weights pass 2000 MB, as MNN's converter does. exact_gelu keeps GELU's erf form (MNN computes it
+    ~40x slower than the tanh form its converter and ours write by default: passes/approximate_gelu.py)."""
     t0 = time.perf_counter()
     dst = Path(dst)
     sources = _sources(src)
@@ -50,6 +52,9 @@ def convert(src, dst, framework: str | None = None, input_shapes: dict | None = 
     if passes is not None:      # MNN needs these, last, whatever else was chosen
         from .passes import LOWERING, REQUIRED
         passes = LOWERING + [p for p in passes if p not in REQUIRED + LOWERING] + REQUIRED
+    if exact_gelu:
+        from .passes import resolve
+        passes = [p for p in resolve(optimize, passes) if p != "approximate_gelu"]
     report = run_pipeline(g, optimize, passes)
     if g.int8_plan:
         from .quant.ptq import apply_int8_plan

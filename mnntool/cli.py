@@ -20,6 +20,7 @@ from rich.markup import escape  # noqa: E402
 
 from . import api  # noqa: E402
 from .errors import MnnToolError  # noqa: E402
+from .interrupts import test_point  # noqa: E402
 
 _CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
 
@@ -55,7 +56,7 @@ THREADS = typer.Option(1, "--threads", "-t", min=1, help="Threads for kernels an
 SAMPLES = typer.Option(None, "--samples", "-n", min=1, help="Use at most N samples of --calib (default: verify 4, "
                        "quant all).")
 Runtime = Literal["numba", "mnn"]                        # checked at parse time: Typer lists the choices
-BenchBackend = Literal["numba", "onnxruntime", "mnn"]
+BenchBackend = Literal["numba", "onnxruntime", "openvino", "mnn"]
 INPUTS = typer.Option(None, "--input", "-i", help="Input data: NAME=file.npy or a .npz of all inputs (repeatable).")
 MEAN = typer.Option(None, "--mean", help="Image preprocessing: per-channel mean, e.g. 127.5,127.5,127.5.")
 NORMAL = typer.Option(None, "--normal", help="Image preprocessing: per-channel multiplier after the mean (1/std).")
@@ -108,7 +109,13 @@ class _progress:
     def __enter__(self):
         self.prog.__enter__()
         task = self.prog.add_task(self.what, total=self.total)
-        return (lambda n=1: self.prog.advance(task, n)) if self.shown else None
+        if not self.shown:
+            return None
+
+        def step(n=1):
+            test_point("progress")
+            self.prog.advance(task, n)
+        return step
 
     def __exit__(self, *exc):
         return self.prog.__exit__(*exc)
@@ -133,7 +140,12 @@ def convert(src: Optional[str] = typer.Argument(None, help="Source model: .onnx,
             passes: Optional[str] = typer.Option(None, "--passes",
                                                  help="Comma-separated passes to run instead, or 'list'."),
             biz_code: str = typer.Option("mnntool", "--biz-code", help="Free string stored in the file."),
-            external_weights: bool = EXTERNAL_WEIGHTS, as_json: bool = JSON):
+            external_weights: bool = EXTERNAL_WEIGHTS,
+            exact_gelu: bool = typer.Option(False, "--exact-gelu",
+                                            help="Keep GELU's erf form (MNN computes it ~40x slower than the tanh "
+                                                 "form written by default, as MNN's converter does; they differ "
+                                                 "by at most 4.7e-4)."),
+            as_json: bool = JSON):
     """Convert a model into MNN's .mnn format."""
     from .passes import DOCS, PIPELINES
     if passes == "list" or src == "passes":
@@ -153,7 +165,7 @@ def convert(src: Optional[str] = typer.Argument(None, help="Source model: .onnx,
         raise MnnToolError("convert needs SRC and DST")
     chosen = [p.strip() for p in passes.split(",") if p.strip()] if passes else None
     r = api.convert(src, dst, framework, api.parse_input_shapes(input_shape), optimize, biz_code, chosen,
-                    external_weights or None)
+                    external_weights or None, exact_gelu=exact_gelu)
     if as_json:
         print(json.dumps(r))
     else:
@@ -572,14 +584,33 @@ def compile_kernels(force: bool = typer.Option(False, "--force", help="Build eve
 
 @app.command()
 def ops(framework: str = typer.Option("onnx", "--framework", "-f", help="onnx, torch, tf, tflite or caffe."),
+        where: bool = typer.Option(False, "--where", help="The op map: for every IR op its definition, each "
+                                   "frontend's converters, its kernel (or numpy fallback) and its tests."),
         as_json: bool = JSON):
-    """List the source ops a frontend converts (as MNNConvert's --OP does)."""
+    """List the source ops a frontend converts (as MNNConvert's --OP does), or with --where the op map."""
+    if where:
+        return _op_map(as_json)
     names = supported_ops(framework)
     if as_json:
         print(json.dumps({"framework": framework, "count": len(names), "ops": names}))
         return
     console.print(f"{framework}: {len(names)} ops")
     console.print(", ".join(u(n) for n in names))
+
+
+def _op_map(as_json: bool) -> None:
+    from .opmap import FRONTENDS, op_map
+    rows = op_map()
+    if as_json:
+        print(json.dumps({"count": len(rows), "ops": rows}))
+        return
+    t = Table(title=f"{len(rows)} IR ops: where each is defined, converted, run and tested")
+    for col in ("op", "kind", "definition", *FRONTENDS, "kernel", "tests"):
+        t.add_column(col)
+    for r in rows:
+        convs = [", ".join(sorted({c["source"] for c in r["converters"][fw]})[:3]) or "-" for fw in FRONTENDS]
+        t.add_row(u(r["op"]), r["kind"], u(r["definition"]), *map(u, convs), u(r["kernel"]), str(len(r["tests"])))
+    console.print(t)
 
 
 def supported_ops(framework: str) -> list[str]:
@@ -623,7 +654,27 @@ def _options(version: bool = typer.Option(False, "--version", callback=_version,
 
 def main():
     """Typer's standalone mode handles usage errors (exit 2) and typer.Exit codes; our own errors, which
-    users cause, become one line and their exit code."""
+    users cause, become one line and their exit code; SIGINT and SIGTERM stop the work (mnntool.interrupts)."""
+    from .interrupts import Interrupted, install
+    install()
+    try:
+        _main()
+    except Interrupted as e:
+        _interrupted(e)
+
+
+def _interrupted(e) -> None:
+    """The work's own cleanup has run on the way up (temporary outputs removed, pools stopped, Ray shut
+    down); kill what children are left, then one line and the shell's code: 130 SIGINT, 143 SIGTERM."""
+    from .interrupts import exit_now, kill_children
+    kill_children()
+    err.print("interrupted", highlight=False)
+    if "--json" in sys.argv[1:]:
+        print(json.dumps({"error": "interrupted", "signal": str(e), "exit_code": e.exit_code}))
+    exit_now(e.exit_code)
+
+
+def _main():
     try:
         rv = app(standalone_mode=False)
     except typer.Abort:

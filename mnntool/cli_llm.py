@@ -83,13 +83,14 @@ def run(bundle: str = typer.Argument(..., help="A bundle folder (what `mnntool l
         ignore_eos: bool = typer.Option(False, "--ignore-eos", help="Go on past stop tokens."),
         precision: str = typer.Option("normal", "--precision", help="normal (int16 inputs to the quantized layers) "
                                       "or high (float32, slower)."),
+        kv_int8: bool = typer.Option(False, "--kv-int8", help="The KV cache in 8-bit codes (MNN-LLM's kv_quant)."),
         as_json: bool = JSON):
     """Generate from a bundle in mnntool's own runtime, the tokens printed as they come."""
     import sys
 
     from .llm.engine import load
 
-    llm = load(bundle, threads=threads, precision=precision)
+    llm = load(bundle, threads=threads, precision=precision, kv_int8=kv_int8)
 
     def show(text):
         sys.stdout.write(text)
@@ -128,11 +129,12 @@ def bench(bundle: str = typer.Argument(..., help="A bundle folder."),
           backend: str = typer.Option("mnntool", "--backend", help="mnntool (this runtime) or mnn (MNN-LLM, MNN.llm)."),
           exact: bool = typer.Option(False, "--exact", help="MNN-LLM with precision/memory high (default: as config.json); "
                                      "mnntool with float32 inputs (--precision high)."),
+          kv_int8: bool = typer.Option(False, "--kv-int8", help="mnntool: the KV cache in 8-bit codes."),
           as_json: bool = JSON):
     """llama-bench's rows for a bundle: prompt processing (pp) and generation (tg) tokens/s, mean ± stddev,
     load time and peak RSS; each thread count in a child process of its own."""
     from .errors import MnnToolError
-    from .llm.engine.bench import host_info, rows, run_child
+    from .llm.engine.bench import bandwidth, host_info, rows, run_child
     from .llm.engine.files import open_bundle
 
     if backend not in ("mnntool", "mnn"):
@@ -146,7 +148,8 @@ def bench(bundle: str = typer.Argument(..., help="A bundle folder."),
         raise MnnToolError("nothing to measure: -p and -n are 0 and no -pg")
     out = []
     for t in counts:
-        out.extend(rows(run_child(backend, bundle, t, p, n, reps, pair, exact=exact)))
+        bw = bandwidth(t) if n else None
+        out.extend(rows(run_child(backend, bundle, t, p, n, reps, pair, exact=exact, kv_int8=kv_int8), bw))
     info = host_info()
     if as_json:
         print(json.dumps([{**info, "model_filename": bundle, **r} for r in out]))
@@ -158,6 +161,12 @@ def bench(bundle: str = typer.Argument(..., help="A bundle folder."),
         tb.add_row(r["backend"], str(r["threads"]), r["test"], f"{r['avg_ts']:.2f} ± {r['stddev_ts']:.2f}",
                    f"{r['load_s']:.2f}", _human(r["peak_rss"], "B"))
     console.print(tb)
+    for r in out:
+        if "bandwidth_limit_ts" in r:
+            console.print(f"{r['backend']} {r['threads']}t {r['test']}: {_human(r['bytes_per_token'], 'B')} read per token, "
+                          f"memory read bandwidth {r['bandwidth_read_GBps']:.1f} GB/s -> limit "
+                          f"{r['bandwidth_limit_ts']:.1f} tok/s; decode at {100 * r['bandwidth_fraction']:.0f}% of it "
+                          f"({r['time_over_limit']:.2f}x the limit's time per token)", highlight=False)
 
 
 @llm_app.command("eval")
@@ -170,10 +179,17 @@ def eval_(bundle: str = typer.Argument(..., help="An MNN-LLM bundle folder."),
           max_tokens: int = typer.Option(0, "--max-tokens", min=0, help="Score the first N tokens (0: all)."),
           default_mode: bool = typer.Option(False, "--default-mode", help="MNN-LLM's default low/low precision "
                                             "(int kernels) instead of its exact float32 mode."),
-          threads: int = typer.Option(1, "--threads", "-t", min=1), as_json: bool = JSON):
+          threads: int = typer.Option(1, "--threads", "-t", min=1, help="Threads of MNN-LLM and of the transformers "
+                                      "reference (per worker)."),
+          workers: int = typer.Option(1, "--workers", "-w", min=1, help="Split the windows over N local processes "
+                                      "(the same numbers as one)."),
+          ray: Optional[str] = typer.Option(None, "--ray", help="Split the windows over a Ray cluster (the same numbers "
+                                            "as one process): local, auto, HOST:PORT or ray://HOST[:PORT]."),
+          as_json: bool = JSON):
     """Perplexity over a text in windows; with --ref, KL divergence per token (llama.cpp's --kl-divergence)."""
     from .llm.evaluate import evaluate
-    r = evaluate(bundle, text, ref, ctx, stride, max_tokens, exact=not default_mode, threads=threads)
+    r = evaluate(bundle, text, ref, ctx, stride, max_tokens, exact=not default_mode, threads=threads,
+                 workers=workers, ray=ray)
     if as_json:
         print(json.dumps(r))
         return
@@ -185,3 +201,47 @@ def eval_(bundle: str = typer.Argument(..., help="An MNN-LLM bundle folder."),
                       f"{100 * r['same_top1']:.2f}%")
     if r.get("note"):
         console.print(f"[yellow]note:[/] {u(r['note'])}")
+
+
+@llm_app.command("verify")
+def verify(bundle: str = typer.Argument(..., help="The bundle folder to check."),
+           checkpoint: str = typer.Argument(..., help="The Hugging Face checkpoint folder it was exported from."),
+           prompt: Optional[str] = typer.Option(None, "--prompt", "-p", help="Run this text (the bundle's tokenizer)."),
+           text: Optional[str] = typer.Option(None, "--text", help="Run a window of this UTF-8 text file."),
+           offset: int = typer.Option(0, "--offset", min=0, help="--text: the window's first token."),
+           tokens: int = typer.Option(64, "--tokens", "-n", min=2, help="Tokens of the window, or of the seeded "
+                                      "random sequence used without --prompt/--text."),
+           seed: int = typer.Option(0, "--seed", help="Seed of the random token ids."),
+           ref: str = typer.Option("numpy", "--ref", help="The float32 reference: numpy (mnntool's decoder) or "
+                                   "transformers."),
+           min_cosine: Optional[float] = typer.Option(None, "--min-cosine", help="Pass threshold of every hidden state "
+                                                      "and the logits (default by bits: 16: 0.9999, 8: 0.999, 4: 0.99)."),
+           thresholds: Optional[str] = typer.Option(None, "--thresholds", help="A .json or .toml file: min_cosine, "
+                                                    "[logits] min_cosine/min_top1/max_kl_mean, [[layers]] match/min_cosine."),
+           no_mnn: bool = typer.Option(False, "--no-mnn", help="Skip MNN-LLM (the end-to-end logits check)."),
+           default_mode: bool = typer.Option(False, "--default-mode", help="MNN-LLM in its default low/low mode "
+                                             "(int kernels) instead of exact float32."),
+           precision: str = typer.Option("normal", "--precision", help="The engine's: normal or high."),
+           threads: int = typer.Option(1, "--threads", "-t", min=1),
+           report: Optional[str] = typer.Option(None, "--report", help="Write an HTML report."),
+           junit: Optional[str] = typer.Option(None, "--junit", help="Write a JUnit XML report (a case per layer)."),
+           out_format: Optional[str] = typer.Option(None, "--output-format", help="text, json or github."),
+           as_json: bool = JSON):
+    """Per-layer comparison of a bundle with its checkpoint: each decoder layer's hidden state and the logits
+    (top-1, KL), in mnntool's engine and MNN-LLM; exit 1 when one misses the thresholds, 3 when the bundle is
+    not from this checkpoint, 2 on a user error."""
+    from .llm.verify import load_thresholds
+    from .llm.verify_report import run_command
+    fmt = (out_format or ("json" if as_json else "text")).lower()
+    bar = _progress("reference layers", None, shown=fmt != "json")
+    with bar as step:
+        def progress(total):
+            bar.prog.update(bar.prog.task_ids[0], total=total)
+            return step
+        code = run_command(bundle, checkpoint, fmt, report, junit, print, prompt=prompt, text=text, offset=offset,
+                           tokens=tokens, seed=seed, ref=ref, min_cosine=min_cosine,
+                           thresholds=load_thresholds(thresholds) if thresholds else None,
+                           mnn=False if no_mnn else None, mnn_exact=not default_mode, threads=threads,
+                           precision=precision, progress=progress if step else None)
+    if code:
+        raise typer.Exit(code)

@@ -32,6 +32,8 @@ def bench(path, backend: str = "numba", threads: int = 1, warmup: int = 5, runs:
         raise MnnToolError(f"{path}: no such file")
     if runs < 1 or warmup < 0:
         raise MnnToolError("--runs must be >= 1 and --warmup >= 0")
+    from .runtime import fallbacks
+    before = fallbacks.snapshot()
     t0 = time.perf_counter()
     r = backend_runner(path, backend, threads, shapes)
     feeds = random_feeds(r.graph, shapes)
@@ -68,6 +70,7 @@ def bench(path, backend: str = "numba", threads: int = 1, warmup: int = 5, runs:
         out["memory_pool_mb"] = r.session.plan.pool_bytes / 1e6
         lib = aot.library()      # the one-thread kernels' ahead-of-time library, if one loaded
         out["kernel_library"] = str(lib.path) if lib is not None else None
+        out["kernel_fallbacks"] = fallbacks.report(since=before)    # ops on numpy: their fast kernel failed
     if per_step:
         total = sum(per_step.values())
         by_type = defaultdict(lambda: [0.0, 0])

@@ -86,7 +86,11 @@ def junit_error(message: str, source: str, model: str) -> bytes:
     return _document(r, [("mnntool.verify.model", "verify", "error", message, message)])
 
 
-def _document(r: dict, cases: list) -> bytes:
+def _document(r: dict, cases: list, suite: str = "mnntool verify", title: str | None = None,
+              props: tuple = ("mnntool_version", "schema", "source", "model", "backend", "min_cosine", "max_abs",
+                              "samples", "exit_code"), inputs: str | None = None) -> bytes:
+    """The JUnit document around `cases`; `llm verify` (mnntool/llm/verify_report.py) passes its own suite
+    name, title, property keys and inputs line."""
     def x(text) -> str:
         return _XML_BAD.sub("?", str(text))
     n_fail = sum(c[2] == "failure" for c in cases)
@@ -94,22 +98,21 @@ def _document(r: dict, cases: list) -> bytes:
     n_skip = sum(c[2] == "skipped" for c in cases)
     counts = {"tests": str(len(cases)), "failures": str(n_fail), "errors": str(n_err), "skipped": str(n_skip),
               "time": "0"}
-    root = ET.Element("testsuites", name="mnntool verify", **counts)
-    suite = ET.SubElement(root, "testsuite", name=x(f"mnntool verify {r['model']} vs {r['source']}"), **counts,
+    root = ET.Element("testsuites", name=suite, **counts)
+    suite = ET.SubElement(root, "testsuite", name=x(title or f"mnntool verify {r['model']} vs {r['source']}"), **counts,
                           timestamp=datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%S"),
                           hostname=x(socket.gethostname() or "localhost"))
-    props = ET.SubElement(suite, "properties")
-    for key in ("mnntool_version", "schema", "source", "model", "backend", "min_cosine", "max_abs", "samples",
-                "exit_code"):
+    keys, props = props, ET.SubElement(suite, "properties")
+    for key in keys:
         if r.get(key) is not None:
             ET.SubElement(props, "property", name=key, value=x(r[key]))
-    if "inputs" in r:
-        ET.SubElement(props, "property", name="inputs", value=x(inputs_text(r["inputs"])))
+    if inputs is not None or "inputs" in r:
+        ET.SubElement(props, "property", name="inputs", value=x(inputs if inputs is not None else inputs_text(r["inputs"])))
     for classname, name, kind, message, details in cases:
         case = ET.SubElement(suite, "testcase", classname=classname, name=x(name), time="0")
         if kind == "failure":
             f = ET.SubElement(case, "failure", message=x(message), type="AccuracyFailure"
-                              if classname != "mnntool.verify.model" else "NotSameModel")
+                              if not classname.endswith(".model") else "NotSameModel")
             f.text = x(details)
         elif kind == "error":
             f = ET.SubElement(case, "error", message=x(message), type="MnnToolError")

@@ -9,6 +9,9 @@ import os  # noqa: E402
 
 # a one-thread call site bound to a kernel checks its argument types at every call (kernels/jit.Bound)
 os.environ.setdefault("MNNTOOL_CHECK_KERNELS", "1")
+# a fast kernel that fails to prepare for a reason it does not name is an error, not a silent numpy
+# fallback (runtime/fallbacks.py)
+os.environ.setdefault("MNNTOOL_STRICT_KERNELS", "1")
 import sys  # noqa: E402
 from pathlib import Path  # noqa: E402
 

@@ -3,6 +3,8 @@
 - `docs/reference/cli.md`: the marker `<!-- cli-reference -->` becomes one section per command and
   subcommand of the Typer app (`mnntool.cli.app`, `mnntool llm ...` included), each the plain-text
   `--help` that command prints, so the reference cannot drift from the code.
+- `docs/contributing/op-map.md`: the marker `<!-- op-map -->` becomes the op map (`mnntool.opmap`: every IR
+  op's definition, converters, kernel and tests), generated from the registries.
 - The nav gets "Verify in CI" (docs/ci.md and the pages under docs/ci/) under Guides when those exist
   and mkdocs.yml does not list them already.
 """
@@ -12,6 +14,7 @@ import html
 from pathlib import Path
 
 MARKER = "<!-- cli-reference -->"
+OP_MAP = "<!-- op-map -->"
 WIDTH = 100
 
 
@@ -59,6 +62,9 @@ def cli_reference() -> str:
 def on_page_markdown(markdown, page, config, files, **kwargs):
     if MARKER in markdown:
         return markdown.replace(MARKER, cli_reference())
+    if OP_MAP in markdown:
+        from mnntool.opmap import markdown as op_map
+        return markdown.replace(OP_MAP, op_map())
     return markdown
 
 

@@ -1,6 +1,6 @@
 """A schema-driven FlatBuffers codec for MNN tables: dicts in, bytes out, and back.
 
-The schema (slots, types, defaults) comes from schema_tables.py. Decoding checks every offset
+The schema (slots, types, defaults) comes from ir/schema_tables.py. Decoding checks every offset
 against the buffer so that a corrupt or hostile file raises FormatError instead of crashing,
 looping or allocating without bound.
 """
@@ -13,7 +13,7 @@ from typing import NamedTuple
 import flatbuffers
 import numpy as np
 
-from .schema_tables import ENUMS, TABLES, UNIONS
+from ..ir.schema_tables import ENUMS, TABLES, UNIONS
 
 
 class Schema(NamedTuple):

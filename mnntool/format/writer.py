@@ -8,6 +8,7 @@ from pathlib import Path
 import numpy as np
 
 from ..errors import MnnToolError
+from ..interrupts import deferred, test_point
 from ..ir import ops
 from ..ir.graph import Graph
 from ..ir.dtypes import to_mnn
@@ -181,6 +182,7 @@ class _Staged:
             self.file.write(data)
         except OSError as e:
             raise MnnToolError(f"{self.path}: cannot write ({e.strerror or e})") from None
+        test_point("write")     # the interrupt tests stop here, the temporary file on disk
 
     def commit(self) -> None:
         try:
@@ -277,12 +279,13 @@ def write(g: Graph, path: str | os.PathLike, biz_code: str = "mnntool", sources=
         data = _encode(net, max(hint - moved, 0), consume, path, True)
         staged.append(_Staged(path))
         staged[1].write(data)
-        staged[0].commit()
-        try:
-            staged[1].commit()
-        except BaseException:
-            os.unlink(wpath)
-            raise
+        with deferred():        # an interrupt waits until both files are in place (or neither)
+            staged[0].commit()
+            try:
+                staged[1].commit()
+            except BaseException:
+                os.unlink(wpath)
+                raise
     except BaseException:
         for s in staged:
             s.discard()

@@ -87,7 +87,7 @@ def emit_onnx(ctx, op_type: str, inputs: list, outs: list[str], attrs: dict | No
     meaning for every frontend); Python values become constants, None an omitted input."""
     from onnx import helper
 
-    from .onnx.nn import CONVERTERS
+    from .onnx.registry import CONVERTERS
     names = [ctx.tensor(i) if i is not None and not isinstance(i, str) else (i or "") for i in inputs]
     proto = helper.make_node(op_type, names, list(outs), name=outs[0], **(attrs or {}))
     CONVERTERS[op_type](ctx, proto, attrs or {})

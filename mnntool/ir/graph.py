@@ -53,11 +53,20 @@ class Graph:
         return {o: n for n in self.nodes for o in n.outputs}
 
     def consumers(self) -> dict[str, list[Node]]:
+        """Who reads each tensor: its reading nodes in graph order, a node that reads it twice (x * x,
+        IsNaN as x != x) listed once. The one such query: the passes, the quantizer and the planner ask it."""
         out: dict[str, list[Node]] = {}
         for n in self.nodes:
-            for i in n.inputs:
+            for i in dict.fromkeys(n.inputs):
                 out.setdefault(i, []).append(n)
         return out
+
+    def sole_consumer(self, name: str, readers: dict[str, list[Node]] | None = None) -> Node | None:
+        """The one node reading `name` when it is not a graph output and nothing else reads it: only then
+        may a rewrite fold the tensor away. `readers` is a consumers() map already at hand (a pass that
+        does not change the graph between its questions asks consumers() once)."""
+        us = (self.consumers() if readers is None else readers).get(name, [])
+        return us[0] if len(us) == 1 and name not in self.outputs else None
 
     def fresh_name(self, base: str) -> str:
         taken = set(self.tensors) | set(self.constants) | {o for n in self.nodes for o in n.outputs}

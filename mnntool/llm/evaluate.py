@@ -144,7 +144,11 @@ def perplexity(logits_list, windows_: list[Window]) -> float:
 
 def perplexity_stats(logits_list, windows_: list[Window]) -> dict:
     """Perplexity with llama.cpp's uncertainty: ppl * standard error of the mean NLL."""
-    v = nll(logits_list, windows_)
+    return nll_summary(nll(logits_list, windows_))
+
+
+def nll_summary(v: np.ndarray) -> dict:
+    """perplexity_stats from the scored tokens' NLL values (in text order)."""
     ppl = math.exp(v.mean())
     err = float(ppl * v.std() / math.sqrt(max(len(v) - 1, 1)))
     return {"ppl": ppl, "ppl_err": err, "nll": float(v.mean()), "tokens": int(len(v))}
@@ -180,7 +184,11 @@ def kl_stats(ref_logits, logits, windows_: list[Window] | None = None) -> dict:
         k, s = kl_rows(r, q)
         kls.append(k)
         sames.append(s)
-    kl, same = np.concatenate(kls), np.concatenate(sames)
+    return kl_summary(np.concatenate(kls), np.concatenate(sames))
+
+
+def kl_summary(kl: np.ndarray, same: np.ndarray) -> dict:
+    """kl_stats from the per-position KL values and same-top-1 flags (in text order)."""
     n = len(kl)
     if n == 0:
         raise ValueError("no positions to compare")
@@ -399,12 +407,57 @@ def hf_logits(model_dir, windows_: list[Window], fake_quant=None, rows: str = "a
 
 # ------------------------------------------------------------------------------------------- llm eval
 
+HF_BATCH = 8            # hf_logits' batch; shards of the windows start on its multiples (the same batches)
+
+
+def window_scores(bundle, windows_: list[Window], ref=None, exact: bool = True, threads: int = 1) -> list[dict]:
+    """What the statistics need of each window, computed where its logits are: {"nll"} (the scored
+    tokens' NLL), and with `ref` (a checkpoint folder or a bundle) {"ref_nll", "kl", "same"} too. A shard
+    of `llm eval --workers/--ray` runs this on its windows (MNN-LLM in a child process of the worker, as
+    everywhere), so only these small arrays come back, never vocab x tokens logits. The single process
+    runs it on all windows: the same function on the same windows gives the same values, so any split
+    concatenates to the single process's arrays exactly."""
+    got = mnn_logits(bundle, windows_, exact=exact, threads=threads)
+    out = [{"nll": nll([a], [w])} for a, w in zip(got, windows_)]
+    if ref is not None:
+        ref = Path(ref)
+        r = (mnn_logits(ref, windows_, exact=exact, threads=threads) if (ref / "llm.mnn").is_file()
+             else hf_logits(ref, windows_, batch=HF_BATCH, threads=threads))
+        for o, a, b, w in zip(out, r, got, windows_):
+            o["ref_nll"] = nll([a], [w])
+            o["kl"], o["same"] = kl_rows(_scored_rows(a, w), _scored_rows(b, w))
+        del r
+    del got
+    return out
+
+
+def _shard(windows_: list[Window], bundle: str, ref: str | None, exact: bool, threads: int) -> list[dict]:
+    """window_scores of one shard of the windows (a pool worker or a Ray task: split_map's argument order)."""
+    return window_scores(bundle, windows_, ref, exact, threads)
+
+
+def _scores(bundle, ws: list[Window], ref, exact: bool, threads: int, workers: int, ray: str | None) -> list[dict]:
+    """window_scores of every window, in one process or split over a pool (quant.shards: local processes,
+    or Ray tasks on the cluster `ray` names); shards of whole HF_BATCH groups, in window order."""
+    if workers <= 1 and ray is None:
+        return window_scores(bundle, ws, ref, exact, threads)
+    from ..quant.shards import pool, split_map
+    with pool(workers, ray) as shards:
+        if shards is None:
+            return window_scores(bundle, ws, ref, exact, threads)
+        return split_map(shards, _shard, ws, str(bundle), None if ref is None else str(ref), exact, threads,
+                         align=HF_BATCH)
+
+
 def evaluate(bundle, text_path, ref=None, ctx: int = 512, stride: int | None = None, max_tokens: int = 0,
-             exact: bool = True, threads: int = 1, style: str = "sliding") -> dict:
+             exact: bool = True, threads: int = 1, style: str = "sliding", workers: int = 1,
+             ray: str | None = None) -> dict:
     """`mnntool llm eval`: perplexity of the bundle (MNN-LLM's logits) over a text in windows, and with `ref`
-    (a Hugging Face checkpoint folder, run by transformers in float32, or another bundle) the KL divergence
-    per token to it (mean, p99, max) and the same-top-1 rate. The text is tokenized by the bundle's own
-    tokenizer."""
+    (a Hugging Face checkpoint folder, run by transformers in float32 on `threads` threads, or another
+    bundle) the KL divergence per token to it (mean, p99, max) and the same-top-1 rate. The text is
+    tokenized by the bundle's own tokenizer. `workers` local processes, or Ray tasks on the cluster `ray`
+    names, split the windows and give the single process's numbers exactly (each node needs mnntool, the
+    `mnn` wheel and the bundle under the same path)."""
     from .text import read_text
     from ..errors import MnnToolError
     text = read_text(text_path)
@@ -418,22 +471,16 @@ def evaluate(bundle, text_path, ref=None, ctx: int = 512, stride: int | None = N
         raise MnnToolError(f"{text_path}: {len(ids)} tokens; nothing to score")
     ctx = min(ctx, len(ids))
     ws = windows(ids, ctx, stride, style)
-    info: dict = {}
-    got = mnn_logits(bundle, ws, exact=exact, threads=threads, info=info)
+    scores = _scores(bundle.resolve(), ws, None if ref is None else Path(ref).resolve(), exact, threads, workers, ray)
+    joined = lambda key: np.concatenate([s[key] for s in scores])       # noqa: E731 - text order
     out = {"bundle": str(bundle), "text": str(text_path), "text_tokens": len(ids), "ctx": ctx,
            "stride": ws[1].start - ws[0].start if len(ws) > 1 else ctx, "windows": len(ws),
-           "mode": "exact" if exact else "default", **perplexity_stats(got, ws)}
+           "mode": "exact" if exact else "default", **nll_summary(joined("nll"))}
     if ref is not None:
         ref = Path(ref)
-        if (ref / "llm.mnn").is_file():
-            r = mnn_logits(ref, ws, exact=exact, threads=threads)
-        else:
-            if hf_encode(ref, text)[:len(ids)] != ids:
-                out["note"] = "the checkpoint's tokenizer and the bundle's differ on this text; scored with the bundle's ids"
-            r = hf_logits(ref, ws)
+        if not (ref / "llm.mnn").is_file() and hf_encode(ref, text)[:len(ids)] != ids:
+            out["note"] = "the checkpoint's tokenizer and the bundle's differ on this text; scored with the bundle's ids"
         out["ref"] = str(ref)
-        out["ref_ppl"] = perplexity(r, ws)
-        out.update(kl_stats(r, got, ws))
-        del r
-    del got
+        out["ref_ppl"] = float(math.exp(joined("ref_nll").mean()))
+        out.update(kl_summary(joined("kl"), joined("same")))
     return out

@@ -9,6 +9,7 @@ from collections import Counter
 from ..errors import MnnToolError
 from ..ir.graph import Graph
 from ..ir.shape_inference import infer_shapes
+from .approximate_gelu import ApproximateGeluPass
 from .constant_fold import ConstantFoldPass
 from .dead_code import DeadCodePass
 from .fold_batch_norm import FoldBatchNormPass
@@ -19,12 +20,14 @@ from .layout import LayoutPass
 from .matmul_to_conv import MatMulToConvPass
 from .mnn_workarounds import MnnWorkaroundsPass
 from .remove_noops import RemoveNoopsPass
+from .split_grouped_conv import SplitGroupedConvPass
 
 # The one place a pass is registered: its stage lists it, in pipeline order.
 STAGES = {
     "lowering": [FoldBatchNormPass],         # ops MNN has no inference kernel for: first, at every level
     "optimizing": [RemoveNoopsPass, ConstantFoldPass, FuseGeluPass, FuseGeluTanhPass, FuseLayerNormPass,
                    FusePadIntoConvPass, FoldAffineIntoConvPass, FuseReluIntoConvPass, FuseReluIntoBinaryPass, MatMulToConvPass,
+                   SplitGroupedConvPass, ApproximateGeluPass,
                    DeadCodePass],            # -O1 once, -O2 to a fixed point
     "required": [MnnWorkaroundsPass, LayoutPass],   # what every written file needs: last, at every level
 }

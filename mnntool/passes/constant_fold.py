@@ -5,8 +5,8 @@ from __future__ import annotations
 import numpy as np
 
 from ..ir.graph import Graph
-from ..ir.ops import REGISTRY, Val, numel
-from ..ir.shape_inference import GROWING, infer_shapes
+from ..ir.ops import REGISTRY, Val, grows, numel
+from ..ir.shape_inference import infer_shapes
 
 MAX_FOLDED = 1 << 22     # elements; larger results stay computed at run time (file size)
 KEEP = {"Input"}
@@ -16,7 +16,7 @@ def _evaluate(node, ins: list[Val], outs: list[Val]):
     """The outputs from the op's own definition (ir/ops), or None when it has none or they would be
     larger than MAX_FOLDED."""
     opdef = REGISTRY.get(node.op)
-    if opdef is None or any(numel(v.shape) > MAX_FOLDED if v.shape is not None else node.op in GROWING
+    if opdef is None or any(numel(v.shape) > MAX_FOLDED if v.shape is not None else grows(node.op)
                             for v in outs):
         return None
     with np.errstate(all="ignore"):

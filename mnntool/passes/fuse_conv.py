@@ -5,9 +5,8 @@ from __future__ import annotations
 import numpy as np
 
 from ..ir.graph import Graph, Node
+from ..ir.ops import is_convolution, is_deconvolution
 from .util import per_channel, sole_user
-
-CONVS = {"Convolution", "ConvolutionDepthwise"}
 
 
 def _bypass(g: Graph, conv: Node, follower: Node) -> None:
@@ -48,7 +47,7 @@ class FoldAffineIntoConvPass:
 
     def __call__(self, g: Graph) -> bool:
         changed = False
-        for conv in [n for n in g.nodes if n.op in CONVS]:
+        for conv in [n for n in g.nodes if is_convolution(n.op)]:
             while True:
                 c = conv.param["common"]
                 nxt = sole_user(g, conv)
@@ -73,7 +72,7 @@ class FuseReluIntoConvPass:
 
     def __call__(self, g: Graph) -> bool:
         changed = False
-        for conv in [n for n in g.nodes if n.op in CONVS | {"Deconvolution", "DeconvolutionDepthwise"}]:
+        for conv in [n for n in g.nodes if is_convolution(n.op) or is_deconvolution(n.op)]:
             common = conv.param["common"]
             nxt = sole_user(g, conv)
             if nxt is None or common.get("relu") or common.get("relu6"):

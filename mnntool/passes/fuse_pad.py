@@ -5,9 +5,8 @@ from __future__ import annotations
 import numpy as np
 
 from ..ir.graph import Graph
+from ..ir.ops import is_convolution
 from .util import sole_user
-
-CONVS = {"Convolution", "ConvolutionDepthwise"}
 
 
 class FusePadIntoConvPass:
@@ -18,7 +17,7 @@ class FusePadIntoConvPass:
         for pad in [n for n in g.nodes if n.op == "Padding"]:
             conv = sole_user(g, pad)
             pads = g.constants.get(pad.inputs[1]) if len(pad.inputs) > 1 else None
-            if conv is None or conv.op not in CONVS or pads is None or pads.size != 8 or \
+            if conv is None or not is_convolution(conv.op) or pads is None or pads.size != 8 or \
                     pad.param.get("mode", "CONSTANT") != "CONSTANT" or len(pad.inputs) > 2 or \
                     conv.inputs[0] != pad.outputs[0] or len(conv.inputs) > 1:
                 continue

@@ -4,7 +4,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..ir.graph import Graph, Node
-from .util import sole_user, users
+from .util import sole_user
 
 
 def _binary(n: Node | None, op: str) -> bool:
@@ -35,7 +35,7 @@ def _half_x_times_one_plus(g: Graph, producers: dict, x: str, f: Node) -> tuple[
         return [one, mul, half], half
     pre = producers.get(partner)        # (1 + f) * (x * 0.5)
     if not _binary(pre, "MUL") or _other(pre, x) is None or g.scalar(_other(pre, x)) != 0.5 or \
-            len(users(g, pre.outputs[0])) != 1:
+            len(g.consumers().get(pre.outputs[0], [])) != 1:
         return None
     return [one, mul, pre], mul
 
@@ -60,7 +60,7 @@ class FuseGeluPass:
             if tail is None:
                 continue
             chain, last = [scaled, erf] + tail[0], tail[1]
-            if len(users(g, scaled.outputs[0])) != 1:
+            if len(g.consumers().get(scaled.outputs[0], [])) != 1:
                 continue
             out = last.outputs[0]
             index = g.nodes.index(last)
@@ -93,24 +93,24 @@ class FuseGeluTanhPass:
         for tanh in [n for n in g.nodes if n.op == "UnaryOp" and n.param.get("opType") == "TANH"]:
             producers = g.producers()
             scale = producers.get(tanh.inputs[0])
-            if not _binary(scale, "MUL") or len(users(g, scale.outputs[0])) != 1:
+            if not _binary(scale, "MUL") or len(g.consumers().get(scale.outputs[0], [])) != 1:
                 continue
             inner = next((i for i in scale.inputs if g.scalar(i) is None), None)
             k = g.scalar(_other(scale, inner) or "") if inner else None
             if k is None or abs(k - np.sqrt(2 / np.pi)) > 1e-4:
                 continue
             add = producers.get(inner)
-            if not _binary(add, "ADD") or len(users(g, add.outputs[0])) != 1:
+            if not _binary(add, "ADD") or len(g.consumers().get(add.outputs[0], [])) != 1:
                 continue
             match = None
             for x in add.inputs:
                 cubic = producers.get(_other(add, x) or "")
-                if not _binary(cubic, "MUL") or len(users(g, cubic.outputs[0])) != 1:
+                if not _binary(cubic, "MUL") or len(g.consumers().get(cubic.outputs[0], [])) != 1:
                     continue
                 cube = next((i for i in cubic.inputs if g.scalar(i) is None), None)
                 c = g.scalar(_other(cubic, cube) or "") if cube else None
                 if c is not None and abs(c - 0.044715) < 1e-6 and _is_cube_of(g, producers.get(cube), x) and \
-                        len(users(g, cube)) == 1:
+                        len(g.consumers().get(cube, [])) == 1:
                     match = (x, cubic, producers[cube])
             if match is None:
                 continue
@@ -122,7 +122,7 @@ class FuseGeluTanhPass:
             if tail is None:
                 continue
             chain, last = chain + tail[0], tail[1]
-            if any(len(users(g, n.outputs[0])) != 1 for n in chain if n is not last):
+            if any(len(g.consumers().get(n.outputs[0], [])) != 1 for n in chain if n is not last):
                 continue
             index = g.nodes.index(last)
             g.nodes.insert(index, Node("UnaryOp", [x], [last.outputs[0]], last.name,
@@ -149,7 +149,7 @@ class FuseLayerNormPass:
                     mean.inputs[0] != x or not mean.param.get("keepDims"):
                 continue
             axes = [int(a) for a in (mean.param.get("dim") if mean.param.get("dim") is not None else [])]
-            subs_users = users(g, sub.outputs[0])
+            subs_users = g.consumers().get(sub.outputs[0], [])
             pow_ = next((n for n in subs_users if (_binary(n, "POW") and g.scalar(n.inputs[1]) == 2.0) or
                          (_binary(n, "MUL") and n.inputs[0] == n.inputs[1])), None)
             div = next((n for n in subs_users if _binary(n, "REALDIV") and n.inputs[0] == sub.outputs[0]), None)
@@ -166,7 +166,7 @@ class FuseLayerNormPass:
                     div.inputs[1] != sqrt.outputs[0]:
                 continue
             chain = [mean, sub, pow_, var, add, sqrt, div]
-            if any(len(users(g, o)) != (2 if o == sub.outputs[0] else 1)
+            if any(len(g.consumers().get(o, [])) != (2 if o == sub.outputs[0] else 1)
                    for c in chain[:-1] for o in c.outputs) or mean.outputs[0] in g.outputs:
                 continue
             tail, gamma, beta = div, None, None

@@ -1,18 +1,41 @@
 """Mark which tensors live in NC4HW4 and insert the ConvertTensor ops MNN expects around them.
 
-Convolutions, pooling, Scale and Interp read and write NC4HW4 in MNN; activations between them stay
-in NC4HW4; everything else reads NCHW. One conversion per tensor and target layout is shared.
+The ops' definitions say which: convolutions, pooling, Scale and Interp read and write NC4HW4 in MNN
+(layout "NC4HW4"), activations between them stay in NC4HW4 ("either"); everything else reads NCHW.
+One conversion per tensor and target layout is shared.
 """
 from __future__ import annotations
 
 from ..ir.graph import Graph, Node
-from ..ir.ops.index import RUN_TIME_ROWS
+from ..ir.ops import layout_of, rows_at_run_time
 
-NC4HW4_OPS = {"Convolution", "ConvolutionDepthwise", "Deconvolution", "DeconvolutionDepthwise", "Pooling",
-              "Scale", "Interp", "PReLU", "GridSample", "ROIPooling", "DetectionOutput"}
-# MNN reads ROIPooling's regions (R, 5, 1, 1) and all of DetectionOutput's inputs in NC4HW4 as well
-ALL_NC4HW4_INPUTS = {"ROIPooling", "DetectionOutput"}
-AGNOSTIC_OPS = {"ReLU", "ReLU6", "Sigmoid", "TanH", "UnaryOp"}
+
+def _per_channel(g: Graph, name: str, channels) -> bool:
+    """A float constant that broadcasts along channels only: a scalar, (C, 1, 1) or (1, C, 1, 1)."""
+    c = g.constants.get(name)
+    if c is None or c.dtype.kind != "f":
+        return False
+    dims = [int(d) for d in c.shape]
+    return c.size == 1 or (len(dims) in (3, 4) and dims[-3] == channels and c.size == channels)
+
+
+def _stays_packed(g: Graph, n: Node, layout: dict) -> bool:
+    """A BinaryOp computes in NC4HW4 when both inputs are NC4HW4 tensors of one shape, or one is and the
+    other a per-channel or scalar constant (a layer scale, a normalisation's affine): as MNN's converter
+    writes it, and without the two conversions around it (FastViT-T8: 68 ConvertTensor against MNN's
+    file's 6, 1.8x its time in MNN). mnntool's runtime keeps NCHW memory under either tag."""
+    if len(n.inputs) != 2:
+        return False
+    packed = [layout.get(i) == "NC4HW4" for i in n.inputs]
+    shapes = [g.info(i).shape for i in n.inputs]
+    if all(packed):
+        return shapes[0] is not None and shapes[0] == shapes[1]
+    if not any(packed):
+        return False
+    k = packed.index(True)
+    shape, other = shapes[k], n.inputs[1 - k]
+    return shape is not None and len(shape) == 4 and isinstance(shape[1], int) and \
+        _per_channel(g, other, shape[1]) and g.info(n.outputs[0]).shape == shape
 
 
 class LayoutPass:
@@ -39,15 +62,14 @@ class LayoutPass:
             return converted[key]
 
         for n in g.nodes:
-            if n.op in NC4HW4_OPS:
-                rest = [want(i, "NC4HW4") for i in n.inputs[1:]] if n.op in ALL_NC4HW4_INPUTS else n.inputs[1:]
+            runs_on = layout_of(n.op)
+            if runs_on in ("NC4HW4", "NC4HW4-all"):
+                rest = [want(i, "NC4HW4") for i in n.inputs[1:]] if runs_on == "NC4HW4-all" else n.inputs[1:]
                 n.inputs = [want(n.inputs[0], "NC4HW4")] + rest
                 fmt = "NC4HW4"
-            elif n.op in AGNOSTIC_OPS and layout.get(n.inputs[0]) == "NC4HW4":
+            elif runs_on == "either" and layout.get(n.inputs[0]) == "NC4HW4":
                 fmt = "NC4HW4"
-            elif (n.op == "BinaryOp" and len(n.inputs) == 2 and all(layout.get(i) == "NC4HW4" for i in n.inputs)
-                  and g.info(n.inputs[0]).shape == g.info(n.inputs[1]).shape
-                  and g.info(n.inputs[0]).shape is not None):
+            elif n.op == "BinaryOp" and _stays_packed(g, n, layout):
                 fmt = "NC4HW4"
             else:
                 n.inputs = [want(i, "NCHW") if i else i for i in n.inputs]
@@ -58,7 +80,7 @@ class LayoutPass:
                 g.info(o).layout = fmt
         # graph outputs must be NCHW and keep their names, except those whose row count MNN sets as the op
         # runs: a conversion after them was sized before, and would read stale rows
-        sized_at_run_time = {o for n in nodes if n.op in RUN_TIME_ROWS for o in n.outputs}
+        sized_at_run_time = {o for n in nodes if rows_at_run_time(n.op) for o in n.outputs}
         for k, out in enumerate(g.outputs):
             if layout.get(out) == "NC4HW4" and out not in sized_at_run_time:
                 producer = next(n for n in nodes if out in n.outputs)

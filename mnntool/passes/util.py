@@ -6,17 +6,12 @@ import numpy as np
 from ..ir.graph import Graph, Node
 
 
-def users(g: Graph, name: str) -> list[Node]:
-    return [n for n in g.nodes if name in n.inputs]
-
-
 def sole_user(g: Graph, node: Node) -> Node | None:
-    """The only consumer of node's single output, if that output is not also a graph output."""
+    """The only consumer of node's single output (Graph.sole_consumer), when it reads it once: a fold
+    into it replaces one operand."""
     out = node.outputs[0]
-    if out in g.outputs:
-        return None
-    us = users(g, out)
-    return us[0] if len(us) == 1 and us[0].inputs.count(out) == 1 else None
+    user = g.sole_consumer(out)
+    return user if user is not None and user.inputs.count(out) == 1 else None
 
 
 def rename_input(g: Graph, old: str, new: str) -> None:

@@ -15,28 +15,25 @@ import numpy as np
 
 from ..errors import MnnToolError
 from ..ir.graph import Graph
+from ..ir.ops import int8_weights, is_view, runs_int8, spreads_grid
 from ..runtime.session import Session
+from . import shards
 from .calibrate import Histogram, make
 from ..format.idst import dequantize
 from .weights import idst_table, quantize_weight
 
-CONVS = ("Convolution", "ConvolutionDepthwise")
 SYMMETRIC = {"method": "DEFAULT", "nbits": 8, "zeroPoint": 0, "outputZeroPoint": 0, "clampMin": -127,
              "clampMax": 127, "outputDataType": "DT_INT8"}
 Grid = tuple[float, int]     # (scale, zero point)
 
 
-# producers whose int8 output MNN handles on a one-sided grid (zero point -127); its int8 BinaryOp clamps
-# a fused ReLU at q = 0, which is real 0 only on a symmetric grid (ResNet-18: output cosine 0.80 vs 0.9999)
-ONE_SIDED_PRODUCERS = {None, "Convolution", "ConvolutionDepthwise", "Pooling", "ReLU", "ReLU6"}
-MOVES = {"Reshape", "ConvertTensor", "Flatten", "Squeeze", "Unsqueeze", "Identity"}
 GELUS = {"GELU", "GELU_STANDARD"}
 
 
 def _computed_by(tensor: str, producers):
     """The node that computes `tensor`, looking through data movement; None for a graph input."""
     node = producers.get(tensor)
-    while node is not None and node.op in MOVES:
+    while node is not None and is_view(node.op):
         node = producers.get(node.inputs[0])
     return node
 
@@ -51,7 +48,10 @@ def _one_sided(tensor: str, producers, gridded: set) -> bool:
         return True
     if node.op == "Pooling":
         return node.inputs[0] in gridded
-    return node.op in ONE_SIDED_PRODUCERS
+    # only ops MNN runs on int8 values (ir/ops: int8) handle a one-sided grid (zero point -127); its int8
+    # BinaryOp clamps a fused ReLU at q = 0, which is real 0 only on a symmetric grid (ResNet-18: output
+    # cosine 0.80 vs 0.9999)
+    return runs_int8(node.op)
 
 
 def _float_product(tensor: str, producers, gridded: set, constants) -> bool:
@@ -77,19 +77,19 @@ def max_pooled(g: Graph) -> set[str]:
         while t is not None:
             out.add(t)
             p = producers.get(t)
-            t = p.inputs[0] if p is not None and p.op in MOVES else None
+            t = p.inputs[0] if p is not None and is_view(p.op) else None
         t = n.outputs[0]
         while t is not None:
             out.add(t)
             nxt = readers.get(t, [])
-            t = nxt[0].outputs[0] if len(nxt) == 1 and nxt[0].op in MOVES else None
+            t = nxt[0].outputs[0] if len(nxt) == 1 and is_view(nxt[0].op) else None
     return out
 
 
 def _conv_before(tensor: str, producers) -> str | None:
     """The convolution that produces `tensor` through data movement only, if any."""
     node = _computed_by(tensor, producers)
-    return node.name if node is not None and node.op in CONVS else None
+    return node.name if node is not None and int8_weights(node.op) else None
 
 
 def _averages(n) -> bool:
@@ -116,27 +116,102 @@ def float_layers(g: Graph) -> set[str]:
     rounding there turns the ulp-sized differences of the float operators before it into the largest
     share of what two runtimes disagree on (ViT-tiny, 100 held-out images: cosine vs fp32 in MNN
     0.99938 -> 0.99969, agreement of mnntool's runtime and MNN 0.99958 -> 0.99992).
+
+    And the two convolutions of a squeeze-excitation gate (the one that reads a global average and the
+    one that reads its result): the average is a float sum the two runtimes add in different orders,
+    so rounding it (or the gate computed from it) to a grid turns ulp differences into whole steps
+    wherever a value sits near a rounding boundary, and the gate multiplies a whole channel by the
+    flipped value. They are 1x1 layers on a 1x1 map: float costs no time. (PP-OCRv4's detector on text
+    pages: agreement of the two runtimes 0.9994 -> 0.99998 on a held-out page.)
     """
     producers = g.producers()
     heads = [_conv_before(out, producers) for out in g.outputs]
     pooled = [_conv_before(n.inputs[0], producers) for n in g.nodes if _averages(n) and n.inputs]
-    mlp = [n.name for n in g.nodes if n.op in CONVS and _reads_gelu(n, producers)]
-    return {name for name in heads + pooled + mlp if name}
+    mlp = [n.name for n in g.nodes if int8_weights(n.op) and _reads_gelu(n, producers)]
+    return {name for name in heads + pooled + mlp + _gates(g, producers) if name}
+
+
+def _gates(g: Graph, producers) -> list[str]:
+    """The convolutions of squeeze-excitation gates: those reading a global average, and those reading
+    one of them (see float_layers)."""
+    def global_average(n) -> bool:
+        return n is not None and _averages(n) and (n.op == "Reduction" or bool((n.param or {}).get("isGlobal")))
+    first = [n for n in g.nodes if int8_weights(n.op) and n.inputs and
+             global_average(_computed_by(n.inputs[0], producers))]
+    names = {n.name for n in first}
+    second = [n.name for n in g.nodes if int8_weights(n.op) and n.inputs and
+              getattr(_computed_by(n.inputs[0], producers), "name", None) in names]
+    return sorted(names) + second
+
+
+
+
+def _unspread(g: Graph, nodes: list) -> list:
+    """`nodes` without those reading a grid MNN would spread (spread_grids): they stay float."""
+    while True:
+        spoiled = spread_grids(g, {n.inputs[0] for n in nodes} | {n.outputs[0] for n in nodes})
+        if not spoiled:
+            return nodes
+        nodes = [n for n in nodes if n.inputs[0] not in spoiled]
+
+
+def _spreads(op: str) -> bool:
+    """MNN 3.6 hands a tensor's int8 grid through this op to a neighbour the file gives none (the op's
+    definition: spreads_grid; Pipeline::encode's scale propagation and Raster data movement)."""
+    return spreads_grid(op)
+
+
+def spread_grids(g: Graph, gridded: set) -> set[str]:
+    """The gridded tensors whose grid MNN would spread onto a tensor that means something else without it.
+
+    MNN (Pipeline::encode) gives a tensor without a TensorQuantInfo the grid of its neighbour across a
+    grid-spreading op: backwards from the op's output to each float input without one, and on through
+    that input's own producer when it spreads too. Such an input then reaches every other reader on
+    that grid: an average pooling's int8 output grid, calibrated for the mean, handed back to the
+    feature map it averages, clamped that map for the upsampling and the additions reading it
+    (PP-OCRv4's detector neck: cosine vs fp32 0.99 in mnntool's runtime, 0.115 in MNN). mnntool's
+    runtime reads only the file's grids, so such a grid is not written: the int8 layers reading it stay
+    float. Where the op is the input's only reader, the input's other meaning is what the op reads
+    anyway (an int8 pooling of a float tensor rounds it to its grid, in both runtimes)."""
+    producers, readers = g.producers(), g.consumers()
+    spoiled = set()
+    for t in gridded:
+        todo, seen = [t], set()
+        while todo and t not in spoiled:
+            out = todo.pop()
+            node = producers.get(out)
+            if node is None or not _spreads(node.op) or out in seen:
+                continue
+            seen.add(out)
+            for x in node.inputs:
+                if not x or x in gridded or x in g.constants:
+                    continue
+                if any(r is not node for r in readers.get(x, [])) or x in g.outputs:
+                    spoiled.add(t)
+                    break
+                todo.append(x)
+    return spoiled
 
 
 def float_report(g: Graph, q: Graph, skip: set[str], auto_skipped: list) -> list[dict]:
     """Each convolution the int8 file computes in float, why, and how its weights are stored."""
     keep, pooled, producers = float_layers(g), max_pooled(g), g.producers()
+    gates = set(_gates(g, producers))
+    gridded = {t for t, info in q.tensors.items() if info is not None and info.quant}
     rows = []
     for n in q.nodes:
-        if n.op not in CONVS or "symmetricQuan" in n.param:
+        if not int8_weights(n.op) or "symmetricQuan" in n.param:
             continue
         why = ("asked (--skip)" if n.name in skip or n.outputs[0] in skip else
                "auto-skip" if n.name in auto_skipped else
                "reads a GELU's output" if n.name in keep and _reads_gelu(n, producers) else
+               "computes a squeeze-excitation gate from a global average" if n.name in gates else
                "feeds an output or an average" if n.name in keep else
                "reads or writes a max pooling's negative values (MNN's x86 int8 max pooling compares "
-               "bytes as unsigned)" if {n.inputs[0], n.outputs[0]} & pooled else "no weights to quantize")
+               "bytes as unsigned)" if {n.inputs[0], n.outputs[0]} & pooled else
+               "its input's grid would spread in MNN to a tensor other layers read in float" if
+               n.inputs and n.inputs[0] not in gridded and n.inputs[0] in spread_grids(q, gridded | {n.inputs[0]})
+               else "no weights to quantize")
         qp = n.param.get("quanParameter")
         rows.append({"name": n.name, "reason": why, "weights": "int8" if qp is not None else "fp32"})
     return rows
@@ -146,7 +221,7 @@ def targets(g: Graph, skip: set[str]) -> list:
     keep_float = float_layers(g)
     out = []
     for n in g.nodes:
-        if n.op in CONVS and n.name not in skip and n.outputs[0] not in skip and n.name not in keep_float \
+        if int8_weights(n.op) and n.name not in skip and n.outputs[0] not in skip and n.name not in keep_float \
                 and n.param.get("weight") is not None:
             out.append(n)
     return out
@@ -212,6 +287,11 @@ def collect(g: Graph, samples, names: list, layers: list, threads: int = 1, prog
     return stats
 
 
+def _collect_chunk(chunk, g: Graph, names: list, layers: list, threads: int) -> Statistics:
+    """collect() of one chunk of the samples, in a worker process or a Ray task (shards.merged)."""
+    return collect(g, chunk, names, layers, threads)
+
+
 def calibrate(g: Graph, samples, method: str, nodes, progress=None,
               asymmetric: bool = True, threads: int = 1, workers: int = 1,
               ray: str | None = None) -> tuple[dict[str, Grid], dict]:
@@ -220,12 +300,9 @@ def calibrate(g: Graph, samples, method: str, nodes, progress=None,
     where it has negative values it gets none: the layers on it stay float (see max_pooled)."""
     names = sorted({n.inputs[0] for n in nodes} | {n.outputs[0] for n in nodes})
     layers = [(n.name, n.inputs[0]) for n in nodes]
-    if ray is not None:
-        from .shards import collect_ray
-        stats = collect_ray(g, samples, names, layers, threads, ray, workers, progress)
-    elif workers > 1:
-        from .shards import collect_sharded
-        stats = collect_sharded(g, samples, names, layers, threads, workers, progress)
+    if ray is not None or workers > 1:
+        stats = shards.merged(_collect_chunk, samples, (g, names, layers, threads), Statistics(), workers, ray,
+                              progress)
     else:
         stats = collect(g, samples, names, layers, threads, progress)
     if stats.count == 0:
@@ -254,7 +331,9 @@ def quantize_int8(g: Graph, samples, method: str = "kl", per_channel: bool = Tru
         if skip:
             return q      # everything asked to stay float
         raise MnnToolError("the model has no float convolutions to quantize")
+    nodes = _unspread(q, nodes)
     grids, means = calibrate(q, samples, method, nodes, progress, asymmetric, threads, workers, ray)
+    nodes = _unspread(q, [n for n in nodes if n.inputs[0] in grids and n.outputs[0] in grids])
     for n in nodes:
         if n.inputs[0] not in grids or n.outputs[0] not in grids:
             continue            # on a max pooling's signed values: stays float (calibrate)
@@ -293,7 +372,7 @@ def _read_on_grid(tensor: str, readers, int8_inputs: set, g: Graph) -> bool:
         for r in readers.get(t, []):
             if any((g.info(o).quant if g.info(o) else None) for o in r.outputs):
                 return True
-            if r.op in MOVES:
+            if is_view(r.op):
                 todo.extend(r.outputs)
     return False
 
@@ -305,13 +384,13 @@ def _written_int8(tensor: str, producers, g: Graph) -> bool:
     float reader does not."""
     info = lambda t: g.info(t).quant if g.info(t) else None   # noqa: E731
     node = producers.get(tensor)
-    while node is not None and node.op in MOVES:
+    while node is not None and is_view(node.op):
         if info(node.outputs[0]):
             return True
         node = producers.get(node.inputs[0])
     if node is None:
         return True
-    if node.op in CONVS:
+    if int8_weights(node.op):
         sq = node.param.get("symmetricQuan")
         return sq is not None and sq.get("outputDataType", "DT_INT8") == "DT_INT8"
     return node.op == "Pooling" and bool(info(node.inputs[0]))
@@ -359,7 +438,7 @@ def apply_int8_plan(g: Graph) -> int:
     done = 0
     for n in g.nodes:
         plan = g.int8_plan.get(n.name)
-        if plan is None or n.op not in CONVS or n.param.get("weight") is None:
+        if plan is None or not int8_weights(n.op) or n.param.get("weight") is None:
             continue
         cout = n.param["common"]["outputCount"]
         w = np.asarray(n.param["weight"], np.float32).reshape(cout, -1)

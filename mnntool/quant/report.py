@@ -4,13 +4,13 @@ from __future__ import annotations
 
 from ..compare import Sums
 from ..ir.graph import Graph
+from ..ir.ops import is_convolution
 from ..runtime.session import Session
-from .weight_only import CONVS
 
 
 def _sample_sums(samples: list[dict], fp32: Graph, quant: Graph, threads: int = 1) -> list[dict]:
     """For each sample, {tensor: Sums} of every conv output and final output, fp32 against quantized."""
-    names = [n.outputs[0] for n in quant.nodes if n.op in CONVS] + list(quant.outputs)
+    names = [n.outputs[0] for n in quant.nodes if is_convolution(n.op)] + list(quant.outputs)
     ref_s, q_s = Session(fp32, threads), Session(quant, threads)
     out = []
     for feeds in samples:
@@ -34,7 +34,7 @@ def layer_report(fp32: Graph, quant: Graph, samples: list[dict], threads: int = 
         return Sums.total(parts).metrics() if parts else None
     layers = []
     for n in quant.nodes:
-        if n.op not in CONVS or (m := total(n.outputs[0])) is None:
+        if not is_convolution(n.op) or (m := total(n.outputs[0])) is None:
             continue
         layers.append({"name": n.name, "tensor": n.outputs[0], "op": n.op, "int8": "symmetricQuan" in n.param,
                        "cosine": m["cosine"], "max_abs": m["max_abs"]})

@@ -1,10 +1,16 @@
-"""Calibration over local worker processes (quant --workers N) or a Ray cluster (quant --ray ADDRESS).
+"""Work over local worker processes (--workers N) or a Ray cluster (--ray ADDRESS): calibration
+(quant), the held-out evaluations (quant's report, --auto-skip), verify --calib and llm eval.
 
-The samples are cut into contiguous chunks, each worker runs its chunks in its own runtime session and
-returns their statistics (ptq.Statistics: histograms and fixed-point sums), and the driver merges them.
-The merge is exact, so the grids and the file are the single process's, bit for bit. The held-out
-evaluations (the report, --auto-skip's candidates) split their samples the same way over `pool`.
-Workers start by spawning (a forked child would inherit the parent's OpenMP and BLAS thread pools).
+Two shapes of job:
+- `merged(fn, samples, args, into)`: the samples are cut into contiguous chunks, each worker returns
+  fn(chunk, *args), an object with `.merge(other)` and `.count` (calibration's ptq.Statistics:
+  histograms and fixed-point sums), and the driver merges them as they finish. The merge is exact, so
+  the result is the single process's, bit for bit, in any order.
+- `split_map(pool, fn, items, *args)`: fn(chunk, *args) returns a list per item; the lists come back in
+  item order (verify's per-sample sums, llm eval's per-window statistics).
+This module knows nothing of what it runs (the caller passes its functions), so nothing here imports
+the calibrator that imports it. Local workers start by spawning (a forked child would inherit the
+parent's OpenMP and BLAS thread pools). Connecting to Ray, with its failures in one line, is cluster.py's.
 """
 from __future__ import annotations
 
@@ -30,93 +36,97 @@ def _chunks(samples, count: int) -> list:
     return [p for p in parts if len(p)]
 
 
-def _collect(g, chunk, names, layers, threads):
-    from .ptq import collect
-    return collect(g, chunk, names, layers, threads)
-
-
-def collect_sharded(g, samples, names, layers, threads: int, workers: int, progress=None):
-    import multiprocessing
-    from concurrent.futures import ProcessPoolExecutor, as_completed
-
-    from .ptq import Statistics
-    chunks = _chunks(samples, workers * CHUNKS_PER_WORKER)
-    stats = Statistics()
-    ctx = multiprocessing.get_context("spawn")
-    with ProcessPoolExecutor(max_workers=min(workers, len(chunks)) or 1, mp_context=ctx) as pool:
-        jobs = [pool.submit(_collect, g, chunk, names, layers, threads) for chunk in chunks]
-        for job in as_completed(jobs):
-            part = job.result()
-            stats.merge(part)
-            if progress:
-                progress(part.count)
-    return stats
-
-
 class Pool:
-    """Jobs run in order-preserving batches: local spawned processes, or Ray tasks (`ray` an address)."""
+    """Jobs run in parallel: local spawned processes (`ex`), or Ray tasks (`ray` the connected module)."""
 
     def __init__(self, workers: int, ex=None, ray_mod=None):
         self.workers, self.ex, self.ray = workers, ex, ray_mod
+        self._tasks: dict = {}      # fn -> its Ray remote function (exported to the cluster once)
+
+    def share(self, value):
+        """`value` as a task argument sent once: in Ray's object store (a reference each task resolves),
+        or as it is for local processes (pickled per job)."""
+        return self.ray.put(value) if self.ray is not None else value
+
+    def submit(self, fn, *args):
+        """A handle on fn(*args) running (a Ray reference or a future)."""
+        if self.ray is not None:
+            if fn not in self._tasks:
+                self._tasks[fn] = self.ray.remote(num_cpus=1)(fn)
+            return self._tasks[fn].remote(*args)
+        return self.ex.submit(fn, *args)
+
+    def result(self, handle):
+        return _ray_get(self.ray, handle) if self.ray is not None else handle.result()
+
+    def as_completed(self, handles: list):
+        """The results in the order they finish."""
+        if self.ray is not None:
+            pending = list(handles)
+            while pending:
+                done, pending = self.ray.wait(pending, num_returns=1)
+                for ref in done:
+                    yield _ray_get(self.ray, ref)
+            return
+        from concurrent.futures import as_completed
+        for job in as_completed(handles):
+            yield job.result()
 
     def map(self, fn, arglists: list) -> list:
         """[fn(*args) for args in arglists], run in parallel, results in the same order."""
-        if self.ray is not None:
-            task = self.ray.remote(num_cpus=1)(fn)
-            refs = [task.remote(*args) for args in arglists]
-            return [_ray_get(self.ray, r) for r in refs]
-        return [job.result() for job in [self.ex.submit(fn, *args) for args in arglists]]
+        return [self.result(h) for h in [self.submit(fn, *args) for args in arglists]]
 
 
 @contextmanager
 def pool(workers: int, ray: str | None = None):
-    """A Pool kept for a whole job (auto-skip evaluates many candidates on the held-out samples;
-    verify compares many samples), or None for one process."""
+    """A Pool kept for a whole job (auto-skip evaluates many candidates on the held-out samples; verify
+    compares many samples), or None for one process. With `ray`, as many tasks at once as --workers
+    when given, else as the cluster has CPUs."""
     if ray is not None:
-        mod = _ray()
-        with _ray_session(mod, ray):
-            yield Pool(_ray_cpus(mod, workers), ray_mod=mod)
+        from .cluster import connected, cpus
+        with connected(ray) as mod:
+            yield Pool(workers if workers > 1 else cpus(mod), ray_mod=mod)
         return
     if workers <= 1:
         yield None
         return
-    import multiprocessing
-    from concurrent.futures import ProcessPoolExecutor
-    with ProcessPoolExecutor(max_workers=workers, mp_context=multiprocessing.get_context("spawn")) as ex:
+    from ..interrupts import process_pool
+    with process_pool(workers) as ex:      # stopped at once on an interrupt
         yield Pool(workers, ex)
 
 
-def split_map(shards: Pool, fn, samples: list, *args) -> list:
-    """fn(chunk, *args) -> a list per sample, over contiguous chunks of the samples (one a worker), in
-    sample order."""
+def merged(fn, samples, args: tuple, into, workers: int = 1, ray: str | None = None, progress=None):
+    """`into` merged with fn(chunk, *args) of every chunk of the samples (CHUNKS_PER_WORKER a worker),
+    run on `workers` local processes or, with `ray` an address, as Ray tasks (the args put in the
+    object store once, not once per task). Each node of a cluster must have mnntool installed and see
+    the sample files under the same paths. `progress(count)` after each chunk."""
+    if ray is not None:
+        with pool(workers, ray) as shards:
+            return _merge(shards, fn, samples, args, into, progress)
+    from ..interrupts import process_pool
+    chunks = _chunks(samples, workers * CHUNKS_PER_WORKER)
+    with process_pool(min(workers, len(chunks)) or 1) as ex:     # stopped at once on an interrupt
+        return _merge(Pool(workers, ex), fn, samples, args, into, progress, chunks)
+
+
+def _merge(shards: Pool, fn, samples, args: tuple, into, progress, chunks=None):
+    chunks = chunks or _chunks(samples, shards.workers * CHUNKS_PER_WORKER)
+    shared = [shards.share(a) for a in args]
+    for part in shards.as_completed([shards.submit(fn, chunk, *shared) for chunk in chunks]):
+        into.merge(part)        # in the order they finish: the merge is exact
+        if progress:
+            progress(part.count)
+    return into
+
+
+def split_map(shards: Pool, fn, samples: list, *args, align: int = 1) -> list:
+    """fn(chunk, *args) -> a list per sample, over contiguous chunks of the samples (one a worker, each
+    starting at a multiple of `align`), in sample order."""
     n, parts = len(samples), shards.workers
-    bounds = [n * k // parts for k in range(parts + 1)]
-    out = shards.map(fn, [(samples[lo:hi], *args) for lo, hi in zip(bounds, bounds[1:]) if hi > lo])
+    bounds = [min(n, -(-(n * k // parts) // align) * align) for k in range(parts + 1)]
+    shared = [shards.share(a) for a in args]
+    out = shards.map(fn, [(samples[lo:hi], *shared) for lo, hi in zip(bounds, bounds[1:]) if hi > lo])
     return [s for part in out for s in part]
-
-
-@contextmanager
-def _ray_session(ray, address: str):
-    """Ray connected for the block: 'local' starts one here, 'auto' joins the running one, ray://HOST:PORT
-    a remote cluster; shut down after if this call started it."""
-    started = not ray.is_initialized()
-    if started:
-        try:
-            ray.init(address=None if address == "local" else address, include_dashboard=False,
-                     log_to_driver=False, configure_logging=False)
-        except Exception as e:      # noqa: BLE001 - Ray's own errors are many; one line names the address
-            raise MnnToolError(f"--ray {address}: cannot reach a Ray cluster ({type(e).__name__}: "
-                               f"{' '.join(str(e).split())[:160]})") from None
-    try:
-        yield
-    finally:
-        if started:
-            ray.shutdown()
-
-
-def _ray_cpus(ray, workers: int) -> int:
-    """Tasks at a time: --workers when given, else the cluster's CPUs."""
-    return workers if workers > 1 else max(1, int(ray.cluster_resources().get("CPU", 1)))
 
 
 def _ray_get(ray, ref):
@@ -129,37 +139,3 @@ def _ray_get(ray, ref):
             raise MnnToolError(str(cause)) from None
         raise MnnToolError(f"--ray: a task failed ({type(cause or e).__name__}: "
                            f"{' '.join(str(cause or e).split())[:160]})") from None
-
-
-def _ray():
-    import os
-    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")      # Ray reports usage to its makers unless told not to
-    try:
-        import ray
-    except ImportError:
-        raise MnnToolError("--ray needs Ray: pip install 'mnntool[ray]'") from None
-    return ray
-
-
-def collect_ray(g, samples, names, layers, threads: int, address: str, workers: int = 1, progress=None):
-    """As collect_sharded, the chunks run as Ray tasks: address 'local' starts a Ray instance on this
-    machine for the call, 'auto' joins the one running here, ray://HOST:PORT a remote cluster. Each node
-    must have mnntool installed and see the calibration files under the same paths. Chunks: CHUNKS_PER_WORKER
-    per CPU of the cluster (or per --workers, when given)."""
-    ray = _ray()
-    from .ptq import Statistics
-    with _ray_session(ray, address):
-        cpus = _ray_cpus(ray, workers)
-        chunks = _chunks(samples, cpus * CHUNKS_PER_WORKER)
-        task = ray.remote(num_cpus=1)(_collect)
-        graph = ray.put(g)      # once in the object store, not once per task
-        pending = [task.remote(graph, chunk, names, layers, threads) for chunk in chunks]
-        stats = Statistics()
-        while pending:
-            done, pending = ray.wait(pending, num_returns=1)
-            for ref in done:
-                part = _ray_get(ray, ref)
-                stats.merge(part)       # in the order they finish: the merge is exact
-                if progress:
-                    progress(part.count)
-        return stats

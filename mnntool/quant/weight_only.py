@@ -10,10 +10,9 @@ import numpy as np
 
 from ..errors import MnnToolError
 from ..ir.graph import Graph
+from ..ir.ops import is_convolution, keeps_values
 from .weights import fp16_weight, quantize_weight
 
-CONVS = ("Convolution", "ConvolutionDepthwise")
-RESHAPES = ("Reshape", "Flatten", "Squeeze", "Unsqueeze", "ConvertTensor", "Permute", "Transpose")
 
 
 def head_layers(g: Graph) -> set[str]:
@@ -24,10 +23,10 @@ def head_layers(g: Graph) -> set[str]:
     readers = g.consumers()
     heads = set()
     for n in g.nodes:
-        if n.op not in CONVS:
+        if not is_convolution(n.op):
             continue
         t = n.outputs[0]
-        while t not in g.outputs and len(readers.get(t, [])) == 1 and readers[t][0].op in RESHAPES \
+        while t not in g.outputs and len(readers.get(t, [])) == 1 and keeps_values(readers[t][0].op) \
                 and readers[t][0].inputs[0] == t:
             t = readers[t][0].outputs[0]
         if t in g.outputs:
@@ -51,7 +50,7 @@ def compress_weights(g: Graph, bits: int | None = None, fp16: bool = False, asym
     asymmetric = asymmetric or hqq       # HQQ moves a zero point: there must be one
     changed = blocked = 0
     for n in g.nodes:
-        if n.op not in CONVS or n.name in skip or n.outputs[0] in skip:
+        if not is_convolution(n.op) or n.name in skip or n.outputs[0] in skip:
             continue
         w = n.param.get("weight")
         if w is None or len(w) == 0:

@@ -13,6 +13,8 @@ import math
 
 import numpy as np
 
+from ..ir.ops import is_view, params
+
 
 def concat_layout(node, ins, outs) -> list[int] | None:
     """The byte size of each input's slice of a Concat's output, when the slices are contiguous runs
@@ -21,7 +23,7 @@ def concat_layout(node, ins, outs) -> list[int] | None:
     if shape is None or not all(isinstance(d, int) for d in shape) or not node.inputs or \
             len(set(node.inputs)) != len(node.inputs) or not all(node.inputs):
         return None
-    axis = int(node.param.get("axis", 0)) % max(len(shape), 1)
+    axis = int(params(node)["axis"]) % max(len(shape), 1)
     if any(d != 1 for d in shape[:axis]):
         return None
     dtype = np.dtype(outs[0].dtype)
@@ -34,15 +36,12 @@ def concat_layout(node, ins, outs) -> list[int] | None:
     return sizes
 
 
-# steps whose output is their first input's bytes (a reshape of a contiguous array is a view): MNN's
-# files put a ConvertTensor before every Concat input
-VIEWS = {"ConvertTensor", "Identity", "Dropout", "Reshape", "Flatten", "Squeeze", "Unsqueeze", "ExpandDims"}
-
 
 def placements(steps, output_slots, nbytes_of) -> tuple[dict[int, tuple[int, int]], set[int]]:
     """(slot -> (host slot, byte offset in the host's bytes), indices of the Concat steps left with
     nothing to do). Concats are taken last first, so an earlier Concat nested in a later one lands
-    inside it. An input that is a view of another step's output (VIEWS) places that output."""
+    inside it. An input that is a view of another step's output (ir.ops.is_view, and a kernel that hands out a view:
+MNN's files put a ConvertTensor before every Concat input) places that output."""
     producer = {}
     for k, s in enumerate(steps):
         for o in s.outs:
@@ -55,7 +54,7 @@ def placements(steps, output_slots, nbytes_of) -> tuple[dict[int, tuple[int, int
             s = steps[producer[i]]
             if s.kernel.writes_out:
                 return i if nbytes_of(i) == nbytes else None
-            if s.op not in VIEWS or not s.kernel.view or not s.ins or s.ins[0] < 0:
+            if not is_view(s.op) or not s.kernel.view or not s.ins or s.ins[0] < 0:
                 return None
             i = s.ins[0]
         return None

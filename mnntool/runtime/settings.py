@@ -1,6 +1,6 @@
 """What a Session decides for its kernels: the thread count, given to every kernel factory at prepare
-and applied to the calling thread when it runs (MNN: the Backend's numberThread). Nothing in the
-runtime reads a process-wide thread count back."""
+and applied to the calling thread when it runs (MNN: the Backend's numberThread), and the optional
+planning stages it skips (runtime/plan). Nothing in the runtime reads a process-wide thread count back."""
 from __future__ import annotations
 
 import os
@@ -40,15 +40,23 @@ def numba_loaded() -> None:
         numba.set_num_threads(min(threads, numba.config.NUMBA_NUM_THREADS))
 
 
+def stages_off_from_env() -> frozenset:
+    """Planning stages MNNTOOL_PLAN_OFF switches off for every session (comma-separated names)."""
+    return frozenset(n.strip() for n in os.environ.get("MNNTOOL_PLAN_OFF", "").split(",") if n.strip())
+
+
 @dataclass(frozen=True)
 class Settings:
     threads: int
+    off: frozenset = frozenset()    # optional planning stages switched off (runtime/plan: STAGES)
 
     @classmethod
-    def of(cls, threads: int | None = None) -> Settings:
-        """`threads` capped to the cores Numba may use; None: all of them (Numba's and BLAS's default)."""
+    def of(cls, threads: int | None = None, off=None) -> Settings:
+        """`threads` capped to the cores Numba may use; None: all of them (Numba's and BLAS's default).
+        `off`: planning stages to skip (None: those MNNTOOL_PLAN_OFF names)."""
         cap = cores()
-        return cls(max(1, min(int(threads), cap)) if threads else cap)
+        return cls(max(1, min(int(threads), cap)) if threads else cap,
+                   stages_off_from_env() if off is None else frozenset(off))
 
     def apply(self) -> None:
         """Before a run: Numba's count for this thread (Numba keeps one per thread; set when Numba is loaded

@@ -28,7 +28,12 @@ def N(op, ins, outs, **kw):
 f32 = lambda *s: R.randn(*s).astype(np.float32)  # noqa: E731
 X4 = [("x", [1, 4, 8, 8])]
 
+# regions (batch index, x1, y1, x2, y2) in input pixels before spatial_scale: inside, across the edge, one pixel
+ROIS = np.array([[0, 0, 0, 14, 14], [0, 4, 2, 20, 9], [0, 6, 6, 6, 6]], np.float32)
+
 CASES = {
+    "max_roi_pool": ([N("MaxRoiPool", ["x", "rois"], ["y"], pooled_shape=[3, 2], spatial_scale=0.5)], X4,
+                     [W("rois", ROIS)], 17),
     "conv": ([N("Conv", ["x", "w", "b"], ["y"], pads=[1, 1, 1, 1], strides=[2, 2])], X4,
              [W("w", f32(6, 4, 3, 3)), W("b", f32(6))], 17),
     "conv_dilated_nobias": ([N("Conv", ["x", "w"], ["y"], dilations=[2, 2], pads=[2, 2, 2, 2])], X4,

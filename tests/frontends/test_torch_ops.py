@@ -68,7 +68,61 @@ CASES = {
     "fmod_scalar": (lambda x: torch.fmod(x, 1.5), [u(3, 4, lo=-5, hi=5)]),
     "fmod_int": (lambda x: torch.fmod(x.int(), -3), [u(3, 4, lo=-9, hi=9)]),
 }
-OP_OF = {"fmod_scalar": "fmod", "fmod_int": "fmod"}    # cases named apart from their op
+
+
+def _put(fn):
+    """A function writing into a copy of x (torch.jit.trace records the in-place aten::index_put_)."""
+    def put(x):
+        y = x.clone()
+        fn(y, x)
+        return y
+    return put
+
+
+def _set(y, idx, v):
+    y[idx] = v
+
+
+# the ops traced transformers and timm models hold (issue 51): every indexing form they trace to
+CASES.update({
+    "__and__": (lambda x, y: (x > 0) & (y < 0.5), [u(3, 4), u(3, 4)]),
+    "__and___int": (lambda x: (x * 4).int() & 6, [u(3, 4, lo=0, hi=4)]),
+    "new_ones": (lambda x: x * x.new_ones(3, 4), [u(3, 4)]),
+    "new_ones_bool": (lambda x: x.new_ones((2, 3), dtype=torch.bool) & (x > 0), [u(2, 3)]),
+    "diff": (lambda x: torch.diff(x, n=2, dim=1, prepend=x[:, :1] - 1, append=x[:, -1:] * 2), [u(3, 6)]),
+    "diff_bool": (lambda x: torch.diff(x > 0, dim=-1), [u(3, 6)]),
+    "reshape_as": (lambda x, y: x.reshape_as(y) + y, [u(2, 6, 5, 4), u(12, 20)]),
+    "linalg_vector_norm": (lambda x: torch.linalg.vector_norm(x, 2, dim=(1, 2), keepdim=True), [X]),
+    "linalg_vector_norm_p": (lambda x: torch.linalg.vector_norm(x, 3.0, dim=-1), [X]),
+    "linalg_vector_norm_inf": (lambda x: torch.linalg.vector_norm(x, float("inf"), dim=1), [X]),
+    "linalg_vector_norm_1": (lambda x: torch.linalg.vector_norm(x, 1), [X]),
+    # one index tensor on a middle dim (a gather), negative entries counted from the end
+    "index": (lambda x: x[:, torch.tensor([4, 0, -1])], [X]),
+    # two run-time index tensors broadcast (transformers' mask functions: m[batch_idx, kv_idx])
+    "index_broadcast": (lambda x: x[torch.arange(2)[:, None, None], torch.argmax(x, 1)[:, :1]], [X]),
+    # adjacent indices after a None slot: B in their place; separated ones: B first
+    "index_middle": (lambda x: x[:, torch.tensor([[1, 3]]), torch.tensor([0, -1])], [X]),
+    "index_separated": (lambda x: x[torch.tensor([1, 0]), :, torch.tensor([2, 4])], [X]),
+    # a boolean mask known at conversion (its coordinates), beside a None slot
+    "index_mask": (lambda x: x[:, torch.tensor([True, False, True, True, False, False])], [X]),
+    "index_int_data": (lambda x: (x * 3).int()[:, torch.tensor([2, 0])], [u(3, 4, lo=0, hi=4)]),
+    "index_put_": (_put(lambda y, x: _set(y, x < 0, 0.5)), [X]),
+    "index_put_indices": (_put(lambda y, x: _set(y, (slice(None), torch.tensor([0, -2])), x[:, :2] * 3)), [X]),
+    "index_put_runtime": (_put(lambda y, x: _set(y, (torch.arange(2)[:, None], torch.argmax(x[:, :, 0, 0], 1,
+                                                                                            keepdim=True)), -4.0)), [X]),
+    "div_floor": (lambda x, y: torch.div(x, y, rounding_mode="floor"), [u(3, 4, lo=-5, hi=5), u(3, 4, lo=0.5, hi=2)]),
+    "div_trunc": (lambda x, y: torch.div(x, y, rounding_mode="trunc"), [u(3, 4, lo=-5, hi=5), u(3, 4, lo=0.5, hi=2)]),
+    "div_trunc_int": (lambda x: torch.div((x * 3).int(), 4, rounding_mode="trunc"), [u(3, 4, lo=-5, hi=5)]),
+    "index_put_accumulate": (lambda x: x.index_put((torch.tensor([0, 2, 0]),), torch.ones(3, 4), accumulate=True),
+                             [u(3, 4)]),
+})
+OP_OF = {"fmod_scalar": "fmod", "fmod_int": "fmod", "__and___int": "__and__", "new_ones_bool": "new_ones",
+         "diff_bool": "diff", "index_put_indices": "index_put_", "index_put_runtime": "index_put_",
+         "index_put_accumulate": "index_put",
+         "div_floor": "div", "div_trunc": "div", "div_trunc_int": "div"}    # cases named apart from their op
+OP_OF.update({k: "linalg_vector_norm" for k in CASES if k.startswith("linalg_vector_norm_")})
+OP_OF.update({k: "index" for k in CASES if k.startswith("index_") and not k.startswith("index_put")
+              and k != "index_select"})
 
 
 class One(torch.nn.Module):

@@ -2,7 +2,7 @@
 import numpy as np
 import pytest
 
-from mnntool.format.schema_tables import ENUMS, UNIONS
+from mnntool.ir.schema_tables import ENUMS, UNIONS
 from mnntool.ir.graph import Node
 from mnntool.ir.ops import REGISTRY, Val
 from mnntool.runtime.kernels import KERNELS

@@ -260,5 +260,12 @@ def test_cli_run_and_bench(bundles):
     rows = json.loads(p.stdout)
     assert [r["test"] for r in rows] == ["pp16", "tg8"]
     assert all(r["avg_ts"] > 0 and r["peak_rss"] > 0 and len(r["samples_ts"]) == 2 for r in rows)
+    tg = rows[1]        # the decode row against the host's measured bandwidth (engine/membw.py)
+    assert tg["bandwidth_read_GBps"] > 0 and tg["bytes_per_token"] >= tg["model_size"] > 0
+    assert abs(tg["bandwidth_fraction"] * tg["bandwidth_limit_ts"] - tg["avg_ts"]) < 0.05 * tg["avg_ts"]
+    p = subprocess.run(exe + ["run", b, "--prompt", PROMPT, "-n", "8", "--kv-int8", "--json"], capture_output=True,
+                       text=True, cwd=ROOT)
+    assert p.returncode == 0, p.stderr
+    assert json.loads(p.stdout)["generated_tokens"] >= 1
     p = subprocess.run(exe + ["run", str(ROOT / "nothing"), "--prompt", "x"], capture_output=True, text=True, cwd=ROOT)
     assert p.returncode == 2 and "Traceback" not in p.stderr

@@ -87,4 +87,8 @@ def test_every_pass_keeps_outputs(tmp_path, ops, channels, seed):
         g = load_onnx(path, {})
         run_pipeline(g, 2 if name is None else 1, None if name is None else [name])
         got = Session(g).run({"x": x})["y"]
-        assert_close(ref, got, min_cos=0.99999, rel_abs=1e-4)
+        if name in (None, "approximate_gelu") and "gelu" in ops:
+            # GELU's tanh form, by design: within 4.7e-4 of erf's per element (passes/approximate_gelu.py)
+            assert_close(ref, got, min_cos=0.9999, rel_abs=5e-3)
+        else:
+            assert_close(ref, got, min_cos=0.99999, rel_abs=1e-4)

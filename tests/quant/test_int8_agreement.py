@@ -196,16 +196,16 @@ class DepthwiseRelu(nn.Module):
 
 
 class PoolFloatInput(nn.Module):
-    """Average poolings of a float tensor (a hard-swish output) into int8 convolutions, as in
-    MobileNetV3's squeeze-excite and head: MNN pools int8 bytes quantized on the output's grid."""
+    """Average poolings of float tensors (hard-swish outputs) into int8 convolutions: MNN pools int8
+    bytes quantized on the output's grid. Each pool is its input's only reader (a grid MNN would spread
+    to other readers is not written: ptq.spread_grids; a squeeze-excite gate stays float: ptq._gates)."""
     def __init__(self):
         super().__init__()
         self.fc, self.side = nn.Conv2d(16, 8, 1), nn.Conv2d(16, 8, 3, 1, 1)
 
     def forward(self, x):
-        m = F.hardswish(2 * x)
-        g = self.fc(F.adaptive_avg_pool2d(m, 1))
-        return self.side(F.avg_pool2d(m, 3, 2, 1, count_include_pad=False)) * g
+        g = self.fc(F.avg_pool2d(F.hardswish(3 * x), 2, 2))
+        return self.side(F.avg_pool2d(F.hardswish(2 * x), 3, 2, 1, count_include_pad=False)) * g
 
 
 class GemmChain(nn.Module):

@@ -8,7 +8,7 @@ import numpy as np
 
 from ...errors import MnnToolError
 from ...ir.graph import Graph
-from ...ir.ops.index import RUN_TIME_ROWS
+from ...ir.ops import rows_at_run_time
 from ..shaped import ShapedCtx, T
 from . import detection, structural  # noqa: F401  (they register layers)
 from .layers import LAYERS
@@ -167,7 +167,7 @@ def load_caffe(path, input_shapes: dict, weights=None) -> Graph:
                                f"({type(e).__name__}: {e})") from None
         for top, out in zip(lay.top, outs):
             env[top] = T(out)
-    sized_at_run_time = {o: n.op for n in g.nodes if n.op in RUN_TIME_ROWS for o in n.outputs}
+    sized_at_run_time = {o: n.op for n in g.nodes if rows_at_run_time(n.op) for o in n.outputs}
     for n in g.nodes:
         for i in n.inputs:
             if i in sized_at_run_time:

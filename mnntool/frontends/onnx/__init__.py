@@ -9,12 +9,12 @@ from onnx import numpy_helper
 
 from ...errors import MnnToolError
 from ...ir.graph import Graph, TensorInfo
-from . import index, logic, math, norm, quantized, rnn, tensor  # noqa: F401  (registration)
+from . import index, logic, math, nn, norm, quantized, rnn, tensor, volumetric  # noqa: F401  (registration)
 from .context import Ctx, ir_value
 from .control import all_nodes, convert_nodes
-from .expand import expand_functions
-from .fold import _opset, fold, shapes_of
-from .nn import CONVERTERS
+from .expand import expand_functions, opset_of
+from .fold import fold, shapes_of
+from .registry import CONVERTERS
 from .tensor import ir_dtype
 from .weights import checkable, read_model
 
@@ -118,7 +118,7 @@ def load_onnx(path, input_shapes: dict) -> Graph:
     g = Graph(source="ONNX", name=path.stem)
     dtypes: dict = {}
     ctx = Ctx(g, str(path), shapes_of(model, dtypes), dtypes)
-    ctx.opset = _opset(model)
+    ctx.opset = opset_of(model)
     for init in model.graph.initializer:
         raw = weights.array(init)
         value = ir_value(raw)

@@ -12,7 +12,7 @@ from ...errors import MnnToolError
 from ...ir.graph import Graph, TensorInfo
 from ...ir.ops.control import if_binding
 from .context import Ctx, attrs_of, ir_value
-from .nn import CONVERTERS, converts
+from .registry import CONVERTERS, converts
 from .tensor import ir_dtype
 
 MAX_TRIPS = 1 << 30     # a Loop without a trip count runs until its condition says stop (MNN's bound)

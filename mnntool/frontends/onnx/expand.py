@@ -136,10 +136,14 @@ def _inline(node, fn, prefix: str, schema_defaults: dict | None = None) -> list:
     return out
 
 
+def opset_of(model) -> int:
+    """The model's default-domain opset (13 when it names none)."""
+    return max((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), default=13)
+
+
 def expand_functions(model: onnx.ModelProto, supported: set, rounds: int = 4) -> bool:
     """Inline every default-domain node whose op is not in `supported` but has a standard function body."""
-    from .fold import _opset
-    opset = _opset(model)
+    opset = opset_of(model)
     changed_any = False
     for r in range(rounds):
         targets = {k for k, n in enumerate(model.graph.node) if n.domain in ("", "ai.onnx") and n.op_type not in supported}

@@ -14,7 +14,7 @@ import numpy as np
 import onnx
 from onnx import helper, numpy_helper, shape_inference
 
-from .expand import inline_graph
+from .expand import inline_graph, opset_of
 
 # Larger results stay computed at run time: a 10^5 x 10^5 ConstantOfShape must not be materialised
 # at convert time (37 GB), and big folded tensors only make the file larger.
@@ -87,10 +87,6 @@ def _size_bound(node, vals: dict, shapes: dict) -> int | None:
     return max((v.size for v in ins if v is not None), default=0) * 4
 
 
-def _opset(model) -> int:
-    return max((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), default=13)
-
-
 def _evaluate(node, vals, opset):
     from onnx.reference import ReferenceEvaluator
     feeds = {i: vals[i] for i in node.input if i}
@@ -123,7 +119,7 @@ def fold(model: onnx.ModelProto, weights=None, rounds: int = 8) -> onnx.ModelPro
     """The model with every constant-computable node replaced by an initializer (in place). `weights`
     reads initializers whose data stayed in the file (weights.Weights)."""
     g = model.graph
-    opset = _opset(model)
+    opset = opset_of(model)
     graph_inputs = {i.name for i in g.input}
     # an initializer that is also a graph input may be fed at run time: not a constant (ONNX IR rule)
     vals = _Initializers({i.name: i for i in g.initializer if i.name not in graph_inputs}, weights)

@@ -5,8 +5,9 @@ from __future__ import annotations
 import numpy as np
 
 from ...errors import MnnToolError
-from .math import binary
-from .nn import converts
+from .math import _restore, binary, coerced_2d
+from .registry import converts
+from .tensor import _axis, ir_dtype
 
 
 def _rank(ctx, node, name=None):
@@ -55,7 +56,6 @@ def arg_max(ctx, node, a):
 
 @converts("Hardmax")
 def hardmax(ctx, node, a):
-    from .math import _restore, coerced_2d
     rank = _rank(ctx, node)
     shape = ctx.shape(node.input[0])
     x, axis, like = coerced_2d(ctx, node, a)
@@ -184,6 +184,14 @@ def non_negative(ctx, node, indices, axis):
     return fixed
 
 
+@converts("Gather")
+def gather(ctx, node, a):
+    axis = _axis(ctx, node, a)
+    indices = non_negative(ctx, node, node.input[1], axis)     # MNN's GatherV2 reads negative indices as 0
+    ctx.emit("GatherV2", [node.input[0], indices, ctx.int_const(node.name + "_axis", [axis])], [node.output[0]],
+             {}, node.name)
+
+
 @converts("GatherND")
 def gather_nd(ctx, node, a):
     b = int(a.get("batch_dims", 0))
@@ -294,7 +302,6 @@ def one_hot(ctx, node, a):
 def eye_like(ctx, node, a):
     x = node.input[0]
     if "dtype" in a:
-        from .tensor import ir_dtype
         dst = ir_dtype(int(a["dtype"]))
         if dst != ctx.g.info(x).dtype and dst is not None:
             cast = ctx.tmp(node.output[0] + "_like")

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from .math import binary
-from .nn import converts
+from .registry import converts
 
 LOGIC = {"And": "MUL", "Or": "LOGICALOR", "Xor": "NOTEQUAL", "BitwiseAnd": "BITWISE_AND",
          "BitwiseOr": "BITWISE_OR", "BitwiseXor": "BITWISE_XOR"}

@@ -4,7 +4,7 @@ from __future__ import annotations
 import numpy as np
 
 from ...errors import MnnToolError
-from .nn import converts
+from .registry import converts
 
 UNARY = {"Sigmoid": "SIGMOID", "Tanh": "TANH", "Sqrt": "SQRT", "Exp": "EXP", "Log": "LOG", "Abs": "ABS",
          "Neg": "NEG", "Reciprocal": "RECIPROCAL", "Floor": "FLOOR", "Ceil": "CEIL", "Erf": "ERF",

@@ -6,65 +6,10 @@ import numpy as np
 from ...errors import MnnToolError
 from ...ir.ops.nn import pool_param
 from ...ir.ops.norm import batch_norm_param
-from ...registry import registrar
-
-CONVERTERS = {}
-
-
-converts = registrar(CONVERTERS)
-
-
-def _s(v):
-    return v.decode() if isinstance(v, bytes) else v
-
-
-def spatial(ctx, node, a, kernel, x=None):
-    """Kernel, stride, dilation and pads of a 1-D or 2-D window op as 2-D values (a 1-D op runs on
-    [N, C, L, 1]), with auto_pad turned into explicit pads where the input size is known.
-    Returns (kernel, strides, dilations, pads (t, l, b, r), padMode)."""
-    rank = len(kernel)
-    if rank not in (1, 2):
-        raise MnnToolError(f"{ctx.path}: {node.op_type} '{node.name}': {rank}-D windows are not supported yet "
-                           "(1-D and 2-D are)")
-    strides = [int(v) for v in a.get("strides", [1] * rank)]
-    dil = [int(v) for v in a.get("dilations", [1] * rank)]
-    pads = [int(v) for v in a.get("pads", [0] * (2 * rank))]
-    auto = _s(a.get("auto_pad", b"NOTSET"))
-    mode = "CAFFE"
-    if auto in ("SAME_UPPER", "SAME_LOWER"):
-        shape = ctx.shape(x or node.input[0])
-        sizes = list(shape[2:]) if shape is not None else [None] * rank
-        if all(isinstance(d, int) for d in sizes):
-            pads = [0] * (2 * rank)
-            for i, (n, k, st, d) in enumerate(zip(sizes, kernel, strides, dil)):
-                out = -(-n // st)
-                total = max((out - 1) * st + (k - 1) * d + 1 - n, 0)
-                small, big = total // 2, total - total // 2
-                pads[i], pads[i + rank] = (small, big) if auto == "SAME_UPPER" else (big, small)
-        elif auto == "SAME_UPPER":
-            mode = "SAME"
-        else:
-            raise MnnToolError(f"{ctx.path}: {node.op_type} '{node.name}': auto_pad SAME_LOWER needs a known input size")
-    elif auto == "VALID":
-        pads = [0] * (2 * rank)
-    if rank == 1:
-        return [int(kernel[0]), 1], [strides[0], 1], [dil[0], 1], (pads[0], 0, pads[1], 0), mode
-    return [int(k) for k in kernel], strides, dil, (pads[0], pads[1], pads[2], pads[3]), mode
-
-
-def conv_common(kernel, strides, dil, pads, mode, cout, cin, group) -> dict:
-    t, l, b, r = pads
-    return {"padX": int(l), "padY": int(t), "kernelX": int(kernel[1]), "kernelY": int(kernel[0]),
-            "strideX": int(strides[1]), "strideY": int(strides[0]), "dilateX": int(dil[1]),
-            "dilateY": int(dil[0]), "padMode": mode, "group": int(group), "outputCount": int(cout),
-            "inputCount": int(cin), "relu": False, "relu6": False, "pads": [int(t), int(l), int(b), int(r)]}
-
-
-def lift_1d(ctx, node, name, tag):
-    """[N, C, L] -> [N, C, L, 1] for a 1-D op run as 2-D."""
-    out = ctx.tmp(f"{node.name}_{tag}4d")
-    ctx.emit("Unsqueeze", [name], [out], {"squeezeDims": [3]}, out)
-    return out
+from .math import binary, unary
+from .registry import converts
+from .volumetric import conv3d, dilated_max_pool, pool3d
+from .windows import _s, conv_common, lift_1d, spatial
 
 
 def _window_op(ctx, node, a, kind: str):
@@ -76,7 +21,6 @@ def _window_op(ctx, node, a, kind: str):
         raise MnnToolError(f"{ctx.path}: {node.op_type} '{node.name}': the weight's shape is unknown")
     rank = len(w_shape) - 2
     if rank == 3 and kind == "Convolution":
-        from .volumetric import conv3d
         conv3d(ctx, node, a)
         return
     group = int(a.get("group", 1))
@@ -176,7 +120,6 @@ def batch_norm(ctx, node, a):
 
 
 def _batch_norm_ops(ctx, node, eps):
-    from .math import binary, unary
     rank = ctx.rank(node.input[0])
     if rank is None:
         raise MnnToolError(f"{ctx.path}: BatchNormalization '{node.name}': the input's rank is unknown")
@@ -202,13 +145,11 @@ def _pool(ctx, node, a, kind, x=None, out=None, name=None):
     x, out, name = x or node.input[0], out or node.output[0], name or node.name
     k = list(a["kernel_shape"])
     if len(k) == 3 and x == node.input[0]:
-        from .volumetric import pool3d
         pool3d(ctx, node, a, kind)
         return
     if any(int(d) != 1 for d in a.get("dilations", [1] * len(k))):
         if kind != "MAXPOOL" or len(k) > 2:
             raise MnnToolError(f"{ctx.path}: {node.op_type} '{node.name}': dilated average pooling is not supported")
-        from .volumetric import dilated_max_pool
         dilated_max_pool(ctx, node, a, x, out, len(k))
         return
     kernel, strides, _, pads, mode = spatial(ctx, node, a, k, x)
@@ -253,7 +194,6 @@ def lp_pool(ctx, node, a):
     """(sum over the window of |x|^p)^(1/p): an average pool counting padding, times the window size."""
     p = float(a.get("p", 2))
     x, out, name = node.input[0], node.output[0], node.name
-    from .math import binary, unary
     absx, powx, avg, total = (ctx.tmp(out + s) for s in ("_abs", "_pow", "_avg", "_sum"))
     unary(ctx, x, absx, "ABS", name + "_abs")
     binary(ctx, absx, ctx.float_const(name + "_p", p), powx, "POW", name + "_pow")
@@ -273,7 +213,6 @@ def global_pool(ctx, node, a):
         raise MnnToolError(f"{ctx.path}: {node.op_type} '{node.name}': the input's rank is unknown")
     axes = list(range(2, rank))
     if node.op_type == "GlobalLpPool":
-        from .math import binary, unary
         p = float(a.get("p", 2))
         absx, powx, total = (ctx.tmp(node.output[0] + s) for s in ("_abs", "_pow", "_sum"))
         unary(ctx, node.input[0], absx, "ABS", node.name + "_abs")
@@ -283,6 +222,18 @@ def global_pool(ctx, node, a):
         return
     op = "MEAN" if node.op_type == "GlobalAveragePool" else "MAXIMUM"
     ctx.emit("Reduction", [node.input[0]], [node.output[0]], {"operation": op, "dim": axes, "keepDims": True}, node.name)
+
+
+@converts("MaxRoiPool")
+def max_roi_pool(ctx, node, a):
+    """Fast R-CNN's max pooling of regions: MNN's ROIPooling, which reads the regions as (R, 5, 1, 1)."""
+    ph, pw = (int(v) for v in a["pooled_shape"])
+    rois = ctx.tmp(node.output[0] + "_rois")
+    ctx.emit("Reshape", [node.input[1], ctx.int_const(node.name + "_rois_shape", [-1, 5, 1, 1])], [rois],
+             {"dimType": "NCHW"}, rois)
+    ctx.emit("ROIPooling", [node.input[0], rois], [node.output[0]],
+             {"pooledWidth": pw, "pooledHeight": ph, "spatialScale": float(a.get("spatial_scale", 1.0)),
+              "poolType": "MAXPOOL"}, node.name)
 
 
 @converts("MatMul")

@@ -7,7 +7,7 @@ import numpy as np
 
 from ...errors import MnnToolError
 from .math import binary, unary
-from .nn import converts
+from .registry import converts
 
 
 def _opt(node, k):

@@ -8,7 +8,7 @@ import numpy as np
 
 from ...errors import MnnToolError
 from .math import binary, round_half_even
-from .nn import converts
+from .registry import converts
 
 RANGES = {"uint8": (0, 255), "int8": (-128, 127), "uint16": (0, 65535), "int16": (-32768, 32767),
           "int32": (-2**31, 2**31 - 1), "uint4": (0, 15), "int4": (-8, 7), "uint2": (0, 3), "int2": (-2, 1)}
@@ -178,7 +178,7 @@ def qlinear_conv(ctx, node, a):
     """Dequantize input and weights, convolve in float (bias as int32 x input scale x weight scale), and
     requantize (QLinearConv) or cast to int32 (ConvInteger)."""
     import onnx
-    from .nn import CONVERTERS
+    from .registry import CONVERTERS
     out = node.output[0]
     if node.op_type == "QLinearConv":
         x, xs, xz, w, ws, wz, ys, yz = node.input[:8]

@@ -8,7 +8,7 @@ from ...errors import MnnToolError
 from ...ir.dtypes import to_mnn
 from .context import ir_value, shape_int32, to_int32
 from .fold import MAX_FOLD_ELEMENTS
-from .nn import converts
+from .registry import converts
 
 ONNX_DTYPES = {1: "float32", 2: "uint8", 3: "int8", 4: "uint16", 5: "int16", 6: "int32", 7: "int64", 9: "bool",
                10: "float16", 11: "float64", 12: "uint32", 13: "uint64", 16: "bfloat16", 17: "float8", 18: "float8",
@@ -100,15 +100,6 @@ def slice_(ctx, node, a):
         ins.append(ctx.int_const(f"{node.name}_{label}", to_int32(np.asarray(v, np.int64).reshape(-1)))
                    if v is not None else nm)
     ctx.emit("StridedSlice", ins, [node.output[0]], {"fromType": 1, "T": "DT_FLOAT"}, node.name)
-
-
-@converts("Gather")
-def gather(ctx, node, a):
-    from .index import non_negative
-    axis = _axis(ctx, node, a)
-    indices = non_negative(ctx, node, node.input[1], axis)     # MNN's GatherV2 reads negative indices as 0
-    ctx.emit("GatherV2", [node.input[0], indices, ctx.int_const(node.name + "_axis", [axis])], [node.output[0]],
-             {}, node.name)
 
 
 @converts("Reshape")

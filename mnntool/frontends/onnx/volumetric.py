@@ -13,6 +13,7 @@ import numpy as np
 from ...errors import MnnToolError
 from ...ir.ops.nn import pool_param
 from .math import binary
+from .windows import conv_common
 
 
 def _static(ctx, node, name, rank):
@@ -87,7 +88,6 @@ def conv3d(ctx, node, a):
     ho = (hh + pads[1] + pads[4] - dil[1] * (k[1] - 1) - 1) // s[1] + 1
     wo = (ww + pads[2] + pads[5] - dil[2] * (k[2] - 1) - 1) // s[2] + 1
     xp = _pad(ctx, x, [0, 0, 0, 0, pads[0], pads[3], 0, 0, 0, 0], ctx.tmp(out + "_dpad")) if pads[0] or pads[3] else x
-    from .nn import conv_common
     common = conv_common(k[1:], s[1:], dil[1:], (pads[1], pads[2], pads[4], pads[5]), "CAFFE", cout, c, group)
     depthwise = group > 1 and group == c == cout
     acc = None

@@ -12,46 +12,50 @@ from pathlib import Path
 from ...errors import MnnToolError
 from ...ir.graph import Graph
 from ..shaped import T
-from . import control, math, nn, onnx_like, pointwise, prim, tensor  # noqa: F401  (registration)
-from .context import ATEN, TorchCtx, _ivalue, torch_for
+from . import control, index, math, nn, onnx_like, pointwise, prim, state, tensor  # noqa: F401  (registration)
+from .context import ATEN, SAME_TYPE, TorchCtx, is_bool, torch_for
+from .walk import walk
 
 
-def _walk(ctx, nodes, env):
-    for n in nodes:
+def _flat(val) -> list:
+    """A model's outputs: tuples, lists and dicts (a traced ModelOutput) opened, in order."""
+    if isinstance(val, dict):
+        val = list(val.values())
+    if isinstance(val, (list, tuple)):
+        return [t for v in val for t in _flat(v)]
+    return [val]
+
+
+# where an operand holds integers: (op, operand position)
+INDEX_OPERANDS = {"aten::embedding": 1, "aten::Int": 0, "aten::index_select": 2, "aten::gather": 2}
+
+
+# transformers' integer inputs by their names (a 0/1 attention mask indexes nothing, yet holds integers)
+INTEGER_NAMES = {"attention_mask", "token_type_ids", "decoder_attention_mask", "padding_mask"}
+
+
+def _integer_values(graph) -> set:
+    """A saved trace often types its inputs only as Tensor: the values that index (an embedding's token
+    ids, an index list's tensors), followed back through the views and casts that carried them."""
+    found = set()
+    for n in graph.nodes():
         k = n.kind()
-        if k == "prim::Constant":
-            env[n.output().unique()] = _ivalue(n)
+        if k in INDEX_OPERANDS:
+            found.add(n.inputsAt(INDEX_OPERANDS[k]))
+        elif k in ("aten::index", "aten::index_put_", "aten::index_put"):
+            src = n.inputsAt(1).node()
+            if src.kind() == "prim::ListConstruct":
+                found.update(v for v in src.inputs() if not is_bool(v))
+    ids, todo = set(), list(found)
+    while todo:
+        v = todo.pop()
+        if v.unique() in ids:
             continue
-        if k == "prim::GetAttr":    # what freezing left: a submodule, or a weight read off one
-            env[n.output().unique()] = _attribute(ctx, env.get(n.input().unique()), n.s("name"))
-            continue
-        fn = ATEN.get(k) or ATEN.get(k.rstrip("_"))
-        if fn is None:
-            what = "the model raises an exception for these input shapes" if k == "prim::RaiseException" else \
-                f"unsupported TorchScript op {k}"
-            raise MnnToolError(f"{ctx.path}: {what} ({n.scopeName() or 'graph'})")
-        args = [env.get(i.unique()) for i in n.inputs()]
-        try:
-            outs = fn(ctx, n, args)
-        except MnnToolError:
-            raise
-        except Exception as e:
-            raise MnnToolError(f"{ctx.path}: {k} ({n.scopeName() or 'graph'}): cannot convert "
-                               f"({type(e).__name__}: {e})") from None
-        for o, val in zip(n.outputs(), outs):
-            env[o.unique()] = val
-
-
-def _attribute(ctx, owner, name: str):
-    """An attribute of a loaded module as data: a submodule stays an object, a tensor becomes a constant
-    array, a number or list stays a Python value (nothing of the model's code runs)."""
-    import torch
-    if owner is None:
-        raise MnnToolError(f"{ctx.path}: prim::GetAttr '{name}' on a value that is not a module")
-    value = getattr(owner, name)
-    if isinstance(value, torch.Tensor):
-        return value.detach().cpu().numpy()
-    return value
+        ids.add(v.unique())
+        producer = v.node()
+        if producer.kind() in SAME_TYPE | {"aten::to", "aten::type_as"} and producer.inputs():
+            todo.append(producer.inputsAt(0))
+    return ids
 
 
 def load_torchscript(path, input_shapes: dict) -> Graph:
@@ -69,6 +73,10 @@ def load_torchscript(path, input_shapes: dict) -> Graph:
     torch._C._jit_pass_inline(graph)
     inputs = [v for v in graph.inputs() if not v.type().kind() == "ClassType"]
     names = [v.debugName().split(".")[0] for v in inputs]
+    plain = [f"{n} ({v.type()})" for n, v in zip(names, inputs) if v.type().kind() not in ("TensorType", "ClassType")]
+    if plain:
+        raise MnnToolError(f"{path}: inputs {', '.join(plain)} are not tensors; a converted model takes tensors "
+                           "only (script a wrapper module that fixes them)")
     missing = [n for n in names if n not in input_shapes]
     if missing:
         raise MnnToolError(f"{path}: TorchScript needs --input-shape for {', '.join(missing)} "
@@ -85,19 +93,17 @@ def load_torchscript(path, input_shapes: dict) -> Graph:
         raise MnnToolError(f"{path}: unsupported TorchScript ops: {listed}")
     g = Graph(source="TORCH", name=path.stem)
     ctx = TorchCtx(g, str(path))
-    # a saved trace often types its inputs only as Tensor: one that indexes an embedding holds token ids
-    indices = {list(n.inputs())[1].unique() for n in graph.nodes() if n.kind() == "aten::embedding"} | \
-        {list(n.inputs())[0].unique() for n in graph.nodes() if n.kind() == "aten::Int"}
+    indices = _integer_values(graph)
     env: dict = {v.unique(): module for v in graph.inputs() if v.type().kind() == "ClassType"}
     for v, name in zip(inputs, names):
-        dtype = "int32" if "Long" in str(v.type()) or "Int" in str(v.type()) or v.unique() in indices else "float32"
+        dtype = "int32" if "Long" in str(v.type()) or "Int" in str(v.type()) or v.unique() in indices or \
+            name in INTEGER_NAMES or name.endswith("_ids") else "float32"
         env[v.unique()] = ctx.add_input(name, input_shapes[name], dtype)
     ctx.env = env
-    _walk(ctx, graph.nodes(), env)
+    walk(ctx, graph.nodes(), env)
     results = []
     for v in graph.outputs():
-        val = env[v.unique()]
-        results.extend(val if isinstance(val, list) else [val])
+        results.extend(_flat(env[v.unique()]))
     for k, r in enumerate(results):
         if not isinstance(r, T):
             raise MnnToolError(f"{path}: output {k} is not a tensor computed by the model")

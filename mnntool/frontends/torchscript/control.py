@@ -11,6 +11,7 @@ from ...ir.graph import Graph
 from ...ir.ops.control import if_binding
 from ..shaped import T
 from .context import ATEN, TorchCtx, aten
+from .walk import walk
 
 MAX_UNROLL = 4096
 
@@ -48,9 +49,8 @@ def _free(block, inner: set | None = None) -> list:
 def _body(ctx, block, name: str, leading: list) -> tuple[Graph, list[str]]:
     """The block as a graph: inputs `leading` [(TS value, name, shape, dtype)] then the outer tensors it
     reads; returns it and those outer tensor names."""
-    from . import _walk
     sub = Graph(source="TORCH", name=name)
-    sctx = TorchCtx(sub, ctx.path)
+    sctx = TorchCtx(sub, ctx.path, parent=ctx)
     env = dict(ctx.env)
     for v, nm, shape, dtype in leading:
         env[v.unique()] = sctx.add_input(nm, shape, dtype)
@@ -61,7 +61,7 @@ def _body(ctx, block, name: str, leading: list) -> tuple[Graph, list[str]]:
             sctx.add_input(str(val), ctx.shape_of(val), ctx.val(val).dtype)
             captured.append(str(val))
     sctx.env = env
-    _walk(sctx, block.nodes(), env)
+    walk(sctx, block.nodes(), env)
     outs = []
     for v in block.outputs():
         val = env[v.unique()]
@@ -76,11 +76,10 @@ def if_(ctx, node, args):
     cond = args[0]
     blocks = list(node.blocks())
     if not isinstance(cond, T):     # known at conversion (shape checks in scripted code): inline the branch
-        from . import _walk
         block = blocks[0 if cond else 1]
-        _walk(ctx, block.nodes(), ctx.env)
+        walk(ctx, block.nodes(), ctx.env)
         return [ctx.env[o.unique()] for o in block.outputs()]
-    base = ctx.out(node)
+    base = ctx.out(node) if list(node.outputs()) else ctx.g.fresh_name("if")     # a branch for its effects only
     then_g, then_in = _body(ctx, blocks[0], ctx.g.fresh_name(f"{base}/then"), [])
     else_g, else_in = _body(ctx, blocks[1], ctx.g.fresh_name(f"{base}/else"), [])
     captured, param = if_binding(then_g, then_in, else_g, else_in)
@@ -91,7 +90,6 @@ def if_(ctx, node, args):
 
 @aten("prim::Loop")
 def loop(ctx, node, args):
-    from . import _walk
     trips, cond, carried = args[0], args[1], list(args[2:])
     block = list(node.blocks())[0]
     ins = list(block.inputs())
@@ -104,7 +102,7 @@ def loop(ctx, node, args):
             env[ins[0].unique()] = step
             for v, val in zip(ins[1:], values):
                 env[v.unique()] = val
-            _walk(ctx, block.nodes(), env)
+            walk(ctx, block.nodes(), env)
             outs = [env[o.unique()] for o in block.outputs()]
             cond, values = outs[0], outs[1:]
             step += 1

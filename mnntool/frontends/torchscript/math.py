@@ -10,6 +10,8 @@ from .context import ATEN, aten
 def _binary_op(op_type):
     def fn(ctx, node, args):
         a, b = args[0], args[1]
+        if op_type == "REALDIV" and len(args) > 2 and args[2] in ("floor", "trunc"):
+            return _rounded_div(ctx, node, a, b, args[2])
         if not isinstance(a, T) and not isinstance(b, T):
             import operator
             return [{"ADD": operator.add, "SUB": operator.sub, "MUL": operator.mul,
@@ -21,6 +23,30 @@ def _binary_op(op_type):
         return ctx.emit("BinaryOp", [ctx.tensor(a), ctx.tensor(b)], [ctx.out(node)],
                         {"opType": op_type, "T": "DT_FLOAT"}, node.kind())
     return fn
+
+
+def _rounded_div(ctx, node, a, b, mode):
+    """torch.div(a, b, rounding_mode='floor' | 'trunc'): the quotient rounded down or toward zero."""
+    from .control import like_tensor
+    from .onnx_like import onnx_op
+    from ..shaped import emit_onnx
+    if not isinstance(a, T) and not isinstance(b, T):
+        q = np.asarray(a) / np.asarray(b)
+        r = np.floor(q) if mode == "floor" else np.trunc(q)
+        return [type(a)(r) if isinstance(a, (int, float)) and isinstance(b, (int, float)) else r]
+    a, b = like_tensor(ctx, a, b), like_tensor(ctx, b, a)
+    if mode == "floor":
+        return ctx.emit("BinaryOp", [ctx.tensor(a), ctx.tensor(b)], [ctx.out(node)], {"opType": "FLOORDIV"})
+    integer = ctx.val(a if isinstance(a, T) else b).dtype != "float32"
+    base = ctx.out(node)
+    fa, fb = (emit_onnx(ctx, "Cast", [x], [ctx.tmp(f"{base}_{t}")], {"to": 1})[0] if integer else x
+              for x, t in ((a, "fa"), (b, "fb")))
+    q = emit_onnx(ctx, "Div", [fa, fb], [ctx.tmp(base + "_q")])[0]
+    if integer:             # a float to integer cast rounds toward zero
+        return onnx_op(ctx, node, "Cast", [q], {"to": 6})
+    neg = emit_onnx(ctx, "Less", [q, np.float32(0)], [ctx.tmp(base + "_neg")])[0]
+    up, down = (emit_onnx(ctx, op, [q], [ctx.tmp(f"{base}_{op}")])[0] for op in ("Ceil", "Floor"))
+    return onnx_op(ctx, node, "Where", [neg, up, down])
 
 
 for _k, _v in {"aten::add": "ADD", "aten::sub": "SUB", "aten::mul": "MUL", "aten::div": "REALDIV"}.items():

@@ -222,3 +222,57 @@ def recurrent(ctx, node, args):
         ctx.emit("Concat", [T(h) for h in parts], [joined], {"axis": 0})
         result.append(joined)
     return result
+
+
+@aten("aten::pad", "aten::constant_pad_nd", "aten::reflection_pad1d", "aten::reflection_pad2d",
+      "aten::replication_pad1d", "aten::replication_pad2d")
+def pad(ctx, node, args):
+    """torch's pad list runs from the last dim backwards in (before, after) pairs; ONNX Pad's lists every
+    dim's befores then every dim's afters."""
+    from ..shaped import emit_onnx
+    x, widths = args[0], [int(p) for p in args[1]]
+    k = node.kind()
+    mode = args[2] if k == "aten::pad" else ("constant" if "constant" in k else "reflect" if "reflection" in k
+                                             else "replicate")
+    value = (args[3] if k == "aten::pad" else (args[2] if k == "aten::constant_pad_nd" else None)) or 0.0
+    rank = len(ctx.shape_of(x))
+    before, after = [0] * rank, [0] * rank
+    for j in range(len(widths) // 2):
+        before[rank - 1 - j], after[rank - 1 - j] = widths[2 * j], widths[2 * j + 1]
+    onnx_mode = {"constant": "constant", "reflect": "reflect", "reflection": "reflect", "replicate": "edge",
+                 "replication": "edge", "circular": "wrap"}.get(mode)
+    if onnx_mode is None:
+        raise MnnToolError(f"{ctx.path}: {k}: padding mode '{mode}' is not supported")
+    ins = [x, np.asarray(before + after, np.int64)]
+    if onnx_mode == "constant":
+        ins.append(np.asarray(value, np.float32 if ctx.val(x).dtype == "float32" else np.int32))
+    return emit_onnx(ctx, "Pad", ins, [ctx.out(node)], {"mode": onnx_mode})
+
+
+@aten("aten::lstm_cell")
+def lstm_cell(ctx, node, args):
+    """One LSTM step (nn.LSTMCell): gates = x W_ih^T + b_ih + h W_hh^T + b_hh in torch's i, f, g, o order;
+    c' = sigmoid(f) c + sigmoid(i) tanh(g), h' = sigmoid(o) tanh(c')."""
+    from ..shaped import emit_onnx
+    x, (h, c), w_ih, w_hh = args[0], args[1], args[2], args[3]
+    b_ih, b_hh = (args[4], args[5]) if len(args) > 5 else (None, None)
+    base = ctx.out(node)
+
+    def e(op, ins, tag, attrs=None):
+        return emit_onnx(ctx, op, ins, [ctx.tmp(f"{base}_{tag}")], attrs)[0]
+    mm = {"T": "DT_FLOAT", "transposeA": False, "transposeB": False}
+    wi = ctx.tensor(np.ascontiguousarray(np.asarray(w_ih, np.float32).T), "weight")
+    wh = ctx.tensor(np.ascontiguousarray(np.asarray(w_hh, np.float32).T), "weight")
+    gx = ctx.emit("MatMul", [x, wi], [ctx.tmp(base + "_gx")], mm)[0]
+    gh = ctx.emit("MatMul", [ctx.tensor(h), wh], [ctx.tmp(base + "_gh")], mm)[0]
+    gates = e("Add", [gx, gh], "g")
+    if b_ih is not None:
+        gates = e("Add", [gates, np.asarray(b_ih, np.float32) + np.asarray(b_hh, np.float32)], "gb")
+    hidden = np.asarray(w_hh).shape[1]
+    parts = emit_onnx(ctx, "Split", [gates, np.asarray([hidden] * 4, np.int64)],
+                      [ctx.tmp(f"{base}_{t}") for t in "ifgo"], {"axis": -1})
+    i, f, o = (e("Sigmoid", [parts[k]], f"s{k}") for k in (0, 1, 3))
+    g = e("Tanh", [parts[2]], "tg")
+    c2 = e("Add", [e("Mul", [f, c], "fc"), e("Mul", [i, g], "ig")], "c")
+    h2 = emit_onnx(ctx, "Mul", [o, e("Tanh", [c2], "tc")], [base])[0]
+    return [h2, c2]

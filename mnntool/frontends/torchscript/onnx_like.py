@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..shaped import T, emit_onnx
-from .context import aten
+from .context import aten, is_bool
 from .prim import SCALAR_TYPES
 
 
@@ -181,4 +181,6 @@ def sdpa(ctx, node, args):
 
 def _is_bool(node) -> bool:
     inputs = list(node.inputs())
-    return len(inputs) > 3 and "Bool" in str(inputs[3].type())
+    if len(inputs) <= 3:
+        return False
+    return "Bool" in str(inputs[3].type()) or (hasattr(inputs[3], "node") and is_bool(inputs[3]))

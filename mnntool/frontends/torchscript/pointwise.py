@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..shaped import T, emit_onnx, reverse_axes
-from .context import aten
+from .context import aten, is_bool
 from .control import like_tensor
 from .onnx_like import onnx_op
 
@@ -104,6 +104,23 @@ def binary(ctx, node, args):
     return onnx_op(ctx, node, BINARY[node.kind()], [a, b], attrs)
 
 
+BITWISE = {"aten::__and__": ("BitwiseAnd", "__and__"), "aten::bitwise_and": ("BitwiseAnd", "__and__"),
+           "aten::__or__": ("BitwiseOr", "__or__"), "aten::bitwise_or": ("BitwiseOr", "__or__"),
+           "aten::__xor__": ("BitwiseXor", "__xor__"), "aten::bitwise_xor": ("BitwiseXor", "__xor__")}
+
+
+@aten(*BITWISE)
+def bitwise(ctx, node, args):
+    """a & b (| ^): on booleans (carried as 0/1 integers) the logical meaning, on integers the bitwise one;
+    on Python values (scripted conditions) Python's."""
+    a, b = args[0], args[1]
+    op, py = BITWISE[node.kind()]
+    if not isinstance(a, T) and not isinstance(b, T):
+        return [getattr(a if not isinstance(a, bool) or isinstance(b, bool) else np.bool_(a), py)(b)]
+    a, b = (x if isinstance(x, T) else np.asarray(x).astype(np.int32) for x in (a, b))
+    return onnx_op(ctx, node, op, [a, b])
+
+
 @aten("aten::clamp_min", "aten::clamp_max")
 def clamp_side(ctx, node, args):
     return onnx_op(ctx, node, "Max" if node.kind() == "aten::clamp_min" else "Min",
@@ -140,6 +157,57 @@ def reduce(ctx, node, args):
     else:
         dims, keep = _dims(ctx, x, args[1]), bool(args[2])
     return onnx_op(ctx, node, op, [x, dims], {"keepdims": int(keep)})
+
+
+@aten("aten::linalg_vector_norm", "aten::norm")
+def vector_norm(ctx, node, args):
+    """(sum |x|^ord)^(1/ord) over dims (all when None): ord 2, 1, inf, -inf and 0 (the count of non-zeros)
+    by their own reductions, any other p by the formula."""
+    x, order = args[0], args[1]
+    order = 2.0 if order is None else float(order)
+    dims, keep = _dims(ctx, x, args[2] if len(args) > 2 else None), int(bool(args[3]) if len(args) > 3 else False)
+    attrs = {"keepdims": keep}
+    if order == 2:
+        return onnx_op(ctx, node, "ReduceL2", [x, dims], attrs)
+    if order == 1:
+        return onnx_op(ctx, node, "ReduceL1", [x, dims], attrs)
+    ax = emit_onnx(ctx, "Abs", [x], [_tmp(ctx, node, "abs")])[0]
+    if np.isinf(order):
+        return onnx_op(ctx, node, "ReduceMax" if order > 0 else "ReduceMin", [ax, dims], attrs)
+    if order == 0:
+        nz = emit_onnx(ctx, "Cast", [emit_onnx(ctx, "Greater", [ax, np.float32(0)], [_tmp(ctx, node, "nz")])[0]],
+                       [_tmp(ctx, node, "nzf")], {"to": 1})[0]
+        return onnx_op(ctx, node, "ReduceSum", [nz, dims], attrs)
+    p = emit_onnx(ctx, "Pow", [ax, np.float32(order)], [_tmp(ctx, node, "pow")])[0]
+    total = emit_onnx(ctx, "ReduceSum", [p, dims], [_tmp(ctx, node, "sum")], attrs)[0]
+    return onnx_op(ctx, node, "Pow", [total, np.float32(1 / order)])
+
+
+@aten("aten::diff")
+def diff(ctx, node, args):
+    """The n-th forward difference along dim, after `prepend` and before `append` are joined on; booleans
+    differ where they are unequal (torch's meaning for them)."""
+    x, n, dim, prepend, append = args
+    shape = ctx.shape_of(x)
+    dim = int(dim) % len(shape)
+    boolean = is_bool(node.inputsAt(0)) if hasattr(node, "inputsAt") else False
+    parts = [p for p in (prepend, x, append) if p is not None]
+    if len(parts) > 1:
+        x = emit_onnx(ctx, "Concat", parts, [_tmp(ctx, node, "joined")], {"axis": dim})[0]
+    for k in range(int(n)):
+        size = ctx.shape_of(x)[dim]
+        later = emit_onnx(ctx, "Slice", [x, np.asarray([1]), np.asarray([size]), np.asarray([dim])],
+                          [_tmp(ctx, node, f"hi{k}")])[0]
+        earlier = emit_onnx(ctx, "Slice", [x, np.asarray([0]), np.asarray([size - 1]), np.asarray([dim])],
+                            [_tmp(ctx, node, f"lo{k}")])[0]
+        last = k == int(n) - 1
+        out = ctx.out(node) if last else _tmp(ctx, node, f"d{k}")
+        if boolean:
+            ne = emit_onnx(ctx, "Equal", [later, earlier], [_tmp(ctx, node, f"eq{k}")])[0]
+            x = emit_onnx(ctx, "Not", [ne], [out])[0]
+        else:
+            x = emit_onnx(ctx, "Sub", [later, earlier], [out])[0]
+    return [x]
 
 
 @aten("aten::argmax", "aten::argmin")

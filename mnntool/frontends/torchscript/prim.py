@@ -64,6 +64,11 @@ def dim(ctx, node, args):
     return [len(ctx.shape_of(args[0]))]
 
 
+@aten("aten::numel")
+def numel(ctx, node, args):
+    return [int(np.prod(ctx.shape_of(args[0]), dtype=np.int64))]
+
+
 @aten("aten::size")
 def size(ctx, node, args):
     shape = ctx.shape_of(args[0])
@@ -74,6 +79,22 @@ def size(ctx, node, args):
 def zeros(ctx, node, args):
     fill = 0.0 if node.kind() == "aten::zeros" else 1.0
     return [np.full([int(d) for d in args[0]], fill, np.float32)]
+
+
+@aten("aten::new_ones", "aten::new_zeros", "aten::new_full", "aten::new_empty")
+def new_filled(ctx, node, args):
+    """x.new_ones(size, dtype=...) and its kin: a constant of the size (shapes are static here), of the
+    dtype given or else x's."""
+    k = node.kind()
+    x, size = args[0], [int(d) for d in args[1]]
+    fill = args[2] if k == "aten::new_full" else (1 if k == "aten::new_ones" else 0)
+    code = args[3] if k == "aten::new_full" else args[2]
+    if code in SCALAR_TYPES:
+        dtype = SCALAR_TYPES[code]
+    else:
+        dtype = np.float32 if (ctx.val(x).dtype if isinstance(x, T) else np.asarray(x).dtype.kind) in ("float32", "f") \
+            else np.int64
+    return [np.full(size, fill, dtype)]
 
 
 @aten("prim::ListUnpack", "prim::TupleUnpack")

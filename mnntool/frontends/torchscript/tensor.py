@@ -20,6 +20,29 @@ def reshape(ctx, node, args):
     return ctx.reshape(args[0], args[1], ctx.out(node))
 
 
+@aten("aten::reshape_as", "aten::view_as")
+def reshape_as(ctx, node, args):
+    shape = ctx.shape_of(args[1])
+    if not isinstance(args[0], T):
+        return [np.asarray(args[0]).reshape(shape)]
+    return ctx.reshape(args[0], shape, ctx.out(node))
+
+
+@aten("aten::squeeze")
+def squeeze(ctx, node, args):
+    """squeeze(x), squeeze(x, dim) or squeeze(x, dims): only dims of size 1 go (others stay, as in torch)."""
+    x = args[0]
+    shape = ctx.shape_of(x)
+    dims = range(len(shape)) if len(args) < 2 or args[1] is None else \
+        ([args[1]] if isinstance(args[1], int) else list(args[1]))
+    gone = sorted({int(d) % max(len(shape), 1) for d in dims if len(shape) and shape[int(d)] == 1})
+    if not isinstance(x, T):
+        return [np.squeeze(np.asarray(x), tuple(gone))]
+    if not gone:
+        return [x]
+    return ctx.emit("Squeeze", [x], [ctx.out(node)], {"squeezeDims": gone})
+
+
 @aten("aten::permute")
 def permute(ctx, node, args):
     rank = len(ctx.shape_of(args[0]))

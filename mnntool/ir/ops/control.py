@@ -17,6 +17,7 @@ from typing import Callable
 import numpy as np
 
 from . import Val, define
+from .evaluate import infer_values, run_graph
 
 Runner = Callable[[object, list], list]
 
@@ -83,17 +84,11 @@ def run_while(node, xs: list, run: Runner) -> list:
 
 
 def _infer_body(sub, ins: list[Val]):
-    from ..shape_inference import infer_values
     vals = infer_values(sub, ins)
     return [vals.get(o, Val(None)) for o in sub.outputs]
 
 
-def _interpret(sub, feeds):
-    from ..interpret import run_graph
-    return run_graph(sub, feeds)
-
-
-@define("If", param="IfParam", inputs=("cond", "captured*"))
+@define("If", param="IfParam", inputs=("cond", "captured*"), kind="control")
 class If:
     def infer(node, ins):
         sides = [0] if ins[0].value is not None and _truthy(ins[0].value) else \
@@ -107,10 +102,10 @@ class If:
         return [Val(a.shape if a.shape == b.shape else None, a.dtype) for a, b in zip(*results)]
 
     def compute(node, xs):
-        return run_if(node, xs, _interpret)
+        return run_if(node, xs, run_graph)
 
 
-@define("While", param="WhileParam", inputs=("max_trip_count", "cond", "carried*"))
+@define("While", param="WhileParam", inputs=("max_trip_count", "cond", "carried*"), kind="control")
 class While:
     def infer(node, ins):
         check_loop(node)
@@ -121,4 +116,4 @@ class While:
         return carried + scans[:len(node.outputs) - n]
 
     def compute(node, xs):
-        return run_while(node, xs, _interpret)
+        return run_while(node, xs, run_graph)

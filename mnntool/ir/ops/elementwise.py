@@ -5,7 +5,7 @@ import math
 
 import numpy as np
 
-from . import Val, define, out_size, same
+from . import Val, define, out_size, params, same
 
 COMPARE = {"GREATER", "GREATER_EQUAL", "LESS", "LESS_EQUAL", "EQUAL", "NOTEQUAL"}
 LOGICAL = {"LOGICALOR", "LOGICALXOR"}
@@ -156,25 +156,25 @@ def binary_value(op: str, a: np.ndarray, b: np.ndarray) -> np.ndarray:
     return out if out.dtype == np.bool_ or op in LOGICAL else out.astype(a.dtype, copy=False)
 
 
-@define("ReLU", param="Relu")
+@define("ReLU", param="Relu", int8="values", layout="either", spreads_grid=True)
 class ReLU:
     """x, or x times `slope` where x < 0 (LeakyReLU)."""
     infer = same
     flops = out_size
 
     def compute(node, xs):
-        x, slope = xs[0], node.param.get("slope", 0.0)
+        x, slope = xs[0], params(node)["slope"]
         return np.where(x > 0, x, x * np.asarray(slope, x.dtype)) if slope else np.maximum(x, 0)
 
 
-@define("ReLU6", param="Relu6")
+@define("ReLU6", param="Relu6", int8="values", layout="either", spreads_grid=True)
 class ReLU6:
     """x clipped to [minValue, maxValue] (ONNX Clip with constant bounds)."""
     infer = same
     flops = out_size
 
     def compute(node, xs):
-        lo, hi = node.param.get("minValue", 0.0), node.param.get("maxValue", 6.0)
+        lo, hi = params(node)["minValue"], params(node)["maxValue"]
         x = xs[0]
         if x.dtype.kind in "iu":
             info = np.iinfo(x.dtype)
@@ -182,7 +182,7 @@ class ReLU6:
         return np.clip(x, np.asarray(lo).astype(x.dtype), np.asarray(hi).astype(x.dtype))
 
 
-@define("PReLU", param="PRelu")
+@define("PReLU", param="PRelu", layout="NC4HW4")
 class PReLU:
     """x, or x times its channel's slope where x < 0."""
     infer = same
@@ -195,7 +195,7 @@ class PReLU:
         return np.where(x > 0, x, x * s).astype(x.dtype)
 
 
-@define("Sigmoid")
+@define("Sigmoid", layout="either")
 class Sigmoid:
     infer = same
     flops = out_size
@@ -204,7 +204,7 @@ class Sigmoid:
         return _sigmoid(xs[0])
 
 
-@define("TanH")
+@define("TanH", layout="either")
 class TanH:
     infer = same
     flops = out_size
@@ -220,7 +220,7 @@ class ELU:
 
     def compute(node, xs):
         x = xs[0]
-        return np.where(x > 0, x, np.float32(node.param.get("alpha", 1.0)) * np.expm1(np.minimum(x, 0))).astype(x.dtype)
+        return np.where(x > 0, x, np.float32(params(node)["alpha"]) * np.expm1(np.minimum(x, 0))).astype(x.dtype)
 
 
 @define("Selu", param="Selu")
@@ -229,31 +229,31 @@ class Selu:
     flops = out_size
 
     def compute(node, xs):
-        x, p = xs[0], node.param
-        scale, alpha = np.float32(p.get("scale", 1.0507)), np.float32(p.get("alpha", 1.6733))
+        x, p = xs[0], params(node)
+        scale, alpha = np.float32(p["scale"]), np.float32(p["alpha"])
         return (scale * np.where(x > 0, x, alpha * np.expm1(np.minimum(x, 0)))).astype(x.dtype)
 
 
-@define("UnaryOp", param="UnaryOp")
+@define("UnaryOp", param="UnaryOp", int8="float", layout="either")
 class UnaryOp:
     """opType names the function (UnaryOpOperation)."""
     infer = same
     flops = out_size
 
     def compute(node, xs):
-        op, x = node.param.get("opType"), xs[0]
+        op, x = params(node)["opType"], xs[0]
         fn = UNARY[op]
         with np.errstate(all="ignore"):
             return fn(x) if op in KEEP_TYPE else _f32(fn)(x)
 
 
-@define("BinaryOp", param="BinaryOp", inputs=("a", "b"))
+@define("BinaryOp", param="BinaryOp", int8="float", inputs=("a", "b"))
 class BinaryOp:
     """opType names the operation (BinaryOpOperation); activationType 1 applies ReLU after it."""
     flops = out_size
 
     def infer(node, ins):
-        op = node.param.get("opType")
+        op = params(node)["opType"]
         a, b = ins[0].dtype, ins[1].dtype
         if (a == "bool") != (b == "bool"):      # as binary_value: a comparison's result beside a number is 0/1
             a, b = ("int32" if a == "bool" else a), ("int32" if b == "bool" else b)
@@ -263,8 +263,8 @@ class BinaryOp:
         return [Val(broadcast(ins[0].shape, ins[1].shape), dtype)]
 
     def compute(node, xs):
-        out = binary_value(node.param.get("opType"), xs[0], xs[1])
-        if int(node.param.get("activationType", 0)) == 1:
+        out = binary_value(params(node)["opType"], xs[0], xs[1])
+        if int(params(node)["activationType"]) == 1:
             out = np.maximum(out, 0)
         return out
 
@@ -285,11 +285,11 @@ class Cast:
     """To dstT; MNN has no int64 or bool tensors, so those are int32 here."""
     def infer(node, ins):
         from ..dtypes import from_mnn
-        return [Val(ins[0].shape, from_mnn(node.param.get("dstT", "DT_FLOAT")))]
+        return [Val(ins[0].shape, from_mnn(params(node)["dstT"]))]
 
     def compute(node, xs):
         from ..dtypes import from_mnn
-        dtype = np.dtype(from_mnn(node.param.get("dstT", "DT_FLOAT")))
+        dtype = np.dtype(from_mnn(params(node)["dstT"]))
         x = xs[0]
         if dtype.kind in "iu" and x.dtype.kind == "f":
             with np.errstate(invalid="ignore"):
@@ -298,7 +298,7 @@ class Cast:
         return x.astype(dtype)
 
 
-@define("Identity", "Dropout")
+@define("Identity", "Dropout", kind="movement", moves="view")
 class Identity:
     infer = same
 
@@ -306,7 +306,7 @@ class Identity:
         return xs[0]
 
 
-@define("ConvertTensor", param="TensorConvertInfo")
+@define("ConvertTensor", param="TensorConvertInfo", kind="movement", moves="view")
 class ConvertTensor:
     """A layout change (NCHW <-> NC4HW4) for MNN; the values, and so this runtime's arrays, are the same."""
     infer = same
@@ -315,7 +315,7 @@ class ConvertTensor:
         return xs[0]
 
 
-@define("Scale", param="Scale")
+@define("Scale", param="Scale", layout="NC4HW4")
 class Scale:
     """x times scaleData plus biasData, per channel (axis 1): folded BatchNorm."""
     infer = same
@@ -330,13 +330,13 @@ class Scale:
         return (out + np.asarray(b, np.float32).reshape(shape) if b is not None and len(b) else out).astype(x.dtype)
 
 
-@define("Softmax", param="Axis")
+@define("Softmax", param="Axis", kind="normalization")
 class Softmax:
     infer = same
     flops = out_size
 
     def compute(node, xs):
         x = xs[0].astype(np.float64)
-        axis = node.param.get("axis", -1)
+        axis = params(node)["axis"]
         e = np.exp(x - x.max(axis=axis, keepdims=True)) if x.size else x
         return (e / e.sum(axis=axis, keepdims=True)).astype(xs[0].dtype) if x.size else xs[0]

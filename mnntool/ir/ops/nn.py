@@ -10,15 +10,17 @@ import math
 import numpy as np
 
 from ...errors import InvalidModel
-from . import Val, define, ints, numel
+from . import Val, as_table, define, ints, numel, params
 
 
 def pads_of(common: dict):
-    """(top, left, bottom, right) from MNN's `pads` (begin dims then end dims) or padX/padY."""
+    """(top, left, bottom, right) from MNN's `pads` (begin dims then end dims) or padX/padY, of a
+    convolution's common table or a Pool table (the pads read alike)."""
+    common = as_table(common, "Convolution2DCommon")
     pads = common.get("pads")
     if pads is not None and len(pads) == 4:
         return int(pads[0]), int(pads[1]), int(pads[2]), int(pads[3])
-    py, px = int(common.get("padY", 0)), int(common.get("padX", 0))
+    py, px = int(common["padY"]), int(common["padX"])
     return py, px, py, px
 
 
@@ -40,10 +42,10 @@ def same_pads(size, out, k, s, d):
 
 def _geometry(c: dict, h: int, w: int):
     """(kh, kw, sh, sw, dh, dw, (t, l, b, r), oh, ow) of a convolution on an h x w input."""
-    kh, kw = c.get("kernelY", 1), c.get("kernelX", 1)
-    sh, sw = c.get("strideY", 1), c.get("strideX", 1)
-    dh, dw = c.get("dilateY", 1), c.get("dilateX", 1)
-    mode = c.get("padMode", "CAFFE")
+    kh, kw = c["kernelY"], c["kernelX"]
+    sh, sw = c["strideY"], c["strideX"]
+    dh, dw = c["dilateY"], c["dilateX"]
+    mode = c["padMode"]
     t, l, b, r = pads_of(c)
     oh, ow = conv_out(h, kh, sh, dh, t, b, mode), conv_out(w, kw, sw, dw, l, r, mode)
     if mode == "SAME":
@@ -64,9 +66,9 @@ def _weights(node, xs, shape):
 
 
 def _activate(c: dict, out):
-    if c.get("relu6"):
+    if c["relu6"]:
         return np.clip(out, 0, 6)
-    if c.get("relu"):
+    if c["relu"]:
         return np.maximum(out, 0)
     return out
 
@@ -81,44 +83,45 @@ def _windows(xp, kh, kw, sh, sw, dh, dw, oh, ow):
 def _check_groups(node, cin, cout) -> None:
     """A group that does not divide the channels, or weights of another size, make a file that no
     runtime can run: refused with the node's name (MNN's resize refuses it too)."""
-    c = node.param["common"]
-    group = c.get("group", 1) or 1
+    c = params(node)["common"]
+    group = c["group"] or 1
     if not (isinstance(cin, int) and isinstance(cout, int)):
         return
     if group < 1 or cin % group or cout % group:
         raise InvalidModel(f"{node.op} '{node.name}': group {group} does not divide {cin} input and {cout} "
                            "output channels")
     w = node.param.get("weight")
-    want = cout * (cin // group) * c.get("kernelX", 1) * c.get("kernelY", 1)
+    want = cout * (cin // group) * c["kernelX"] * c["kernelY"]
     if w is not None and len(w) and np.size(w) != want:
         raise InvalidModel(f"{node.op} '{node.name}': {np.size(w)} weights, {want} expected")
 
 
-@define("Convolution", "ConvolutionDepthwise", param="Convolution2D", inputs=("x", "weight?", "bias?"))
+@define("Convolution", "ConvolutionDepthwise", param="Convolution2D", inputs=("x", "weight?", "bias?"),
+        kind="convolution", layout="NC4HW4", int8="weights")
 class Convolution:
     """2-D convolution, NCHW; weight [outputCount, inputCount / group, kH, kW] and bias in the parameter
     table, or as the 2nd and 3rd inputs when they are computed at run time."""
     def infer(node, ins):
-        c = node.param["common"]
+        c = params(node)["common"]
         n, cin, h, w = ins[0].shape
         *_, oh, ow = _geometry(c, h, w) if isinstance(h, int) and isinstance(w, int) else (None,) * 7 + (h, w)
-        cout = c.get("outputCount") or (ins[1].shape[0] if len(ins) > 1 else None)
+        cout = c["outputCount"] or (ins[1].shape[0] if len(ins) > 1 else None)
         _check_groups(node, cin, cout)
         return [Val((n, cout, oh, ow), "float32")]
 
     def flops(node, ins, outs):
-        c = node.param["common"]
-        cin = c.get("inputCount") or (ins[0].shape[1] if ins[0].shape else 0)
-        group = c.get("group", 1) or 1
-        return 2 * numel(outs[0].shape) * (cin // group) * c.get("kernelX", 1) * c.get("kernelY", 1)
+        c = params(node)["common"]
+        cin = c["inputCount"] or (ins[0].shape[1] if ins[0].shape else 0)
+        group = c["group"] or 1
+        return 2 * numel(outs[0].shape) * (cin // group) * c["kernelX"] * c["kernelY"]
 
     def compute(node, xs):
-        c = node.param["common"]
+        c = params(node)["common"]
         x = xs[0].astype(np.float32)
         n, cin, h, w = x.shape
         kh, kw, sh, sw, dh, dw, (t, l, b, r), oh, ow = _geometry(c, h, w)
-        group = c.get("group", 1) or 1
-        cout = c.get("outputCount") or xs[1].shape[0]
+        group = c["group"] or 1
+        cout = c["outputCount"] or xs[1].shape[0]
         wt, bias = _weights(node, xs, (cout, cin // group, kh, kw))
         xp = np.pad(x, ((0, 0), (0, 0), (t, max(b, 0)), (l, max(r, 0))))
         win = _windows(xp, kh, kw, sh, sw, dh, dw, oh, ow)       # n, cin, kh, kw, oh, ow
@@ -129,12 +132,13 @@ class Convolution:
         return _activate(c, out).astype(np.float32)
 
 
-@define("Deconvolution", "DeconvolutionDepthwise", param="Convolution2D", inputs=("x", "weight?", "bias?"))
+@define("Deconvolution", "DeconvolutionDepthwise", param="Convolution2D", inputs=("x", "weight?", "bias?"),
+        kind="deconvolution", layout="NC4HW4")
 class Deconvolution:
     """Transposed 2-D convolution; weight [inputCount, outputCount / group, kH, kW] (ONNX's layout);
     outPads adds rows and columns at the end."""
     def infer(node, ins):
-        c = node.param["common"]
+        c = params(node)["common"]
         n, _, h, w = ins[0].shape
         t, l, b, r = pads_of(c)
         op = list(c.get("outPads") if c.get("outPads") is not None else [0, 0])
@@ -142,30 +146,30 @@ class Deconvolution:
         def out(size, k, s, d, p0, p1, extra):
             if not isinstance(size, int):
                 return size
-            if c.get("padMode") == "SAME":
+            if c["padMode"] == "SAME":
                 return size * s
             return (size - 1) * s - p0 - p1 + d * (k - 1) + 1 + extra
-        oh = out(h, c.get("kernelY", 1), c.get("strideY", 1), c.get("dilateY", 1), t, b, int(op[0]))
-        ow = out(w, c.get("kernelX", 1), c.get("strideX", 1), c.get("dilateX", 1), l, r, int(op[-1]))
+        oh = out(h, c["kernelY"], c["strideY"], c["dilateY"], t, b, int(op[0]))
+        ow = out(w, c["kernelX"], c["strideX"], c["dilateX"], l, r, int(op[-1]))
         return [Val((n, c["outputCount"], oh, ow), "float32")]
 
     def flops(node, ins, outs):
-        c = node.param["common"]
-        group = c.get("group", 1) or 1
-        return 2 * numel(ins[0].shape) * (c["outputCount"] // group) * c.get("kernelX", 1) * c.get("kernelY", 1)
+        c = params(node)["common"]
+        group = c["group"] or 1
+        return 2 * numel(ins[0].shape) * (c["outputCount"] // group) * c["kernelX"] * c["kernelY"]
 
     def compute(node, xs):
-        c = node.param["common"]
+        c = params(node)["common"]
         x = xs[0].astype(np.float32)
         n, cin, h, w = x.shape
         (_, cout, oh, ow), = [v.shape for v in Deconvolution.infer(node, [Val(x.shape)])]
-        kh, kw = c.get("kernelY", 1), c.get("kernelX", 1)
-        sh, sw = c.get("strideY", 1), c.get("strideX", 1)
-        dh, dw = c.get("dilateY", 1), c.get("dilateX", 1)
-        group = c.get("group", 1) or 1
+        kh, kw = c["kernelY"], c["kernelX"]
+        sh, sw = c["strideY"], c["strideX"]
+        dh, dw = c["dilateY"], c["dilateX"]
+        group = c["group"] or 1
         wt, bias = _weights(node, xs, (cin, cout // group, kh, kw))
         t, l, _, _ = pads_of(c)
-        if c.get("padMode") == "SAME":
+        if c["padMode"] == "SAME":
             th, tw = (h - 1) * sh + (kh - 1) * dh + 1 - oh, (w - 1) * sw + (kw - 1) * dw + 1 - ow
             t, l = max(th, 0) // 2, max(tw, 0) // 2
         full_h, full_w = (h - 1) * sh + (kh - 1) * dh + 1, (w - 1) * sw + (kw - 1) * dw + 1
@@ -205,16 +209,16 @@ def pool_out(size, k, s, p0, p1, mode, ceil):
     return out
 
 
-@define("Pooling", param="Pool")
+@define("Pooling", param="Pool", kind="pooling", layout="NC4HW4", int8="values", spreads_grid=True)
 class Pooling:
     """Max or average pooling, NCHW; countType says whether padding counts in the average."""
     def infer(node, ins):
-        p = node.param
+        p = params(node)
         n, c, h, w = ins[0].shape
-        if p.get("isGlobal"):
+        if p["isGlobal"]:
             return [Val((n, c, 1, 1), ins[0].dtype)]
         t, l, b, r = pads_of(p)
-        mode, ceil = p.get("padType", "CAFFE"), p.get("ceilModel", False)
+        mode, ceil = p["padType"], p["ceilModel"]
         return [Val((n, c, pool_out(h, p["kernelY"], p["strideY"], t, b, mode, ceil),
                      pool_out(w, p["kernelX"], p["strideX"], l, r, mode, ceil)), ins[0].dtype)]
 
@@ -222,18 +226,18 @@ class Pooling:
         return numel(ins[0].shape)
 
     def compute(node, xs):
-        p = node.param
+        p = params(node)
         x = xs[0]
-        is_max = p.get("type", "MAXPOOL") == "MAXPOOL"
-        if p.get("isGlobal"):
+        is_max = p["type"] == "MAXPOOL"
+        if p["isGlobal"]:
             return (x.max(axis=(2, 3), keepdims=True) if is_max else x.mean(axis=(2, 3), keepdims=True)).astype(x.dtype)
         n, c, h, w = x.shape
         (_, _, oh, ow), = [v.shape for v in Pooling.infer(node, [Val(x.shape, str(x.dtype))])]
         kh, kw, sh, sw = p["kernelY"], p["kernelX"], p["strideY"], p["strideX"]
         t, l, b, r = pads_of(p)
-        if p.get("padType") == "SAME":
+        if p["padType"] == "SAME":
             (t, b), (l, r) = same_pads(h, oh, kh, sh, 1), same_pads(w, ow, kw, sw, 1)
-        elif p.get("padType") == "VALID":
+        elif p["padType"] == "VALID":
             t = l = b = r = 0
         eh, ew = max((oh - 1) * sh + kh - h - t, 0), max((ow - 1) * sw + kw - w - l, 0)
         fill = -np.inf if is_max else 0.0
@@ -241,8 +245,8 @@ class Pooling:
         win = _windows(xp, kh, kw, sh, sw, 1, 1, oh, ow)
         if is_max:
             return win.max(axis=(2, 3)).astype(x.dtype)
-        count = p.get("countType", "DEFAULT")
-        include = count == "INCLUDE_PADDING" or (count == "DEFAULT" and p.get("padType", "CAFFE") == "CAFFE")
+        count = p["countType"]
+        include = count == "INCLUDE_PADDING" or (count == "DEFAULT" and p["padType"] == "CAFFE")
         ys, xs_ = np.arange(oh) * sh - t, np.arange(ow) * sw - l
         if include:
             hy, wx = np.minimum(ys + kh, h + b) - ys, np.minimum(xs_ + kw, w + r) - xs_
@@ -252,11 +256,11 @@ class Pooling:
         return (win.sum(axis=(2, 3)) / np.maximum(np.outer(hy, wx), 1)).astype(x.dtype)
 
 
-@define("Pooling3D", param="Pool3D")
+@define("Pooling3D", param="Pool3D", kind="pooling")
 class Pooling3D:
     """MNN's converter writes ONNX GlobalAveragePool as a global Pooling3D."""
     def infer(node, ins):
-        if not node.param.get("isGlobal"):
+        if not params(node)["isGlobal"]:
             raise ValueError("only global Pooling3D is inferred")
         return [Val(tuple(ins[0].shape[:2]) + (1,) * (len(ins[0].shape) - 2), ins[0].dtype)]
 
@@ -265,7 +269,7 @@ class Pooling3D:
 
     def compute(node, xs):
         axes = tuple(range(2, xs[0].ndim))
-        fn = np.max if node.param.get("type") == "MAXPOOL" else np.mean
+        fn = np.max if params(node)["type"] == "MAXPOOL" else np.mean
         return fn(xs[0], axis=axes, keepdims=True).astype(xs[0].dtype)
 
 
@@ -288,13 +292,13 @@ REDUCE = {"SUM": np.sum, "ASUM": lambda x, axis, keepdims: np.abs(x).sum(axis=ax
           "ANY": np.any, "ALL": np.all}
 
 
-@define("Reduction", param="ReductionParam", inputs=("x", "axes?"))
+@define("Reduction", param="ReductionParam", inputs=("x", "axes?"), kind="reduction")
 class Reduction:
     """operation over `dim` (or the axes input; every axis when empty), keeping them when keepDims."""
     def infer(node, ins):
         shape = ins[0].shape
         axes = reduce_axes(node, ins, len(shape))
-        keep = node.param.get("keepDims", False)
+        keep = params(node)["keepDims"]
         out = tuple(1 if i in axes else d for i, d in enumerate(shape) if keep or i not in axes)
         return [Val(out, ins[0].dtype)]
 
@@ -304,8 +308,8 @@ class Reduction:
     def compute(node, xs):
         x = xs[0]
         axes = tuple(reduce_axes(node, xs, x.ndim))
-        op = node.param.get("operation", "SUM")
-        keep = bool(node.param.get("keepDims", False))
+        op = params(node)["operation"]
+        keep = bool(params(node)["keepDims"])
         if x.size == 0 or any(x.shape[a] == 0 for a in axes):
             init = {"MAXIMUM": -np.inf if x.dtype.kind == "f" else np.iinfo(x.dtype).min,
                     "MINIMUM": np.inf if x.dtype.kind == "f" else np.iinfo(x.dtype).max,
@@ -335,15 +339,15 @@ def _matmul_shape(a, b, ta=False, tb=False):
 
 def _inner(node, ins):
     a = ins[0].shape
-    k = a[-2] if node.param.get("transposeA") and len(a) > 1 else a[-1]
+    k = a[-2] if params(node)["transposeA"] and len(a) > 1 else a[-1]
     return k if isinstance(k, int) else 1
 
 
 def _matmul_value(node, xs):
     a, b = xs[0], xs[1]
-    if node.param.get("transposeA") and a.ndim > 1:
+    if params(node)["transposeA"] and a.ndim > 1:
         a = np.swapaxes(a, -1, -2)
-    if node.param.get("transposeB") and b.ndim > 1:
+    if params(node)["transposeB"] and b.ndim > 1:
         b = np.swapaxes(b, -1, -2)
     out = np.matmul(a.astype(np.float64) if a.dtype.kind == "f" else a, b.astype(np.float64) if b.dtype.kind == "f" else b)
     if len(xs) > 2 and xs[2] is not None:
@@ -351,12 +355,12 @@ def _matmul_value(node, xs):
     return out.astype(np.result_type(xs[0].dtype, xs[1].dtype))
 
 
-@define("MatMul", param="MatMul", inputs=("a", "b", "bias?"))
+@define("MatMul", param="MatMul", inputs=("a", "b", "bias?"), kind="matmul")
 class MatMul:
     """numpy matmul semantics (1-D operands, broadcast batches), with transposeA/transposeB."""
     def infer(node, ins):
-        return [Val(_matmul_shape(ins[0].shape, ins[1].shape, node.param.get("transposeA"),
-                                  node.param.get("transposeB")), ins[0].dtype)]
+        return [Val(_matmul_shape(ins[0].shape, ins[1].shape, params(node)["transposeA"],
+                                  params(node)["transposeB"]), ins[0].dtype)]
 
     def flops(node, ins, outs):
         return 2 * numel(outs[0].shape) * _inner(node, ins)
@@ -364,35 +368,36 @@ class MatMul:
     compute = _matmul_value
 
 
-@define("BatchMatMul", param="BatchMatMulParam", inputs=("a", "b"))
+@define("BatchMatMul", param="BatchMatMulParam", inputs=("a", "b"), kind="matmul")
 class BatchMatMul:
     """MatMul over leading batch dims; adjX/adjY transpose the operands."""
     def infer(node, ins):
-        return [Val(_matmul_shape(ins[0].shape, ins[1].shape, node.param.get("adjX"), node.param.get("adjY")),
+        return [Val(_matmul_shape(ins[0].shape, ins[1].shape, params(node)["adjX"], params(node)["adjY"]),
                     ins[0].dtype)]
 
     def flops(node, ins, outs):
         a = ins[0].shape
-        k = a[-2] if node.param.get("adjX") else a[-1]
+        k = a[-2] if params(node)["adjX"] else a[-1]
         return 2 * numel(outs[0].shape) * (k if isinstance(k, int) else 1)
 
     def compute(node, xs):
         a, b = xs
-        if node.param.get("adjX"):
+        if params(node)["adjX"]:
             a = np.swapaxes(a, -1, -2)
-        if node.param.get("adjY"):
+        if params(node)["adjY"]:
             b = np.swapaxes(b, -1, -2)
         return np.matmul(a, b)
 
 
-@define("Interp", param="Interp", inputs=("x", "scales_or_size?"))
+@define("Interp", param="Interp", inputs=("x", "scales_or_size?"), kind="sampling", layout="NC4HW4", grows=True,
+        spreads_grid=True)
 class Interp:
     """Resize of the last two axes: outputHeight/Width or scales; resizeType 1 nearest (floor),
     2 bilinear, 3 cubic, 4 nearest (round); ctm the coordinate transformation."""
     def infer(node, ins):
         n, c, h, w = ins[0].shape
-        p = node.param
-        if p.get("outputHeight") and p.get("outputWidth"):
+        p = params(node)
+        if p["outputHeight"] and p["outputWidth"]:
             return [Val((n, c, p["outputHeight"], p["outputWidth"]), ins[0].dtype)]
         if len(ins) > 1:
             v = ins[1].value
@@ -402,7 +407,7 @@ class Interp:
             if ins[1].dtype.startswith("float"):   # scales for N, C, H, W
                 return [Val((n, c, int(math.floor(h * float(v[-2]))), int(math.floor(w * float(v[-1])))), ins[0].dtype)]
             return [Val((n, c, int(v[-2]), int(v[-1])), ins[0].dtype)]
-        hs, ws = p.get("heightScale") or 1.0, p.get("widthScale") or 1.0
+        hs, ws = p["heightScale"] or 1.0, p["widthScale"] or 1.0
         return [Val((n, c, int(h * hs), int(w * ws)), ins[0].dtype)]
 
     def flops(node, ins, outs):
@@ -412,4 +417,4 @@ class Interp:
         from .resize import interp
         (shape,) = [v.shape for v in Interp.infer(node, [Val(xs[0].shape, str(xs[0].dtype))] +
                                                   [Val(np.shape(v), str(np.asarray(v).dtype), v) for v in xs[1:]])]
-        return interp(node.param, xs[0], shape[2], shape[3])
+        return interp(params(node), xs[0], shape[2], shape[3])

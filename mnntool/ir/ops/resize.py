@@ -50,15 +50,15 @@ def axis_weights(out_size, in_size, scale, rtype, ctm, align=False, half=False, 
     return w
 
 
-def interp(p: dict, x: np.ndarray, oh: int, ow: int) -> np.ndarray:
-    """MNN's Interp on NCHW x."""
+def interp(p, x: np.ndarray, oh: int, ow: int) -> np.ndarray:
+    """MNN's Interp on NCHW x; `p` its Interp table (ops.params: a field left out reads as MNN reads it)."""
     h, w = x.shape[2], x.shape[3]
     sy, sx = oh / h if h else 1.0, ow / w if w else 1.0
-    if p.get("heightScale") and not (p.get("outputHeight") and p.get("outputWidth")):
+    if p["heightScale"] and not (p["outputHeight"] and p["outputWidth"]):
         sy, sx = float(p["heightScale"]), float(p["widthScale"])
-    args = dict(ctm=p.get("ctm", "NotSet"), align=bool(p.get("alignCorners")), half=bool(p.get("halfPixelCenters")),
-                cubic_a=float(p.get("cubicCoeffA", -0.75)))
-    rtype = p.get("resizeType", 1)
+    args = dict(ctm=p["ctm"], align=bool(p["alignCorners"]), half=bool(p["halfPixelCenters"]),
+                cubic_a=float(p["cubicCoeffA"]))
+    rtype = p["resizeType"]
     wy = axis_weights(oh, h, sy, rtype, **args)
     wx = axis_weights(ow, w, sx, rtype, **args)
     out = np.einsum("yh,nchw,xw->ncyx", wy, x.astype(np.float64), wx, optimize=True)

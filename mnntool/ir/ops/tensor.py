@@ -4,26 +4,26 @@ from __future__ import annotations
 import numpy as np
 
 from ..dtypes import from_mnn
-from . import Val, define, ints, known, numel
+from . import Val, define, ints, known, numel, params
 from .elementwise import broadcast
 
 
-@define("Input", param="Input", inputs=())
+@define("Input", param="Input", inputs=(), kind="input")
 class Input:
     def infer(node, ins):
         dims = node.param.get("dims")
         return [Val(tuple(int(d) if d >= 0 else f"d{i}" for i, d in enumerate(dims)) if dims is not None else None,
-                    from_mnn(node.param.get("dtype", "DT_FLOAT")))]
+                    from_mnn(params(node)["dtype"]))]
 
     def compute(node, xs):
         raise ValueError("an Input has no value of its own")
 
 
-@define("Concat", param="Axis", inputs=("*xs",))
+@define("Concat", param="Axis", inputs=("*xs",), kind="movement", spreads_grid=True)
 class Concat:
     def infer(node, ins):
         rank = len(ins[0].shape)
-        axis = node.param.get("axis", 0) % rank
+        axis = params(node)["axis"] % rank
         out = list(ins[0].shape)
         total = 0
         for v in ins:
@@ -36,12 +36,12 @@ class Concat:
         return [Val(tuple(out), ins[0].dtype)]
 
     def compute(node, xs):
-        return np.concatenate([np.atleast_1d(v) for v in xs], axis=node.param.get("axis", 0))
+        return np.concatenate([np.atleast_1d(v) for v in xs], axis=params(node)["axis"])
 
 
 def split_points(node, shape, sizes=None) -> tuple[int, list[int]]:
     """A Slice's axis and its piece boundaries [0, ..., size]."""
-    axis = node.param.get("axis", 0) % len(shape)
+    axis = params(node)["axis"] % len(shape)
     points = node.param.get("slicePoints")
     n_out = len(node.outputs)
     if sizes is not None:
@@ -54,7 +54,7 @@ def split_points(node, shape, sizes=None) -> tuple[int, list[int]]:
     return axis, [0] + [min(int(c), shape[axis]) for c in cuts] + [shape[axis]]
 
 
-@define("Slice", param="Slice", inputs=("x", "sizes?"))
+@define("Slice", param="Slice", inputs=("x", "sizes?"), kind="movement", spreads_grid=True)
 class Slice:
     """Caffe-style split: cut points along one axis (or the sizes input), one output per piece."""
     def infer(node, ins):
@@ -83,8 +83,8 @@ def onnx_slices(rank, starts, ends, axes, steps):
 
 def tf_slices(rank, begin, end, strides, p):
     """TensorFlow StridedSlice with begin/end/shrink/new-axis/ellipsis masks, as an index tuple."""
-    bm, em, sm = p.get("beginMask", 0), p.get("endMask", 0), p.get("shrinkAxisMask", 0)
-    nm, el = p.get("newAxisMask", 0), p.get("ellipsisMask", 0)
+    bm, em, sm = p["beginMask"], p["endMask"], p["shrinkAxisMask"]
+    nm, el = p["newAxisMask"], p["ellipsisMask"]
     sl: list = []
     for k in range(len(begin)):
         if el >> k & 1:
@@ -102,7 +102,7 @@ def tf_slices(rank, begin, end, strides, p):
 def strided_index(node, rank, operands):
     """The index tuple of a StridedSlice from its operand values (starts, ends[, axes][, steps])."""
     vals = [ints(v) for v in operands]
-    if node.param.get("fromType", 0) == 1:
+    if params(node)["fromType"] == 1:
         starts, ends = vals[0], vals[1]
         axes = vals[2] if len(vals) > 2 else list(range(len(starts)))
         steps = vals[3] if len(vals) > 3 else [1] * len(starts)
@@ -113,14 +113,15 @@ def strided_index(node, rank, operands):
     return tf_slices(rank, vals[0], vals[1], strides, node.param)
 
 
-@define("StridedSlice", param="StridedSliceParam", inputs=("x", "begin", "end", "axes?", "steps?"))
+@define("StridedSlice", param="StridedSliceParam", inputs=("x", "begin", "end", "axes?", "steps?"),
+        kind="movement", spreads_grid=True)
 class StridedSlice:
     """fromType 1: ONNX Slice (starts, ends, axes, steps); else TensorFlow's with its masks."""
     def infer(node, ins):
         operands = [known(v, "slice bounds", node) for v in ins[1:]]
         shape = ins[0].shape
         if not all(isinstance(d, int) for d in shape):
-            if node.param.get("fromType", 0) != 1:
+            if params(node)["fromType"] != 1:
                 raise ValueError("symbolic dims")
             out = list(shape)
             idx = strided_index(node, len(shape), operands)
@@ -139,7 +140,7 @@ class StridedSlice:
         return np.ascontiguousarray(xs[0][strided_index(node, xs[0].ndim, xs[1:])])
 
 
-@define("SliceTf", param="SliceTf", inputs=("x", "begin", "size"))
+@define("SliceTf", param="SliceTf", inputs=("x", "begin", "size"), kind="movement")
 class SliceTf:
     """TensorFlow slice: begin and size (-1 = to the end)."""
     def infer(node, ins):
@@ -156,10 +157,10 @@ class SliceTf:
 def _gather_axis(node, operand):
     if operand is not None:
         return ints(operand)[0]
-    return int(node.param.get("axis", 0))
+    return int(node.param.get("axis", 0))   # a field of the Axis table some files write (GatherV2 has none)
 
 
-@define("GatherV2", "Gather", param="GatherV2", inputs=("x", "indices", "axis?"))
+@define("GatherV2", "Gather", param="GatherV2", inputs=("x", "indices", "axis?"), kind="index")
 class GatherV2:
     """np.take along axis (the 3rd input, default 0); negative indices count from the end."""
     def infer(node, ins):
@@ -194,7 +195,7 @@ def reshape_dims(in_shape, dims, allow_zero=False):
     return tuple(dims)
 
 
-@define("Reshape", param="Reshape", inputs=("x", "shape?"))
+@define("Reshape", param="Reshape", inputs=("x", "shape?"), kind="movement", moves="view")
 class Reshape:
     """dims or the shape input; 0 copies the input's dim, -1 is inferred."""
     def infer(node, ins):
@@ -212,22 +213,28 @@ class Reshape:
         return xs[0].reshape(reshape_dims(xs[0].shape, dims))
 
 
-@define("Flatten", param="Flatten")
+def _flatten_axis(axis: int, rank: int) -> int:
+    """ONNX's (and MNN's) axis in [-rank, rank]: rank itself flattens everything into the first dim
+    ([prod, 1]); only a negative axis counts from the end."""
+    return axis + rank if axis < 0 else axis
+
+
+@define("Flatten", param="Flatten", kind="movement", moves="view")
 class Flatten:
     def infer(node, ins):
         shape = ins[0].shape
-        axis = node.param.get("axis", 1) % max(len(shape), 1)
+        axis = _flatten_axis(params(node)["axis"], len(shape))
         def part(dims, k):    # an open dim leaves the product open
             return numel(dims) if all(isinstance(d, int) for d in dims) else f"{node.outputs[0]}_d{k}"
         return [Val((part(shape[:axis], 0), part(shape[axis:], 1)), ins[0].dtype)]
 
     def compute(node, xs):
         x = xs[0]
-        axis = node.param.get("axis", 1) % max(x.ndim, 1)
+        axis = _flatten_axis(params(node)["axis"], x.ndim)
         return x.reshape(int(np.prod(x.shape[:axis])), -1) if x.size else x.reshape(int(np.prod(x.shape[:axis])), int(np.prod(x.shape[axis:])))
 
 
-@define("Permute", param="Permute")
+@define("Permute", param="Permute", kind="movement", moves="permute")
 class Permute:
     def infer(node, ins):
         return [Val(tuple(ins[0].shape[p] for p in ints(node.param["dims"])), ins[0].dtype)]
@@ -236,7 +243,7 @@ class Permute:
         return np.ascontiguousarray(xs[0].transpose(ints(node.param["dims"])))
 
 
-@define("Transpose", param="Transpose", inputs=("x", "perm"))
+@define("Transpose", param="Transpose", inputs=("x", "perm"), kind="movement", moves="permute")
 class Transpose:
     def infer(node, ins):
         return [Val(tuple(ins[0].shape[p] for p in known(ins[1], "perm", node)), ins[0].dtype)]
@@ -254,7 +261,7 @@ def _squeeze_axes(node, shape, operand):
     return {int(d) % len(shape) for d in dims}
 
 
-@define("Squeeze", param="SqueezeParam", inputs=("x", "axes?"))
+@define("Squeeze", param="SqueezeParam", inputs=("x", "axes?"), kind="movement", moves="view")
 class Squeeze:
     def infer(node, ins):
         axes = _squeeze_axes(node, ins[0].shape, known(ins[1], "axes", node) if len(ins) > 1 else None)
@@ -268,7 +275,7 @@ class Squeeze:
 def _unsqueezed(node, shape, operand):
     dims = node.param.get("squeezeDims")
     if dims is None or len(dims) == 0:
-        dims = node.param.get("axis")
+        dims = node.param.get("axis")   # ExpandDims from an Axis table (SqueezeParam has no axis)
         dims = [dims] if isinstance(dims, int) else dims
     if dims is None or len(dims) == 0:
         dims = ints(operand)
@@ -279,7 +286,8 @@ def _unsqueezed(node, shape, operand):
     return tuple(out)
 
 
-@define("Unsqueeze", "ExpandDims", param="SqueezeParam", inputs=("x", "axes?"))
+@define("Unsqueeze", "ExpandDims", param="SqueezeParam", inputs=("x", "axes?"), kind="movement",
+        moves="view")
 class Unsqueeze:
     def infer(node, ins):
         operand = known(ins[1], "axes", node) if len(ins) > 1 else None
@@ -289,7 +297,7 @@ class Unsqueeze:
         return xs[0].reshape(_unsqueezed(node, xs[0].shape, xs[1] if len(xs) > 1 else None))
 
 
-@define("Shape")
+@define("Shape", kind="shape")
 class Shape:
     def infer(node, ins):
         shape = ins[0].shape
@@ -300,7 +308,7 @@ class Shape:
         return np.array(xs[0].shape, np.int32)
 
 
-@define("Rank")
+@define("Rank", kind="shape")
 class Rank:
     def infer(node, ins):
         return [Val((), "int32", np.array(len(ins[0].shape), dtype=np.int32))]
@@ -309,7 +317,7 @@ class Rank:
         return np.array(xs[0].ndim, np.int32)
 
 
-@define("Size", param="Size")
+@define("Size", param="Size", kind="shape")
 class Size:
     def infer(node, ins):
         shape = ins[0].shape
@@ -320,7 +328,7 @@ class Size:
         return np.array(xs[0].size, np.int32)
 
 
-@define("BroadcastTo", inputs=("x", "shape"))
+@define("BroadcastTo", inputs=("x", "shape"), kind="movement", grows=True, spreads_grid=True)
 class BroadcastTo:
     """ONNX Expand: the input broadcast with the target shape (either may be larger)."""
     def infer(node, ins):
@@ -331,7 +339,7 @@ class BroadcastTo:
         return np.ascontiguousarray(np.broadcast_to(xs[0], shape))
 
 
-@define("Fill", inputs=("shape", "value"))
+@define("Fill", inputs=("shape", "value"), kind="generator", grows=True)
 class Fill:
     def infer(node, ins):
         return [Val(tuple(known(ins[0], "shape", node)), ins[1].dtype)]
@@ -344,7 +352,8 @@ class Fill:
 PAD_MODES = {"CONSTANT": "constant", "REFLECT": "reflect", "SYMMETRIC": "symmetric", "EDGE": "edge"}
 
 
-@define("Padding", param="PadParam", inputs=("x", "pads", "value?"))
+@define("Padding", param="PadParam", inputs=("x", "pads", "value?"), kind="movement", grows=True,
+        spreads_grid=True)
 class Padding:
     """pads as [begin0, end0, begin1, end1, ...]; negative pads crop; the 3rd input is the fill value."""
     def infer(node, ins):
@@ -359,7 +368,7 @@ class Padding:
         crop = tuple(slice(max(-pads[2 * i], 0), x.shape[i] - max(-pads[2 * i + 1], 0)) for i in range(x.ndim))
         x = x[crop]
         width = [(max(pads[2 * i], 0), max(pads[2 * i + 1], 0)) for i in range(x.ndim)]
-        mode = PAD_MODES[node.param.get("mode", "CONSTANT")]
+        mode = PAD_MODES[params(node)["mode"]]
         if mode == "constant":
             value = np.asarray(xs[2]).reshape(-1)[0] if len(xs) > 2 and xs[2] is not None and np.size(xs[2]) else 0
             return np.pad(x, width, mode="constant", constant_values=value)

@@ -7,6 +7,6 @@ benchmark (bench.py)."""
 from __future__ import annotations
 
 
-def load(folder, threads: int = 1, context: int | None = None, precision: str = "normal"):
+def load(folder, threads: int = 1, context: int | None = None, precision: str = "normal", kv_int8: bool = False):
     from .generate import load as _load
-    return _load(folder, threads=threads, context=context, precision=precision)
+    return _load(folder, threads=threads, context=context, precision=precision, kv_int8=kv_int8)

@@ -147,12 +147,14 @@ class LLM:
         return Generation(out, text, ids, t1 - t0, t2 - t1, stopped, kept)
 
 
-def load(folder, threads: int = 1, context: int | None = None, precision: str = "normal") -> LLM:
+def load(folder, threads: int = 1, context: int | None = None, precision: str = "normal",
+         kv_int8: bool = False) -> LLM:
     """An MNN-LLM bundle folder (what `mnntool llm export` writes, or llmexport) in mnntool's runtime.
     precision "normal" feeds the quantized layers int16 inputs (rounding 1.5e-5 of a block's largest
-    value), "high" float32 (the file's layout read in place; slower)."""
+    value), "high" float32 (the file's layout read in place; slower). kv_int8: the KV cache in 8-bit
+    codes per head and position (kv8.py; MNN-LLM's kv_quant), about a quarter of the float32 cache's bytes."""
     t0 = time.perf_counter()
-    model = Model.load(folder, threads=threads, context=context, precision=precision)
+    model = Model.load(folder, threads=threads, context=context, precision=precision, kv_int8=kv_int8)
     model.forward([0])          # the kernels loaded (Numba's cache) now, not in the first prompt's time
     model.reset()
     model.load_s = time.perf_counter() - t0

@@ -25,11 +25,11 @@ import numpy as np
 
 from ...errors import MnnToolError
 from ...format.flatbuf import decode
+from ...ir.ops import is_view, kind_of, ops_where
 
-# ops that move data without changing it (layouts, views)
-TRANSPARENT = {"Reshape", "ConvertTensor", "Squeeze", "Unsqueeze", "ExpandDims"}
-# ops whose outputs are shapes, never data
-SHAPE_ONLY = {"Shape", "Rank", "Size"}
+# ops that move data without changing it (layouts, views), and ops whose outputs are shapes, never data
+TRANSPARENT = ops_where(is_view)
+SHAPE_ONLY = ops_where(lambda op: kind_of(op) == "shape")
 # which inputs of an op carry data (the rest are shapes, indices, slice bounds)
 DATA_INPUTS = {"Reshape": (0,), "StridedSlice": (0,), "GatherV2": (0,), "Squeeze": (0,), "Unsqueeze": (0,),
                "ExpandDims": (0,), "UnaryOp": (0,), "Cast": (0,), "ConvertTensor": (0,)}

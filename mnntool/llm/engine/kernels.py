@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import time
 
 import numpy as np
 
@@ -34,10 +35,12 @@ class Linears:
                 self.fast = [qkernels.QLinear.of(w, threads) for w in ws]
         self.nbytes = self.packed.nbytes if self.packed is not None else sum(w.nbytes for w in ws)
 
-    def apply(self, x: np.ndarray) -> list:
+    def apply(self, x: np.ndarray, copy: bool = True) -> list:
+        """Each layer's (T, oc) output; copy=False: views of one (T, rows) array where the layers were
+        packed together (no copy of the outputs; the views are not contiguous when T > 1)."""
         x = np.ascontiguousarray(x, np.float32).reshape(-1, self.ws[0].ic)
         if self.packed is not None:
-            return self.packed.apply(x)
+            return self.packed.apply(x, copy)
         out = []
         for w, fast in zip(self.ws, self.fast):
             if fast is not None:
@@ -49,6 +52,21 @@ class Linears:
             out.append(y)
         return out
 
+    def regions(self, T: int) -> int:
+        """The parallel regions one apply opens (the profile's count): 0 where the serial twin runs."""
+        from ...runtime.kernels.jit import Bound
+        if self.packed is not None:
+            from .packed import GEMM_PARALLEL_MIN
+            if T > 1 and T * self.packed.w.size < GEMM_PARALLEL_MIN:
+                return 0
+            fn = self.packed.gemv if T == 1 else self.packed.gemm
+            return 0 if isinstance(fn, Bound) else (1 if T == 1 else 2)
+        fast = [f for f in self.fast if f is not None]
+        if not fast:
+            return 0
+        fn = fast[0].gemv if T <= 2 else fast[0].dequant
+        return 0 if isinstance(fn, Bound) else len(fast) * (T if T <= 2 else 1)
+
 
 class Linear(Linears):
     """One linear layer."""
@@ -57,8 +75,8 @@ class Linear(Linears):
         super().__init__([w], threads, precision)
         self.w, self.oc, self.ic = w, w.oc, w.ic
 
-    def apply(self, x: np.ndarray) -> np.ndarray:
-        return super().apply(x)[0]
+    def apply(self, x: np.ndarray, copy: bool = True) -> np.ndarray:
+        return super().apply(x, copy)[0]
 
 
 class Workspace:
@@ -71,6 +89,7 @@ class Workspace:
         H = max(L.plan.heads for L in model.layers)
         self.scores = np.empty((H, model.context), np.float32)
         self.dummy = np.zeros(1, np.float32)
+        self._norm_args, self._keep, self._scratch = {}, [], {}
         self.norm_rows = Bound(steps.norm_rows)
         self.add_norm_rows = Bound(steps.add_norm_rows)
         self.add_rows = Bound(steps.add_rows)
@@ -78,36 +97,85 @@ class Workspace:
         self.prepare_qkv = Bound(steps.prepare_qkv)
         self.attend_serial = Bound(steps.attend.serial())
         self.attend_parallel = _pick(steps.attend, 1 << 30, model.threads)
+        if model.kv8 is not None:
+            from . import kv8
+            self.write8 = Bound(kv8.write)
+            self.attend8_serial = Bound(kv8.attend.serial())
+            self.attend8_parallel = _pick(kv8.attend, 1 << 30, model.threads)
         self.tables = np.zeros((1, 1), np.float32)
+        # prefill at more than one thread: the norms over the tokens in parallel (Numba), and a pool of
+        # Python threads for the NumPy steps (attention's sgemms and softmax, the activation), which let
+        # go of the GIL; decode (one token) runs them serially: a region costs more than the work
+        self.pool = None
+        if model.threads > 1:
+            from concurrent.futures import ThreadPoolExecutor
+            self.pool = ThreadPoolExecutor(model.threads, thread_name_prefix="mnntool-llm")
+            self.norm_rows_par = steps.norm_rows_par.dispatcher()
+            self.add_norm_rows_par = steps.add_norm_rows_par.dispatcher()
+            self.add_rows_par = steps.add_rows_par.dispatcher()
 
     def norm_args(self, nw):
-        if nw is None:
-            return self.dummy, self.dummy, False, 1e-6, True
-        beta = nw.beta if nw.beta is not None else self.dummy
-        return nw.gamma, beta, nw.beta is not None, float(nw.eps), bool(nw.rms)
+        """The norm kernels' arguments for `nw` (made once per norm: ~5 per layer and token)."""
+        got = self._norm_args.get(id(nw))
+        if got is None:
+            if nw is None:
+                got = (self.dummy, self.dummy, False, 1e-6, True)
+            else:
+                beta = nw.beta if nw.beta is not None else self.dummy
+                got = (nw.gamma, beta, nw.beta is not None, float(nw.eps), bool(nw.rms))
+            self._norm_args[id(nw)] = got
+            self._keep.append(nw)          # the id stays this object's while the workspace lives
+        return got
+
+    def scratch(self, name: str, shape) -> np.ndarray:
+        """A float32 buffer reused by every decode step (one token: its shapes never change)."""
+        buf = self._scratch.get(name)
+        if buf is None or buf.shape != shape:
+            buf = self._scratch[name] = np.empty(shape, np.float32)
+        return buf
 
 
 SPIN_OF_TUNE_PROCESS = "1000000"     # the spin mnntool.tuning.tune_process sets for the CNN sessions
 
 
+def passive_wait(threads: int, env=None) -> bool:
+    """Whether OpenMP's workers should sleep between parallel regions (OMP_WAIT_POLICY passive) at
+    `threads`: when they would take every core the process may use, unless the user chose a policy. A
+    decode step runs ~120 short regions; workers that spin between them (tune_process's GOMP_SPINCOUNT,
+    kept for the CNN sessions) take the cores the other threads need whenever the host is shared: on the
+    2-core VM, with other jobs on both cores, 2-thread decode ran 2-6 tokens/s spinning and 24-36
+    passive (1 thread: 38). With cores to spare, a sleeping worker costs a futex wake-up per region
+    (tens of us, ~120 times a token), which spinning saves: `benchmarks/llm_threads.py --wait` measures
+    both."""
+    import os
+    env = os.environ if env is None else env
+    if threads <= 1 or "OMP_WAIT_POLICY" in env:
+        return False
+    if env.get("GOMP_SPINCOUNT") not in (None, SPIN_OF_TUNE_PROCESS):
+        return False
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except AttributeError:
+        cores = os.cpu_count() or 1
+    return threads >= cores
+
+
+def wait_env(threads: int, env) -> None:
+    """Set in `env` (a child's environment, or os.environ) the wait policy `passive_wait` chooses."""
+    if passive_wait(threads, env):
+        env.pop("GOMP_SPINCOUNT", None)
+        env["OMP_WAIT_POLICY"] = "PASSIVE"
+
+
 def wait_policy(threads: int) -> None:
-    """At more than one thread, OpenMP's workers sleep between parallel regions (OMP_WAIT_POLICY
-    passive) unless the user chose otherwise. A decode step runs ~100 short regions; workers that spin
-    between them (tune_process's GOMP_SPINCOUNT, kept for the CNN sessions) take the cores the other
-    threads need whenever the host is shared: here, with other jobs on the 2 cores, 2-thread decode ran
-    2-6 tokens/s spinning and 24-36 passive (1 thread: 38). Read when OpenMP starts: only before Numba's
+    """The wait policy for this process (`passive_wait`); read when OpenMP starts: only before Numba's
     first parallel kernel."""
     import os
     import sys
-    if threads <= 1 or "OMP_WAIT_POLICY" in os.environ:
-        return
     par = sys.modules.get("numba.np.ufunc.parallel")
     if par is not None and getattr(par, "_is_initialized", False):
         return
-    if os.environ.get("GOMP_SPINCOUNT") not in (None, SPIN_OF_TUNE_PROCESS):
-        return
-    os.environ.pop("GOMP_SPINCOUNT", None)
-    os.environ["OMP_WAIT_POLICY"] = "PASSIVE"
+    wait_env(threads, os.environ)
 
 
 @contextlib.contextmanager
@@ -171,10 +239,16 @@ def attention(model, i: int, layer, q, k, v, pos0: int) -> np.ndarray:
     lp = layer.plan
     T, H, D = q.shape
     KV = lp.kv_heads
-    kc, vc = model.k_cache[i], model.v_cache[i]
-    kc[:KV, pos0:pos0 + T, :D] = k.transpose(1, 0, 2)
-    vc[:KV, pos0:pos0 + T, :D] = v.transpose(1, 0, 2)
     L = pos0 + T
+    if model.kv8 is not None:       # quantized on the way in, attended dequantized (kv8.py)
+        model.kv8.write_reference(i, k, v, pos0)
+        rows = [model.kv8.rows(i, g, 0, L, D) for g in range(KV)]
+        kc = np.stack([r[0] for r in rows])
+        vc = np.stack([r[1] for r in rows])
+    else:
+        kc, vc = model.k_cache[i], model.v_cache[i]
+        kc[:KV, pos0:pos0 + T, :D] = k.transpose(1, 0, 2)
+        vc[:KV, pos0:pos0 + T, :D] = v.transpose(1, 0, 2)
     rep = H // KV
     out = np.empty((T, H, D), np.float32)
     qi = np.arange(pos0, L)[:, None]
@@ -233,76 +307,159 @@ def reference_layer_step(model, i: int, layer, h: np.ndarray, pos0: int) -> np.n
 ACT_CODE = {"silu": 0, "gelu_tanh": 1, "gelu": 2}
 ATTEND_PARALLEL_MIN = 250_000       # multiply-adds below which attention runs on one thread
 ATTEND_BLAS_MIN_T = 16              # queries from which attention is two sgemms per KV head (prefill)
-ATTEND_CHUNK = 128                  # queries per chunk of the prefill's attention
+ATTEND_CHUNK = 128                  # queries per chunk of the prefill's attention (at one thread)
+PREFILL_PARALLEL_MIN = 1 << 15     # tokens x hidden from which a prefill's norms, attention and activation go parallel
+ATTEND_CHUNK_MIN = 32               # ... at more threads: chunks sized so that every thread gets a few
 
 
-def attend_blas(q, kc, vc, pos0: int, window: int, scale, out) -> None:
-    """Attention of T queries at positions pos0.. (prefill) as matrix products per KV head: the heads
-    sharing one (GQA) stacked, scores (rep*T, L) by sgemm, masked, softmax in float32, times V."""
+def _attend_item(q, kc, vc, pos0: int, window: int, scale, c0: int, c1: int, g: int, rep: int, out,
+                 kv8=None) -> None:
+    """Queries c0..c1 of the rep heads sharing KV head g: scores (rep*n, L) by sgemm, masked (an additive
+    0 / -inf mask: a ufunc, which lets go of the GIL, where boolean indexing does not), softmax in
+    float32, times V. kv8: (the int8 cache, layer): its rows dequantized first."""
+    D = q.shape[2]
+    n = c1 - c0
+    L = pos0 + c1
+    lo = max(0, pos0 + c0 - window + 1) if window else 0
+    qi = np.arange(pos0 + c0, L)[:, None]
+    kj = np.arange(lo, L)[None, :]
+    banned = kj > qi
+    if window:
+        banned |= kj <= qi - window
+    qg = np.ascontiguousarray(q[c0:c1, g * rep:(g + 1) * rep, :].transpose(1, 0, 2)).reshape(rep * n, D)
+    if kv8 is not None:
+        kg, vg = kv8[0].rows(kv8[1], g, lo, L, D)
+    else:
+        kg, vg = kc[g, lo:L, :D], vc[g, lo:L, :D]
+    s = qg @ kg.T
+    s *= scale
+    s = s.reshape(rep, n, L - lo)
+    if banned.any():
+        s += np.where(banned, np.float32(-np.inf), np.float32(0))
+    s -= s.max(-1, keepdims=True)
+    np.exp(s, out=s)
+    s /= s.sum(-1, keepdims=True)
+    o = s.reshape(rep * n, L - lo) @ vg
+    out[c0:c1, g * rep:(g + 1) * rep, :] = o.reshape(rep, n, D).transpose(1, 0, 2)
+
+
+def attend_blas(q, kc, vc, pos0: int, window: int, scale, out, pool=None, threads: int = 1, kv8=None) -> None:
+    """Attention of T queries at positions pos0.. (prefill) as matrix products per KV head and chunk of
+    queries. With a thread pool the (chunk, KV head) items run on its threads, the costliest (latest)
+    chunks first: NumPy's products and ufuncs let go of the GIL, and BLAS stays at one thread per call."""
     T, H, D = q.shape
-    KV = kc.shape[0]
+    KV = kc.shape[0] if kv8 is None else kv8[0].kq.shape[1]
     rep = H // KV
-    for c0 in range(0, T, ATTEND_CHUNK):        # query chunks: keys only up to the chunk's last position
-        c1 = min(T, c0 + ATTEND_CHUNK)
-        n = c1 - c0
-        L = pos0 + c1
-        lo = max(0, pos0 + c0 - window + 1) if window else 0
-        qi = np.arange(pos0 + c0, L)[:, None]
-        kj = np.arange(lo, L)[None, :]
-        banned = kj > qi
-        if window:
-            banned |= kj <= qi - window
-        for g in range(KV):
-            qg = np.ascontiguousarray(q[c0:c1, g * rep:(g + 1) * rep, :].transpose(1, 0, 2)).reshape(rep * n, D)
-            s = qg @ kc[g, lo:L, :D].T
-            s *= scale
-            s = s.reshape(rep, n, L - lo)
-            s[:, banned] = -np.inf
-            s -= s.max(-1, keepdims=True)
-            np.exp(s, out=s)
-            s /= s.sum(-1, keepdims=True)
-            o = s.reshape(rep * n, L - lo) @ vc[g, lo:L, :D]
-            out[c0:c1, g * rep:(g + 1) * rep, :] = o.reshape(rep, n, D).transpose(1, 0, 2)
+    chunk = ATTEND_CHUNK if pool is None else max(ATTEND_CHUNK_MIN, min(ATTEND_CHUNK, -(-T // (2 * threads))))
+    items = [(c0, min(T, c0 + chunk), g) for c0 in range(0, T, chunk) for g in range(KV)]
+    if pool is None or len(items) == 1:
+        for c0, c1, g in items:
+            _attend_item(q, kc, vc, pos0, window, scale, c0, c1, g, rep, out, kv8)
+        return
+    items.sort(key=lambda it: -it[1])
+    for f in [pool.submit(_attend_item, q, kc, vc, pos0, window, scale, c0, c1, g, rep, out, kv8) for c0, c1, g in items]:
+        f.result()
+
+
+def _act_rows(gate, up, act: str, out, r0: int, r1: int) -> None:
+    """out[r0:r1] = act(gate) * up (up None: act(gate)) in NumPy, without temporaries of full size."""
+    g, o = gate[r0:r1], out[r0:r1]
+    if act == "silu":
+        np.negative(g, out=o)
+        np.exp(o, out=o)
+        o += np.float32(1)
+        np.divide(g, o, out=o)
+    else:
+        o[...] = ACT[act](g)
+    if up is not None:
+        o *= up[r0:r1]
+
+
+def activate_rows(gate, up, act: str, out, pool=None, threads: int = 1) -> None:
+    """The MLP's activation for many tokens: NumPy's exp and tanh are vectorized (Numba's, without SVML,
+    are not); with a pool, row blocks on its threads (the ufuncs let go of the GIL)."""
+    T = out.shape[0]
+    if pool is None or T < 2 * threads:
+        _act_rows(gate, up, act, out, 0, T)
+        return
+    step = -(-T // threads)
+    fs = [pool.submit(_act_rows, gate, up, act, out, r0, min(T, r0 + step)) for r0 in range(0, T, step)]
+    for f in fs:
+        f.result()
 
 
 def fast_layer_step(model, i: int, layer, h: np.ndarray, pos0: int) -> np.ndarray:
     """One decoder layer on h (T, hidden), in place, with the Numba steps (steps.py) and quantized
-    linear layers (qkernels.py)."""
+    linear layers (packed.py / qkernels.py). With `model.prof` set, each step's time is recorded."""
     ws = model.ws
     lp = layer.plan
     T = h.shape[0]
     H, KV, D = lp.heads, lp.kv_heads, lp.head_dim
-    x = np.empty_like(h)
-    ws.norm_rows(h, *ws.norm_args(layer.in_norm), x)
+    prof = model.prof
+    many = ws.pool is not None and T * h.shape[1] >= PREFILL_PARALLEL_MIN     # prefill at more than one thread
+    t = time.perf_counter() if prof is not None else 0.0
+    x = ws.scratch("x", h.shape) if T == 1 else np.empty_like(h)
+    (ws.norm_rows_par if many else ws.norm_rows)(h, *ws.norm_args(layer.in_norm), x)
+    if prof is not None:
+        t = prof.lap("norm", t, int(many))
     q, k, v = layer.qkv.apply(x)
+    if prof is not None:
+        t = prof.lap("qkv", t, layer.qkv.regions(T))
     q, k, v = q.reshape(T, H, D), k.reshape(T, KV, D), v.reshape(T, KV, D)
     qn, kn = ws.norm_args(layer.q_norm), ws.norm_args(layer.k_norm)
     rope = layer.cos is not None
     cos, sin = (layer.cos, layer.sin) if rope else (ws.tables, ws.tables)
     kc, vc = model.k_cache[i], model.v_cache[i]
     ws.prepare_qkv(q, k, v, qn[0], qn[1], kn[0], kn[1], layer.q_norm is not None, layer.k_norm is not None,
-                   qn[3], kn[3], qn[4], kn[4], cos, sin, rope, cos.shape[1], pos0, kc, vc)
-    a = np.empty((T, H, D), np.float32)
+                   qn[3], kn[3], qn[4], kn[4], cos, sin, rope, cos.shape[1], pos0, kc, vc, model.kv8 is None)
+    if model.kv8 is not None:
+        ws.write8(k, v, pos0, *model.kv8.layer(i))
+    if prof is not None:
+        t = prof.lap("rope+cache", t)
+    a = ws.scratch("a", (T, H, D)) if T == 1 else np.empty((T, H, D), np.float32)
+    par = 0
     if T >= ATTEND_BLAS_MIN_T:
-        attend_blas(q, kc, vc, pos0, layer.window, np.float32(layer.scale), a)
+        attend_blas(q, kc, vc, pos0, layer.window, np.float32(layer.scale), a, ws.pool if many else None,
+                    model.threads, None if model.kv8 is None else (model.kv8, i))
     else:
         work = T * (pos0 + T) * H * D
-        attend = ws.attend_parallel if model.threads > 1 and work >= ATTEND_PARALLEL_MIN else ws.attend_serial
-        attend(q, kc, vc, pos0, layer.window, np.float32(layer.scale), ws.scores, a)
+        par = int(model.threads > 1 and work >= ATTEND_PARALLEL_MIN)
+        if model.kv8 is not None:
+            (ws.attend8_parallel if par else ws.attend8_serial)(q, *model.kv8.layer(i), pos0, layer.window,
+                                                                np.float32(layer.scale), ws.scores, a)
+        else:
+            (ws.attend_parallel if par else ws.attend_serial)(q, kc, vc, pos0, layer.window,
+                                                              np.float32(layer.scale), ws.scores, a)
+    if prof is not None:
+        t = prof.lap("attention", t, par)
     o = layer.o.apply(a.reshape(T, H * D))
+    if prof is not None:
+        t = prof.lap("o", t, layer.o.regions(T))
     pa = ws.norm_args(layer.post_attn_norm)
-    ws.add_norm_rows(h, o, pa[0], pa[1], pa[2], layer.post_attn_norm is not None, pa[3], pa[4],
-                     *ws.norm_args(layer.ff_norm), x)
-    parts = layer.mlp_in.apply(x)
-    gated = len(parts) == 2
-    if T > 2 and lp.act != "gelu":     # numpy's exp and tanh are vectorized (Numba's, without SVML, not)
-        m = ACT[lp.act](parts[0])
-        if gated:
-            m *= parts[1]
+    (ws.add_norm_rows_par if many else ws.add_norm_rows)(h, o, pa[0], pa[1], pa[2], layer.post_attn_norm is not None,
+                                                         pa[3], pa[4], *ws.norm_args(layer.ff_norm), x)
+    if prof is not None:
+        t = prof.lap("add+norm", t, int(many))
+    gated = len(layer.mlp_in.ws) == 2
+    if T > 1 and lp.act != "gelu":     # numpy's exp and tanh are vectorized (Numba's, without SVML, not)
+        parts = layer.mlp_in.apply(x, copy=False)     # views of one output: no copies of the T x 2I floats
+        if prof is not None:
+            t = prof.lap("gate+up", t, layer.mlp_in.regions(T))
+        m = np.empty((T, parts[-1].shape[1]), np.float32)
+        activate_rows(parts[0], parts[1] if gated else None, lp.act, m, ws.pool if many else None, model.threads)
     else:
-        m = np.empty_like(parts[-1])
+        parts = layer.mlp_in.apply(x)
+        if prof is not None:
+            t = prof.lap("gate+up", t, layer.mlp_in.regions(T))
+        m = ws.scratch("m", parts[-1].shape) if T == 1 else np.empty_like(parts[-1])
         ws.activate(parts[0], parts[-1], ACT_CODE[lp.act], gated, m)
+    if prof is not None:
+        t = prof.lap("activation", t)
     d = layer.down.apply(m)
+    if prof is not None:
+        t = prof.lap("down", t, layer.down.regions(T))
     pf = ws.norm_args(layer.post_ff_norm)
-    ws.add_rows(h, d, pf[0], pf[1], pf[2], layer.post_ff_norm is not None, pf[3], pf[4])
+    (ws.add_rows_par if many else ws.add_rows)(h, d, pf[0], pf[1], pf[2], layer.post_ff_norm is not None, pf[3], pf[4])
+    if prof is not None:
+        prof.lap("add", t, int(many))
     return h

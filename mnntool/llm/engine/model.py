@@ -47,7 +47,7 @@ class Layer:
 
 class Model:
     def __init__(self, files: BundleFiles, plan: ModelPlan, threads: int = 1, context: int | None = None,
-                 precision: str = "normal"):
+                 precision: str = "normal", kv_int8: bool = False):
         t0 = time.perf_counter()
         if precision not in ("normal", "high"):
             raise MnnToolError(f"precision {precision!r}: normal (int16 inputs to the quantized layers) or high (float32)")
@@ -71,20 +71,30 @@ class Model:
         L = plan.layers[0]
         kv = max(lp.kv_heads for lp in plan.layers)
         dim = max(lp.head_dim for lp in plan.layers)
-        # the KV cache: one allocation for the whole context, written in place
-        self.k_cache = np.zeros((len(self.layers), kv, self.context, dim), np.float32)
-        self.v_cache = np.zeros((len(self.layers), kv, self.context, dim), np.float32)
+        # the KV cache: one allocation for the whole context, written in place; float32, or 8-bit codes
+        # with a scale and minimum per head and position (kv8.py)
+        self.kv8 = None
+        if kv_int8:
+            from .kv8 import KV8
+            self.kv8 = KV8(len(self.layers), kv, self.context, dim)
+            self.k_cache = self.v_cache = np.zeros((len(self.layers), 1, 1, 1), np.float32)
+        else:
+            self.k_cache = np.zeros((len(self.layers), kv, self.context, dim), np.float32)
+            self.v_cache = np.zeros((len(self.layers), kv, self.context, dim), np.float32)
         self.pos = 0
         self.tokens: list[int] = []
+        self.prof = None          # a profile.StepTimes: each step's time recorded while set
+        self.on_layer = None      # on_layer(i, h): each layer's output (T, hidden) seen by `llm verify`; None: off
         self.ws = K.Workspace(self, L)
         self.load_s = time.perf_counter() - t0
 
     # ------------------------------------------------------------------------------------ loading
     @classmethod
-    def load(cls, folder, threads: int = 1, context: int | None = None, precision: str = "normal") -> Model:
+    def load(cls, folder, threads: int = 1, context: int | None = None, precision: str = "normal",
+             kv_int8: bool = False) -> Model:
         files = open_bundle(folder)
         plan = read_plan(files.graph, files.llm_config)
-        return cls(files, plan, threads, context, precision)
+        return cls(files, plan, threads, context, precision, kv_int8)
 
     def _norm(self, op, dim):
         return None if op is None else read_norm(self.wf, op, dim)
@@ -154,21 +164,45 @@ class Model:
             raise MnnToolError("forward: no tokens")
         if self.pos + n > self.context:
             raise MnnToolError(f"context full: {self.pos} + {n} tokens > {self.context} (load with a larger context)")
+        prof = self.prof
+        t = time.perf_counter() if prof is not None else 0.0
         h = self.embed_rows(ids)
+        if prof is not None:
+            t = prof.lap("embed", t)
         with K.threads(self.threads):
             for layer, i in zip(self.layers, range(len(self.layers))):
                 h = K.layer_step(self, i, layer, h, self.pos)
+                if self.on_layer is not None:
+                    self.on_layer(i, h)
             self.pos += n
             self.tokens.extend(int(t) for t in ids)
+            if prof is not None:
+                t = time.perf_counter()
             rows = h if all_logits else h[-1:]
             x = K.norm(np.ascontiguousarray(rows), self.final_norm)
+            if prof is not None:
+                t = prof.lap("final norm", t)
             logits = self.head.apply(x)
+            if prof is not None:
+                t = prof.lap("lm_head", t, self.head.regions(x.shape[0]))
         if self.softcap:
             c = np.float32(self.softcap)
             logits = np.tanh(logits / c) * c
         return logits if all_logits else logits[0]
 
     # ------------------------------------------------------------------------------------ facts
+    def kv_bytes(self) -> int:
+        """The KV cache's bytes for the whole context."""
+        return self.kv8.nbytes if self.kv8 is not None else self.k_cache.nbytes + self.v_cache.nbytes
+
+    def kv_bytes_per_token(self, pos: int) -> int:
+        """Bytes of K and V a decode step at position `pos` reads (every layer's heads up to pos)."""
+        n = 0
+        for L in self.plan.layers:
+            row = L.head_dim + 8 if self.kv8 is not None else 4 * L.head_dim
+            n += 2 * L.kv_heads * row * (pos + 1)
+        return n
+
     def weight_bytes(self) -> int:
         n = self.head.nbytes
         for L in self.layers:
@@ -182,4 +216,4 @@ class Model:
                 "bits": self.layers[0].qkv.ws[0].bits, "head_bits": self.head.w.bits,
                 "block": self.layers[0].qkv.ws[0].block, "context": self.context, "threads": self.threads,
                 "writer": p.writer, "weight_bytes": self.weight_bytes(), "embeddings": self.embed.kind,
-                "precision": self.precision}
+                "precision": self.precision, "kv_int8": self.kv8 is not None, "kv_bytes": self.kv_bytes()}

@@ -29,6 +29,8 @@ LANES = 16
 KC = {4: 8, 8: 4}               # channels per 32-bit word
 GEMM_CHUNK = 2                  # groups of rows per scheduling chunk of the GEMM at > 1 thread
 TOKENS = 6                      # tokens per GEMM tile (6 int32 + 6 float accumulators + 4 unpacked weights)
+GEMM_PARALLEL_MIN = 1 << 18    # tokens x packed words below which the GEMM runs serially at any thread count
+TOKEN_BLOCK = 10 * TOKENS       # tokens per GEMM work item (x 16 rows): 60 x 4864 int16 inputs = 580 KB
 
 
 # ------------------------------------------------------------------------------------------ packing
@@ -204,24 +206,30 @@ tile_u8_m = _make_tile(8, TOKENS)
 @njit(cache=True)
 def quantize_rows(x, blk, qmax, xq, sx, xs):
     """Per token t and block b: sx[t, b] = max|x| / qmax, xq = round(x / sx) (int16), xs = sum(x)."""
-    T, K = x.shape
+    for t in range(x.shape[0]):
+        quantize_row(x, t, blk, qmax, xq, sx, xs)
+
+
+@njit(cache=True)
+def quantize_row(x, t, blk, qmax, xq, sx, xs):
+    """quantize_rows for token t."""
+    K = x.shape[1]
     nb = K // blk
-    for t in range(T):
-        for b in range(nb):
-            m = np.float32(0)
-            tot = np.float32(0)
-            for j in range(b * blk, (b + 1) * blk):
-                v = x[t, j]
-                tot += v
-                a = abs(v)
-                if a > m:
-                    m = a
-            s = m / np.float32(qmax) if m > 0 else np.float32(1)
-            sx[t, b] = s
-            xs[t, b] = tot
-            inv = np.float32(1) / s
-            for j in range(b * blk, (b + 1) * blk):
-                xq[t, j] = np.int16(np.floor(x[t, j] * inv + np.float32(0.5)))
+    for b in range(nb):
+        m = np.float32(0)
+        tot = np.float32(0)
+        for j in range(b * blk, (b + 1) * blk):
+            v = x[t, j]
+            tot += v
+            a = abs(v)
+            if a > m:
+                m = a
+        s = m / np.float32(qmax) if m > 0 else np.float32(1)
+        sx[t, b] = s
+        xs[t, b] = tot
+        inv = np.float32(1) / s
+        for j in range(b * blk, (b + 1) * blk):
+            xq[t, j] = np.int16(np.floor(x[t, j] * inv + np.float32(0.5)))
 
 
 @njit(parallel=True, cache=True)
@@ -245,28 +253,36 @@ def gemv(w, bits, s, off, bias, x, blk, qmax, xq, sx, xs, y):
 
 @njit(parallel=True, cache=True)
 def gemm(w, bits, s, off, bias, x, blk, qmax, xq, sx, xs, y):
-    """y (T, O) = x (T, K) W^T + bias: tiles of TOKENS tokens x 16 rows, a group's weights reused by
-    every token tile while they are in cache."""
+    """y (T, O) = x (T, K) W^T + bias: work items of TOKEN_BLOCK tokens x 16 rows, in tiles of TOKENS
+    tokens; the items of one token block side by side, so that its int16 inputs (TOKEN_BLOCK x K) stay
+    in cache while every group of rows passes (a group's weights are a few KB). Before: one item per
+    group over all T tokens, which read the whole T x K input once per group (for the down projection
+    of a 512-token prompt, 5 MB per group of 16 rows) and gave 56-72 items to share among the threads.
+    The inputs are quantized in parallel over the tokens."""
     G, nch, _ = w.shape
     T, O = y.shape
     K = x.shape[1]
     nb = s.shape[1]
-    quantize_rows(x, blk, qmax, xq, sx, xs)
+    for t in prange(T):
+        quantize_row(x, t, blk, qmax, xq, sx, xs)
     wf, sf, of = w.reshape(-1), s.reshape(-1), off.reshape(-1)
     xqf, sxf, xsf, yf = xq.reshape(-1), sx.reshape(-1), xs.reshape(-1), y.reshape(-1)
-    ntt = (T + TOKENS - 1) // TOKENS
-    for g in prange(G):
+    ntb = (T + TOKEN_BLOCK - 1) // TOKEN_BLOCK
+    for it in prange(G * ntb):
+        tb = it // G
+        g = it - tb * G
         n = min(LANES, O - g * LANES)
-        for tt in range(ntt):
-            t0 = tt * TOKENS
-            mt = min(TOKENS, T - t0)
+        ta = tb * TOKEN_BLOCK
+        tz = min(T, ta + TOKEN_BLOCK)
+        for t0 in range(ta, tz, TOKENS):
+            mt = min(TOKENS, tz - t0)
             if bits == 4:
                 tile_u4_m(wf, g * nch * LANES, nch, blk, sf, g * nb * LANES, of, xqf, t0 * K, K, sxf, t0 * nb, nb,
                           xsf, yf, t0 * O + g * LANES, O, mt, n)
             else:
                 tile_u8_m(wf, g * nch * LANES, nch, blk, sf, g * nb * LANES, of, xqf, t0 * K, K, sxf, t0 * nb, nb,
                           xsf, yf, t0 * O + g * LANES, O, mt, n)
-        for t in range(T):
+        for t in range(ta, tz):
             for r in range(g * LANES, g * LANES + n):
                 yf[t * O + r] += bias[r]
 
@@ -309,6 +325,7 @@ class PackedLinear:
         self.sx1, self.xs1 = np.empty((1, nb), np.float32), np.empty((1, nb), np.float32)
         self.gemv = _pick(gemv, self.w.size * 4, threads)
         self.gemm = _pick(gemm, 1 << 30, threads)
+        self.gemm_serial = _pick(gemm, 1 << 30, 1)
         self.nbytes = self.w.nbytes + self.s.nbytes + self.off.nbytes + self.bias.nbytes
 
     @staticmethod
@@ -321,8 +338,8 @@ class PackedLinear:
             return None
         return PackedLinear(ws, threads)
 
-    def apply(self, x: np.ndarray) -> list:
-        """x (T, K) -> each layer's (T, oc) output (views when T = 1)."""
+    def apply(self, x: np.ndarray, copy: bool = True) -> list:
+        """x (T, K) -> each layer's (T, oc) output (views when T = 1, or copy=False)."""
         T = x.shape[0]
         y = np.empty((T, self.O), np.float32)
         if T == 1:
@@ -332,10 +349,14 @@ class PackedLinear:
         nb = self.s.shape[1]
         xq = np.empty((T, self.ic), np.int16)
         sx, xs = np.empty((T, nb), np.float32), np.empty((T, nb), np.float32)
-        if self.threads > 1:        # groups handed out a few at a time: a thread slowed by another job takes fewer
+        if T * self.w.size < GEMM_PARALLEL_MIN:     # a few tokens of a small layer: a region costs more than it saves
+            self.gemm_serial(self.w, self.bits, self.s, self.off, self.bias, x, self.blk, self.qmax, xq, sx, xs, y)
+        elif self.threads > 1:      # items handed out a few at a time: a thread slowed by another job takes fewer
             import numba
             with numba.parallel_chunksize(GEMM_CHUNK):
                 self.gemm(self.w, self.bits, self.s, self.off, self.bias, x, self.blk, self.qmax, xq, sx, xs, y)
         else:
             self.gemm(self.w, self.bits, self.s, self.off, self.bias, x, self.blk, self.qmax, xq, sx, xs, y)
+        if not copy:
+            return [y[:, a:b] for a, b in self.slices]
         return [np.ascontiguousarray(y[:, a:b]) for a, b in self.slices]

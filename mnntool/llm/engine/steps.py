@@ -69,6 +69,34 @@ def add_rows(h, a, post_g, post_b, post_has_b, post_on, post_eps, post_rms):
             h[t, j] += a[t, j]
 
 
+@njit(parallel=True, cache=True)
+def norm_rows_par(x, gamma, beta, has_beta, eps, rms, out):
+    """norm_rows over the tokens in parallel (prefill at more than one thread)."""
+    for t in prange(x.shape[0]):
+        _norm_row(x[t], gamma, beta, has_beta, eps, rms, out[t])
+
+
+@njit(parallel=True, cache=True)
+def add_norm_rows_par(h, a, post_g, post_b, post_has_b, post_on, post_eps, post_rms, g, b, has_b, eps, rms, out):
+    """add_norm_rows over the tokens in parallel."""
+    for t in prange(h.shape[0]):
+        if post_on:
+            _norm_row(a[t], post_g, post_b, post_has_b, post_eps, post_rms, a[t])
+        for j in range(h.shape[1]):
+            h[t, j] += a[t, j]
+        _norm_row(h[t], g, b, has_b, eps, rms, out[t])
+
+
+@njit(parallel=True, cache=True)
+def add_rows_par(h, a, post_g, post_b, post_has_b, post_on, post_eps, post_rms):
+    """add_rows over the tokens in parallel."""
+    for t in prange(h.shape[0]):
+        if post_on:
+            _norm_row(a[t], post_g, post_b, post_has_b, post_eps, post_rms, a[t])
+        for j in range(h.shape[1]):
+            h[t, j] += a[t, j]
+
+
 @njit(cache=True, fastmath=True)
 def _gelu_tanh(x):
     return np.float32(0.5) * x * (np.float32(1) + math.tanh(np.float32(0.7978845608028654) * (x + np.float32(0.044715) * x * x * x)))
@@ -102,9 +130,9 @@ def _rope_head(x, cos, sin, p, half):
 
 @njit(cache=True)
 def prepare_qkv(q, k, v, qn, qn_b, kn, kn_b, qn_on, kn_on, eps_q, eps_k, rms_q, rms_k, cos, sin, rope_on, half,
-                pos0, kc, vc):
-    """q (T, H, D), k/v (T, KV, D): per-head norms, RoPE at positions pos0.., then k and v into the cache
-    (kc/vc (KV, context, Dmax))."""
+                pos0, kc, vc, write):
+    """q (T, H, D), k/v (T, KV, D): per-head norms, RoPE at positions pos0.., then (write) k and v into
+    the cache (kc/vc (KV, context, Dmax)); the int8 cache is written by kv8.write."""
     T, H, D = q.shape
     KV = k.shape[1]
     for t in range(T):
@@ -119,9 +147,10 @@ def prepare_qkv(q, k, v, qn, qn_b, kn, kn_b, qn_on, kn_on, eps_q, eps_k, rms_q, 
                 _norm_row(k[t, h], kn, kn_b, False, eps_k, rms_k, k[t, h])
             if rope_on:
                 _rope_head(k[t, h], cos, sin, p, half)
-            for j in range(D):
-                kc[h, p, j] = k[t, h, j]
-                vc[h, p, j] = v[t, h, j]
+            if write:
+                for j in range(D):
+                    kc[h, p, j] = k[t, h, j]
+                    vc[h, p, j] = v[t, h, j]
 
 
 @njit(parallel=True, cache=True, fastmath=True)

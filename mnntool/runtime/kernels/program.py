@@ -183,6 +183,16 @@ def _data(node) -> list[str]:
     return node.inputs[:1] if node.op in ("Slice", "StridedSlice", "MatMul") else node.inputs
 
 
+def accepts(node, ins, outs, constants: dict) -> bool:
+    """Whether a program can run the node: small float32 data, no int8 grid, an op `execute` has."""
+    data = [v for name, v in zip(node.inputs, ins) if name in _data(node)] + list(outs)
+    if not outs or not all(_known(v) for v in data):
+        return False
+    if any(v.dtype != "float32" or v.grid is not None or _size(v.shape) > LIMIT for v in data):
+        return False
+    return _code(node, ins, outs, constants) is not None
+
+
 class Programs:
     """Builds the programs of one plan: regions of the shared arena by tensor name (constants written
     into theirs once, at `finish`), and per program its instructions, external inputs and the views it
@@ -200,13 +210,7 @@ class Programs:
         self.rows, self.externals, self.outputs, self.nodes = [], [], [], []
 
     def accepts(self, node, ins, outs) -> bool:
-        """Small float32 data, no int8 grid, an op `execute` has."""
-        data = [v for name, v in zip(node.inputs, ins) if name in _data(node)] + list(outs)
-        if not outs or not all(_known(v) for v in data):
-            return False
-        if any(v.dtype != "float32" or v.grid is not None or _size(v.shape) > LIMIT for v in data):
-            return False
-        return _code(node, ins, outs, self.constants) is not None
+        return accepts(node, ins, outs, self.constants)
 
     def _region(self, name: str, n: int) -> int:
         self.where[name] = self.size

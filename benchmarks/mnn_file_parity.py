@@ -1,0 +1,107 @@
+"""Our files in MNN: each model converted by mnntool and by MNN's own converter, both files run in the
+real MNN runtime taking turns run by run in one process; the ratio is mnntool's file time over MNN's
+file time (the promise: never above 1.0, geometric mean <= 0.95). For each model the op-type counts of
+both files show what differs (the first place to look when our file is slower).
+
+    python benchmarks/mnn_file_parity.py [--models fastvit_t8 ...] [--threads 1] [--budget-s 4] [--out build/wide]
+
+Sources are the wide speed set's dynamo exports (benchmarks/wide_speed.py --export-only writes them).
+Writes <out>/mnn_file_parity_t<N>.json.
+"""
+from __future__ import annotations
+
+import argparse
+import collections
+import json
+import math
+import statistics
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+
+def op_counts(path: Path) -> dict[str, int]:
+    """Op types of a .mnn file as MNN names them (read with mnntool's schema reader)."""
+    from mnntool.format import reader
+    net = reader.decode(bytearray(path.read_bytes()), "Net")
+    return dict(collections.Counter(str(op.get("type")) for op in net.get("oplists") or []))
+
+
+def theirs(src: Path, dst: Path) -> None:
+    from mnntool.mnn_tools import mnnconvert
+    if not dst.exists():
+        mnnconvert("-f", "ONNX", "--modelFile", str(src), "--MNNModel", str(dst), "--bizCode", "parity")
+
+
+def paired_in_mnn(ours: Path, other: Path, threads: int, budget_s: float) -> dict:
+    from mnntool.inputs import random_feeds
+    from mnntool.loading import load_graph
+    from mnntool.runtime.mnn_backend import MnnSession
+    g = load_graph(ours)
+    feeds = random_feeds(g, None)
+    sessions = {"ours": MnnSession(str(ours), g.inputs, g.outputs, threads=threads)}
+    g2 = load_graph(other)
+    sessions["theirs"] = MnnSession(str(other), g2.inputs, g2.outputs, threads=threads)
+    feeds2 = {n2: feeds[n1] for n1, n2 in zip(g.inputs, g2.inputs)}
+    data = {"ours": feeds, "theirs": feeds2}
+    for k, s in sessions.items():
+        for _ in range(3):
+            s.run(data[k])
+    t0 = time.perf_counter()
+    sessions["ours"].run(feeds)
+    once = time.perf_counter() - t0
+    runs = max(10, min(300, int(budget_s / 2 / max(once, 1e-4))))
+    times = {k: [] for k in sessions}
+    for i in range(runs):
+        for k in (("ours", "theirs") if i % 2 == 0 else ("theirs", "ours")):
+            t0 = time.perf_counter()
+            sessions[k].run(data[k])
+            times[k].append((time.perf_counter() - t0) * 1e3)
+    med = {k: statistics.median(v) for k, v in times.items()}
+    return {"ours_ms": med["ours"], "theirs_ms": med["theirs"], "ratio": med["ours"] / med["theirs"], "runs": runs}
+
+
+def main():
+    from benchmarks.speed_set import SET
+    from benchmarks.wide_speed import cpu_name
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--models", nargs="*", default=list(SET))
+    ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--budget-s", type=float, default=4.0)
+    ap.add_argument("--out", default=str(ROOT / "build" / "wide"))
+    args = ap.parse_args()
+    out = Path(args.out)
+    rows = []
+    for name in args.models:
+        src = out / f"{name}.onnx"
+        if not src.exists():
+            continue
+        ours, other = out / f"{name}.mnn", out / f"{name}.mnnconvert.mnn"
+        row = {"model": name}
+        try:
+            if not ours.exists():
+                from mnntool import api
+                api.convert(src, ours)
+            theirs(src, other)
+            row.update(paired_in_mnn(ours, other, args.threads, args.budget_s))
+            a, b = op_counts(ours), op_counts(other)
+            row["op_diff"] = {k: [a.get(k, 0), b.get(k, 0)] for k in sorted(set(a) | set(b)) if a.get(k) != b.get(k)}
+            print(f"{name:28s} ours {row['ours_ms']:8.2f} ms  MNN's file {row['theirs_ms']:8.2f} ms  "
+                  f"x {row['ratio']:.3f}  ops differ: {row['op_diff']}", flush=True)
+        except Exception as e:      # noqa: BLE001 - a model that fails is a row with its reason
+            row["error"] = " ".join(str(e).split())[:200]
+            print(f"{name:28s} failed: {row['error']}", flush=True)
+        rows.append(row)
+    ratios = [r["ratio"] for r in rows if "ratio" in r]
+    gm = math.exp(sum(map(math.log, ratios)) / len(ratios)) if ratios else None
+    if gm:
+        print(f"geometric mean over {len(ratios)}: x {gm:.3f}; worst {max(ratios):.3f}")
+    (out / f"mnn_file_parity_t{args.threads}.json").write_text(json.dumps(
+        {"cpu": cpu_name(), "threads": args.threads, "rows": rows, "geomean": gm}, indent=1))
+
+
+if __name__ == "__main__":
+    main()

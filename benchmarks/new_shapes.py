@@ -1,0 +1,192 @@
+"""New input shapes (issue 46, item 4): the first run at a shape never seen against the steady-state
+run at that shape, paired with onnxruntime, and RSS after 20 and after 2,000 distinct shapes.
+
+    python benchmarks/new_shapes.py [--shapes 40] [--repeats 5] [--rss-shapes 2000] [--threads 1] [--json]
+
+The model is the issue's: two 3x3 convolutions (3 -> 16 -> 16 channels, a ReLU between) with open
+H/W, run at N distinct (H, W) between 200 and 400 pixels. For each shape, mnntool and onnxruntime
+take turns: each runs the new shape once (its first run: planning, buffers, anything compiled), then
+`--repeats` more times each, alternating (the steady state: their median). The ratio first/steady is
+taken per shape; the report gives its median and maximum (target: first <= 1.5x steady). A slow spell
+of this shared VM hits both runtimes alike, so compare ratios, not one runtime's milliseconds; the
+same ratio in the calling thread's CPU time, and the minor page faults of first and steady runs (fresh
+memory a first run touches), hold still where other tenants load the machine.
+
+The RSS phase runs in a child process of its own (nothing of the timing phase in its memory): mnntool
+alone, one run at each of `--rss-shapes` distinct shapes from the same range, RSS read after 20 and at
+the end (target: within 50 MB). `--json` prints one JSON object.
+"""
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import os
+import resource
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from mnntool.tuning import tune_process  # noqa: E402
+
+tune_process()      # as the CLI does: the timed runs are in this process
+
+import numpy as np  # noqa: E402
+
+from benchmarks.soak import open_model, rss_mb  # noqa: E402
+
+LOW, HIGH = 200, 400        # pixels: the issue's range of heights and widths
+
+
+def distinct_shapes(n: int, seed: int) -> list[tuple[int, int]]:
+    rng = np.random.default_rng(seed)
+    seen, out = set(), []
+    while len(out) < n:
+        hw = (int(rng.integers(LOW, HIGH + 1)), int(rng.integers(LOW, HIGH + 1)))
+        if hw not in seen:
+            seen.add(hw)
+            out.append(hw)
+    return out
+
+
+def models(tmp: Path) -> tuple[Path, Path]:
+    from mnntool import api
+    src = open_model(tmp / "open.onnx")
+    api.convert(src, tmp / "open.mnn")
+    return src, tmp / "open.mnn"
+
+
+def timed(fn) -> tuple[float, float, int]:
+    """(wall ms, this thread's CPU ms, minor page faults) of one call: on a VM shared with other tenants
+    the CPU time and the faults hold still where the wall time does not."""
+    f0, c0, t0 = resource.getrusage(resource.RUSAGE_THREAD).ru_minflt, time.thread_time(), time.perf_counter()
+    fn()
+    t, c = (time.perf_counter() - t0) * 1e3, (time.thread_time() - c0) * 1e3
+    return t, c, resource.getrusage(resource.RUSAGE_THREAD).ru_minflt - f0
+
+
+def first_and_steady(n: int, repeats: int, threads: int, progress=None) -> dict:
+    """Per shape: each runtime's first run and the median of its next `repeats`, taking turns."""
+    import onnxruntime as ort
+    import mnntool
+    tmp = Path(tempfile.mkdtemp())
+    src, mnn = models(tmp)
+    own = mnntool.load(mnn, threads=threads)
+    opts = ort.SessionOptions()
+    opts.intra_op_num_threads, opts.inter_op_num_threads = threads, 1
+    ref = ort.InferenceSession(str(src), opts, providers=["CPUExecutionProvider"])
+    runs = {"mnntool": lambda x: own.run({"x": x}), "onnxruntime": lambda x: ref.run(None, {"x": x})}
+    rng = np.random.default_rng(1)
+    warm = rng.standard_normal((1, 3, 64, 64)).astype(np.float32)     # load-time work is not a new shape's
+    for run in runs.values():
+        for _ in range(3):
+            run(warm)
+    rows = []
+    for k, (h, w) in enumerate(distinct_shapes(n, seed=0)):
+        x = rng.standard_normal((1, 3, h, w)).astype(np.float32)
+        order = list(runs) if k % 2 == 0 else list(runs)[::-1]
+        row = {"shape": [h, w]}
+        for name in order:
+            row[f"{name}_first_ms"], row[f"{name}_first_cpu_ms"], row[f"{name}_first_faults"] = \
+                timed(lambda: runs[name](x))
+        steady = {name: [] for name in runs}
+        for _ in range(repeats):
+            for name in order:
+                steady[name].append(timed(lambda: runs[name](x)))
+        for name in runs:
+            wall, cpu, faults = zip(*steady[name])
+            row[f"{name}_steady_ms"] = statistics.median(wall)
+            row[f"{name}_steady_cpu_ms"] = statistics.median(cpu)
+            row[f"{name}_steady_faults"] = statistics.median(faults)
+            row[f"{name}_ratio"] = row[f"{name}_first_ms"] / row[f"{name}_steady_ms"]
+            row[f"{name}_cpu_ratio"] = row[f"{name}_first_cpu_ms"] / row[f"{name}_steady_cpu_ms"]
+        rows.append(row)
+        if progress:
+            progress(k + 1)
+    out = {"shapes": n, "repeats": repeats, "threads": threads, "rows": rows}
+    for name in runs:
+        ratios = [r[f"{name}_ratio"] for r in rows]
+        out[name] = {"first_ms_median": statistics.median(r[f"{name}_first_ms"] for r in rows),
+                     "first_ms_max": max(r[f"{name}_first_ms"] for r in rows),
+                     "steady_ms_median": statistics.median(r[f"{name}_steady_ms"] for r in rows),
+                     "ratio_median": statistics.median(ratios), "ratio_max": max(ratios),
+                     "cpu_ratio_median": statistics.median(r[f"{name}_cpu_ratio"] for r in rows),
+                     "first_faults_median": statistics.median(r[f"{name}_first_faults"] for r in rows),
+                     "steady_faults_median": statistics.median(r[f"{name}_steady_faults"] for r in rows)}
+    return out
+
+
+def rss_over_shapes(n: int, threads: int) -> dict:
+    """(In the child) one run at each of n distinct shapes; RSS after 20 and after n."""
+    import mnntool
+    tmp = Path(tempfile.mkdtemp())
+    _, mnn = models(tmp)
+    sess = mnntool.load(mnn, threads=threads)
+    rng = np.random.default_rng(2)
+    at = {}
+    t0 = time.perf_counter()
+    for k, (h, w) in enumerate(distinct_shapes(n, seed=3), 1):
+        sess.run({"x": rng.standard_normal((1, 3, h, w)).astype(np.float32)})
+        if k in (20, n):
+            gc.collect()
+            at[k] = rss_mb()
+    return {"rss_shapes": n, "rss_after_20_mb": round(at[20], 1), f"rss_after_{n}_mb": round(at[n], 1),
+            "rss_growth_mb": round(at[n] - at[20], 1), "rss_seconds": round(time.perf_counter() - t0, 1)}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--shapes", type=int, default=40, help="distinct shapes timed (first run against steady)")
+    ap.add_argument("--repeats", type=int, default=5, help="steady-state runs per shape and runtime")
+    ap.add_argument("--rss-shapes", type=int, default=2000, help="distinct shapes of the RSS phase (0: skip it)")
+    ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--json", action="store_true", help="print one JSON object")
+    ap.add_argument("--rss-child", action="store_true", help=argparse.SUPPRESS)
+    a = ap.parse_args()
+    if a.rss_child:
+        print(json.dumps(rss_over_shapes(a.rss_shapes, a.threads)))
+        return
+    if a.rss_shapes and a.rss_shapes < 20:
+        ap.error("--rss-shapes: at least 20 (RSS is compared with its value after 20 shapes)")
+    from rich.progress import Progress
+    with Progress(disable=not sys.stderr.isatty(), transient=True) as bar:
+        task = bar.add_task("new shapes", total=a.shapes)
+        result = first_and_steady(a.shapes, a.repeats, a.threads, lambda k: bar.update(task, completed=k))
+    if a.rss_shapes:
+        child = subprocess.run([sys.executable, __file__, "--rss-child", "--rss-shapes", str(a.rss_shapes),
+                                "--threads", str(a.threads)], capture_output=True, text=True, check=True)
+        result.update(json.loads(child.stdout.strip().splitlines()[-1]))
+    result["cpu"] = _cpu_name()
+    if a.json:
+        print(json.dumps(result, indent=1))
+        return
+    for name in ("mnntool", "onnxruntime"):
+        r = result[name]
+        print(f"{name:12s} first {r['first_ms_median']:7.2f} ms (max {r['first_ms_max']:7.2f})  steady "
+              f"{r['steady_ms_median']:6.2f} ms  first/steady median {r['ratio_median']:.2f}x (max {r['ratio_max']:.2f}x; "
+              f"CPU time {r['cpu_ratio_median']:.2f}x)  page faults first {r['first_faults_median']:.0f}, steady "
+              f"{r['steady_faults_median']:.0f}")
+    if a.rss_shapes:
+        print(f"RSS after 20 shapes {result['rss_after_20_mb']} MB, after {a.rss_shapes} "
+              f"{result[f'rss_after_{a.rss_shapes}_mb']} MB (growth {result['rss_growth_mb']} MB)")
+    print(f"CPU: {result['cpu']}, {a.threads} thread(s)")
+
+
+def _cpu_name() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return os.uname().machine
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,66 @@
+"""Planning: a shaped graph becomes a Plan (steps, kernels, memory, bound arguments) through the stages
+below, in order, each a module of this package with one function `run(p: Planning) -> None` that
+reads what the stages before it left in `p` and adds its part (state.py).
+
+A stage whose module says OPTIONAL = True can be switched off on its own, for a session
+(`Settings.of(threads, off=[...])`) or the process (MNNTOOL_PLAN_OFF=fuse_silu,programs): the plan
+then computes the same outputs, more slowly (tests/runtime/test_plan_stages.py checks each against
+onnxruntime). The required ones make a plan at all."""
+from __future__ import annotations
+
+from ...errors import MnnToolError
+from . import (bind, bind_views, constants, fuse_activations, fuse_add_layer_norm, fuse_attention,
+               fuse_channel_scale, fuse_channel_shuffle, fuse_index_wrap, fuse_silu, kernels, memory,
+               place_concats, programs, shapes, small_kernels, threads)
+from .state import Plan, Planning, Step
+
+STAGES = [
+    shapes,                 # shape inference at the input shapes (or: run op by op)
+    threads,                # one thread for a plan too small to share
+    fuse_attention,         # chains of ops as one step each, in the order each needs
+    fuse_index_wrap,
+    fuse_channel_shuffle,
+    fuse_add_layer_norm,
+    fuse_silu,
+    fuse_activations,
+    fuse_channel_scale,
+    constants,              # shape arithmetic computed now, not at run time
+    kernels,                # a step and kernel per op, int8 stores rounded
+    programs,               # runs of small ops as one program
+    small_kernels,          # the small ops no program took
+    place_concats,          # Concat inputs written in place
+    memory,                 # the buffer pool and the views every step writes
+    bind_views,             # views of fixed arrays made once
+    bind,                   # the call list run() walks
+]
+
+
+def name_of(stage) -> str:
+    return stage.__name__.rsplit(".", 1)[-1]
+
+
+NAMES = [name_of(s) for s in STAGES]
+OPTIONAL = [name_of(s) for s in STAGES if s.OPTIONAL]
+
+
+def check_off(off) -> None:
+    """Stages a user asked to switch off must exist and be optional (one line naming them, else)."""
+    bad = [n for n in off if n not in OPTIONAL]
+    if bad:
+        raise MnnToolError(f"cannot switch off planning stage(s) {', '.join(bad)}; optional stages: "
+                           f"{', '.join(OPTIONAL)}")
+
+
+def build(p: Planning) -> Plan:
+    """The plan of `p`, its stages run top to bottom (those in p.settings.off skipped)."""
+    off = p.settings.off
+    for stage in STAGES:
+        if p.eager:
+            break
+        if off and name_of(stage) in off:
+            continue
+        stage.run(p)
+    return p.plan()
+
+
+__all__ = ["STAGES", "NAMES", "OPTIONAL", "Plan", "Planning", "Step", "build", "check_off"]

@@ -1,0 +1,61 @@
+"""A squeeze-excite's channel scale x * s (s of shape (1, C, 1, 1)) whose only reader is a 1x1
+convolution as one ScaledPointwise node: the convolution's packed weights are scaled by s on each run
+(Cout x C products) instead of x (C x H x W). Only where the map has at least Cout pixels, so scaling
+the weights costs less than the pass over x it saves (EfficientNet-B0's 112x112 and 56x56 blocks; its
+7x7 blocks, 1152 channels into 320, keep the multiply)."""
+from __future__ import annotations
+
+import numpy as np
+
+from ...ir.graph import Node
+from .match import past_moves, readers, rewritten
+from .state import Planning
+
+OPTIONAL = True
+SCALED_POINTWISE = "ScaledPointwise"
+
+
+def _pointwise_reading(conv: Node, y: str, channels: int) -> bool:
+    """A float group-1 1x1 convolution, stride 1, unpadded, reading y (of `channels` channels)."""
+    if conv.op != "Convolution" or conv.inputs != [y] or (conv.param.get("quanParameter") or {}).get("scaleIn"):
+        return False
+    c = conv.param.get("common", {})
+    pads = c.get("pads")
+    pads = [] if pads is None else [int(v) for v in np.asarray(pads).reshape(-1)]
+    return (c.get("kernelX", 1) == c.get("kernelY", 1) == 1 and c.get("strideX", 1) == c.get("strideY", 1) == 1
+            and (c.get("group", 1) or 1) == 1 and not c.get("padX", 0) and not c.get("padY", 0) and not any(pads)
+            and c.get("padMode", "CAFFE") != "SAME" and c.get("inputCount", channels) in (0, channels))
+
+
+def run(p: Planning) -> None:
+    if not p.keep_all:
+        p.nodes = fuse(p)
+
+
+def fuse(p: Planning) -> list[Node]:
+    nodes, vals, stored = p.nodes, p.vals, p.stored
+    users = readers(nodes)
+    outputs = set(p.graph.outputs)
+    fused, drop = {}, set()
+    for m in nodes:
+        if m.op != "BinaryOp" or m.param.get("opType") != "MUL" or len(m.inputs) != 2 or len(m.outputs) != 1 or \
+                int(m.param.get("activationType", 0) or 0):
+            continue
+        # layout tags between them (NCHW -> NC4HW4): the same array here
+        chain, y, conv = past_moves(users, m.outputs[0], outputs, stored, lambda op: op == "ConvertTensor")
+        if conv is None:
+            continue
+        a, b = (vals.get(i) for i in m.inputs)
+        if a is None or b is None or a.shape is None or b.shape is None or a.dtype != "float32" or b.dtype != "float32":
+            continue
+        x, s = (m.inputs[0], m.inputs[1]) if len(b.shape) == 4 and b.shape[2:] == (1, 1) else (m.inputs[1], m.inputs[0])
+        xs, ss = vals[x].shape, vals[s].shape
+        if len(xs) != 4 or not all(isinstance(d, int) for d in xs) or xs[0] != 1 or ss != (1, xs[1], 1, 1) or \
+                x in stored or s in stored:
+            continue
+        if not _pointwise_reading(conv, y, xs[1]) or xs[2] * xs[3] < conv.param["common"]["outputCount"]:
+            continue
+        fused[id(conv)] = Node(SCALED_POINTWISE, [x, s], list(conv.outputs), f"{conv.name} (+{m.name})",
+                               conv.param, conv.param_type, conv.fmt)
+        drop.update([id(m)] + [id(n) for n in chain])
+    return rewritten(nodes, fused, drop)

@@ -1,0 +1,103 @@
+"""A step per op with its kernel: the op's fast kernel where it has one that takes this case, else its
+definition's compute. Inputs carry the int8 grid their values lie on (a kernel of an int8 grid's
+values may run by table) and outputs the grid the file stores them on (int8_store). Small float ops
+that a program may run together (kernels/program.py) get their kernels later, in `programs` or
+`small_kernels`."""
+from __future__ import annotations
+
+from dataclasses import replace
+
+from ...errors import InvalidModel, MnnToolError
+from ...ir.ops import REGISTRY, Val, keeps_values
+from ..concat_in_place import concat_layout
+from ..fallbacks import fell_back
+from ..kernels import KERNELS, PLAN_ONLY, Kernel, by_definition
+from ..kernels.program import accepts
+from ..settings import Settings
+from .int8_store import RAW, rounding, stored_on
+from .state import Planning, Step
+
+OPTIONAL = False
+
+generic_kernel = by_definition
+
+
+def kernel_for(node, ins, outs, settings: Settings) -> Kernel:
+    """The fast kernel of the op where it has one that takes this case, else its definition's compute."""
+    factory = KERNELS.get(node.op) or PLAN_ONLY.get(node.op)
+    if factory is None:
+        return generic_kernel(node)
+    try:
+        return factory(node, ins, outs, settings)
+    except (ImportError, NameError, InvalidModel):     # mnntool's own defect, or a file that contradicts itself
+        raise
+    except MnnToolError as e:
+        if node.op in REGISTRY:
+            fell_back(node, e, declined=True)       # counted; bench --json reports it
+            return generic_kernel(node)
+        raise
+    except Exception as e:
+        if node.op in REGISTRY:
+            fell_back(node, e, declined=False)      # a kernel's defect: raises under the tests
+            return generic_kernel(node)
+        raise MnnToolError(f"{node.op} '{node.name}': cannot prepare ({type(e).__name__}: {e})") from None
+
+
+def read_as(p: Planning, node, i: str) -> str:
+    """The unrounded version of a stored tensor for a reader in raw_reads."""
+    return i + RAW if (node.name, i) in p.raw and i + RAW in p.index else i
+
+
+def operands(p: Planning, node) -> tuple[list, list]:
+    """What the op's kernel factory is told of its inputs (with their grids) and outputs (with the grid
+    the file stores them on)."""
+    ins = [replace(p.vals.get(i, Val(None)), grid=None if read_as(p, node, i) != i else p.grids.get(i))
+           for i in node.inputs]
+    outs = [stored_on(p.vals.get(o, Val(None)), p.stored.get(o)) for o in node.outputs]
+    return ins, outs
+
+
+def steps_of(p: Planning, node, ins, outs) -> list[Step]:
+    """The op's step, and a rounding step for each output the file stores on a grid its kernel does not
+    round to; records the grids of its outputs."""
+    k = kernel_for(node, ins, outs, p.settings)
+    if k.writes_out and any(v.shape is None or not all(isinstance(d, int) for d in v.shape) for v in outs):
+        raise MnnToolError(f"{node.op} '{node.name}': output shape unknown at prepare time")
+    if k.out_grid:
+        p.grids[node.outputs[0]] = k.out_grid
+    elif keeps_values(node.op) and ins and ins[0].grid is not None:
+        # its output holds its input's values, so lies on the input's int8 grid: a GELU reading an int8
+        # Linear's output through its reshape runs by table (kernels.mnn_math)
+        p.grids[node.outputs[0]] = ins[0].grid
+    # an output the file stores on a grid the kernel does not round to is written under its raw name and
+    # rounded into its own slot by a step of its own (rounding in place could change a tensor the output
+    # is a view of; rounding into the producer's slot made the next run's rounding read the last run's
+    # result)
+    rounded = [o for o in node.outputs if p.stored.get(o, (None,))[0] not in (None, p.grids.get(o))]
+    for o in rounded:
+        p.vals[o + RAW] = p.vals.get(o, Val(None))
+    steps = [Step(node.name, node.op, k, [p.slot(read_as(p, node, i)) if i else -1 for i in node.inputs],
+                  [p.slot(o + RAW if o in rounded else o) for o in node.outputs],
+                  concat=concat_layout(node, ins, outs) if node.op == "Concat" and k.writes_out and
+                  not p.keep_all else None)]
+    for o in rounded:
+        p.grids[o] = grid = p.stored[o][0]
+        steps.append(Step(node.name + " (int8 store)", "Int8Store", rounding(grid, p.settings.threads, p.stored[o][1]),
+                          [p.slot(o + RAW)], [p.slot(o)]))
+    return steps
+
+
+def batchable(p: Planning, node, ins, outs) -> bool:
+    """A small float op a program may run (kernels/program.py), read and stored plainly."""
+    return accepts(node, ins, outs, p.graph.constants) and not any(o in p.stored for o in node.outputs) and \
+        not any(read_as(p, node, i) != i for i in node.inputs)
+
+
+def run(p: Planning) -> None:
+    for node in p.nodes:
+        ins, outs = operands(p, node)
+        if batchable(p, node, ins, outs):
+            p.steps.append(Step(node.name, node.op, None, [p.slot(i) if i else -1 for i in node.inputs],
+                                [p.slot(o) for o in node.outputs], pending=(node, ins, outs)))
+        else:
+            p.steps += steps_of(p, node, ins, outs)

@@ -1,0 +1,68 @@
+"""What the fusion stages ask of the ops being planned: who reads a tensor, whether a chain may drop
+it, its shape when every dim is known, a constant's value, a walk through data-movement ops."""
+from __future__ import annotations
+
+import numpy as np
+
+from ...ir.graph import Node
+
+
+def known(v) -> bool:
+    """Every dim known, rank 2 or more."""
+    return v is not None and v.shape is not None and all(isinstance(d, int) for d in v.shape) and len(v.shape) >= 2
+
+
+def readers(nodes: list[Node]) -> dict[str, list[Node]]:
+    """Each tensor's reading nodes (a node reading a tensor twice, IsNaN as x != x, counts once)."""
+    users: dict[str, list[Node]] = {}
+    for n in nodes:
+        for i in dict.fromkeys(n.inputs):
+            users.setdefault(i, []).append(n)
+    return users
+
+
+def producers(nodes: list[Node]) -> dict[str, Node]:
+    return {o: n for n in nodes for o in n.outputs}
+
+
+def sole_reader(users: dict, outputs: set, name: str) -> Node | None:
+    """The one node reading `name` when it is not a graph output and nothing else reads it, else None:
+    a chain may drop a tensor only then."""
+    us = users.get(name, [])
+    return us[0] if len(us) == 1 and name not in outputs else None
+
+
+def fixed_shape(vals: dict, name: str) -> tuple | None:
+    """The tensor's shape when shape inference knows every dim, else None."""
+    v = vals.get(name)
+    return tuple(v.shape) if v is not None and v.shape is not None and all(isinstance(d, int) for d in v.shape) \
+        else None
+
+
+def scalar(vals: dict, name: str):
+    """The value of a one-element constant tensor, or None."""
+    v = vals.get(name)
+    return None if v is None or v.value is None or np.size(v.value) != 1 else np.asarray(v.value).reshape(-1)[0]
+
+
+def past_moves(users: dict, t: str, outputs: set, stored: dict, moves, limit: int = 1 << 30) -> tuple:
+    """t followed through up to `limit` nodes whose op `moves(op)` holds for (ops that only move data, as
+    ir.ops.is_view; one tensor in, one out) while each tensor on the
+    way has one reader and is neither a graph output nor stored on a grid: (those nodes, the last
+    tensor, its one reader), the reader None where that condition or the limit stops the walk."""
+    chain = []
+    while len(chain) < limit:
+        us = users.get(t, [])
+        if len(us) != 1 or t in outputs or t in stored:
+            break
+        n = us[0]
+        if not moves(n.op) or n.inputs[0] != t or len(n.outputs) != 1:
+            return chain, t, n
+        chain.append(n)
+        t = n.outputs[0]
+    return chain, t, None
+
+
+def rewritten(nodes: list[Node], replace: dict, drop: set) -> list[Node]:
+    """`nodes` with the nodes whose id is in `replace` replaced and those in `drop` left out."""
+    return [replace.get(id(n), n) for n in nodes if id(n) not in drop]

@@ -1,0 +1,65 @@
+"""A new input shape costs planning only (issue 46, item 4): no kernel is compiled for a shape. A shape
+may pick a kernel not used before (a strategy or a serial twin chosen by size), compiled once for the
+process; but no kernel already compiled gets another signature, and no signature holds a value (a
+literal: code specialised on a number). Outputs are onnxruntime's (rtol 1e-4 + atol 1e-4: 3x3
+convolutions summed in another order). The model: two 3x3 convolutions with open H/W (the issue's),
+the second strided in a variant."""
+import sys
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto as TP
+from onnx import helper as h
+
+from mnntool import api
+from mnntool.runtime.kernels.jit import JitFunction
+from mnntool.runtime.session import Session
+
+ort = pytest.importorskip("onnxruntime")
+
+
+def _open_model(path, stride: int):
+    rng = np.random.RandomState(0)
+    inits = [onnx.numpy_helper.from_array((rng.randn(16, 3, 3, 3) * 0.3).astype(np.float32), "w1"),
+             onnx.numpy_helper.from_array((rng.randn(16, 16, 3, 3) * 0.1).astype(np.float32), "w2")]
+    nodes = [h.make_node("Conv", ["x", "w1"], ["c1"], pads=[1, 1, 1, 1]), h.make_node("Relu", ["c1"], ["r1"]),
+             h.make_node("Conv", ["r1", "w2"], ["y"], pads=[1, 1, 1, 1], strides=[stride, stride])]
+    g = h.make_graph(nodes, "open", [h.make_tensor_value_info("x", TP.FLOAT, [1, 3, "H", "W"])],
+                     [h.make_tensor_value_info("y", TP.FLOAT, None)], inits)
+    m = h.make_model(g, opset_imports=[h.make_opsetid("", 17)])
+    m.ir_version = 8
+    onnx.save(m, str(path))
+
+
+def _compiled() -> set:
+    """(kernel, signature) of every Numba kernel compiled in this process."""
+    out = set()
+    for name, mod in list(sys.modules.items()):
+        if not name.startswith("mnntool.runtime.kernels"):
+            continue
+        for v in list(vars(mod).values()):
+            for fn in (v, getattr(v, "_serial", None)) if isinstance(v, JitFunction) else ():
+                if fn is not None and fn._dispatcher is not None:
+                    out |= {(fn.name, str(sig)) for sig in fn._dispatcher.signatures}
+    return out
+
+
+@pytest.mark.parametrize("stride", [1, 2])
+def test_new_shapes_compile_nothing(tmp_path, stride):
+    _open_model(tmp_path / "o.onnx", stride)
+    api.convert(tmp_path / "o.onnx", tmp_path / "o.mnn")
+    s = Session(api.load_graph(tmp_path / "o.mnn"), threads=1)
+    ref = ort.InferenceSession(str(tmp_path / "o.onnx"))
+    rng = np.random.default_rng(0)
+    shapes = [(40, 56), (57, 33), (96, 71), (23, 130), (64, 64), (81, 45), (33, 97), (120, 30), (9, 200)]
+    for k, hw in enumerate(shapes):
+        if k == 2:
+            before = _compiled()
+        x = rng.standard_normal((1, 3) + hw).astype(np.float32)
+        np.testing.assert_allclose(s.run({"x": x})["y"], ref.run(None, {"x": x})[0], rtol=1e-4, atol=1e-4)
+    after = _compiled()
+    seen = {name for name, _ in before}
+    again = sorted(pair for pair in after - before if pair[0] in seen)
+    assert not again, f"a new input shape compiled another signature of a kernel: {again}"
+    assert not [pair for pair in after if "Literal" in str(pair[1])], "a kernel specialised on a value"
