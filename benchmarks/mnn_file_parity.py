@@ -66,16 +66,18 @@ def paired_in_mnn(ours: Path, other: Path, threads: int, budget_s: float) -> dic
 
 def main():
     from benchmarks.speed_set import SET
-    from benchmarks.wide_speed import cpu_name
     ap = argparse.ArgumentParser()
     ap.add_argument("--models", nargs="*", default=list(SET))
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--budget-s", type=float, default=4.0)
     ap.add_argument("--out", default=str(ROOT / "build" / "wide"))
+    ap.add_argument("--shard", default="0/1", help="I/N: every N-th model from the I-th (parallel pinned runs)")
     args = ap.parse_args()
     out = Path(args.out)
+    i, n = map(int, args.shard.split("/"))
+    suffix = "" if args.shard == "0/1" else f"_s{i}of{n}"
     rows = []
-    for name in args.models:
+    for name in args.models[i::n]:
         src = out / f"{name}.onnx"
         if not src.exists():
             continue
@@ -95,12 +97,17 @@ def main():
             row["error"] = " ".join(str(e).split())[:200]
             print(f"{name:28s} failed: {row['error']}", flush=True)
         rows.append(row)
+        summary(rows, out / f"mnn_file_parity_t{args.threads}{suffix}.json", args.threads)     # kept if stopped
+    summary(rows, out / f"mnn_file_parity_t{args.threads}{suffix}.json", args.threads)
+
+
+def summary(rows: list[dict], path: Path, threads: int) -> None:
+    from benchmarks.wide_speed import cpu_name
     ratios = [r["ratio"] for r in rows if "ratio" in r]
     gm = math.exp(sum(map(math.log, ratios)) / len(ratios)) if ratios else None
     if gm:
         print(f"geometric mean over {len(ratios)}: x {gm:.3f}; worst {max(ratios):.3f}")
-    (out / f"mnn_file_parity_t{args.threads}.json").write_text(json.dumps(
-        {"cpu": cpu_name(), "threads": args.threads, "rows": rows, "geomean": gm}, indent=1))
+    path.write_text(json.dumps({"cpu": cpu_name(), "threads": threads, "rows": rows, "geomean": gm}, indent=1))
 
 
 if __name__ == "__main__":

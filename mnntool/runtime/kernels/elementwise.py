@@ -6,6 +6,7 @@ import math
 import numpy as np
 from .jit import njit, prange
 
+from ...ir.ops import params
 from . import PLAN_ONLY, by_definition, kernel, mnn_math, returns, sized, writes
 from ...ir.ops.elementwise import COMPARE as COMPARE_OPS, operand_dtypes
 from .norm import EXP_FLOOR, exp_poly, exp_split
@@ -97,6 +98,32 @@ def erf_flat(x, out, gelu):
         else:
             for i in range(src.shape[0]):
                 dst[i] = erf32(src[i])
+
+
+@njit(parallel=True, cache=True, fastmath=True)
+def gelu_tanh_flat(x, out):
+    """GELU's tanh form as MNN computes it (MNNGeluCommon): tanh as the rational x (135135 + 17325 x^2 +
+    378 x^4 + x^6) / (135135 + 62370 x^2 + 3150 x^4 + 28 x^6), +-1 beyond +-5. No exp or libm call, so
+    LLVM vectorizes it (math.tanh per element made pvt_v2_b0's six GELUs 57% of its run)."""
+    n = x.shape[0]
+    one, half = np.float32(1), np.float32(0.5)
+    for c in prange((n + ERF_CHUNK - 1) // ERF_CHUNK):
+        lo, hi = c * ERF_CHUNK, min(n, (c + 1) * ERF_CHUNK)
+        src, dst = x[lo:hi], out[lo:hi]
+        for i in range(src.shape[0]):
+            v = src[i]
+            t = np.float32(0.79788458) * (np.float32(0.044715) * v * v * v + v)
+            t = min(max(t, np.float32(-5)), np.float32(5))
+            t2 = t * t
+            a = t * (np.float32(135135) + t2 * (np.float32(17325) + t2 * (np.float32(378) + t2)))
+            b = np.float32(135135) + t2 * (np.float32(62370) + t2 * (np.float32(3150) + t2 * np.float32(28)))
+            th = min(max(a / b, -one), one)
+            dst[i] = (one + th) * v * half
+
+
+def _gelu_tanh_kernel(size: int, threads: int):
+    fn = sized(gelu_tanh_flat, size * 16, threads)
+    return writes(lambda i, o: fn(np.ascontiguousarray(i[0]).reshape(-1), o[0].reshape(-1)))
 
 
 def _erf_kernel(size: int, gelu: bool, threads: int):
@@ -248,7 +275,7 @@ def tanh(node, ins, outs, settings):
 
 @kernel("ELU")
 def elu(node, ins, outs, settings):
-    alpha = np.float32(node.param.get("alpha", 1.0))
+    alpha = np.float32(params(node)["alpha"])
 
     def run(i, o):
         np.minimum(i[0], 0, out=o[0])
@@ -281,6 +308,8 @@ def unary(node, ins, outs, settings):
         return exact
     if op == "SIGMOID" and ins[0].dtype == "float32":
         return _sigmoid_kernel(_size(outs), settings.threads)
+    if op == "GELU" and outs[0].shape is not None:
+        return _gelu_tanh_kernel(int(np.prod(outs[0].shape)), settings.threads)
     if op in ("ERF", "GELU_STANDARD") and ins[0].dtype == "float32" and outs[0].shape is not None:
         return _erf_kernel(int(np.prod(outs[0].shape)), op == "GELU_STANDARD", settings.threads)
     if ins[0].dtype != "float32" and op not in ("ABS", "NEG", "SQUARE", "SIGN"):
