@@ -18,6 +18,7 @@ from .fuse_pad import FusePadIntoConvPass
 from .fuse_patterns import FuseGeluPass, FuseGeluTanhPass, FuseLayerNormPass
 from .layout import LayoutPass
 from .matmul_to_conv import MatMulToConvPass
+from .merge_parallel_convs import MergeParallelConvsPass
 from .mnn_workarounds import MnnWorkaroundsPass
 from .remove_noops import RemoveNoopsPass
 from .split_grouped_conv import SplitGroupedConvPass
@@ -26,7 +27,7 @@ from .split_grouped_conv import SplitGroupedConvPass
 STAGES = {
     "lowering": [FoldBatchNormPass],         # ops MNN has no inference kernel for: first, at every level
     "optimizing": [RemoveNoopsPass, ConstantFoldPass, FuseGeluPass, FuseGeluTanhPass, FuseLayerNormPass,
-                   FusePadIntoConvPass, FoldAffineIntoConvPass, FuseReluIntoConvPass, FuseReluIntoBinaryPass, MatMulToConvPass,
+                   FusePadIntoConvPass, FoldAffineIntoConvPass, MergeParallelConvsPass, FuseReluIntoConvPass, FuseReluIntoBinaryPass, MatMulToConvPass,
                    SplitGroupedConvPass, ApproximateGeluPass,
                    DeadCodePass],            # -O1 once, -O2 to a fixed point
     "required": [MnnWorkaroundsPass, LayoutPass],   # what every written file needs: last, at every level
