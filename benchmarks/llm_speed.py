@@ -64,9 +64,11 @@ def ensure_ortgenai(src: Path, out: Path) -> Path:
             "runpy.run_module('onnxruntime_genai.models.builder', run_name='__main__')")
     tmp = out.with_name(out.name + ".partial")
     env = dict(os.environ, HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1")
-    subprocess.run([sys.executable, "-c", code, "-i", str(src), "-o", str(tmp), "-p", "int4", "-e", "cpu",
-                    "-c", str(tmp) + ".cache", "--extra_options", "int4_block_size=64"], check=True, env=env,
-                   stdout=subprocess.DEVNULL)
+    proc = subprocess.run([sys.executable, "-c", code, "-i", str(src), "-o", str(tmp), "-p", "int4", "-e", "cpu",
+                           "-c", str(tmp) + ".cache", "--extra_options", "int4_block_size=64"], env=env,
+                          capture_output=True, text=True)
+    if proc.returncode != 0 or not (tmp / "genai_config.json").is_file():
+        raise SystemExit(f"onnxruntime-genai's builder failed on {src}: {proc.stderr.strip()[-800:]}")
     tmp.rename(out)
     return out
 

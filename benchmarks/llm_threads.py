@@ -7,7 +7,8 @@
 Why: the engine ran faster than MNN-LLM at one thread and slower from four (issue 45). Each thread count
 runs, in child processes of their own (engine/bench.py's child: load, warm-up, one prefill of P random
 tokens and N decode steps from an empty cache), mnntool at each OpenMP wait policy asked for (auto: the
-engine's choice, kernels.passive_wait; passive; spin) and MNN-LLM (`MNN.llm`, low/low as config.json says),
+engine's choice, kernels.passive_wait; passive; spin; spin:N, libgomp's GOMP_SPINCOUNT) and MNN-LLM
+(`MNN.llm`, low/low as config.json says),
 interleaved per thread count so that a busy host slows them alike. mnntool's child then repeats one
 prefill and the decode with its step profile on (profile.StepTimes): milliseconds per step, the parallel
 regions opened per token, and how far the sum of the steps is from the wall time (Python between them).
@@ -70,7 +71,8 @@ def main(argv=None):
     ap.add_argument("-p", type=int, default=512)
     ap.add_argument("-n", type=int, default=128)
     ap.add_argument("--rounds", type=int, default=1)
-    ap.add_argument("--wait", default="auto", help="mnntool's OpenMP wait policies, comma-separated: auto,passive,spin")
+    ap.add_argument("--wait", default="auto", help="mnntool's OpenMP wait policies, comma-separated: auto, passive, "
+                    "spin (forever), spin:N (GOMP_SPINCOUNT N, then sleep)")
     ap.add_argument("--no-mnn", action="store_true", help="mnntool only")
     ap.add_argument("--no-profile", action="store_true", help="skip the per-step profile")
     ap.add_argument("--json", default=None)
@@ -87,8 +89,8 @@ def main(argv=None):
     counts = [int(t) for t in a.threads.split(",") if int(t) <= cpus]
     waits = [w.strip() for w in a.wait.split(",") if w.strip()]
     for w in waits:
-        if w not in ("auto", "passive", "spin"):
-            raise SystemExit(f"--wait {w}: auto, passive or spin")
+        if w not in ("auto", "passive", "spin") and not (w.startswith("spin:") and w[5:].isdigit()):
+            raise SystemExit(f"--wait {w}: auto, passive, spin or spin:N")
     runs = []
     for rnd in range(a.rounds):
         for t in counts:

@@ -1,7 +1,13 @@
 """The model zoo (fixtures/zoo.py) through every export path, converted by mnntool and run in mnntool's
 runtime and MNN's, against torch eager; MNN's own converter on the same ONNX files beside it.
 
-    python benchmarks/model_zoo.py [--models bert gpt2 ...] [--paths dynamo legacy ts pt2] [--out build/zoo]
+    python benchmarks/model_zoo.py [--models bert gpt2 ...] [--paths dynamo legacy ts pt2 script] [--out build/zoo]
+
+Beside fixtures/zoo.py's small models (every path, and `script`, torch.jit.script, for the timm and
+torchvision ones), the cases older deployment pipelines hold (EXTRA below): transformers at their real
+sizes traced with input_ids and a padding attention mask (and BERT through the legacy ONNX exporter with
+both inputs open), timm LeViT and EdgeNeXt traced and scripted, and silero-vad's scripted .jit as its
+wheel ships it (the sample rate fixed by a scripted wrapper).
 
 A case passes when every checked input shape gives cosine >= 0.9999 and max abs error <= 1e-3 x max|ref|
 (the issue's bar). The example shape is always checked; a second one where the export leaves dims open.
@@ -20,8 +26,139 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-PATHS = ["dynamo", "legacy", "ts", "pt2"]
-SUFFIX = {"dynamo": ".onnx", "legacy": ".onnx", "ts": ".pt", "pt2": ".pt2"}
+PATHS = ["dynamo", "legacy", "ts", "pt2", "script"]
+SUFFIX = {"dynamo": ".onnx", "legacy": ".onnx", "ts": ".pt", "pt2": ".pt2", "script": ".pt"}
+SCRIPTABLE = ("timm", "torchvision")     # transformers' models do not script (torch.jit.script refuses them)
+
+
+def _hf_text(config: str, model: str, vocab: int):
+    """A transformers model at its config's default (real) size, called with input_ids and attention_mask."""
+    def build():
+        import torch
+        from fixtures.zoo import _without_torchvision_ops
+        _without_torchvision_ops()
+        import transformers
+        m = getattr(transformers, model)(getattr(transformers, config)())
+
+        class Text(torch.nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.m = m
+
+            def forward(self, input_ids, attention_mask):
+                out = self.m(input_ids=input_ids, attention_mask=attention_mask, return_dict=False,
+                             **({"use_cache": False} if "GPT" in model else {}))
+                return out[0]
+        return Text()
+    return build
+
+
+def _text_inputs(t=16, vocab=30522, pad=4):
+    """input_ids and an attention mask padding the first sequence's end (`shape`: another batch x length)."""
+    def make(seed=0, shape=(1, t)):
+        import torch
+        ids = torch.randint(0, vocab, tuple(shape), generator=torch.Generator().manual_seed(seed))
+        mask = torch.ones_like(ids)
+        mask[0, shape[1] - pad:] = 0
+        return ids, mask
+    return make
+
+
+def _wav2vec2_base():
+    import torch
+    from fixtures.zoo import _without_torchvision_ops
+    _without_torchvision_ops()
+    import transformers
+    m = transformers.Wav2Vec2Model(transformers.Wav2Vec2Config(feat_extract_norm="layer", do_stable_layer_norm=True))
+
+    class Audio(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.m = m
+
+        def forward(self, input_values, attention_mask):
+            return self.m(input_values=input_values, attention_mask=attention_mask, return_dict=False)[0]
+    return Audio()
+
+
+def _audio_inputs(seed=0, n=8000, valid=6000):
+    import torch
+    x = torch.randn(1, n, generator=torch.Generator().manual_seed(seed))
+    mask = torch.ones(1, n, dtype=torch.long)
+    mask[:, valid:] = 0
+    return x, mask
+
+
+def _silero():
+    """silero-vad's shipped TorchScript (scripted, stateful), the sample rate fixed as users wrap it."""
+    import importlib.resources
+    import torch
+    vad = torch.jit.load(str(importlib.resources.files("silero_vad").joinpath("data/silero_vad.jit")),
+                         map_location="cpu").eval()
+
+    class Fixed(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.m = vad
+
+        def forward(self, x):
+            return self.m(x, 16000)
+    return Fixed()
+
+
+def _speech_chunk(seed=0):
+    """512 samples at 16 kHz: a voiced-like tone with noise (silero-vad's chunk size)."""
+    import torch
+    t = torch.arange(512) / 16000
+    g = torch.Generator().manual_seed(seed)
+    return (0.3 * torch.sin(2 * torch.pi * 220 * t) + 0.05 * torch.randn(512, generator=g))[None],
+
+
+def _extra():
+    """Cases beyond fixtures/zoo.py, as its Entry (build, inputs, ...) with the paths each takes."""
+    from fixtures.zoo import Entry, _image, _timm
+    text = dict(shapes=[(2, 9)], names=("input_ids", "attention_mask"),
+                dynamic={0: {0: "B", 1: "T"}, 1: {0: "B", 1: "T"}}, group="transformers")
+    return {
+        "bert_base+mask": (Entry(_hf_text("BertConfig", "BertModel", 30522), _text_inputs(), **text), ("ts", "legacy")),
+        "distilbert_base+mask": (Entry(_hf_text("DistilBertConfig", "DistilBertModel", 30522), _text_inputs(), **text),
+                                 ("ts", "legacy")),
+        "gpt2_small+mask": (Entry(_hf_text("GPT2Config", "GPT2LMHeadModel", 50257), _text_inputs(vocab=50257), **text),
+                            ("ts", "legacy")),
+        "wav2vec2_base+mask": (Entry(_wav2vec2_base, _audio_inputs, names=("input_values", "attention_mask"),
+                                     group="transformers"), ("ts",)),
+        "levit_128s": (Entry(_timm("levit_128s"), _image()), ("ts", "script", "dynamo")),
+        "edgenext_xx_small": (Entry(_timm("edgenext_xx_small"), _image()), ("ts", "script", "dynamo")),
+        "silero_vad": (Entry(_silero, _speech_chunk, group="audio"), ("script",)),
+    }
+
+
+def cases() -> dict[str, tuple]:
+    """Every case: name -> (entry, its paths, whether the entry's model takes all inputs itself)."""
+    from fixtures.zoo import ZOO
+    out = {name: (e, tuple(p for p in PATHS if p != "script" or e.group in SCRIPTABLE), False)
+           for name, e in ZOO.items()}
+    out.update({name: (e, paths, True) for name, (e, paths) in _extra().items()})
+    return out
+
+
+def _export_own(entry, model, path, how: str) -> None:
+    """EXTRA's models take all their inputs: traced, scripted (silero ships scripted: kept so) or legacy ONNX."""
+    import contextlib
+    import io
+    import torch
+    x = entry.inputs()
+    with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()), torch.no_grad():
+        if how == "ts":
+            torch.jit.save(torch.jit.trace(model, x, check_trace=False), str(path))
+        elif how == "script":
+            torch.jit.save(model if isinstance(model, torch.jit.ScriptModule) else torch.jit.script(model), str(path))
+        elif how == "legacy":
+            axes = {entry.names[k]: entry.dynamic.get(k, {}) for k in range(len(x)) if entry.dynamic.get(k)}
+            torch.onnx.export(model, x, str(path), input_names=list(entry.names), output_names=["y"], dynamo=False,
+                              opset_version=17, dynamic_axes=axes or None)
+        else:
+            raise ValueError(f"path {how} is not one this case takes")
 
 
 def _score(got, ref) -> tuple[float, float, bool]:
@@ -39,19 +176,24 @@ def one(name: str, how: str, out: Path) -> dict:
     import warnings
     warnings.filterwarnings("ignore")
     import torch
-    from fixtures.zoo import ZOO, export, wrapped
+    from fixtures.zoo import export, first_output, wrapped
     from mnntool import api
     from mnntool.runtime.mnn_backend import MnnSession
     from mnntool.runtime.session import Session
-    entry = ZOO[name]
+    entry, paths, own = cases()[name]
     torch.manual_seed(0)
-    model = wrapped(entry.build().eval())
-    src = out / f"{name}.{how}{SUFFIX[how]}"
     res: dict = {"model": name, "path": how, "group": entry.group}
     t0 = time.perf_counter()
     try:
+        if how not in paths:
+            raise ValueError(f"{name} is not exported by {how}")
+        built = entry.build().eval()
+        # scripted as users script them: the model itself (its dict or tuple output read as traced ones are)
+        model = torch.jit.script(built) if how == "script" else (built if own else wrapped(built))
+        src = out / f"{name}.{how}{SUFFIX[how]}"
         if not src.exists():
-            export(entry, model, src, how)
+            mine = how == "script" or (own and how in ("ts", "legacy"))
+            (_export_own if mine else export)(entry, model, src, how)
     except Exception as e:      # noqa: BLE001 - the exporter's failure is a row, not a crash
         return {**res, "stage": "export", "error": f"{type(e).__name__}: {' '.join(str(e).split())[:200]}"}
     x = entry.inputs()
@@ -62,9 +204,10 @@ def one(name: str, how: str, out: Path) -> dict:
             shapes.append(tuple(s[a] if a in open_dims else shapes[0][a] for a in range(len(s))))
     dst = src.with_suffix(src.suffix + ".mnn")
     try:
-        shape_arg = {entry.names[0]: shapes[0]} if how in ("ts",) else None
-        if how == "ts":
-            shape_arg = {"x": shapes[0]}
+        shape_arg = None
+        if how in ("ts", "script"):     # the inputs as the saved module names them
+            names = [v.debugName().split(".")[0] for v in list(torch.jit.load(str(src)).graph.inputs())[1:]]
+            shape_arg = {n: tuple(v.shape) for n, v in zip(names, x)}
         api.convert(src, dst, input_shapes=shape_arg)
     except Exception as e:      # noqa: BLE001
         return {**res, "stage": "convert", "error": f"{type(e).__name__}: {' '.join(str(e).split())[:200]}"}
@@ -86,14 +229,18 @@ def one(name: str, how: str, out: Path) -> dict:
         except Exception as e:      # noqa: BLE001
             res["mnnconvert_error"] = str(e)[:200]
     for k, shape in enumerate(shapes):
-        gen = torch.Generator().manual_seed(k + 1)
-        xa = torch.randint(0, 100, shape, generator=gen) if x[0].dtype == torch.int64 else torch.randn(*shape, generator=gen)
+        if own:
+            xs = entry.inputs(k + 1) if k == 0 else entry.inputs(k + 1, shape=shape)
+        else:
+            gen = torch.Generator().manual_seed(k + 1)
+            xs = (torch.randint(0, 100, shape, generator=gen) if x[0].dtype == torch.int64
+                  else torch.randn(*shape, generator=gen),)
         with torch.no_grad():
-            ref = model(xa).numpy()
-        feeds = {g.inputs[0]: xa.numpy()}
+            ref = first_output(_fresh(entry, own, how, model)(*xs)).numpy()
+        feeds = {n: v.numpy() for n, v in zip(g.inputs, xs)}
         for rt, sess in list(runs.items()) + ([("mnnconvert", theirs)] if theirs is not None else []):
             try:
-                got = sess.run(feeds if rt != "mnnconvert" else {sess.inputs[0]: xa.numpy()})
+                got = sess.run(feeds if rt != "mnnconvert" else dict(zip(sess.inputs, feeds.values())))
                 cos, err, ok = _score(list(got.values())[0], ref)
             except Exception as e:      # noqa: BLE001
                 cos, err, ok = 0.0, float("inf"), False
@@ -103,6 +250,14 @@ def one(name: str, how: str, out: Path) -> dict:
             row["cos"], row["err"] = min(row["cos"], cos), max(row["err"], err)
     res["shapes"] = [list(s) for s in shapes]
     return res
+
+
+def _fresh(entry, own, how, model):
+    """The reference: the eager model, except a stateful scripted one (silero-vad), which a converted file
+    holds as its first call: a fresh instance for each check."""
+    if entry.group == "audio" and own:
+        return entry.build()
+    return model
 
 
 def _onnx_inputs(path):
@@ -140,9 +295,9 @@ def markdown(rows: list[dict]) -> str:
 
 
 def main():
-    from fixtures.zoo import ZOO
+    all_cases = cases()
     ap = argparse.ArgumentParser()
-    ap.add_argument("--models", nargs="*", default=list(ZOO))
+    ap.add_argument("--models", nargs="*", default=list(all_cases))
     ap.add_argument("--paths", nargs="*", default=PATHS, choices=PATHS)
     ap.add_argument("--out", default=str(ROOT / "build" / "zoo"))
     ap.add_argument("--timeout", type=float, default=900)
@@ -155,7 +310,7 @@ def main():
         return
     rows = []
     for name in args.models:
-        for how in args.paths:
+        for how in [p for p in args.paths if p in all_cases[name][1]]:
             t0 = time.perf_counter()
             try:
                 p = subprocess.run([sys.executable, __file__, "--out", str(out), "--one", name, how],

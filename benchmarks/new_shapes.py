@@ -169,7 +169,8 @@ def main() -> None:
     for name in ("mnntool", "onnxruntime"):
         r = result[name]
         print(f"{name:12s} first {r['first_ms_median']:7.2f} ms (max {r['first_ms_max']:7.2f})  steady "
-              f"{r['steady_ms_median']:6.2f} ms  first/steady median {r['ratio_median']:.2f}x (max {r['ratio_max']:.2f}x; "
+              f"{r['steady_ms_median']:6.2f} ms  first/steady median {r['ratio_median']:.2f}x "
+              f"(max {r['ratio_max']:.2f}x; "
               f"CPU time {r['cpu_ratio_median']:.2f}x)  page faults first {r['first_faults_median']:.0f}, steady "
               f"{r['steady_faults_median']:.0f}")
     if a.rss_shapes:

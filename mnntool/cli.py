@@ -182,8 +182,12 @@ def convert(src: Optional[str] = typer.Argument(None, help="Source model: .onnx,
 def info(path: str = typer.Argument(..., help="A .mnn or .onnx model."),
          framework: Optional[str] = FRAMEWORK, input_shape: Optional[List[str]] = INPUT_SHAPE,
          dump_json: Optional[str] = typer.Option(None, "--dump-json", help="Write the whole model as JSON."),
+         quant: bool = typer.Option(False, "--quant", help="Show the file's quantization instead: per layer the "
+                                    "kind, bits, symmetry, block, scales; int8 tensors' grids (a .mnn)."),
          as_json: bool = JSON):
     """Show inputs, outputs, op counts, parameters, FLOPs and size."""
+    if quant:
+        return _quant_info(path, as_json)
     shapes = api.parse_input_shapes(input_shape)
     r = api.info(path, framework, shapes)
     if dump_json:
@@ -209,6 +213,30 @@ def info(path: str = typer.Argument(..., help="A .mnn or .onnx model."),
     console.print(ops)
 
 
+def _quant_info(path: str, as_json: bool) -> None:
+    from .format import reader as mnn_reader
+    from .quant.describe import describe
+    if not path.lower().endswith(".mnn"):
+        raise MnnToolError(f"{path}: --quant reads a .mnn file's quantization (convert and quant write them)")
+    r = {"model": path, **describe(mnn_reader.load(path))}
+    if as_json:
+        print(json.dumps(r))
+        return
+    bpw = f", {r['bits_per_weight']:.2f} bits per weight (scales not counted)" if r["bits_per_weight"] else ""
+    kinds = ", ".join(f"{n} {k}" for k, n in r["kinds"].items())
+    t = Table(title=f"{u(path)}: {r['mode']} ({kinds}){bpw}")
+    for col in ("layer", "op", "kind", "bits", "sym", "block", "weights", "scales min/median/max"):
+        t.add_column(col, justify="right" if col in ("bits", "weights") else "left")
+    for x in r["layers"]:
+        sc = x["scales"]
+        t.add_row(u(x["name"]), u(x["op"]), x["kind"], str(x["bits"]),
+                  "" if x["symmetric"] is None else ("yes" if x["symmetric"] else "no"), str(x["block"] or ""),
+                  str(x["weights"] or ""), f"{sc['min']:.3g}/{sc['median']:.3g}/{sc['max']:.3g}" if sc else "")
+    console.print(t)
+    if r["int8_tensors"]:
+        console.print(f"{len(r['int8_tensors'])} int8 tensors (scale, zero point per tensor: --json lists them)")
+
+
 @app.command()
 def verify(source: str = typer.Argument(..., help="The source model (.onnx, .pt, .prototxt, .pb, .keras or a SavedModel directory)."),
            model: str = typer.Argument(..., help="The .mnn file to check."),
@@ -229,7 +257,7 @@ def verify(source: str = typer.Argument(..., help="The source model (.onnx, .pt,
            workers: int = typer.Option(1, "--workers", "-w", min=1,
                                        help="Compare the samples in N local processes (the same numbers as one)."),
            ray: Optional[str] = typer.Option(None, "--ray", help="Compare the samples as Ray tasks (the same numbers "
-                                             "as one process): local, auto or ray://HOST:PORT."),
+                                             "as one process): local, auto, HOST:PORT or ray://HOST:PORT."),
            outputs_only: bool = typer.Option(False, "--outputs-only", help="Judge the final outputs only: layers "
                                              "below the threshold are reported but do not fail the run."),
            seed: int = typer.Option(0, "--seed", help="Seed of the random N(0,1) inputs used without --input, "
@@ -508,7 +536,8 @@ def quant(src: str = typer.Argument(..., help="A float .mnn model."),
                                       help="int8: calibrate in N local processes (same file as one process)."),
           ray: Optional[str] = typer.Option(None, "--ray",
                                             help="int8: calibrate on a Ray cluster (same file as one process): "
-                                                 "local (start one here), auto (the running one) or ray://HOST:PORT."),
+                                                 "local (start one here), auto (the running one), HOST:PORT "
+                                                 "(the head's GCS) or ray://HOST:PORT (its client server)."),
           config: Optional[str] = typer.Option(None, "--config",
                                                help="JSON: method, skip, per_channel, samples, symmetric_activations."),
           mean: Optional[str] = MEAN, normal: Optional[str] = NORMAL, std: Optional[str] = STD,
@@ -645,6 +674,10 @@ from .cli_llm import llm_app  # noqa: E402  (after the shared options it imports
 
 app.add_typer(llm_app, name="llm")
 
+from .cli_debug import debug_app  # noqa: E402
+
+app.add_typer(debug_app, name="debug")
+
 
 @app.callback()
 def _options(version: bool = typer.Option(False, "--version", callback=_version, is_eager=True,
@@ -666,11 +699,11 @@ def main():
 def _interrupted(e) -> None:
     """The work's own cleanup has run on the way up (temporary outputs removed, pools stopped, Ray shut
     down); kill what children are left, then one line and the shell's code: 130 SIGINT, 143 SIGTERM."""
-    from .interrupts import exit_now, kill_children
+    from .interrupts import exit_now, kill_children, say
     kill_children()
-    err.print("interrupted", highlight=False)
+    say(2, "interrupted")       # straight to the descriptor: a progress display may still hold sys.stderr
     if "--json" in sys.argv[1:]:
-        print(json.dumps({"error": "interrupted", "signal": str(e), "exit_code": e.exit_code}))
+        say(1, json.dumps({"error": "interrupted", "signal": str(e), "exit_code": e.exit_code}))
     exit_now(e.exit_code)
 
 

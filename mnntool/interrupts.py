@@ -111,6 +111,20 @@ def process_pool(workers: int):
     ex.shutdown(wait=True)
 
 
+def say(fd: int, line: str) -> None:
+    """One line written to a descriptor (1 or 2) after what the Python streams hold: on the way out of an
+    interrupt, past any wrapper a progress display put around sys.stderr."""
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):
+            pass
+    try:
+        os.write(fd, (line + "\n").encode())
+    except OSError:
+        pass
+
+
 def exit_now(code: int) -> None:
     """Leave after an interrupt without the interpreter's exit, which would join threads a stopped pool
     left waiting (stop_pool). What that exit would have done that matters is done here: the output

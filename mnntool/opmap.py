@@ -28,11 +28,7 @@ def _registries() -> dict[str, dict]:
     from .frontends.tensorflow.ops import OPS as TF_OPS
     from .frontends.tflite.ops import OPS as TFLITE_OPS
     from .frontends.torchscript.context import ATEN
-    import mnntool.frontends.caffe  # noqa: F401  (each package's import registers its converters)
-    import mnntool.frontends.onnx  # noqa: F401
-    import mnntool.frontends.tensorflow  # noqa: F401
-    import mnntool.frontends.tflite  # noqa: F401
-    import mnntool.frontends.torchscript  # noqa: F401
+    from .frontends import caffe, onnx, tensorflow, tflite, torchscript  # noqa: F401  (their imports register)
     return {"onnx": CONVERTERS, "torchscript": ATEN, "tensorflow": TF_OPS, "tflite": TFLITE_OPS, "caffe": LAYERS}
 
 

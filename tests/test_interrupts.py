@@ -196,3 +196,49 @@ def test_children_scan_sees_a_child():
         p.kill()
         p.wait()
     assert p.pid not in children()
+
+
+_MNN_CHILD = r'''
+import os, signal, sys, threading, time
+from mnntool import interrupts, mnn_tools
+interrupts.install()
+seen = []
+def signal_when_started():
+    while not interrupts.children():
+        time.sleep(0.005)
+    seen.extend(interrupts.children())
+    os.kill(os.getpid(), signal.SIGTERM)
+threading.Thread(target=signal_when_started, daemon=True).start()
+try:
+    mnn_tools.mnnconvert("-f", "ONNX", "--modelFile", sys.argv[1], "--MNNModel", sys.argv[2], "--bizCode", "t")
+    print("finished")
+except interrupts.Interrupted as e:
+    print("interrupted", e.exit_code, *seen)
+'''
+
+
+def test_mnn_tool_child_killed(work, tmp_path):
+    """MNN's converter runs in a child process (mnn_tools): an interrupt in the parent kills it (and
+    writes nothing)."""
+    pytest.importorskip("MNN")
+    p = subprocess.run([sys.executable, "-c", _MNN_CHILD, str(work / "model.onnx"), str(tmp_path / "m.mnn")],
+                       capture_output=True, text=True, timeout=120, cwd=ROOT)
+    words = p.stdout.split()
+    assert words[:2] == ["interrupted", "143"], p.stdout + p.stderr
+    pids = [int(w) for w in words[2:]]
+    assert pids and not any(_alive(k) for k in pids)
+    assert not (tmp_path / "m.mnn").exists()
+
+
+def test_deferred_holds_a_signal_until_the_commit_ends():
+    """interrupts.deferred (around a pair of renames): a signal inside the block is delivered as it ends."""
+    from mnntool.interrupts import deferred
+    seen, order = [], []
+    old = signal.signal(signal.SIGTERM, lambda s, f: seen.append(s))
+    try:
+        with deferred():
+            os.kill(os.getpid(), signal.SIGTERM)      # Python runs a handler at the next bytecode: here
+            order.append(list(seen))
+        assert order == [[]] and seen == [signal.SIGTERM]
+    finally:
+        signal.signal(signal.SIGTERM, old)

@@ -5,6 +5,8 @@
   `--help` that command prints, so the reference cannot drift from the code.
 - `docs/contributing/op-map.md`: the marker `<!-- op-map -->` becomes the op map (`mnntool.opmap`: every IR
   op's definition, converters, kernel and tests), generated from the registries.
+- `<!-- results: NAME.json -->` on any page becomes the table of measured results in docs/results/NAME.json
+  (tools/results_tables.py: the benchmark's own JSON, with the CPU, date and command under the table).
 - The nav gets "Verify in CI" (docs/ci.md and the pages under docs/ci/) under Guides when those exist
   and mkdocs.yml does not list them already.
 """
@@ -15,6 +17,7 @@ from pathlib import Path
 
 MARKER = "<!-- cli-reference -->"
 OP_MAP = "<!-- op-map -->"
+RESULTS = "<!-- results: "       # <!-- results: NAME.json -->: a table from docs/results/NAME.json
 WIDTH = 100
 
 
@@ -59,7 +62,18 @@ def cli_reference() -> str:
     return "\n".join(parts)
 
 
+def _results_tables():
+    """tools/results_tables.py, loaded by path (MkDocs loads this hooks file by path too)."""
+    import importlib.util
+    spec = importlib.util.spec_from_file_location("results_tables", Path(__file__).with_name("results_tables.py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
 def on_page_markdown(markdown, page, config, files, **kwargs):
+    if RESULTS in markdown:
+        markdown = _results_tables().fill(markdown, Path(config["docs_dir"]) / "results")
     if MARKER in markdown:
         return markdown.replace(MARKER, cli_reference())
     if OP_MAP in markdown:

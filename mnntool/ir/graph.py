@@ -30,6 +30,22 @@ class TensorInfo:
     quant: dict | None = None  # MNN TensorQuantInfo (scale, zero, min, max, type) for int8 tensors
 
 
+def consumers_of(nodes: list[Node]) -> dict[str, list[Node]]:
+    """Who reads each tensor among `nodes`: its reading nodes in order, a node that reads it twice (x * x,
+    IsNaN as x != x) listed once. Graph.consumers() asks it of the graph's nodes; the planner asks it of
+    the node list it is rewriting."""
+    out: dict[str, list[Node]] = {}
+    for n in nodes:
+        for i in dict.fromkeys(n.inputs):
+            out.setdefault(i, []).append(n)
+    return out
+
+
+def producers_of(nodes: list[Node]) -> dict[str, Node]:
+    """The node that writes each tensor among `nodes`."""
+    return {o: n for n in nodes for o in n.outputs}
+
+
 @dataclass
 class Graph:
     nodes: list[Node] = field(default_factory=list)
@@ -50,16 +66,12 @@ class Graph:
         return self.tensors[name]
 
     def producers(self) -> dict[str, Node]:
-        return {o: n for n in self.nodes for o in n.outputs}
+        return producers_of(self.nodes)
 
     def consumers(self) -> dict[str, list[Node]]:
-        """Who reads each tensor: its reading nodes in graph order, a node that reads it twice (x * x,
-        IsNaN as x != x) listed once. The one such query: the passes, the quantizer and the planner ask it."""
-        out: dict[str, list[Node]] = {}
-        for n in self.nodes:
-            for i in dict.fromkeys(n.inputs):
-                out.setdefault(i, []).append(n)
-        return out
+        """Who reads each tensor (consumers_of the graph's nodes): the one such query, which the passes,
+        the quantizer and the planner ask."""
+        return consumers_of(self.nodes)
 
     def sole_consumer(self, name: str, readers: dict[str, list[Node]] | None = None) -> Node | None:
         """The one node reading `name` when it is not a graph output and nothing else reads it: only then

@@ -11,14 +11,13 @@ from __future__ import annotations
 import numpy as np
 
 from ..ir.graph import Graph, Node
-
-CONVS = ("Convolution", "ConvolutionDepthwise")
+from ..ir.ops import is_convolution
 
 
 def _form(g: Graph, n: Node | None):
     """(input, the geometry that must match, kernel (ky, kx), centre offsets) of a convolution a branch
     merge can take, else None."""
-    if n is None or n.op not in CONVS or len(n.inputs) != 1 or n.param.get("quanParameter") is not None:
+    if n is None or not is_convolution(n.op) or len(n.inputs) != 1 or n.param.get("quanParameter") is not None:
         return None
     c = n.param.get("common") or {}
     if c.get("relu") or c.get("relu6") or c.get("hasOutputShape") or c.get("padMode", "CAFFE") != "CAFFE":

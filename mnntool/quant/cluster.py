@@ -114,10 +114,6 @@ def token() -> tuple[str | None, str]:
     return None, ""
 
 
-def _explicit_token() -> bool:
-    return any(os.environ.get(v, "").strip() for v in ("RAY_AUTH_TOKEN", "RAY_AUTH_TOKEN_PATH"))
-
-
 # --------------------------------------------------------------------------------------------- probes
 
 def _knock(a: Address) -> None:
@@ -175,11 +171,10 @@ def auth_mode(a: Address) -> str | None:
         return None
     mode = os.environ.get("RAY_AUTH_MODE", "").strip().lower()
     status, reply = _ask(a, None)
-    if status == "OK":
-        if mode == "token" or _explicit_token():
-            set_by = "RAY_AUTH_MODE=token" if mode == "token" else "a token is set (RAY_AUTH_TOKEN/_PATH)"
+    if status == "OK":             # no token asked: a token set here goes unused, as Ray itself would leave it
+        if mode == "token":
             raise MnnToolError(f"--ray {a.given}: the cluster at {a.hostport} runs without token authentication "
-                               f"but {set_by} here: unset it, or restart the cluster with RAY_AUTH_MODE=token")
+                               "but RAY_AUTH_MODE=token here: unset it, or restart the cluster with RAY_AUTH_MODE=token")
         _versions(a, reply)
         return "disabled"
     if status != "UNAUTHENTICATED":
@@ -295,8 +290,8 @@ def _failure(a: Address, e: BaseException) -> MnnToolError:
     if "InvalidAuthToken" in whole or "UNAUTHENTICATED" in whole.upper():
         return MnnToolError(f"--ray {a.given}: the cluster refused this driver's token (token mismatch): use the "
                             "head's (`ray get-auth-token` there) in RAY_AUTH_TOKEN or RAY_AUTH_TOKEN_PATH")
-    return MnnToolError(f"--ray {a.given}: Ray could not connect to {a.hostport or 'a new local instance'} "
-                        f"({' '.join(texts[0].split())[:200]})")
+    where = "a new local instance" if a.kind == "local" else a.hostport
+    return MnnToolError(f"--ray {a.given}: Ray could not connect to {where} ({' '.join(texts[0].split())[:200]})")
 
 
 @contextmanager

@@ -21,7 +21,7 @@ from .kernels.control import run_bodies_in, shape_free
 from .plan import Plan, Planning, Step, build, check_off
 from .plan.int8_store import RAW, raw_reads, rounding, stored_grids, stored_on
 from .plan.kernels import generic_kernel, kernel_for
-from .plan.memory import Recycler
+from .plan.recycler import Recycler
 from .plan.shapes import check_size
 from .plan.threads import ONE_THREAD_BELOW_FLOPS
 from .settings import Settings
@@ -71,7 +71,7 @@ class Session:
                 graph.constants[name] = value.copy()
         self.settings = Settings.of(threads, off)
         check_off(self.settings.off)
-        self._memory = Recycler()     # buffers of dropped plans, for new ones (runtime/plan/memory.py)
+        self._memory = Recycler()     # buffers of dropped plans, for new ones (runtime/plan/recycler.py)
         self.plan: Plan | None = None       # the plan last prepared or run (a run uses its own, checked out)
         self._plan_key = None
         self._plans: dict = {}        # input-shape key -> its first plan (insertion order: oldest first)

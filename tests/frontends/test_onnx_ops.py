@@ -32,6 +32,10 @@ X4 = [("x", [1, 4, 8, 8])]
 ROIS = np.array([[0, 0, 0, 14, 14], [0, 4, 2, 20, 9], [0, 6, 6, 6, 6]], np.float32)
 
 CASES = {
+    "reverse_sequence": ([N("ReverseSequence", ["x", "lens"], ["y"], batch_axis=1, time_axis=0)], [("x", [5, 3, 4])],
+                         [W("lens", np.array([5, 2, 1], np.int64))], 17),
+    "reverse_sequence_batch_first": ([N("ReverseSequence", ["x", "lens"], ["y"], batch_axis=0, time_axis=1)],
+                                     [("x", [3, 6, 2])], [W("lens", np.array([1, 4, 6], np.int64))], 17),
     "max_roi_pool": ([N("MaxRoiPool", ["x", "rois"], ["y"], pooled_shape=[3, 2], spatial_scale=0.5)], X4,
                      [W("rois", ROIS)], 17),
     "conv": ([N("Conv", ["x", "w", "b"], ["y"], pads=[1, 1, 1, 1], strides=[2, 2])], X4,
@@ -133,6 +137,18 @@ def test_op_matches_onnxruntime_in_mnn(tmp_path, name):
     got = mnn_run(dst, g.inputs, g.outputs, feeds)
     for out in g.outputs:
         assert_close(ref[out], got[out])
+
+
+def test_reverse_sequence_refuses_a_length_mnn_cannot_run(tmp_path):
+    """MNN reverses 1..steps elements of each sequence; a zero length is refused in one line at conversion."""
+    from mnntool.errors import MnnToolError
+    g = h.make_graph([N("ReverseSequence", ["x", "lens"], ["y"])], "rs", [vi("x", [4, 2, 3])], [vi("y", [4, 2, 3])],
+                     initializer=[W("lens", np.array([0, 4], np.int64))])
+    m = h.make_model(g, opset_imports=[h.make_opsetid("", 17)])
+    m.ir_version = 8
+    onnx.save(m, tmp_path / "rs.onnx")
+    with pytest.raises(MnnToolError, match=r"rs.onnx: ReverseSequence '.*': sequence lengths \[0, 4\] outside 1..4"):
+        api.convert(tmp_path / "rs.onnx", tmp_path / "rs.mnn")
 
 
 def test_supported_op_list_covers_the_foundation_list():

@@ -113,13 +113,23 @@ CASES.update({
     "div_floor": (lambda x, y: torch.div(x, y, rounding_mode="floor"), [u(3, 4, lo=-5, hi=5), u(3, 4, lo=0.5, hi=2)]),
     "div_trunc": (lambda x, y: torch.div(x, y, rounding_mode="trunc"), [u(3, 4, lo=-5, hi=5), u(3, 4, lo=0.5, hi=2)]),
     "div_trunc_int": (lambda x: torch.div((x * 3).int(), 4, rounding_mode="trunc"), [u(3, 4, lo=-5, hi=5)]),
+    "pow": (lambda x: torch.pow(x, 2) + x ** 3, [u(3, 4)]),
+    "__or__": (lambda x, y: (x > 0) | (y < 0.5), [u(3, 4), u(3, 4)]),
+    "__xor__": (lambda x, y: (x > 0) ^ (y < 0.5), [u(3, 4), u(3, 4)]),
+    "new_zeros": (lambda x: x + x.new_zeros(3, 4), [u(3, 4)]),
+    "new_full": (lambda x: x * x.new_full((3, 4), 2.5), [u(3, 4)]),
+    "view_as": (lambda x, y: x.view_as(y) * y, [u(2, 6, 5, 4), u(12, 20)]),
+    "squeeze": (lambda x: torch.squeeze(x, 1) * 2, [u(3, 1, 4)]),
+    "pad": (lambda x: F.pad(x, (1, 2, 0, 1), value=0.5), [X]),
+    "pad_reflect": (lambda x: F.pad(x, (2, 1), mode="reflect"), [u(2, 3, 6)]),
+    "pad_replicate": (lambda x: F.pad(x, (2, 1, 1, 0), mode="replicate"), [X]),
     "index_put_accumulate": (lambda x: x.index_put((torch.tensor([0, 2, 0]),), torch.ones(3, 4), accumulate=True),
                              [u(3, 4)]),
 })
 OP_OF = {"fmod_scalar": "fmod", "fmod_int": "fmod", "__and___int": "__and__", "new_ones_bool": "new_ones",
          "diff_bool": "diff", "index_put_indices": "index_put_", "index_put_runtime": "index_put_",
          "index_put_accumulate": "index_put",
-         "div_floor": "div", "div_trunc": "div", "div_trunc_int": "div"}    # cases named apart from their op
+         "pad_reflect": "pad", "pad_replicate": "pad", "div_floor": "div", "div_trunc": "div", "div_trunc_int": "div"}    # cases named apart from their op
 OP_OF.update({k: "linalg_vector_norm" for k in CASES if k.startswith("linalg_vector_norm_")})
 OP_OF.update({k: "index" for k in CASES if k.startswith("index_") and not k.startswith("index_put")
               and k != "index_select"})
@@ -166,3 +176,38 @@ def test_aten_op_matches_torch_in_both_runtimes(tmp_path, name):
     for r, o in zip(refs, g.outputs):
         _check(r, ours[o], f"{name} {o} mnntool")
         _check(r, theirs[o], f"{name} {o} MNN")
+
+
+class _Indexing(torch.nn.Module):
+    """A boolean-mask write and index lists, as torch.export records them (aten.index / aten.index_put_)."""
+    def forward(self, x):
+        y = x.clone()
+        y[x < 0] = 0.5
+        return y[:, torch.tensor([0, 2])] + x[torch.tensor([1, 0])][:, [1, 2]]
+
+
+def test_exported_program_indexing_in_both_runtimes(tmp_path):
+    x = u(2, 4)
+    ep = torch.export.export(_Indexing(), (x,))
+    targets = {str(n.target) for n in ep.graph.nodes if n.op == "call_function"}
+    assert {"aten.index.Tensor", "aten.index_put_.default"} <= targets, targets
+    src, dst = tmp_path / "m.pt2", tmp_path / "m.mnn"
+    torch.export.save(ep, str(src))
+    api.convert(src, dst)
+    g = api.load_graph(dst)
+    feeds = {g.inputs[0]: x.numpy()}
+    ref = _Indexing()(x).numpy()
+    _check(ref, mnntool.load(dst).run(feeds)[g.outputs[0]], "mnntool")
+    _check(ref, mnn_run(dst, list(feeds), list(g.outputs), feeds)[g.outputs[0]], "MNN")
+
+
+def test_run_time_boolean_index_refused_in_one_line(tmp_path):
+    """x[x > 0] has as many elements as the data selects: static shapes cannot hold it."""
+    from mnntool.errors import MnnToolError
+    traced = torch.jit.trace(One(lambda x: x[x > 0] * 2), (u(3, 4),))
+    src = tmp_path / "m.pt"
+    traced.save(str(src))
+    with pytest.raises(MnnToolError, match="aten::index") as e:
+        api.convert(src, tmp_path / "m.mnn", input_shapes={"x": (3, 4)})
+    assert "\n" not in str(e.value) and "data-dependent" in str(e.value)
+    assert not (tmp_path / "m.mnn").exists()

@@ -4,7 +4,8 @@ checks (prim::device), lowered to their values at conversion; the converted mode
 module's first call on a fresh instance. One module per op (the frozen, inlined graph checked to hold it),
 converted and run in mnntool's runtime and MNN against eager torch: cosine >= 0.9999 and max abs <= 1e-3
 x the output's scale. A value these ops cannot know at conversion is refused in one line."""
-from typing import List
+import math
+from typing import Dict, List, Union
 
 import pytest
 
@@ -63,8 +64,46 @@ class Device(nn.Module):
         return torch.cat([h.to(x.device), x], 1)
 
 
+class PythonValues(nn.Module):
+    """Scripted code's own values: lists grown and sliced, a dict cache written and read, strings, integer
+    math on sizes and isinstance on an open type (timm's DenseNet, LeViT and MobileViT script to these)."""
+    cache: Dict[str, torch.Tensor]
+
+    def __init__(self):
+        super().__init__()
+        self.cache = {}
+
+    def forward(self, x):
+        parts: List[torch.Tensor] = [x]
+        for k in range(3):
+            parts.append(parts[-1] * 0.5 + float(k))
+        feats: Union[torch.Tensor, List[torch.Tensor]] = parts
+        if isinstance(feats, torch.Tensor):
+            return feats
+        key = str(x.size(1) // 128) + "x"
+        if key not in self.cache:
+            self.cache[key] = torch.ones(1, x.size(1)) * 0.25
+        h = int(math.ceil(x.size(1) / 100.0))
+        last = list(parts[-2:])
+        return torch.cat(last, 0)[:, :h * 100] + self.cache[key][:, :h * 100]
+
+
+class LSTMCell(nn.Module):
+    """One recurrent step from a zero state (silero-vad's decoder; tracing would decompose the cell)."""
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.cell = nn.LSTMCell(512, 16)
+
+    def forward(self, x):
+        h, c = self.cell(x)
+        h2, c2 = self.cell(x * 0.5, (h, c))
+        return torch.cat([h2, c2], 1)
+
+
 CASES = {"aten::__contains__": Contains, "prim::SetAttr": SetAttr, "prim::Uninitialized": Uninitialized,
-         "prim::device": Device}
+         "prim::device": Device, "aten::append": PythonValues,
+         "aten::lstm_cell": LSTMCell}
 
 
 def _kinds(module) -> set:
@@ -99,7 +138,7 @@ def test_scripted_op_matches_torch_in_both_runtimes(tmp_path, op):
     x = torch.randn(2, 512, generator=torch.Generator().manual_seed(5))
     loaded, dst = _convert(tmp_path, CASES[op](), x)
     assert op in _kinds(torch.jit.load(str(tmp_path / "m.pt"))), sorted(_kinds(loaded))
-    ref = CASES[op]().eval()(x).detach().numpy()       # the first call of a fresh instance
+    ref = CASES[op]().eval()(x).detach().numpy()       # the first call of a fresh instance (same seed)
     g = api.load_graph(dst)
     feeds = {"x": x.numpy()}
     assert_close(ref, mnntool.load(dst).run(feeds)[g.outputs[0]])

@@ -3,7 +3,6 @@ weights from small configs, seeded; nothing downloaded), converted and run in mn
 against eager torch: cosine >= 0.9999 and max abs <= 1e-3 x the output's scale. The transformers are
 traced with an attention mask that pads the end of the sequence (the mask functions, boolean indexing and
 in-place writes it brings are what these cases exercise)."""
-import numpy as np
 import pytest
 
 torch = pytest.importorskip("torch")

@@ -42,6 +42,8 @@ CASES = [
      [np.arange(16, dtype=np.float32).reshape(1, 1, 4, 4)]),
     ("Interp", {"resizeType": 2, "outputHeight": 6, "outputWidth": 8}, [np.ones((1, 1, 3, 4), np.float32)]),
     ("LayerNorm", {"axis": [-1], "epsilon": 1e-5}, [np.arange(6, dtype=np.float32).reshape(2, 3)]),
+    ("ReverseSequence", {"batchDim": 0, "seqDim": 1}, [np.arange(12, dtype=np.float32).reshape(3, 4),
+                                                       np.array([4, 1, 2], np.int32)]),
 ]
 
 

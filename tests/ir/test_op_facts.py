@@ -68,7 +68,7 @@ def test_the_facts_the_passes_used_to_spell_out():
     assert ops_where(runs_int8) == {"Convolution", "ConvolutionDepthwise", "Pooling", "ReLU", "ReLU6"}
     assert ops_where(is_view) == {"ConvertTensor", "Identity", "Dropout", "Reshape", "Flatten", "Squeeze",
                                   "Unsqueeze", "ExpandDims"}
-    assert ops_where(keeps_values) == ops_where(is_view) | {"Permute", "Transpose"}
+    assert ops_where(keeps_values) == ops_where(is_view) | {"Permute", "Transpose", "ReverseSequence"}  # + new op
     assert ops_where(lambda op: layout_of(op).startswith("NC4HW4")) == {
         "Convolution", "ConvolutionDepthwise", "Deconvolution", "DeconvolutionDepthwise", "Pooling", "Scale",
         "Interp", "PReLU", "GridSample", "ROIPooling", "DetectionOutput"}

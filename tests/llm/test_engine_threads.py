@@ -6,7 +6,9 @@
   within half a step, the Numba attention over the codes equals numpy attention over the dequantized
   cache, and the whole model on it equals the numpy reference path with the same cache (kv8.py);
   on the trained test model it keeps the float32 cache's greedy tokens (same top-1 >= 95%);
-- the packed GEMM over several token blocks at 2 threads against numpy's dequantize-then-matmul.
+- the packed GEMM over several token blocks at 2 threads, and decode's gate/up GEMV with the activation
+  fused (gemv_glu), against numpy's dequantize-then-matmul;
+- the step profile's counts, the bandwidth test and the OpenMP wait-policy choice.
 Tolerances: the packed layers' int16 inputs round 1.5e-5 of a block's largest value (packed.py), so
 logits are compared at 1e-3 of their largest magnitude, as test_engine.py's reference test does.
 """
@@ -185,8 +187,9 @@ def test_profile_counts_steps(bundle):
 def test_bandwidth_and_wait_policy(monkeypatch):
     from mnntool.llm.engine import kernels
     from mnntool.llm.engine.membw import measure
-    r = measure(1, mb=16, reps=2)
-    assert r["read_GBps"] > 0.1 and r["copy_GBps"] > 0.1
+    for threads in (1, 2):              # the serial twins, then the parallel kernels
+        r = measure(threads, mb=16, reps=2)
+        assert r["read_GBps"] > 0.1 and r["copy_GBps"] > 0.1
     cores = len(os.sched_getaffinity(0))
     env = {}
     assert kernels.passive_wait(cores, env) and not kernels.passive_wait(1, env)
@@ -195,3 +198,30 @@ def test_bandwidth_and_wait_policy(monkeypatch):
     assert not kernels.passive_wait(cores, {"OMP_WAIT_POLICY": "ACTIVE"})
     kernels.wait_env(cores, env)
     assert env == {"OMP_WAIT_POLICY": "PASSIVE"}
+
+
+@pytest.mark.parametrize("threads,bits,act", [(1, 4, 0), (2, 4, 1), (2, 8, 0)])
+def test_gemv_with_fused_activation(threads, bits, act):
+    """Decode's gate/up GEMV with the activation inside (packed.gemv_glu) against numpy: act(x Wg^T + bg)
+    * (x Wu^T + bu), silu (0) or tanh GELU (1); 1e-3 of the largest value (int16 inputs, packed.py)."""
+    from mnntool.llm.engine.kernels import threads as use_threads
+    from mnntool.llm.engine.packed import PackedLinear
+    from tests.llm.test_engine import _qweight
+    gate, dg = _qweight(bits, 96, 128, 32, False, seed=1)
+    up, du = _qweight(bits, 96, 128, 32, False, seed=2)
+    lin = PackedLinear.of([gate, up], threads)
+    assert lin.glu
+    if threads > 1:                 # the parallel kernel itself (a layer this small gets the serial twin)
+        from mnntool.llm.engine.packed import gemv_glu
+        lin.gemv_glu = gemv_glu.dispatcher()
+    x = np.random.default_rng(4).standard_normal((1, 128)).astype(np.float32)
+    a = x.astype(np.float64) @ dg.T.astype(np.float64) + gate.bias
+    u = x.astype(np.float64) @ du.T.astype(np.float64) + up.bias
+    if act == 0:
+        ref = a / (1 + np.exp(-a)) * u
+    else:
+        ref = 0.5 * a * (1 + np.tanh(np.sqrt(2 / np.pi) * (a + 0.044715 * a ** 3))) * u
+    out = np.empty((1, 96), np.float32)
+    with use_threads(threads):
+        lin.apply_glu(x, act, out)
+    assert np.abs(out - ref).max() < 1e-3 * np.abs(ref).max()

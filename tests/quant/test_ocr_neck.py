@@ -120,3 +120,45 @@ def test_no_grid_in_the_file_spreads_in_mnn(files):
     gridded = {t for t, info in q.tensors.items() if info is not None and info.quant}
     assert not spread_grids(q, gridded)
     assert sum("symmetricQuan" in n.param for n in q.nodes) >= 5     # the backbone and the head
+
+
+class ClsHead(nn.Module):
+    """PP-OCR's direction classifier's end: a hard-swish map, a max pooling, a global average and a
+    Linear before the softmax. The average's grid reached the hard-swish through both poolings in MNN,
+    whose int8 max pooling then ran on signed bytes (probabilities 0.45/0.55 for 0.99/0.01)."""
+    def __init__(self):
+        super().__init__()
+        self.body = nn.Sequential(_cbh(3, 16, 2), _cbh(16, 32, 1), nn.Conv2d(32, 48, 1), nn.BatchNorm2d(48),
+                                  nn.Hardswish())
+        self.fc = nn.Linear(48, 2)
+
+    def forward(self, x):
+        p = F.adaptive_avg_pool2d(F.max_pool2d(self.body(x), 2, 2), 1).flatten(1)
+        return torch.softmax(self.fc(p) * 4, 1)
+
+
+def test_int8_classifier_head_means_the_same_in_both_runtimes(tmp_path):
+    """Text lines (192x48, PP-OCR's (x/255 - 0.5) / 0.5): class probabilities agree between the
+    runtimes (cosine >= 0.9999, max difference <= 1e-3) and are within cosine 0.99 of fp32 in MNN."""
+    from fixtures.textpages import normalised, page
+    line = lambda seed: normalised(page(seed, (192, 48), (18, 34)), (0.5,) * 3, (0.5,) * 3)  # noqa: E731
+    calib = [line(k) for k in range(8)]
+    torch.manual_seed(0)
+    m = ClsHead()
+    for mod in m.modules():
+        if isinstance(mod, nn.BatchNorm2d):
+            mod.momentum = None
+            mod.reset_running_stats()
+    with torch.no_grad():
+        m.train()(torch.from_numpy(np.concatenate(calib)))
+    onnx_path, fp32, int8 = tmp_path / "cls.onnx", tmp_path / "cls.mnn", tmp_path / "cls8.mnn"
+    torch.onnx.export(m.eval(), (torch.from_numpy(calib[0]),), str(onnx_path), dynamo=False, opset_version=17,
+                      input_names=["x"], output_names=["y"])
+    api.convert(onnx_path, fp32)
+    quantize_file(fp32, int8, QuantConfig(int8=True, calib=[{"x": x} for x in calib], method="mse"))
+    ref_sess, ours_sess = Session(reader.load(fp32)), Session(reader.load(int8))
+    for x in (line(100), line(101)):
+        ref, ours = ref_sess.run({"x": x})["y"], ours_sess.run({"x": x})["y"]
+        theirs = mnn_run(int8, ["x"], ["y"], {"x": x})["y"].reshape(ours.shape)
+        assert metrics(ours, theirs)["cosine"] >= 0.9999 and np.abs(ours - theirs).max() <= 1e-3, (ours, theirs)
+        assert metrics(ref, theirs)["cosine"] >= 0.99, (ref, theirs)

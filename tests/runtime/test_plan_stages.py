@@ -1,8 +1,8 @@
 """The planner's stages (runtime/plan): each optional stage changes the plan of a model made to need
 every one of them, and switched off on its own (Session(off=...), MNNTOOL_PLAN_OFF) leaves outputs equal
 to onnxruntime's (abs and relative error 1e-4 over values up to ~5: the convolutions' sums differ in
-order) and to the plan with every stage on (the same: another kernel may sum in another order). Also: a plan's buffers go back to its session when the plan is
-dropped, and the next plan takes them."""
+order) and to the plan with every stage on (the same: another kernel may sum in another order). Also:
+a plan's buffers go back to its session when the plan is dropped, and the next plan takes them."""
 import numpy as np
 import onnx
 import pytest
@@ -59,8 +59,10 @@ def _every_stage_model(path):
         n("Add", ["vec", "c"], ["va"]), n("Mul", ["va", "va"], ["vb"]), n("Sigmoid", ["vb"], ["vs"]),
         n("Tanh", ["vs"], ["y_vec"]),
     ]
-    inputs = [h.make_tensor_value_info("x", TP.FLOAT, [1, 8, 16, 16]), h.make_tensor_value_info("t", TP.FLOAT, [1, 6, 16]),
-              h.make_tensor_value_info("ids", TP.INT64, [1, "n"]), h.make_tensor_value_info("vec", TP.FLOAT, [1, 64])]
+    inputs = [h.make_tensor_value_info("x", TP.FLOAT, [1, 8, 16, 16]),
+              h.make_tensor_value_info("t", TP.FLOAT, [1, 6, 16]),
+              h.make_tensor_value_info("ids", TP.INT64, [1, "n"]),
+              h.make_tensor_value_info("vec", TP.FLOAT, [1, 64])]
     outputs = [h.make_tensor_value_info(o, TP.FLOAT, None) for o in OUTPUTS]
     m = h.make_model(h.make_graph(nodes, "every_stage", inputs, outputs, inits), opset_imports=[h.make_opsetid("", 17)])
     m.ir_version = 8

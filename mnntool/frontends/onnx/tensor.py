@@ -142,6 +142,18 @@ def transpose(ctx, node, a):
     ctx.emit("Permute", [node.input[0]], [node.output[0]], {"dims": [int(p) for p in perm]}, node.name)
 
 
+@converts("ReverseSequence")
+def reverse_sequence(ctx, node, a):
+    """MNN reverses 1..steps elements per sequence: a known length outside that is refused here."""
+    lengths, shape = ctx.const(node.input[1]), ctx.shape(node.input[0])
+    steps = shape[int(a.get("time_axis", 0))] if shape is not None else None
+    if lengths is not None and isinstance(steps, int) and ((lengths < 1) | (lengths > steps)).any():
+        raise MnnToolError(f"{ctx.path}: ReverseSequence '{node.name}': sequence lengths {lengths.tolist()} "
+                           f"outside 1..{steps}: MNN's ReverseSequence reverses at least one step")
+    ctx.emit("ReverseSequence", [node.input[0], node.input[1]], [node.output[0]],
+             {"batchDim": int(a.get("batch_axis", 1)), "seqDim": int(a.get("time_axis", 0))}, node.name)
+
+
 def _axes_operand(ctx, node, a):
     """(constant axes list or None, run-time axes tensor or None)."""
     axes = a.get("axes")

@@ -17,6 +17,15 @@ from .context import ATEN, SAME_TYPE, TorchCtx, is_bool, torch_for
 from .walk import walk
 
 
+def _defaults(module) -> dict:
+    """forward's arguments that have a default value, by name."""
+    try:
+        args = module.forward.schema.arguments
+    except (AttributeError, RuntimeError):
+        return {}
+    return {a.name: a.default_value for a in args if a.has_default_value()}
+
+
 def _flat(val) -> list:
     """A model's outputs: tuples, lists and dicts (a traced ModelOutput) opened, in order."""
     if isinstance(val, dict):
@@ -73,6 +82,10 @@ def load_torchscript(path, input_shapes: dict) -> Graph:
     torch._C._jit_pass_inline(graph)
     inputs = [v for v in graph.inputs() if not v.type().kind() == "ClassType"]
     names = [v.debugName().split(".")[0] for v in inputs]
+    defaults = _defaults(module)       # forward(x, mask: Optional[Tensor] = None): left out, the default holds
+    kept = [k for k, n in enumerate(names) if n in input_shapes or n not in defaults]
+    fixed = {inputs[k].unique(): defaults[names[k]] for k in range(len(inputs)) if k not in kept}
+    inputs, names = [inputs[k] for k in kept], [names[k] for k in kept]
     plain = [f"{n} ({v.type()})" for n, v in zip(names, inputs) if v.type().kind() not in ("TensorType", "ClassType")]
     if plain:
         raise MnnToolError(f"{path}: inputs {', '.join(plain)} are not tensors; a converted model takes tensors "
@@ -95,6 +108,7 @@ def load_torchscript(path, input_shapes: dict) -> Graph:
     ctx = TorchCtx(g, str(path))
     indices = _integer_values(graph)
     env: dict = {v.unique(): module for v in graph.inputs() if v.type().kind() == "ClassType"}
+    env.update(fixed)
     for v, name in zip(inputs, names):
         dtype = "int32" if "Long" in str(v.type()) or "Int" in str(v.type()) or v.unique() in indices or \
             name in INTEGER_NAMES or name.endswith("_ids") else "float32"

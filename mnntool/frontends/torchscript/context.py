@@ -62,6 +62,8 @@ def attribute(ctx, owner, name: str):
     value = getattr(owner, name)
     if isinstance(value, torch.Tensor):
         return value.detach().cpu().numpy()
+    if isinstance(value, (list, dict)) and ctx.readable is not None:
+        ctx.readable[key] = value       # each read of a module's list or dict copies it: one object, as in Python
     return value
 
 

@@ -54,6 +54,12 @@ class _Call:
     def scopeName(self) -> str:     # noqa: N802
         return self.fx.name
 
+    def list_item_is_bool(self, arg: int, k: int) -> bool:
+        """Whether item k of list operand `arg` (an index list) holds booleans, from the program's metadata."""
+        items = self._args[arg] if arg < len(self._args) else None
+        item = items[k] if isinstance(items, (list, tuple)) and k < len(items) else None
+        return _type_text(item) == "Bool"
+
     def blocks(self):
         return []
 

@@ -26,7 +26,7 @@ def _is_bool(ctx, node, k, idx) -> bool:
     try:
         src = list(node.inputs())[1].node()
     except AttributeError:          # a torch.export call: its list is not a graph value
-        return False
+        return node.list_item_is_bool(1, k)
     return src.kind() == "prim::ListConstruct" and is_bool(list(src.inputs())[k])
 
 

@@ -53,11 +53,13 @@ for _k, _v in {"aten::add": "ADD", "aten::sub": "SUB", "aten::mul": "MUL", "aten
     ATEN[_k] = _binary_op(_v)
 
 
-@aten("aten::floor_divide")
+@aten("aten::floor_divide", "aten::floordiv")
 def floor_divide(ctx, node, args):
     a, b = args
     if not isinstance(a, T) and not isinstance(b, T):
         return [a // b]
+    from .control import like_tensor
+    a, b = like_tensor(ctx, a, b), like_tensor(ctx, b, a)
     return ctx.emit("BinaryOp", [ctx.tensor(a), ctx.tensor(b)], [ctx.out(node)], {"opType": "FLOORDIV"})
 
 
@@ -65,7 +67,9 @@ def floor_divide(ctx, node, args):
 def pow_(ctx, node, args):
     if not isinstance(args[0], T) and not isinstance(args[1], T):
         return [args[0] ** args[1]]
-    return ctx.emit("BinaryOp", [ctx.tensor(args[0]), ctx.tensor(args[1])], [ctx.out(node)], {"opType": "POW"})
+    from .control import like_tensor       # x ** 2: the number as the tensor's type (MNN refuses a mix)
+    a, b = like_tensor(ctx, args[0], args[1]), like_tensor(ctx, args[1], args[0])
+    return ctx.emit("BinaryOp", [ctx.tensor(a), ctx.tensor(b)], [ctx.out(node)], {"opType": "POW"})
 
 
 def _unary(op_type):

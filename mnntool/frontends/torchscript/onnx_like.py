@@ -24,8 +24,13 @@ def hardsigmoid(ctx, node, args):
 
 @aten("aten::sin", "aten::cos", "aten::reciprocal", "aten::floor", "aten::ceil", "aten::sign", "aten::round")
 def unary(ctx, node, args):
-    op = node.kind().split("::")[1].capitalize()
-    return onnx_op(ctx, node, op, [args[0]])
+    name = node.kind().split("::")[1]
+    if not isinstance(args[0], T):     # scripted code's math on numbers (math.ceil -> an int, as in Python)
+        import math
+        fn = {"sin": math.sin, "cos": math.cos, "reciprocal": lambda v: 1 / v, "floor": math.floor,
+              "ceil": math.ceil, "sign": lambda v: (v > 0) - (v < 0), "round": round}[name]
+        return [fn(args[0]) if np.ndim(args[0]) == 0 else getattr(np, name if name != "round" else "rint")(args[0])]
+    return onnx_op(ctx, node, name.capitalize(), [args[0]])
 
 
 @aten("aten::rsqrt")

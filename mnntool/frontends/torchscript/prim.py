@@ -110,3 +110,50 @@ def construct(ctx, node, args):
 @aten("prim::TupleIndex", "aten::__getitem__")
 def getitem(ctx, node, args):
     return [args[0][args[1]]]
+
+
+# ---- Python containers and values in scripted code (lists, dicts, strings, integer math) ------------------
+
+@aten("aten::append")
+def append(ctx, node, args):
+    """list.append: the list object itself changes (later readers of it see the item), as in Python."""
+    args[0].append(args[1])
+    return [args[0]]
+
+
+@aten("aten::_set_item")
+def set_item(ctx, node, args):
+    args[0][args[1]] = args[2]
+    return []
+
+
+@aten("aten::list", "aten::copy")
+def copy_list(ctx, node, args):
+    return [list(args[0]) if isinstance(args[0], (list, tuple)) else args[0]]
+
+
+@aten("aten::dict")
+def new_dict(ctx, node, args):
+    return [dict(args[0]) if args else {}]
+
+
+@aten("aten::str")
+def to_str(ctx, node, args):
+    return [str(args[0])]
+
+
+# TorchScript type kinds -> the Python values this frontend holds for them
+_KINDS = {"TensorType": (T, np.ndarray), "ListType": (list, tuple), "TupleType": (list, tuple), "IntType": (int,),
+          "FloatType": (float,), "BoolType": (bool,), "StringType": (str,), "NoneType": (type(None),),
+          "DictType": (dict,)}
+
+
+@aten("prim::isinstance")
+def isinstance_(ctx, node, args):
+    """isinstance(v, types) on a value whose type scripting left open (a Union, an Optional)."""
+    kinds = [t.kind() for t in node.tys("types")]
+    unknown = [k for k in kinds if k not in _KINDS]
+    if unknown:
+        raise MnnToolError(f"{ctx.path}: prim::isinstance against {', '.join(unknown)} is not supported")
+    v = args[0]
+    return [any(isinstance(v, _KINDS[k]) and not (k == "IntType" and isinstance(v, bool)) for k in kinds)]

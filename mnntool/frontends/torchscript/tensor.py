@@ -93,6 +93,8 @@ def split(ctx, node, args):
 
 @aten("aten::slice")
 def slice_(ctx, node, args):
+    if len(args) == 4:          # a list's slice (scripted code: x.shape[-2:])
+        return [list(args[0])[slice(args[1], args[2], args[3])]]
     x, dim, start, end, step = args[0], args[1], args[2], args[3], args[4]
     if not isinstance(x, T):
         if isinstance(x, np.ndarray):

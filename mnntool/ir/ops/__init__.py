@@ -11,8 +11,9 @@ A definition is a class of plain functions decorated with `@define(name, ...)`:
 `param` names the MNN OpParameter member the serializer writes; `inputs` names the operands, weights
 and run-time operands included ("?" optional, "*" variadic). The keywords after them are the op's
 facts that passes, the quantizer and the planner ask for (`kind`, `moves`, `layout`, `grows`, `int8`,
-`spreads_grid`, `rows_at_run_time`, see OpDef); they ask through the queries below (`is_view(op)`, ...), never through
-a set of op names of their own, so adding an op is its definition and its converters. Frontends emit
+`spreads_grid`, `rows_at_run_time`, see OpDef); they ask through the queries below (`is_view(op)`, ...),
+never through a set of op names of their own, so adding an op is its definition and its converters
+(as onnx's OpSchema flags and MNN's GeometryComputer registration by op kind keep them). Frontends emit
 nodes of these ops, shape inference and constant folding call infer/compute, the runtime runs
 `compute` where it has no faster kernel, and the writer takes `param` from here. `params(node)` reads a
 node's parameters with the schema's defaults for the fields it does not set (what MNN reads).
@@ -21,6 +22,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
+from functools import lru_cache
 from typing import Any, Callable
 
 import numpy as np
@@ -188,29 +190,30 @@ def ops_where(query: Callable[[str], bool]) -> frozenset[str]:
 
 # ------------------------------------------------------------------ parameters with the schema's defaults
 
-_SCALAR_DEFAULT = {"bool": lambda s: s == "true", "float": float, "double": float}
-_DEFAULTS: dict[str, dict] = {}
+_INTEGERS = {"byte", "ubyte", "short", "ushort", "int", "uint", "long", "ulong", "int8", "uint8", "int32", "uint32",
+             "int64"}
 
 
+@lru_cache(maxsize=None)
 def schema_defaults(table: str) -> dict:
     """The defaults MNN reads for the scalar and enum fields of a parameter table that a file leaves out
-    (enums by name); tables, vectors and strings have none (absent)."""
-    if table not in _DEFAULTS:
-        out = {}
-        for _, field, ftype, default in TABLES.get(table, ()):
-            if ftype in ENUMS:
-                names = ENUMS[ftype][1]
-                out[field] = default or next((k for k, v in names.items() if v == 0), None)
-            elif ftype in ("bool", "float", "double") or ftype in ("byte", "ubyte", "short", "ushort", "int",
-                                                                  "uint", "long", "ulong", "int8", "uint8",
-                                                                  "int32", "uint32", "int64"):
-                out[field] = _SCALAR_DEFAULT.get(ftype, int)(default) if default else \
-                    (False if ftype == "bool" else 0.0 if ftype in ("float", "double") else 0)
-        _DEFAULTS[table] = out
-    return _DEFAULTS[table]
+    (enums by name; FlatBuffers' zero where the schema names none); tables, vectors and strings have none."""
+    out = {}
+    for _, field, ftype, default in TABLES.get(table, ()):
+        if ftype in ENUMS:
+            out[field] = default or next((k for k, v in ENUMS[ftype][1].items() if v == 0), 0)
+        elif ftype == "bool":
+            out[field] = default == "true"
+        elif ftype in ("float", "double"):
+            out[field] = float(default or 0)
+        elif ftype in _INTEGERS:
+            out[field] = int(default or 0)
+    return out
 
 
+@lru_cache(maxsize=None)
 def _table_types(table: str) -> dict:
+    """{field: table name} for the fields of `table` that are tables themselves (Convolution2D's common)."""
     return {field: ftype for _, field, ftype, _ in TABLES.get(table, ()) if ftype in TABLES}
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from . import Val, define, ints, known, numel, params, same
+from . import Val, define, ints, known, params, same
 
 
 def _axis_of(operand, default=0) -> int:

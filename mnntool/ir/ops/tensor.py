@@ -4,7 +4,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..dtypes import from_mnn
-from . import Val, define, ints, known, numel, params
+from . import Val, define, ints, known, numel, params, same
 from .elementwise import broadcast
 
 
@@ -250,6 +250,29 @@ class Transpose:
 
     def compute(node, xs):
         return np.ascontiguousarray(xs[0].transpose(ints(xs[1])))
+
+
+@define("ReverseSequence", param="ReverseSequenceParam", inputs=("x", "lengths"), kind="movement",
+        moves="permute")
+class ReverseSequence:
+    """Each batch entry's first lengths[b] steps along seqDim in reverse order, the rest as they are
+    (TensorFlow's and ONNX's ReverseSequence). MNN refuses a length outside 1..steps and a lengths
+    tensor that is not one per batch entry; so does this."""
+    infer = same
+
+    def compute(node, xs):
+        p = params(node)
+        x = np.asarray(xs[0])
+        batch, seq = p["batchDim"] % x.ndim, p["seqDim"] % x.ndim
+        y = np.moveaxis(x, (batch, seq), (0, 1))
+        lengths = ints(xs[1])
+        if batch == seq or len(lengths) != y.shape[0] or any(not 1 <= n <= y.shape[1] for n in lengths):
+            raise ValueError(f"ReverseSequence '{node.name}': lengths {lengths} for {y.shape[0]} sequences of "
+                             f"{y.shape[1]} steps (each must be 1..{y.shape[1]})")
+        out = np.array(y, copy=True)
+        for b, n in enumerate(lengths):
+            out[b, :n] = y[b, :n][::-1]
+        return np.moveaxis(out, (0, 1), (batch, seq))
 
 
 def _squeeze_axes(node, shape, operand):

@@ -119,14 +119,16 @@ def run_child(backend: str, bundle, threads: int, p: int, n: int, reps: int, pg=
               profile: bool = False, kv_int8: bool = False) -> dict:
     """One (backend, threads) measurement in a child process: times per repetition, load, RSS.
     mnntool only: `wait` the OpenMP workers' policy between regions (auto: kernels.passive_wait, passive,
-    spin), `profile` adds per-step times of one more prefill and decode (profile.StepTimes),
+    spin, spin:N: GOMP_SPINCOUNT N), `profile` adds per-step times of one more prefill and decode (profile.StepTimes),
     `kv_int8` the int8 KV cache."""
     from .files import open_bundle
     from .graph import read_plan
     bundle = os.path.abspath(str(bundle))
+    files = open_bundle(bundle)
+    plan = read_plan(files.graph, files.llm_config)
+    n_params = n_parameters(plan, files.tie is not None)
     if vocab is None:
-        files = open_bundle(bundle)
-        vocab = read_plan(files.graph, files.llm_config).vocab
+        vocab = plan.vocab
         tok = files.tokenizer
         if tok is not None and tok.is_file():      # draw ids the tokenizer knows (a padded vocabulary's tail is unused)
             from .tokenizer import Tokenizer
@@ -147,6 +149,9 @@ def run_child(backend: str, bundle, threads: int, p: int, n: int, reps: int, pg=
                 env["OMP_WAIT_POLICY"] = "PASSIVE"
             elif wait == "spin":
                 env["OMP_WAIT_POLICY"] = "ACTIVE"
+            elif wait.startswith("spin:"):         # spin that many times, then sleep (libgomp's GOMP_SPINCOUNT)
+                env.pop("OMP_WAIT_POLICY", None)
+                env["GOMP_SPINCOUNT"] = str(int(wait[5:]))
             else:
                 wait_env(threads, env)          # as Model does in-process (kernels.wait_policy)
         proc = subprocess.run([sys.executable, "-c", _CHILD, json.dumps(args)], capture_output=True, text=True,
@@ -154,11 +159,25 @@ def run_child(backend: str, bundle, threads: int, p: int, n: int, reps: int, pg=
     for line in proc.stdout.splitlines():
         if line.startswith("RESULT "):
             res = json.loads(line[7:])
-            res.update(backend=backend, threads=threads, exact=exact, p=p, n=n, pg=pg, reps=reps, kv_int8=kv_int8)
+            res.update(backend=backend, threads=threads, exact=exact, p=p, n=n, pg=pg, reps=reps, kv_int8=kv_int8,
+                       n_params=n_params)
             _sanity(res)
             return res
     tail = " | ".join((proc.stdout + proc.stderr).strip().splitlines()[-4:])
     raise RuntimeError(f"{backend} bench child failed (exit {proc.returncode}): {tail[:600]}")
+
+
+def n_parameters(plan, tied: bool) -> int:
+    """llama-bench's model_n_params, from the plan: every linear layer's weights (biases and norms left
+    out) and the embedding table unless it is the head's (tied)."""
+    n = plan.head.oc * plan.head.ic
+    for lp in plan.layers:
+        for op in (lp.q, lp.k, lp.v, lp.o, lp.gate, lp.up, lp.down):
+            if op is not None:
+                n += op.oc * op.ic
+    if not tied:
+        n += plan.vocab * plan.hidden
+    return int(n)
 
 
 _BANDWIDTH: dict = {}     # threads -> membw.measure's result, once per process (per `llm bench` run)
@@ -225,7 +244,8 @@ def rows(res: dict, bw: dict | None = None) -> list:
                     "load_s": res["load_s"], "warmup_s": res.get("warmup_s"), "peak_rss": res["peak_rss"],
                     "type_k": "int8" if res.get("kv_int8") else ("f32" if res["backend"] == "mnntool" else "f16"),
                     "type_v": "int8" if res.get("kv_int8") else ("f32" if res["backend"] == "mnntool" else "f16"),
-                    "model_size": res.get("weight_bytes")})
+                    "model_size": res.get("weight_bytes"), "model_n_params": res.get("n_params"),
+                    "n_threads": res["threads"]})
         if key == "tg" and bw is not None and res.get("weight_bytes"):
             out[-1].update(decode_bound(res, bw))
     return out

@@ -157,6 +157,9 @@ def load(folder, threads: int = 1, context: int | None = None, precision: str = 
     model = Model.load(folder, threads=threads, context=context, precision=precision, kv_int8=kv_int8)
     model.forward([0])          # the kernels loaded (Numba's cache) now, not in the first prompt's time
     model.reset()
+    if model.threads > 1:       # and the prefill's parallel ones (chosen from 64 tokens of a 0.5B model on)
+        model.forward([0] * min(64, model.context))
+        model.reset()
     model.load_s = time.perf_counter() - t0
     tok = None
     if model.files.tokenizer is not None and model.files.tokenizer.is_file():

@@ -103,6 +103,9 @@ class Workspace:
             self.attend8_serial = Bound(kv8.attend.serial())
             self.attend8_parallel = _pick(kv8.attend, 1 << 30, model.threads)
         self.tables = np.zeros((1, 1), np.float32)
+        import os
+        passive = os.environ.get("OMP_WAIT_POLICY", "").upper() == "PASSIVE"
+        self.attend_min = ATTEND_PARALLEL_MIN if passive else ATTEND_PARALLEL_MIN_SPIN
         # prefill at more than one thread: the norms over the tokens in parallel (Numba), and a pool of
         # Python threads for the NumPy steps (attention's sgemms and softmax, the activation), which let
         # go of the GIL; decode (one token) runs them serially: a region costs more than the work
@@ -305,7 +308,8 @@ def reference_layer_step(model, i: int, layer, h: np.ndarray, pos0: int) -> np.n
 
 
 ACT_CODE = {"silu": 0, "gelu_tanh": 1, "gelu": 2}
-ATTEND_PARALLEL_MIN = 250_000       # multiply-adds below which attention runs on one thread
+ATTEND_PARALLEL_MIN = 250_000       # multiply-adds below which attention runs on one thread (workers asleep)
+ATTEND_PARALLEL_MIN_SPIN = 60_000   # ... with workers spinning between regions (a region costs a few us)
 ATTEND_BLAS_MIN_T = 16              # queries from which attention is two sgemms per KV head (prefill)
 ATTEND_CHUNK = 128                  # queries per chunk of the prefill's attention (at one thread)
 PREFILL_PARALLEL_MIN = 1 << 15     # tokens x hidden from which a prefill's norms, attention and activation go parallel
@@ -423,7 +427,7 @@ def fast_layer_step(model, i: int, layer, h: np.ndarray, pos0: int) -> np.ndarra
                     model.threads, None if model.kv8 is None else (model.kv8, i))
     else:
         work = T * (pos0 + T) * H * D
-        par = int(model.threads > 1 and work >= ATTEND_PARALLEL_MIN)
+        par = int(model.threads > 1 and work >= ws.attend_min)
         if model.kv8 is not None:
             (ws.attend8_parallel if par else ws.attend8_serial)(q, *model.kv8.layer(i), pos0, layer.window,
                                                                 np.float32(layer.scale), ws.scores, a)
@@ -441,7 +445,12 @@ def fast_layer_step(model, i: int, layer, h: np.ndarray, pos0: int) -> np.ndarra
     if prof is not None:
         t = prof.lap("add+norm", t, int(many))
     gated = len(layer.mlp_in.ws) == 2
-    if T > 1 and lp.act != "gelu":     # numpy's exp and tanh are vectorized (Numba's, without SVML, not)
+    pk = layer.mlp_in.packed
+    if T == 1 and gated and pk is not None and pk.glu and lp.act != "gelu":     # the activation inside the GEMV
+        m = pk.apply_glu(x, ACT_CODE[lp.act], ws.scratch("m", (1, layer.mlp_in.ws[0].oc)))
+        if prof is not None:
+            t = prof.lap("gate+up", t, layer.mlp_in.regions(T))
+    elif T > 1 and lp.act != "gelu":     # numpy's exp and tanh are vectorized (Numba's, without SVML, not)
         parts = layer.mlp_in.apply(x, copy=False)     # views of one output: no copies of the T x 2I floats
         if prof is not None:
             t = prof.lap("gate+up", t, layer.mlp_in.regions(T))

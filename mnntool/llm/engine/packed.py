@@ -252,6 +252,36 @@ def gemv(w, bits, s, off, bias, x, blk, qmax, xq, sx, xs, y):
 
 
 @njit(parallel=True, cache=True)
+def gemv_glu(w, bits, s, off, bias, x, blk, qmax, xq, sx, xs, y, act, out):
+    """Gate and up packed together (gate's rows in groups 0..G/2, up's in G/2..G, oc a multiple of 16):
+    out (I,) = act(gate x + b) * (up x + b), act 0 silu, 1 gelu (tanh). Each item computes a group of
+    gate rows and the matching group of up rows, then the activation of those 16: decode's activation
+    leaves the serial part of the step (one call, no region of its own). y (O,): scratch."""
+    G, nch, _ = w.shape
+    Gh = G // 2
+    I = out.size
+    nb = s.shape[1]
+    quantize_rows(x, blk, qmax, xq, sx, xs)
+    wf, sf, of = w.reshape(-1), s.reshape(-1), off.reshape(-1)
+    for g in prange(Gh):
+        for half in range(2):
+            q = g + half * Gh
+            if bits == 4:
+                tile_u4_1(wf, q * nch * LANES, nch, blk, sf, q * nb * LANES, of, xq, 0, 0, sx, 0, 0, xs, y, q * LANES, 0, 1, LANES)
+            else:
+                tile_u8_1(wf, q * nch * LANES, nch, blk, sf, q * nb * LANES, of, xq, 0, 0, sx, 0, 0, xs, y, q * LANES, 0, 1, LANES)
+        for r in range(g * LANES, g * LANES + LANES):
+            a = y[r] + bias[r]
+            u = y[r + I] + bias[r + I]
+            if act == 0:
+                a = a / (np.float32(1) + np.exp(-a))
+            else:
+                a = np.float32(0.5) * a * (np.float32(1) + np.tanh(np.float32(0.7978845608028654)
+                                                                   * (a + np.float32(0.044715) * a * a * a)))
+            out[r] = a * u
+
+
+@njit(parallel=True, cache=True)
 def gemm(w, bits, s, off, bias, x, blk, qmax, xq, sx, xs, y):
     """y (T, O) = x (T, K) W^T + bias: work items of TOKEN_BLOCK tokens x 16 rows, in tiles of TOKENS
     tokens; the items of one token block side by side, so that its int16 inputs (TOKEN_BLOCK x K) stay
@@ -326,6 +356,11 @@ class PackedLinear:
         self.gemv = _pick(gemv, self.w.size * 4, threads)
         self.gemm = _pick(gemm, 1 << 30, threads)
         self.gemm_serial = _pick(gemm, 1 << 30, 1)
+        # gate and up of equal whole groups: decode's GEMV with the activation fused (gemv_glu)
+        self.glu = len(ws) == 2 and ws[0].oc == ws[1].oc and ws[0].oc % LANES == 0
+        if self.glu:
+            self.gemv_glu = _pick(gemv_glu, self.w.size * 4, threads)
+            self.y1 = np.empty(self.O, np.float32)
         self.nbytes = self.w.nbytes + self.s.nbytes + self.off.nbytes + self.bias.nbytes
 
     @staticmethod
@@ -337,6 +372,12 @@ class PackedLinear:
         if any((w.bits, w.block, w.ic) != (w0.bits, w0.block, w0.ic) for w in ws):
             return None
         return PackedLinear(ws, threads)
+
+    def apply_glu(self, x: np.ndarray, act: int, out: np.ndarray) -> np.ndarray:
+        """One token through gate and up with the activation fused (gemv_glu): out (1, oc)."""
+        self.gemv_glu(self.w, self.bits, self.s, self.off, self.bias, x, self.blk, self.qmax, self.xq1, self.sx1,
+                      self.xs1, self.y1, act, out[0])
+        return out
 
     def apply(self, x: np.ndarray, copy: bool = True) -> list:
         """x (T, K) -> each layer's (T, oc) output (views when T = 1, or copy=False)."""

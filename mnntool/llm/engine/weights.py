@@ -279,15 +279,14 @@ class Embeddings:
             return (self.table[ids].astype(np.uint32) << 16).view(np.float32)
         if self.kind == "fp16":
             return self.table[ids].astype(np.float32)
-        per, nb = self.per, self.nb
-        out = np.empty((ids.size, self.hidden), np.float32)
+        # all the rows at once (a prompt's 512 rows took ~25 ms one by one): the rows' bytes gathered
+        # (a copy, so the float32 view of their scales is aligned), unpacked, scaled per block
+        per, nb, n = self.per, self.nb, ids.size
         half = np.float32(1 << (self.bits - 1))
-        for j, t in enumerate(ids):
-            a = np.frombuffer(self.alpha[t * nb * per * 4:(t + 1) * nb * per * 4].tobytes(), np.float32).reshape(nb, per)
-            if per == 2:
-                zero, scale = a[:, 0], a[:, 1]
-            else:
-                zero, scale = np.zeros(nb, np.float32), a[:, 0]
-            u = unpack(self.codes[t], self.bits, self.hidden).astype(np.float32).reshape(nb, -1)
-            out[j] = ((u - half) * scale[:, None] + zero[:, None]).reshape(-1)
-        return out
+        a = np.ascontiguousarray(self.alpha.reshape(self.vocab, nb * per * 4)[ids]).view(np.float32).reshape(n, nb, per)
+        if per == 2:
+            zero, scale = a[:, :, 0], a[:, :, 1]
+        else:
+            zero, scale = np.zeros((n, nb), np.float32), a[:, :, 0]
+        u = unpack(self.codes[ids], self.bits, self.hidden).astype(np.float32).reshape(n, nb, -1)
+        return ((u - half) * scale[:, :, None] + zero[:, :, None]).reshape(n, self.hidden)

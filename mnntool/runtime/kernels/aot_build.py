@@ -159,8 +159,10 @@ def build(entries: list[tuple[str, str]] | None = None, out: tuple[Path, Path] |
             shutil.copyfile(built, tmp_lib)
             tmp_table.write_text(json.dumps({"kernels": table, "entries": len(entries),
                                              "seconds": round(time.perf_counter() - t0, 1)}, indent=0))
-            os.replace(tmp_table, table_path)       # the table first: the library is what readers look for
-            os.replace(tmp_lib, lib_path)
+            from ...interrupts import deferred
+            with deferred():        # Ctrl-C waits for the pair: never a new table beside an old library
+                os.replace(tmp_table, table_path)       # the table first: the library is what readers look for
+                os.replace(tmp_lib, lib_path)
         finally:        # a failed copy or write leaves no partial file behind
             tmp_lib.unlink(missing_ok=True)
             tmp_table.unlink(missing_ok=True)

@@ -10,7 +10,7 @@ from dataclasses import replace
 import numpy as np
 
 from ...ir.graph import TensorInfo
-from ...ir.ops import kind_of, ops_where
+from ...ir.ops import kind_of
 from ...ir.ops.control import check_loop, run_if, run_while
 from . import kernel, returns
 
@@ -19,8 +19,6 @@ def shape_free(op: str) -> bool:
     """Control flow's kernels take operands of any shape and size their outputs themselves."""
     return kind_of(op) == "control"
 
-
-SHAPE_FREE = ops_where(shape_free)    # for the planner until it asks shape_free() itself
 _SESSION: list = []                   # the runtime's Session class, once runtime.session has loaded
 
 

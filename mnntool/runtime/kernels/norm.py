@@ -4,6 +4,7 @@ from __future__ import annotations
 import numpy as np
 from .jit import njit, prange
 
+from ...ir.ops import as_table, params
 from . import PLAN_ONLY, direct, kernel, returns, sized, writes
 
 
@@ -54,7 +55,8 @@ def _norm_params(node, shape):
     tail = tuple(shape[a] for a in axes)
     g = np.asarray(gamma, np.float32).reshape(tail) if gamma is not None and len(gamma) else None
     bt = np.asarray(beta, np.float32).reshape(tail) if beta is not None and len(beta) else None
-    return axes, float(node.param.get("epsilon", 1e-5)), g, bt, bool(node.param.get("useRMSNorm"))
+    p = as_table(node.param, "LayerNorm")     # AddLayerNorm (the planner's) carries LayerNorm's table
+    return axes, float(p["epsilon"]), g, bt, bool(p["useRMSNorm"])
 
 
 class _Rows:
@@ -187,7 +189,7 @@ def row_softmax():
 @kernel("Softmax")
 def softmax(node, ins, outs, settings):
     shape = ins[0].shape
-    axis = int(node.param.get("axis", -1))
+    axis = int(params(node)["axis"])
     if shape is not None and len(shape) and axis % len(shape) == len(shape) - 1 and shape[-1] > 0:
         example, one = np.empty((int(np.prod(shape)) // shape[-1], shape[-1]), np.float32), np.float32(1)
         rows = direct(sized(row_softmax(), example.size * 8, settings.threads), example, example, one)

@@ -185,6 +185,8 @@ def _data(node) -> list[str]:
 
 def accepts(node, ins, outs, constants: dict) -> bool:
     """Whether a program can run the node: small float32 data, no int8 grid, an op `execute` has."""
+    if node.op not in OP_TYPES and node.op not in ("UnaryOp", "BinaryOp", "Slice", "StridedSlice", "MatMul"):
+        return False        # (what _code knows; asked first: the planner asks this of every op)
     data = [v for name, v in zip(node.inputs, ins) if name in _data(node)] + list(outs)
     if not outs or not all(_known(v) for v in data):
         return False

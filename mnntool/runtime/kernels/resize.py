@@ -5,6 +5,7 @@ import numpy as np
 from .jit import njit, prange
 
 from ...ir.ops.resize import src_coords as _src_coords
+from ...ir.ops import params
 from . import kernel, sized, writes
 
 
@@ -32,11 +33,11 @@ def _bilinear(x, y0, y1, wy, x0, x1, wx, rows, out):
 
 @kernel("Interp")
 def interp(node, ins, outs, settings):
-    p = node.param
+    p = params(node)
     _, _, h, w = ins[0].shape
     oh, ow = outs[0].shape[2:]
-    rtype = p.get("resizeType", 1)
-    ctm, align, half = p.get("ctm", "NotSet"), bool(p.get("alignCorners")), bool(p.get("halfPixelCenters"))
+    rtype = p["resizeType"]
+    ctm, align, half = p["ctm"], bool(p["alignCorners"]), bool(p["halfPixelCenters"])
     sy, sx = oh / h, ow / w
     if p.get("heightScale"):
         sy, sx = float(p["heightScale"]), float(p["widthScale"])

@@ -7,6 +7,7 @@ import numpy as np
 from .jit import Bound, njit
 
 from ...ir.ops.tensor import reshape_dims, split_points, strided_index
+from ...ir.ops import params
 from . import PLAN_ONLY, by_definition, kernel, returns, views, writes
 
 
@@ -65,7 +66,7 @@ def squeeze(node, ins, outs, settings):
 
 @kernel("Concat")
 def concat(node, ins, outs, settings):
-    axis = int(node.param.get("axis", 0))
+    axis = int(params(node)["axis"])
     return writes(lambda i, o: np.concatenate([np.asarray(a).astype(o[0].dtype, copy=False) for a in i],
                                               axis=axis, out=o[0]))
 

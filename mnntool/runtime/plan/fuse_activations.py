@@ -6,12 +6,12 @@ where either tensor is stored on an int8 grid (MNN rounds the convolution's outp
 activation reads it). Before `fuse_channel_scale`, which may follow the convolution."""
 from __future__ import annotations
 
-from ...ir.graph import Node
+from ...ir.graph import Node, consumers_of
 from ...ir.ops import is_view
 from ..kernels.grid import (POST, POST_CLIP, POST_GELU, POST_GELU_TANH, POST_HARDSWISH, POST_LEAKY, POST_SIGMOID,
                             POST_SILU, POST_TANH)
 from .fuse_silu import FUSED_SILU
-from .match import past_moves, readers, rewritten
+from .match import past_moves, rewritten
 from .state import Planning
 
 OPTIONAL = True
@@ -44,7 +44,7 @@ def run(p: Planning) -> None:
 
 def fuse(p: Planning) -> list[Node]:
     nodes, vals, stored = p.nodes, p.vals, p.stored
-    users = readers(nodes)
+    users = consumers_of(nodes)
     outputs = set(p.graph.outputs)
     fused, drop = {}, set()
     for conv in nodes:

@@ -4,8 +4,8 @@ two, ~0.8 us a step at a tiny BERT's sizes. Not where either tensor is stored on
 the activation stages: an Add followed by an activation stays an Add."""
 from __future__ import annotations
 
-from ...ir.graph import Node
-from .match import fixed_shape, readers, rewritten
+from ...ir.graph import Node, consumers_of
+from .match import fixed_shape, rewritten
 from .state import Planning
 
 OPTIONAL = True
@@ -18,7 +18,7 @@ def run(p: Planning) -> None:
 
 def fuse(p: Planning) -> list[Node]:
     nodes, vals, stored = p.nodes, p.vals, p.stored
-    users = readers(nodes)
+    users = consumers_of(nodes)
     drop, replace = set(), {}
     for add in nodes:
         if add.op != "BinaryOp" or add.param.get("opType") != "ADD" or len(add.inputs) != 2 or \

@@ -6,8 +6,9 @@ as one FusedAttention step: the scores are written once, masked and normalised i
 multiplied by v, instead of 3 to 6 steps each passing over the L x L scores (kernels/attention.py)."""
 from __future__ import annotations
 
-from ...ir.graph import Node
-from .match import known, producers, readers, sole_reader
+from ...ir.graph import Node, consumers_of, producers_of
+from ...ir.ops import params as read_params
+from .match import known
 from .state import Planning
 
 OPTIONAL = True
@@ -21,11 +22,11 @@ def run(p: Planning) -> None:
 
 def fuse(p: Planning) -> list[Node]:
     nodes, vals, g = p.nodes, p.vals, p.graph
-    users, producer = readers(nodes), producers(nodes)
+    users, producer = consumers_of(nodes), producers_of(nodes)
     outputs = set(g.outputs)
 
     def only_user(name):
-        return sole_reader(users, outputs, name)
+        return g.sole_consumer(name, users)
 
     replace: dict[int, Node] = {}
     drop: set[int] = set()
@@ -34,7 +35,7 @@ def fuse(p: Planning) -> list[Node]:
         if sm.op != "Softmax" or not known(vals.get(sm.inputs[0])):
             continue
         rank = len(vals[sm.inputs[0]].shape)
-        if int(sm.param.get("axis", -1)) % rank != rank - 1:
+        if int(read_params(sm)["axis"]) % rank != rank - 1:     # the schema's default where the file has none
             continue
         chain, mask = [sm], None
         src = producer.get(sm.inputs[0])

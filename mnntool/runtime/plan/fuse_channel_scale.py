@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from ...ir.graph import Node
-from .match import past_moves, readers, rewritten
+from ...ir.graph import Node, consumers_of
+from .match import past_moves, rewritten
 from .state import Planning
 
 OPTIONAL = True
@@ -34,7 +34,7 @@ def run(p: Planning) -> None:
 
 def fuse(p: Planning) -> list[Node]:
     nodes, vals, stored = p.nodes, p.vals, p.stored
-    users = readers(nodes)
+    users = consumers_of(nodes)
     outputs = set(p.graph.outputs)
     fused, drop = {}, set()
     for m in nodes:

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from ...ir.graph import Node
-from .match import fixed_shape, readers, rewritten, sole_reader
+from ...ir.graph import Node, consumers_of
+from .match import fixed_shape, rewritten
 from .state import Planning
 
 OPTIONAL = True
@@ -21,11 +21,11 @@ def run(p: Planning) -> None:
 
 def fuse(p: Planning) -> list[Node]:
     nodes, vals = p.nodes, p.vals
-    users = readers(nodes)
-    outputs = set(p.graph.outputs)
+    users = consumers_of(nodes)
+    g = p.graph
 
     def next_of(n: Node, op: str):
-        user = sole_reader(users, outputs, n.outputs[0]) if len(n.outputs) == 1 else None
+        user = g.sole_consumer(n.outputs[0], users) if len(n.outputs) == 1 else None
         return user if user is not None and user.op == op and user.inputs[0] == n.outputs[0] else None
 
     drop, replace = set(), {}

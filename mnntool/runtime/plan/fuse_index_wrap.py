@@ -5,8 +5,8 @@ tiny transformer's ~80). Only where the three tensors are read by the chain alon
 gathered axis's size."""
 from __future__ import annotations
 
-from ...ir.graph import Node
-from .match import producers, readers, rewritten, scalar, sole_reader
+from ...ir.graph import Node, consumers_of, producers_of
+from .match import rewritten, scalar
 from .state import Planning
 
 OPTIONAL = True
@@ -19,14 +19,14 @@ def run(p: Planning) -> None:
 
 def fuse(p: Planning) -> list[Node]:
     nodes, vals = p.nodes, p.vals
-    users = readers(nodes)
-    producer = producers(nodes)
-    outputs = set(p.graph.outputs)
+    users = consumers_of(nodes)
+    producer = producers_of(nodes)
+    g = p.graph
 
     def only(name: str, op: str, kind: str):
         n = producer.get(name)
         ok = n is not None and n.op == op and n.param.get("opType") == kind and \
-            sole_reader(users, outputs, name) is not None and not int(n.param.get("activationType", 0) or 0)
+            g.sole_consumer(name, users) is not None and not int(n.param.get("activationType", 0) or 0)
         return n if ok else None
     drop, replace = set(), {}
     for gather in nodes:

@@ -3,8 +3,7 @@ that product only: one pass instead of two, no sigmoid tensor. Before `fuse_acti
 a FusedSiLU into the convolution before it."""
 from __future__ import annotations
 
-from ...ir.graph import Node
-from .match import readers
+from ...ir.graph import Node, consumers_of
 from .state import Planning
 
 OPTIONAL = True
@@ -22,7 +21,7 @@ def run(p: Planning) -> None:
 
 def fuse(p: Planning) -> list[Node]:
     nodes, vals = p.nodes, p.vals
-    users = readers(nodes)
+    users = consumers_of(nodes)
     outputs = set(p.graph.outputs)
     drop, replace = set(), {}
     for k, sig in enumerate(nodes):

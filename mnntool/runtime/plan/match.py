@@ -1,5 +1,6 @@
-"""What the fusion stages ask of the ops being planned: who reads a tensor, whether a chain may drop
-it, its shape when every dim is known, a constant's value, a walk through data-movement ops."""
+"""What the fusion stages ask of the ops being planned beyond the graph's own queries (ir.graph:
+consumers_of, producers_of, Graph.sole_consumer): a tensor's shape when every dim is known, a
+constant's value, a walk through data-movement ops, the rewritten node list."""
 from __future__ import annotations
 
 import numpy as np
@@ -10,26 +11,6 @@ from ...ir.graph import Node
 def known(v) -> bool:
     """Every dim known, rank 2 or more."""
     return v is not None and v.shape is not None and all(isinstance(d, int) for d in v.shape) and len(v.shape) >= 2
-
-
-def readers(nodes: list[Node]) -> dict[str, list[Node]]:
-    """Each tensor's reading nodes (a node reading a tensor twice, IsNaN as x != x, counts once)."""
-    users: dict[str, list[Node]] = {}
-    for n in nodes:
-        for i in dict.fromkeys(n.inputs):
-            users.setdefault(i, []).append(n)
-    return users
-
-
-def producers(nodes: list[Node]) -> dict[str, Node]:
-    return {o: n for n in nodes for o in n.outputs}
-
-
-def sole_reader(users: dict, outputs: set, name: str) -> Node | None:
-    """The one node reading `name` when it is not a graph output and nothing else reads it, else None:
-    a chain may drop a tensor only then."""
-    us = users.get(name, [])
-    return us[0] if len(us) == 1 and name not in outputs else None
 
 
 def fixed_shape(vals: dict, name: str) -> tuple | None:

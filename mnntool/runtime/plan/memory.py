@@ -1,16 +1,10 @@
 """The memory plan: every tensor a kernel writes gets a view into a pool of flat buffers, reused once the
 tensor (and every view of it) is dead, so steady-state runs allocate only where a kernel returns a
 fresh array (small shape tensors, gathers). The slots of the plan's constants and of those views are
-filled here, once.
-
-A plan's buffers come from its session's Recycler, and go back to it when the plan is gone: a session
-that sees a new input shape with every run (OCR, detection) plans into memory the dropped plans'
-runs had already touched, where fresh buffers cost the first run at each shape a page fault every
-4 KB (the two-convolution model of benchmarks/new_shapes.py: ~1,500 faults, 2-3x its steady run)."""
+filled here, once. The buffers come from the session's Recycler (recycler.py) where it has one."""
 from __future__ import annotations
 
 import math
-import threading
 
 import numpy as np
 
@@ -21,110 +15,92 @@ from .state import Planning
 OPTIONAL = False
 
 
-class Recycler:
-    """Buffers of dropped plans, handed to new plans: the smallest free buffer that holds a need, if it
-    is not much larger (at most SLACK times the need, or 1 MB more: a small tensor does not pin a large
-    buffer). The free buffers kept are bounded by KEEP_POOLS times the largest pool a plan of the
-    session has had, the oldest going first; the plans kept (Session's MAX_PLANS) bound the rest."""
-
-    KEEP_POOLS = 2
-    SLACK = 4
+class _Buffers:
+    """Buffer sizes handed out as tensors are born and taken back as they die: a dead tensor's buffer
+    serves the next one that fits (the smallest that does), else the largest free one grows (its start
+    is still in cache, a new one is cold), else a new buffer."""
 
     def __init__(self):
-        self.free: list[np.ndarray] = []
-        self.largest = 0
-        self.lock = threading.Lock()
+        self.size: list[int] = []
+        self.end: dict[int, int] = {}       # buffer -> the last step reading what it holds
+        self.free: list[int] = []
 
-    def take(self, nbytes: int) -> np.ndarray:
-        """A cache-line-aligned uint8 buffer of at least `nbytes`."""
-        most = max(self.SLACK * nbytes, nbytes + (1 << 20))
-        with self.lock:
-            fits = [b for b in self.free if nbytes <= b.size <= most]
-            if fits:
-                b = min(fits, key=lambda x: x.size)
-                self.free = [x for x in self.free if x is not b]
-                return b
-        return aligned_empty(nbytes, np.uint8)
+    def allocate(self, nbytes: int, end: int) -> int:
+        fits = [b for b in self.free if self.size[b] >= nbytes]
+        if fits:
+            b = min(fits, key=lambda x: self.size[x])
+            self.free.remove(b)
+        elif self.free:
+            b = max(self.free, key=lambda x: self.size[x])
+            self.free.remove(b)
+            self.size[b] = nbytes
+        else:
+            b = len(self.size)
+            self.size.append(nbytes)
+        self.end[b] = end
+        return b
 
-    def give_back(self, buffers: list) -> None:
-        with self.lock:
-            self.largest = max(self.largest, sum(b.size for b in buffers))
-            self.free += buffers
-            total = sum(b.size for b in self.free)
-            while self.free and total > self.KEEP_POOLS * self.largest:
-                total -= self.free.pop(0).size
-
-    @property
-    def free_bytes(self) -> int:
-        return sum(b.size for b in self.free)
+    def release_dead(self, k: int) -> None:
+        """Free the buffers whose contents no step after step k reads."""
+        for b, end in list(self.end.items()):
+            if end <= k and b not in self.free:
+                self.free.append(b)
+                del self.end[b]
 
 
-def run(p: Planning) -> None:
-    steps, names = p.steps, p.names
-    output_slots = [p.index[o] for o in p.graph.outputs]
-    n_steps = len(steps)
+def last_reads(p: Planning) -> dict[int, int]:
+    """Slot -> the last step reading it (len(steps) for graph outputs: read after the run)."""
     last = {}
-    for k, s in enumerate(steps):
+    for k, s in enumerate(p.steps):
         for i in s.ins:
             last[i] = k
-    for o in output_slots:
-        last[o] = n_steps
+    for o in p.graph.outputs:
+        last[p.index[o]] = len(p.steps)
+    return last
+
+
+def assign(p: Planning) -> tuple[list[int], list]:
+    """(buffer sizes, [(step, output position, buffer, shape, dtype, byte offset)]) for every output a
+    kernel writes; a view's lifetime extends its source's buffer's, a Concat host's (place_concats)
+    lasts until its last part is read."""
+    last, bufs, views = last_reads(p), _Buffers(), []
     roots: dict[int, set] = {}
-    buf_end: dict[int, int] = {}
-    buf_size: list[int] = []
-    free: list[int] = []
-    views = []      # (step, out position, buffer id, shape, dtype, byte offset)
-    placed = p.placed
-    host_end: dict[int, int] = {}       # a Concat host's bytes live until its last part is read
-    for t, (h, _) in placed.items():
+    host_end: dict[int, int] = {}
+    for t, (h, _) in p.placed.items():
         host_end[h] = max(host_end.get(h, 0), last.get(t, 0))
     host_buf: dict[int, int] = {}
-
-    def allocate(nbytes, end):
-        fits = [b for b in free if buf_size[b] >= nbytes]
-        if fits:
-            b = min(fits, key=lambda x: buf_size[x])
-            free.remove(b)
-        elif free:      # grow a free buffer: its start is still in cache, a new one is cold
-            b = max(free, key=lambda x: buf_size[x])
-            free.remove(b)
-            buf_size[b] = nbytes
-        else:
-            b = len(buf_size)
-            buf_size.append(nbytes)
-        buf_end[b] = end
-        return b
-    for k, s in enumerate(steps):
+    for k, s in enumerate(p.steps):
         for pos, o in enumerate(s.outs):
-            end = n_steps if p.keep_all else last.get(o, k)
+            end = len(p.steps) if p.keep_all else last.get(o, k)
             if s.kernel.writes_out:
-                v = p.vals[names[o]]
-                dtype = np.dtype(v.dtype)
-                if o in placed:
-                    h, offset = placed[o]
+                v = p.vals[p.names[o]]
+                if o in p.placed:
+                    h, offset = p.placed[o]
                     if h not in host_buf:
-                        host_buf[h] = allocate(nbytes_of(p, h), host_end[h])
+                        host_buf[h] = bufs.allocate(nbytes_of(p, h), host_end[h])
                     b = host_buf[h]
                 else:
-                    b, offset = allocate(nbytes_of(p, o), end), 0
+                    b, offset = bufs.allocate(nbytes_of(p, o), end), 0
                 roots[o] = {b}
-                views.append((k, pos, b, tuple(v.shape), dtype, offset))
+                views.append((k, pos, b, tuple(v.shape), np.dtype(v.dtype), offset))
             else:
                 roots[o] = set().union(*(roots.get(i, set()) for i in s.ins if i >= 0)) if s.ins else set()
                 for b in roots[o]:
-                    buf_end[b] = max(buf_end[b], end)
-        for b, end in list(buf_end.items()):
-            if end <= k and b not in free:
-                free.append(b)
-                del buf_end[b]
+                    bufs.end[b] = max(bufs.end[b], end)
+        bufs.release_dead(k)
+    return bufs.size, views
+
+
+def run(p: Planning) -> None:
+    sizes, views = assign(p)
     take = p.memory.take if p.memory is not None else (lambda n: aligned_empty(n, np.uint8))
-    p.buffers = [take(size) for size in buf_size]
-    p.pool_bytes = int(sum(buf_size))
-    for s in steps:
+    p.buffers = [take(size) for size in sizes]
+    p.pool_bytes = int(sum(sizes))
+    for s in p.steps:
         s.out_views = [None] * len(s.outs)
     for k, pos, b, shape, dtype, offset in views:
         count = math.prod(int(d) for d in shape)
-        steps[k].out_views[pos] = p.buffers[b][offset:offset + count * dtype.itemsize].view(dtype).reshape(shape)
+        p.steps[k].out_views[pos] = p.buffers[b][offset:offset + count * dtype.itemsize].view(dtype).reshape(shape)
     _fill_slots(p)
 
 

@@ -3,6 +3,8 @@ each, interpreted in one call over one arena (kernels/program.py); a run of one 
 `small_kernels`."""
 from __future__ import annotations
 
+from itertools import groupby
+
 from ..kernels.program import Programs
 from .state import Planning, Step
 
@@ -25,14 +27,9 @@ def _batched(p: Planning, run: list[Step], programs: Programs) -> list[Step]:
 
 def run(p: Planning) -> None:
     programs = Programs(p.graph.constants)
-    steps, run_ = [], []
-    for s in p.steps + [None]:
-        if s is not None and s.pending is not None:
-            run_.append(s)
-            continue
-        steps += _batched(p, run_, programs) if len(run_) > 1 else run_
-        run_ = []
-        if s is not None:
-            steps.append(s)
+    steps = []
+    for pending, group in groupby(p.steps, key=lambda s: s.pending is not None):
+        group = list(group)
+        steps += _batched(p, group, programs) if pending and len(group) > 1 else group
     programs.finish()
     p.steps = steps

@@ -53,7 +53,7 @@ class Planning:
     settings: Settings          # the session's; stage `threads` may lower them for this plan
     stored: dict                # tensor -> (int8 grid, zero) the file stores it on (int8_store.stored_grids)
     raw: set                    # (reader, tensor) pairs that read a stored tensor unrounded (int8_store.raw_reads)
-    memory: object = None       # the session's Recycler of plan buffers (memory.Recycler), or None
+    memory: object = None       # the session's Recycler of plan buffers (recycler.py), or None
     vals: dict = field(default_factory=dict)        # shape inference's facts, by tensor
     nodes: list = field(default_factory=list)       # the ops to plan; fusion stages rewrite the list
     eager: bool = False         # shapes depend on run-time values: run op by op (Session._run_eager)

@@ -1,0 +1,139 @@
+"""Tables of measured results rendered from the benchmarks' own JSON output, kept under docs/results/, so
+no figure in the docs is typed by hand (tools/mkdocs_hooks.py calls this at build time).
+
+A page holds a marker, `<!-- results: NAME.json -->`, where the table goes. The file is what the benchmark
+wrote (`--json`), plus a "command" field saying how it was made; the renderer is chosen by the file's
+shape:
+- benchmarks/llm_speed.py: "runs" (per round, threads and backend) -> medians per thread count, against
+  MNN-LLM default and exact, the ratios the medians of the per-round ratios (as the script prints them);
+- benchmarks/llm_quality.py: "fp32" and "bundles" -> perplexity, its change, KL and top-1 agreement;
+- tools/op_coverage.py: MNN's converter's op lists -> beside mnntool's counts, taken at build time;
+- any benchmark: "columns" and "rows" -> that table as it is.
+Every table is followed by a line naming the CPU, the date and the command. A marker whose file is
+missing, or whose file has none of these shapes, fails the (strict) build.
+"""
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+from statistics import median
+
+MARKER = re.compile(r"<!-- results: ([\w.-]+\.json) -->")
+
+
+class ResultsError(Exception):
+    """A marker the build cannot fill."""
+
+
+def _row(cells) -> str:
+    return "| " + " | ".join(str(c) for c in cells) + " |"
+
+
+def _table(columns: list, rows: list) -> str:
+    return "\n".join([_row(columns), _row(["---"] * len(columns))] + [_row(r) for r in rows])
+
+
+def _caption(data: dict, name: str) -> str:
+    host = data.get("host") or {}
+    cpu = data.get("cpu") or host.get("cpu_info")
+    cores = host.get("n_cpus")
+    date = data.get("date") or str(host.get("time", ""))[:10]
+    command = data.get("command")
+    missing = [k for k, v in (("cpu", cpu), ("date", date), ("command", command)) if not v]
+    if missing:
+        raise ResultsError(f"docs/results/{name}: no {', '.join(missing)} (every table says where, when and how)")
+    where = f"{cpu}, {cores} CPUs" if cores else cpu
+    return f"*{where}; {date}; `{command}` (`docs/results/{name}`).*"
+
+
+def llm_speed(data: dict) -> str:
+    """Per thread count: mnntool's prefill / decode tok/s against MNN-LLM default and exact modes."""
+    by: dict = {}
+    for r in data["runs"]:
+        by.setdefault((r["threads"], r["round"]), {})[r["backend"]] = r
+    threads = sorted({t for t, _ in by})
+    others = [("mnn", "MNN-LLM (low/low)"), ("mnn exact", "MNN-LLM exact (high/high)")]
+    columns = ["threads", "mnntool prefill / decode tok/s"]
+    for _, title in others:
+        columns += [title, "ratio"]
+    rows = []
+    for t in threads:
+        rounds = [v for (tt, _), v in sorted(by.items()) if tt == t]
+        mine = [r["mnntool"] for r in rounds if "mnntool" in r]
+        row = [t, f"{median(m['prefill_tps'] for m in mine):.0f} / {median(m['decode_tps'] for m in mine):.1f}"]
+        for key, _ in others:
+            pairs = [(r["mnntool"], r[key]) for r in rounds if "mnntool" in r and key in r]
+            if not pairs:
+                row += ["", ""]
+                continue
+            row.append(f"{median(o['prefill_tps'] for _, o in pairs):.0f} / "
+                       f"{median(o['decode_tps'] for _, o in pairs):.1f}")
+            row.append(f"{median(m['prefill_tps'] / o['prefill_tps'] for m, o in pairs):.2f}x / "
+                       f"{median(m['decode_tps'] / o['decode_tps'] for m, o in pairs):.2f}x")
+        rows.append(row)
+    return _table(columns, rows)
+
+
+TOOLS = {"mnntool-hqq": "mnntool --hqq", "mnntool-awq": "mnntool --calib-text (AWQ)",
+         "mnntool-awq-hqq": "mnntool --calib-text --hqq"}
+MODES = {"default": "default (low/low)"}
+
+
+def llm_quality(data: dict) -> str:
+    """Perplexity through MNN-LLM's logits and KL to fp32 transformers, a row per bundle and mode."""
+    ref = data["fp32"]["ppl"]
+    rows = [["transformers fp32", "", "", f"{ref:.3f}", "", "", "", ""]]
+    order = ["mnntool", *TOOLS, "llmexport"]
+    rank = lambda b: (b["bits"], b["mode"] != "exact", order.index(b["tool"]) if b["tool"] in order else len(order))
+    for b in sorted(data["bundles"], key=rank):
+        rows.append([TOOLS.get(b["tool"], b["tool"]), f"{b['bits']}/{b['block']}", MODES.get(b["mode"], b["mode"]),
+                     f"{b['ppl']:.3f}", f"{(b['ppl'] / ref - 1) * 100:+.2f}%", f"{b['kl_mean']:.3g}",
+                     f"{b['kl_p99']:.3g}", f"{b['same_top1'] * 100:.2f}%"])
+    return _table(["bundle", "bits/block", "mode", "PPL", "ΔPPL", "mean KL", "p99 KL", "same top-1"], rows)
+
+
+def op_coverage(data: dict) -> str:
+    """Source ops per frontend: mnntool's counted now from its converter tables, MNN's converter's from the
+    list tools/op_coverage.py saved (blank where its converter does not take the framework)."""
+    from mnntool.cli import supported_ops
+    rows = []
+    for title, fw in data["frontends"].items():
+        theirs = data["mnn"].get(title)
+        rows.append([title, len(supported_ops(fw)), "" if theirs is None else len(theirs)])
+    return _table(["frontend", "mnntool (source ops, counted at build time)",
+                   f"MNN {data['mnn_version']}'s converter (its --OP list)"], rows)
+
+
+def plain(data: dict) -> str:
+    """A table a benchmark wrote as columns and rows."""
+    return _table(data["columns"], data["rows"])
+
+
+def renderer(data: dict):
+    if isinstance(data.get("runs"), list) and data["runs"] and "prefill_tps" in data["runs"][0]:
+        return llm_speed
+    if data.get("kind") == "op_coverage":
+        return op_coverage
+    if "fp32" in data and "bundles" in data:
+        return llm_quality
+    if "columns" in data and "rows" in data:
+        return plain
+    return None
+
+
+def render(name: str, results_dir: Path) -> str:
+    """The markdown for `<!-- results: NAME -->`: the table, then where, when and how it was measured."""
+    path = Path(results_dir) / name
+    if not path.is_file():
+        raise ResultsError(f"docs/results/{name}: no such file")
+    data = json.loads(path.read_text())
+    fn = renderer(data)
+    if fn is None:
+        raise ResultsError(f"docs/results/{name}: not a results file this generator knows (tools/results_tables.py)")
+    return fn(data) + "\n\n" + _caption(data, name)
+
+
+def fill(markdown: str, results_dir: Path) -> str:
+    """Every marker of the page replaced by its table."""
+    return MARKER.sub(lambda m: render(m.group(1), results_dir), markdown)
