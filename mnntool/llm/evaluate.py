@@ -36,6 +36,12 @@ through a pipe or sit twice in memory.
 `hf_logits` does the same from transformers in float32 (in this process: transformers is not MNN-LLM),
 optionally on a fake-quantized copy (`fake_quantizer`).
 
+Sharding. `evaluate(..., workers=N | ray=ADDRESS)` splits the windows over quant.shards' pool: each shard
+runs `window_scores` (its own MNN-LLM child, and the reference) and returns per-window NLL, KL and
+same-top-1 arrays; concatenated in window order they are the single process's arrays, so every number is
+the same for any split (checked: MNN-LLM's logits of a window do not depend on the windows run before it in
+its child, nor on 1 or 2 threads; shards start on multiples of hf_logits' batch).
+
 Statistics, all in float64 over log-softmax:
 - `perplexity` = exp(mean negative log-likelihood of the scored tokens); `nll` gives the per-token values.
 - `kl_stats(ref, logits, windows)` = KL(P_ref || P) per scored position: mean (and its standard error),

@@ -192,12 +192,17 @@ def test_bandwidth_and_wait_policy(monkeypatch):
         assert r["read_GBps"] > 0.1 and r["copy_GBps"] > 0.1
     cores = len(os.sched_getaffinity(0))
     env = {}
-    assert kernels.passive_wait(cores, env) and not kernels.passive_wait(1, env)
-    if cores > 2:
-        assert not kernels.passive_wait(cores - 1, env)
-    assert not kernels.passive_wait(cores, {"OMP_WAIT_POLICY": "ACTIVE"})
-    kernels.wait_env(cores, env)
+    assert kernels.passive_wait(cores + 1, env) and not kernels.passive_wait(1, env)
+    assert not kernels.passive_wait(cores, env)         # every core: a bounded spin, then sleep
+    assert not kernels.passive_wait(cores + 1, {"OMP_WAIT_POLICY": "ACTIVE"})
+    kernels.wait_env(cores + 1, env)
     assert env == {"OMP_WAIT_POLICY": "PASSIVE"}
+    env = {}
+    kernels.wait_env(cores, env)
+    assert env == {"GOMP_SPINCOUNT": kernels.SPIN_BETWEEN_REGIONS}
+    env = {"GOMP_SPINCOUNT": "50"}                      # the user's choice stays
+    kernels.wait_env(2, env)
+    assert env == {"GOMP_SPINCOUNT": "50"}
 
 
 @pytest.mark.parametrize("threads,bits,act", [(1, 4, 0), (2, 4, 1), (2, 8, 0)])

@@ -141,33 +141,40 @@ class Workspace:
 SPIN_OF_TUNE_PROCESS = "1000000"     # the spin mnntool.tuning.tune_process sets for the CNN sessions
 
 
+SPIN_BETWEEN_REGIONS = "2000"      # GOMP_SPINCOUNT for the engine: spin that long, then sleep
+
+
 def passive_wait(threads: int, env=None) -> bool:
-    """Whether OpenMP's workers should sleep between parallel regions (OMP_WAIT_POLICY passive) at
-    `threads`: when they would take every core the process may use, unless the user chose a policy. A
-    decode step runs ~120 short regions; workers that spin between them (tune_process's GOMP_SPINCOUNT,
-    kept for the CNN sessions) take the cores the other threads need whenever the host is shared: on the
-    2-core VM, with other jobs on both cores, 2-thread decode ran 2-6 tokens/s spinning and 24-36
-    passive (1 thread: 38). With cores to spare, a sleeping worker costs a futex wake-up per region
-    (tens of us, ~120 times a token), which spinning saves: `benchmarks/llm_threads.py --wait` measures
-    both."""
+    """Whether OpenMP's workers should sleep at once between parallel regions (OMP_WAIT_POLICY passive):
+    only when there are more threads than cores the process may use, unless the user chose a policy.
+    Otherwise they spin briefly (SPIN_BETWEEN_REGIONS) and then sleep. A decode step runs ~100 short
+    regions: a sleeping worker costs a futex wake-up in each (tens of us), an endless spin takes the cores
+    the other threads need on a shared host. Measured on the 16-core Xeon (0.5B 4-bit, p512 n128,
+    benchmarks/llm_threads.py, docs/results/llm_threads_xeon16_spin.json), decode tok/s against the
+    previous policy (tune_process's 10^6 spins, passive at every core): 2 threads 41.4 vs 28.5, 8 threads
+    115.6 vs 102.1, 16 threads 149.2 vs 82.1; 4 threads equal."""
     import os
     env = os.environ if env is None else env
     if threads <= 1 or "OMP_WAIT_POLICY" in env:
         return False
-    if env.get("GOMP_SPINCOUNT") not in (None, SPIN_OF_TUNE_PROCESS):
+    if env.get("GOMP_SPINCOUNT") not in (None, SPIN_OF_TUNE_PROCESS, SPIN_BETWEEN_REGIONS):
         return False
     try:
         cores = len(os.sched_getaffinity(0))
     except AttributeError:
         cores = os.cpu_count() or 1
-    return threads >= cores
+    return threads > cores
 
 
 def wait_env(threads: int, env) -> None:
-    """Set in `env` (a child's environment, or os.environ) the wait policy `passive_wait` chooses."""
+    """Set in `env` (a child's environment, or os.environ) the wait policy `passive_wait` chooses: passive
+    beyond the cores, else a bounded spin (unless the user set GOMP_SPINCOUNT or OMP_WAIT_POLICY)."""
     if passive_wait(threads, env):
         env.pop("GOMP_SPINCOUNT", None)
         env["OMP_WAIT_POLICY"] = "PASSIVE"
+    elif threads > 1 and "OMP_WAIT_POLICY" not in env and \
+            env.get("GOMP_SPINCOUNT") in (None, SPIN_OF_TUNE_PROCESS):
+        env["GOMP_SPINCOUNT"] = SPIN_BETWEEN_REGIONS
 
 
 def wait_policy(threads: int) -> None:
@@ -313,6 +320,8 @@ ATTEND_PARALLEL_MIN_SPIN = 60_000   # ... with workers spinning between regions 
 ATTEND_BLAS_MIN_T = 16              # queries from which attention is two sgemms per KV head (prefill)
 ATTEND_CHUNK = 128                  # queries per chunk of the prefill's attention (at one thread)
 PREFILL_PARALLEL_MIN = 1 << 15     # tokens x hidden from which a prefill's norms, attention and activation go parallel
+ATTEND_POOL_MAX = 4                 # pool threads for the prefill's attention items (run_spread)
+ACT_POOL_MAX = 8                    # ... and for its activation (16-core Xeon: 88 ms at 4, 57 at 8, 70 at 16)
 ATTEND_CHUNK_MIN = 32               # ... at more threads: chunks sized so that every thread gets a few
 
 
@@ -354,14 +363,30 @@ def attend_blas(q, kc, vc, pos0: int, window: int, scale, out, pool=None, thread
     T, H, D = q.shape
     KV = kc.shape[0] if kv8 is None else kv8[0].kq.shape[1]
     rep = H // KV
-    chunk = ATTEND_CHUNK if pool is None else max(ATTEND_CHUNK_MIN, min(ATTEND_CHUNK, -(-T // (2 * threads))))
+    workers = min(threads, ATTEND_POOL_MAX)
+    chunk = ATTEND_CHUNK if pool is None else max(ATTEND_CHUNK_MIN, min(ATTEND_CHUNK, -(-T // (2 * workers))))
     items = [(c0, min(T, c0 + chunk), g) for c0 in range(0, T, chunk) for g in range(KV)]
     if pool is None or len(items) == 1:
         for c0, c1, g in items:
             _attend_item(q, kc, vc, pos0, window, scale, c0, c1, g, rep, out, kv8)
         return
     items.sort(key=lambda it: -it[1])
-    for f in [pool.submit(_attend_item, q, kc, vc, pos0, window, scale, c0, c1, g, rep, out, kv8) for c0, c1, g in items]:
+    run_spread(pool, workers, [
+        (lambda c0=c0, c1=c1, g=g: _attend_item(q, kc, vc, pos0, window, scale, c0, c1, g, rep, out, kv8))
+        for c0, c1, g in items])
+
+
+def run_spread(pool, workers: int, tasks: list) -> None:
+    """Run `tasks` (callables, costliest first) on `workers` of the pool's threads, dealt round-robin:
+    fewer threads than the pool has where the tasks are many small NumPy calls, each taking the GIL back
+    (on the 16-core Xeon the prefill's attention took 131 ms per 512-token prompt at 4 threads, 203 at 8
+    and 240 at 16 with one pool task per item)."""
+    workers = max(1, min(workers, len(tasks)))
+
+    def run(share):
+        for task in share:
+            task()
+    for f in [pool.submit(run, tasks[w::workers]) for w in range(workers)]:
         f.result()
 
 
@@ -386,7 +411,8 @@ def activate_rows(gate, up, act: str, out, pool=None, threads: int = 1) -> None:
     if pool is None or T < 2 * threads:
         _act_rows(gate, up, act, out, 0, T)
         return
-    step = -(-T // threads)
+    workers = min(threads, ACT_POOL_MAX)
+    step = -(-T // workers)
     fs = [pool.submit(_act_rows, gate, up, act, out, r0, min(T, r0 + step)) for r0 in range(0, T, step)]
     for f in fs:
         f.result()
