@@ -107,7 +107,9 @@ def summary(rows: list[dict], path: Path, threads: int) -> None:
     gm = math.exp(sum(map(math.log, ratios)) / len(ratios)) if ratios else None
     if gm:
         print(f"geometric mean over {len(ratios)}: x {gm:.3f}; worst {max(ratios):.3f}")
-    path.write_text(json.dumps({"cpu": cpu_name(), "threads": threads, "rows": rows, "geomean": gm}, indent=1))
+    path.write_text(json.dumps({"cpu": cpu_name(), "threads": threads, "rows": rows, "geomean": gm,
+                                "command": "python " + " ".join(sys.argv), "date": time.strftime("%Y-%m-%d")},
+                               indent=1))
 
 
 if __name__ == "__main__":

@@ -176,6 +176,7 @@ def main():
 
     def save():     # after every model: a shard stopped at its time limit keeps what it measured
         result = {"cpu": cpu_name(), "threads": args.threads, "refs": list(refs), "seconds": round(time.time() - t0),
+                  "command": "python " + " ".join(sys.argv), "date": time.strftime("%Y-%m-%d"),
                   "rows": rows, "geomean": geomeans(rows, refs)}
         (out / f"wide_speed_t{args.threads}{suffix}.json").write_text(json.dumps(result, indent=1))
     for name in models:

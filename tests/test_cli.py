@@ -158,7 +158,7 @@ def test_bench_and_run_bad_input(tmp_path, small_onnx):
     code, stdout, err = run("bench", out, "--backend", "tpu", "--json")      # refused while parsing, listed
     assert code == 2 and "'tpu' is not one of" in err and "Traceback" not in err
     assert json.loads(stdout) == {"exit_code": 2, "error": "Invalid value for '--backend' / '-b': Value error, "
-                                  "'tpu' is not one of 'numba', 'onnxruntime', 'mnn'."}
+                                  "'tpu' is not one of 'numba', 'onnxruntime', 'openvino', 'mnn'."}
     np.save(tmp_path / "bad.npy", np.full((1, 3, 8, 8), np.nan, np.float32))
     assert_one_line_error(*run("run", out, "--input", f"x={tmp_path / 'bad.npy'}"), "NaN")
     np.save(tmp_path / "small.npy", np.zeros((1, 3, 4, 4), np.float32))

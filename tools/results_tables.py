@@ -110,6 +110,51 @@ def plain(data: dict) -> str:
     return _table(data["columns"], data["rows"])
 
 
+_REF_NAMES = {"ort": "onnxruntime", "ov": "OpenVINO", "mnn": "MNN"}
+
+
+def _geo(values: list) -> float:
+    import math
+    return math.exp(sum(map(math.log, values)) / len(values))
+
+
+def wide_speed(data: dict) -> str:
+    """benchmarks/wide_speed.py: every model's mnntool time and its ratio to each reference, failures
+    named, then the geometric means (recomputed here from the rows)."""
+    refs = data["refs"]
+    scaling = any("speedup_from_1_thread" in r for r in data["rows"])
+    columns = ["model", "mnntool ms"] + [f"x {_REF_NAMES.get(r, r)}" for r in refs] + \
+        (["1 -> N threads"] if scaling else [])
+    rows = []
+    for r in data["rows"]:
+        if "error" in r:
+            rows.append([r["model"], "failed: " + r["error"][:80]] + [""] * (len(columns) - 2))
+            continue
+        rows.append([r["model"], f"{r['mnntool_ms']:.2f}"] + [f"{r[f'vs_{ref}']:.2f}x" for ref in refs] +
+                    ([f"{r['speedup_from_1_thread']:.2f}x" if "speedup_from_1_thread" in r else ""] if scaling else []))
+    means = ["**geometric mean**", f"{sum('error' not in r for r in data['rows'])} ran"]
+    for ref in refs:
+        vals = [r[f"vs_{ref}"] for r in data["rows"] if f"vs_{ref}" in r]
+        means.append(f"**{_geo(vals):.2f}x**" if vals else "")
+    if scaling:
+        vals = [r["speedup_from_1_thread"] for r in data["rows"] if "speedup_from_1_thread" in r]
+        means.append(f"**{_geo(vals):.2f}x**" if vals else "")
+    return _table(columns, [means] + rows)
+
+
+def mnn_file_parity(data: dict) -> str:
+    """benchmarks/mnn_file_parity.py: our file's time in MNN over MNN's converter's file's, per model."""
+    rows = []
+    for r in sorted(data["rows"], key=lambda r: -r.get("ratio", 0)):
+        if "error" in r:
+            rows.append([r["model"], "", "", "failed: " + r["error"][:80]])
+        else:
+            rows.append([r["model"], f"{r['ours_ms']:.2f}", f"{r['theirs_ms']:.2f}", f"{r['ratio']:.3f}x"])
+    vals = [r["ratio"] for r in data["rows"] if "ratio" in r]
+    head = ["**geometric mean**", "", "", f"**{_geo(vals):.3f}x** over {len(vals)}" if vals else ""]
+    return _table(["model", "mnntool's file in MNN, ms", "MNN's converter's file, ms", "ratio"], [head] + rows)
+
+
 def renderer(data: dict):
     if isinstance(data.get("runs"), list) and data["runs"] and "prefill_tps" in data["runs"][0]:
         return llm_speed
@@ -117,6 +162,10 @@ def renderer(data: dict):
         return op_coverage
     if "fp32" in data and "bundles" in data:
         return llm_quality
+    if "refs" in data and "rows" in data:
+        return wide_speed
+    if "rows" in data and any("theirs_ms" in r for r in data["rows"]):
+        return mnn_file_parity
     if "columns" in data and "rows" in data:
         return plain
     return None
