@@ -31,8 +31,9 @@ SUFFIX = {"dynamo": ".onnx", "legacy": ".onnx", "ts": ".pt", "pt2": ".pt2", "scr
 SCRIPTABLE = ("timm", "torchvision")     # transformers' models do not script (torch.jit.script refuses them)
 
 
-def _hf_text(config: str, model: str, vocab: int):
-    """A transformers model at its config's default (real) size, called with input_ids and attention_mask."""
+def _hf_text(config: str, model: str, vocab: int, mask: bool = True):
+    """A transformers model at its config's default (real) size, called with input_ids and attention_mask
+    (or input_ids alone, no cache: GPT-2 then checks the positions for packed sequences)."""
     def build():
         import torch
         from fixtures.zoo import _without_torchvision_ops
@@ -49,7 +50,15 @@ def _hf_text(config: str, model: str, vocab: int):
                 out = self.m(input_ids=input_ids, attention_mask=attention_mask, return_dict=False,
                              **({"use_cache": False} if "GPT" in model else {}))
                 return out[0]
-        return Text()
+
+        class Ids(torch.nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.m = m
+
+            def forward(self, input_ids):
+                return self.m(input_ids=input_ids, use_cache=False, return_dict=False)[0]
+        return Text() if mask else Ids()
     return build
 
 
@@ -61,6 +70,13 @@ def _text_inputs(t=16, vocab=30522, pad=4):
         mask = torch.ones_like(ids)
         mask[0, shape[1] - pad:] = 0
         return ids, mask
+    return make
+
+
+def _ids_only(vocab: int, t: int = 16):
+    def make(seed=0):
+        import torch
+        return torch.randint(0, vocab, (1, t), generator=torch.Generator().manual_seed(seed)),
     return make
 
 
@@ -115,7 +131,8 @@ def _speech_chunk(seed=0):
 
 
 def _extra():
-    """Cases beyond fixtures/zoo.py, as its Entry (build, inputs, ...) with the paths each takes."""
+    """Cases beyond fixtures/zoo.py, as its Entry (build, inputs, ...) with the paths each takes; RoBERTa
+    and T5's encoder beside the zoo's transformers (T5's relative positions bring aten::min)."""
     from fixtures.zoo import Entry, _image, _timm
     text = dict(shapes=[(2, 9)], names=("input_ids", "attention_mask"),
                 dynamic={0: {0: "B", 1: "T"}, 1: {0: "B", 1: "T"}}, group="transformers")
@@ -125,6 +142,12 @@ def _extra():
                                  ("ts", "legacy")),
         "gpt2_small+mask": (Entry(_hf_text("GPT2Config", "GPT2LMHeadModel", 50257), _text_inputs(vocab=50257), **text),
                             ("ts", "legacy")),
+        "roberta_base+mask": (Entry(_hf_text("RobertaConfig", "RobertaModel", 50265), _text_inputs(vocab=50265),
+                                    **text), ("ts", "legacy")),
+        "t5_small_encoder+mask": (Entry(_hf_text("T5Config", "T5EncoderModel", 32128), _text_inputs(vocab=32128),
+                                        **text), ("ts", "legacy")),
+        "gpt2_small": (Entry(_hf_text("GPT2Config", "GPT2LMHeadModel", 50257, mask=False), _ids_only(50257),
+                             names=("input_ids",), group="transformers"), ("ts",)),
         "wav2vec2_base+mask": (Entry(_wav2vec2_base, _audio_inputs, names=("input_values", "attention_mask"),
                                      group="transformers"), ("ts",)),
         "levit_128s": (Entry(_timm("levit_128s"), _image()), ("ts", "script", "dynamo")),

@@ -2,6 +2,7 @@
 run at that shape, paired with onnxruntime, and RSS after 20 and after 2,000 distinct shapes.
 
     python benchmarks/new_shapes.py [--shapes 40] [--repeats 5] [--rss-shapes 2000] [--threads 1] [--json]
+                                    [--onnx MODEL.onnx --low 128 --high 256]
 
 The model is the issue's: two 3x3 convolutions (3 -> 16 -> 16 channels, a ReLU between) with open
 H/W, run at N distinct (H, W) between 200 and 400 pixels. For each shape, mnntool and onnxruntime
@@ -14,7 +15,8 @@ memory a first run touches), hold still where other tenants load the machine.
 
 The RSS phase runs in a child process of its own (nothing of the timing phase in its memory): mnntool
 alone, one run at each of `--rss-shapes` distinct shapes from the same range, RSS read after 20 and at
-the end (target: within 50 MB). `--json` prints one JSON object.
+the end (target: within 50 MB). `--json` prints one JSON object. `--onnx` runs an image model of
+your own instead (one input (N, C, H, W) with H and W open; run at batch 1), between --low and --high.
 """
 from __future__ import annotations
 
@@ -44,22 +46,30 @@ from benchmarks.soak import open_model, rss_mb  # noqa: E402
 LOW, HIGH = 200, 400        # pixels: the issue's range of heights and widths
 
 
-def distinct_shapes(n: int, seed: int) -> list[tuple[int, int]]:
+def distinct_shapes(n: int, seed: int, low: int = LOW, high: int = HIGH) -> list[tuple[int, int]]:
     rng = np.random.default_rng(seed)
     seen, out = set(), []
     while len(out) < n:
-        hw = (int(rng.integers(LOW, HIGH + 1)), int(rng.integers(LOW, HIGH + 1)))
+        hw = (int(rng.integers(low, high + 1)), int(rng.integers(low, high + 1)))
         if hw not in seen:
             seen.add(hw)
             out.append(hw)
     return out
 
 
-def models(tmp: Path) -> tuple[Path, Path]:
+def models(tmp: Path, onnx_path: str | None = None) -> tuple[Path, Path]:
+    """(the ONNX model, its .mnn): the issue's two-convolution model unless `onnx_path` is given."""
     from mnntool import api
-    src = open_model(tmp / "open.onnx")
+    src = Path(onnx_path) if onnx_path else open_model(tmp / "open.onnx")
     api.convert(src, tmp / "open.mnn")
     return src, tmp / "open.mnn"
+
+
+def image_input(sess) -> tuple[str, int]:
+    """The model's (one) image input: its name and channel count (3 where the file leaves it open)."""
+    name = sess.input_names[0]
+    c = sess.graph.tensors[name].shape[1]
+    return name, c if isinstance(c, int) and c > 0 else 3
 
 
 def timed(fn) -> tuple[float, float, int]:
@@ -71,25 +81,26 @@ def timed(fn) -> tuple[float, float, int]:
     return t, c, resource.getrusage(resource.RUSAGE_THREAD).ru_minflt - f0
 
 
-def first_and_steady(n: int, repeats: int, threads: int, progress=None) -> dict:
+def first_and_steady(n: int, repeats: int, threads: int, progress=None, onnx_path=None, low=LOW, high=HIGH) -> dict:
     """Per shape: each runtime's first run and the median of its next `repeats`, taking turns."""
     import onnxruntime as ort
     import mnntool
     tmp = Path(tempfile.mkdtemp())
-    src, mnn = models(tmp)
+    src, mnn = models(tmp, onnx_path)
     own = mnntool.load(mnn, threads=threads)
+    input_name, channels = image_input(own)
     opts = ort.SessionOptions()
     opts.intra_op_num_threads, opts.inter_op_num_threads = threads, 1
     ref = ort.InferenceSession(str(src), opts, providers=["CPUExecutionProvider"])
-    runs = {"mnntool": lambda x: own.run({"x": x}), "onnxruntime": lambda x: ref.run(None, {"x": x})}
+    runs = {"mnntool": lambda x: own.run({input_name: x}), "onnxruntime": lambda x: ref.run(None, {input_name: x})}
     rng = np.random.default_rng(1)
-    warm = rng.standard_normal((1, 3, 64, 64)).astype(np.float32)     # load-time work is not a new shape's
+    warm = rng.standard_normal((1, channels, 64, 64)).astype(np.float32)    # load-time work is not a new shape's
     for run in runs.values():
         for _ in range(3):
             run(warm)
     rows = []
-    for k, (h, w) in enumerate(distinct_shapes(n, seed=0)):
-        x = rng.standard_normal((1, 3, h, w)).astype(np.float32)
+    for k, (h, w) in enumerate(distinct_shapes(n, 0, low, high)):
+        x = rng.standard_normal((1, channels, h, w)).astype(np.float32)
         order = list(runs) if k % 2 == 0 else list(runs)[::-1]
         row = {"shape": [h, w]}
         for name in order:
@@ -109,7 +120,8 @@ def first_and_steady(n: int, repeats: int, threads: int, progress=None) -> dict:
         rows.append(row)
         if progress:
             progress(k + 1)
-    out = {"shapes": n, "repeats": repeats, "threads": threads, "rows": rows}
+    out = {"model": str(onnx_path or "two 3x3 convolutions, open H/W"), "range": [low, high], "shapes": n,
+           "repeats": repeats, "threads": threads, "rows": rows}
     for name in runs:
         ratios = [r[f"{name}_ratio"] for r in rows]
         out[name] = {"first_ms_median": statistics.median(r[f"{name}_first_ms"] for r in rows),
@@ -122,17 +134,18 @@ def first_and_steady(n: int, repeats: int, threads: int, progress=None) -> dict:
     return out
 
 
-def rss_over_shapes(n: int, threads: int) -> dict:
+def rss_over_shapes(n: int, threads: int, onnx_path=None, low=LOW, high=HIGH) -> dict:
     """(In the child) one run at each of n distinct shapes; RSS after 20 and after n."""
     import mnntool
     tmp = Path(tempfile.mkdtemp())
-    _, mnn = models(tmp)
+    _, mnn = models(tmp, onnx_path)
     sess = mnntool.load(mnn, threads=threads)
+    name, channels = image_input(sess)
     rng = np.random.default_rng(2)
     at = {}
     t0 = time.perf_counter()
-    for k, (h, w) in enumerate(distinct_shapes(n, seed=3), 1):
-        sess.run({"x": rng.standard_normal((1, 3, h, w)).astype(np.float32)})
+    for k, (h, w) in enumerate(distinct_shapes(n, 3, low, high), 1):
+        sess.run({name: rng.standard_normal((1, channels, h, w)).astype(np.float32)})
         if k in (20, n):
             gc.collect()
             at[k] = rss_mb()
@@ -146,21 +159,28 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=5, help="steady-state runs per shape and runtime")
     ap.add_argument("--rss-shapes", type=int, default=2000, help="distinct shapes of the RSS phase (0: skip it)")
     ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--onnx", default=None, help="an image model of your own (input N,C,H,W with H and W open)")
+    ap.add_argument("--low", type=int, default=LOW, help="smallest height and width")
+    ap.add_argument("--high", type=int, default=HIGH, help="largest height and width")
     ap.add_argument("--json", action="store_true", help="print one JSON object")
     ap.add_argument("--rss-child", action="store_true", help=argparse.SUPPRESS)
     a = ap.parse_args()
     if a.rss_child:
-        print(json.dumps(rss_over_shapes(a.rss_shapes, a.threads)))
+        print(json.dumps(rss_over_shapes(a.rss_shapes, a.threads, a.onnx, a.low, a.high)))
         return
+    if not 1 <= a.low <= a.high or (a.high - a.low + 1) ** 2 < max(a.shapes, a.rss_shapes):
+        ap.error("--low/--high: 1 <= low <= high, with at least as many (H, W) pairs as shapes asked for")
     if a.rss_shapes and a.rss_shapes < 20:
         ap.error("--rss-shapes: at least 20 (RSS is compared with its value after 20 shapes)")
     from rich.progress import Progress
     with Progress(disable=not sys.stderr.isatty(), transient=True) as bar:
         task = bar.add_task("new shapes", total=a.shapes)
-        result = first_and_steady(a.shapes, a.repeats, a.threads, lambda k: bar.update(task, completed=k))
+        result = first_and_steady(a.shapes, a.repeats, a.threads, lambda k: bar.update(task, completed=k), a.onnx,
+                                  a.low, a.high)
     if a.rss_shapes:
         child = subprocess.run([sys.executable, __file__, "--rss-child", "--rss-shapes", str(a.rss_shapes),
-                                "--threads", str(a.threads)], capture_output=True, text=True, check=True)
+                                "--threads", str(a.threads), "--low", str(a.low), "--high", str(a.high)]
+                               + (["--onnx", a.onnx] if a.onnx else []), capture_output=True, text=True, check=True)
         result.update(json.loads(child.stdout.strip().splitlines()[-1]))
     result["cpu"] = _cpu_name()
     if a.json:

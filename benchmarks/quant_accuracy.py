@@ -16,7 +16,7 @@ runtime, the two runtimes' agreement on the same file, and beside them onnxrunti
 `--ocr` scores PP-OCR's detector (1x3x320x320), recognizer (1x3x48x320) and direction classifier
 (1x3x48x192) from the rapidocr-onnxruntime wheel on rendered text pages and lines, against onnxruntime:
 
-    python benchmarks/quant_accuracy.py --ocr [--calib 16] [--held-out 4]
+    python benchmarks/quant_accuracy.py --ocr [--calib 16] [--held-out 4] [--auto-skip 0.99]
 """
 from __future__ import annotations
 
@@ -209,7 +209,7 @@ def ocr_models(out: Path) -> dict[str, Path]:
     return found
 
 
-def ocr_rows(calib_n: int, held_n: int, method: str, out: Path) -> list[dict]:
+def ocr_rows(calib_n: int, held_n: int, method: str, out: Path, auto_skip: float | None = None) -> list[dict]:
     """PP-OCR's three models quantized on rendered text (fixtures/textpages.py: dark words in PIL's
     default font on a light page; whole pages for the detector, single lines for the recognizer and
     classifier), each at its own preprocessing; scored on held-out renders against onnxruntime on the
@@ -227,7 +227,7 @@ def ocr_rows(calib_n: int, held_n: int, method: str, out: Path) -> list[dict]:
             held = [render(1000 + k) for k in range(held_n)]
             fp32, int8 = tmp / f"{name}.mnn", tmp / f"{name}_int8.mnn"
             convert(src, fp32, input_shapes={"x": shape})
-            report = quantize_file(fp32, int8, QuantConfig(int8=True, calib=calib, method=method))
+            report = quantize_file(fp32, int8, QuantConfig(int8=True, calib=calib, method=method, auto_skip=auto_skip))
             sess = ort.InferenceSession(str(src))
             out_name = sess.get_outputs()[0].name
             ref = [sess.run(None, {"x": x})[0] for x in held]
@@ -238,6 +238,7 @@ def ocr_rows(calib_n: int, held_n: int, method: str, out: Path) -> list[dict]:
             row = {"model": name, "input": "x".join(map(str, shape)),
                    "size_ratio": fp32.stat().st_size / int8.stat().st_size,
                    "float_layers": len(report.get("float_layers", [])),
+                   "auto_skipped": len(report.get("auto_skipped") or []),
                    "cos_mnn": float(np.mean([metrics(r, m)["cosine"] for r, m in zip(ref, mnn_out)])),
                    "cos_mnn_min": float(np.min([metrics(r, m)["cosine"] for r, m in zip(ref, mnn_out)])),
                    "cos_mnntool": float(np.mean([metrics(r, o)["cosine"] for r, o in zip(ref, ours)])),
@@ -246,7 +247,8 @@ def ocr_rows(calib_n: int, held_n: int, method: str, out: Path) -> list[dict]:
             rows.append(row)
             print(f"{name:38s} {row['input']:12s} size {row['size_ratio']:.2f}x  cos MNN {row['cos_mnn']:.6f} "
                   f"(min {row['cos_mnn_min']:.6f})  mnntool {row['cos_mnntool']:.6f}  agree {row['agree']:.6f} "
-                  f"(min {row['agree_min']:.6f})  float {row['float_layers']}", flush=True)
+                  f"(min {row['agree_min']:.6f})  float {row['float_layers']} (auto-skip {row['auto_skipped']})",
+                  flush=True)
     return rows
 
 
@@ -267,7 +269,7 @@ def main():
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
     if args.ocr:
-        rows = ocr_rows(args.calib, args.held_out, args.method, Path(args.ocr_dir))
+        rows = ocr_rows(args.calib, args.held_out, args.method, Path(args.ocr_dir), args.auto_skip)
         if args.json:
             Path(args.json).write_text(json.dumps(rows, indent=1))
         return

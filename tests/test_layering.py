@@ -170,7 +170,8 @@ def op_kind_sets(path: Path, ops: set[str]) -> list[int]:
     in users} == {"BinaryOp", "Select"}`) is pattern matching, not a kind, and is left alone."""
     tree = ast.parse(path.read_text())
     found = []
-    compared = {id(c) for node in ast.walk(tree) if isinstance(node, ast.Compare) for c in [node.left, *node.comparators]}
+    compared = {id(c) for node in ast.walk(tree) if isinstance(node, ast.Compare)
+                for c in [node.left, *node.comparators]}
 
     def names(elts):
         strs = [e.value for e in elts if isinstance(e, ast.Constant) and isinstance(e.value, str)]
@@ -201,5 +202,6 @@ def test_no_op_kind_sets_outside_ir():
 def test_the_set_check_sees_a_set(tmp_path):
     src = tmp_path / "m.py"
     src.write_text('CONVS = ("Convolution", "ConvolutionDepthwise")\nVIEWS = frozenset({"Reshape", "Flatten"})\n'
-                   'def f(n, users):\n    return n.op in ("Permute", "Reshape") or {u.op for u in users} == {"Tile", "Pack"}\n')
+                   'def f(n, users):\n'
+                   '    return n.op in ("Permute", "Reshape") or {u.op for u in users} == {"Tile", "Pack"}\n')
     assert op_kind_sets(src, _op_names()) == [1, 2]

@@ -267,10 +267,10 @@ def _auth_env(values: dict):
 def _settings(a: Address) -> dict:
     """The auth variables the driver needs for `a` (checked against the cluster where it runs)."""
     user_mode = os.environ.get("RAY_AUTH_MODE", "").strip()
-    if a.kind == "local":
-        if user_mode or token()[0] is not None:
+    if a.kind == "local":       # token mode (what ray.init picks, said here so Ray does not warn about it), with
+        if user_mode:           # a random key when none is set: nothing written to ~/.ray
             return {}
-        return {"RAY_AUTH_TOKEN": secrets.token_hex(32)}     # token mode with a key of its own, nothing written to ~
+        return {"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": None if token()[0] else secrets.token_hex(32)}
     _knock(a)
     mode = auth_mode(a)
     if a.kind == "gcs":

@@ -52,7 +52,9 @@ class Pool:
         """A handle on fn(*args) running (a Ray reference or a future)."""
         if self.ray is not None:
             if fn not in self._tasks:
-                self._tasks[fn] = self.ray.remote(num_cpus=1)(fn)
+                # SPREAD: the chunks go round the nodes from the start, instead of queueing on the driver's
+                # node until Ray spills them over (small chunks then all ran on the head)
+                self._tasks[fn] = self.ray.remote(num_cpus=1, scheduling_strategy="SPREAD")(fn)
             return self._tasks[fn].remote(*args)
         return self.ex.submit(fn, *args)
 
@@ -102,14 +104,15 @@ def merged(fn, samples, args: tuple, into, workers: int = 1, ray: str | None = N
     the sample files under the same paths. `progress(count)` after each chunk."""
     if ray is not None:
         with pool(workers, ray) as shards:
-            return _merge(shards, fn, samples, args, into, progress)
+            return merge_on(shards, fn, samples, args, into, progress)
     from ..interrupts import process_pool
     chunks = _chunks(samples, workers * CHUNKS_PER_WORKER)
     with process_pool(min(workers, len(chunks)) or 1) as ex:     # stopped at once on an interrupt
-        return _merge(Pool(workers, ex), fn, samples, args, into, progress, chunks)
+        return merge_on(Pool(workers, ex), fn, samples, args, into, progress, chunks)
 
 
-def _merge(shards: Pool, fn, samples, args: tuple, into, progress, chunks=None):
+def merge_on(shards: Pool, fn, samples, args: tuple, into, progress=None, chunks=None):
+    """merged() on a pool the caller holds (calibration keeps one for the statistics and the grids)."""
     chunks = chunks or _chunks(samples, shards.workers * CHUNKS_PER_WORKER)
     shared = [shards.share(a) for a in args]
     for part in shards.as_completed([shards.submit(fn, chunk, *shared) for chunk in chunks]):

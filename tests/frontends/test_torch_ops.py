@@ -108,8 +108,8 @@ CASES.update({
     "index_int_data": (lambda x: (x * 3).int()[:, torch.tensor([2, 0])], [u(3, 4, lo=0, hi=4)]),
     "index_put_": (_put(lambda y, x: _set(y, x < 0, 0.5)), [X]),
     "index_put_indices": (_put(lambda y, x: _set(y, (slice(None), torch.tensor([0, -2])), x[:, :2] * 3)), [X]),
-    "index_put_runtime": (_put(lambda y, x: _set(y, (torch.arange(2)[:, None], torch.argmax(x[:, :, 0, 0], 1,
-                                                                                            keepdim=True)), -4.0)), [X]),
+    "index_put_runtime": (_put(lambda y, x: _set(y, (torch.arange(2)[:, None],
+                                                     torch.argmax(x[:, :, 0, 0], 1, keepdim=True)), -4.0)), [X]),
     "div_floor": (lambda x, y: torch.div(x, y, rounding_mode="floor"), [u(3, 4, lo=-5, hi=5), u(3, 4, lo=0.5, hi=2)]),
     "div_trunc": (lambda x, y: torch.div(x, y, rounding_mode="trunc"), [u(3, 4, lo=-5, hi=5), u(3, 4, lo=0.5, hi=2)]),
     "div_trunc_int": (lambda x: torch.div((x * 3).int(), 4, rounding_mode="trunc"), [u(3, 4, lo=-5, hi=5)]),
@@ -123,13 +123,22 @@ CASES.update({
     "pad": (lambda x: F.pad(x, (1, 2, 0, 1), value=0.5), [X]),
     "pad_reflect": (lambda x: F.pad(x, (2, 1), mode="reflect"), [u(2, 3, 6)]),
     "pad_replicate": (lambda x: F.pad(x, (2, 1, 1, 0), mode="replicate"), [X]),
+    "index_put_separated": (_put(lambda y, x: _set(y, (torch.tensor([1, 0]), slice(None), torch.tensor([2, -1])),
+                                                   x[:, :, 0] * 3)), [X]),
+    # two coordinates per index (MNN's ScatterNd mis-writes those: the converter joins the dims)
+    "index_put_two": (_put(lambda y, x: _set(y, (torch.tensor([1, 0]), torch.tensor([2, -2])), x[:, 0] * 3)), [X]),
+    "min": (lambda x, y: torch.min(x, y) + torch.min(x), [u(3, 4), u(3, 4)]),
+    "max": (lambda x: torch.max(x, 1), [u(3, 7)]),
+    "max_keep": (lambda x: torch.max(x, -1, keepdim=True)[0] * 2, [X]),
     "index_put_accumulate": (lambda x: x.index_put((torch.tensor([0, 2, 0]),), torch.ones(3, 4), accumulate=True),
                              [u(3, 4)]),
 })
 OP_OF = {"fmod_scalar": "fmod", "fmod_int": "fmod", "__and___int": "__and__", "new_ones_bool": "new_ones",
          "diff_bool": "diff", "index_put_indices": "index_put_", "index_put_runtime": "index_put_",
+         "index_put_separated": "index_put_", "index_put_two": "index_put_", "max_keep": "max",
          "index_put_accumulate": "index_put",
-         "pad_reflect": "pad", "pad_replicate": "pad", "div_floor": "div", "div_trunc": "div", "div_trunc_int": "div"}    # cases named apart from their op
+         "pad_reflect": "pad", "pad_replicate": "pad", "div_floor": "div", "div_trunc": "div",
+         "div_trunc_int": "div"}    # cases named apart from their op
 OP_OF.update({k: "linalg_vector_norm" for k in CASES if k.startswith("linalg_vector_norm_")})
 OP_OF.update({k: "index" for k in CASES if k.startswith("index_") and not k.startswith("index_put")
               and k != "index_select"})

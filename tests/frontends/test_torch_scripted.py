@@ -13,6 +13,7 @@ torch = pytest.importorskip("torch")
 
 import mnntool  # noqa: E402
 from mnntool import api  # noqa: E402
+from mnntool.errors import MnnToolError  # noqa: E402
 from tests.conftest import assert_close, mnn_run  # noqa: E402
 from tests.test_cli import assert_one_line_error, run  # noqa: E402
 
@@ -169,4 +170,6 @@ def test_unknown_state_and_plain_inputs_refused_in_one_line(tmp_path):
         def forward(self, x, rate: int):
             return x * float(rate)
     torch.jit.script(TwoArgs()).save(str(tmp_path / "t.pt"))
-    assert_one_line_error(*run("convert", tmp_path / "t.pt", out, "--input-shape", "x:2x5"), "not tensors")
+    with pytest.raises(MnnToolError, match="rate") as e:
+        api.convert(tmp_path / "t.pt", out, input_shapes={"x": (2, 5)})
+    assert "not tensors" in str(e.value) and "\n" not in str(e.value)

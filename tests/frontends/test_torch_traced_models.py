@@ -39,7 +39,15 @@ class Text(torch.nn.Module):
         self.m = m
 
     def forward(self, input_ids, attention_mask):
-        return self.m(input_ids=input_ids, attention_mask=attention_mask, use_cache=False, return_dict=False)[0]
+        extra = {"use_cache": False} if "use_cache" in self.m.forward.__code__.co_varnames else {}
+        return self.m(input_ids=input_ids, attention_mask=attention_mask, return_dict=False, **extra)[0]
+
+
+class Ids(Text):
+    """input_ids alone, no cache: transformers then looks for packed sequences in the positions
+    (aten::diff, and index lists over them)."""
+    def forward(self, input_ids):
+        return self.m(input_ids=input_ids, use_cache=False, return_dict=False)[0]
 
 
 class Audio(Text):
@@ -57,6 +65,10 @@ def _wav2vec2():
     return Audio(m), (x, mask)
 
 
+def _image():
+    return torch.randn(1, 3, 64, 64, generator=torch.Generator().manual_seed(3)),
+
+
 def _timm(name, **kw):
     timm = pytest.importorskip("timm")
     torch.manual_seed(0)
@@ -69,9 +81,16 @@ MODELS = {
                                     n_heads=4, hidden_dim=64)), _tokens()),
     "gpt2": lambda: (Text(_hf("GPT2Config", "GPT2LMHeadModel", vocab_size=100, n_embd=32, n_layer=2, n_head=4,
                               n_positions=32)), _tokens()),
+    "gpt2_ids": lambda: (Ids(_hf("GPT2Config", "GPT2LMHeadModel", vocab_size=100, n_embd=32, n_layer=2, n_head=4,
+                                 n_positions=32)), _tokens()[:1]),
+    "llama": lambda: (Text(_hf("LlamaConfig", "LlamaForCausalLM", vocab_size=100, num_key_value_heads=2, **TXT)),
+                      _tokens()),
+    # T5's relative-position buckets: aten::min of two tensors
+    "t5_encoder": lambda: (Text(_hf("T5Config", "T5EncoderModel", vocab_size=100, d_model=32, d_kv=8, d_ff=64,
+                                    num_layers=2, num_heads=4)), _tokens()),
     "wav2vec2": _wav2vec2,
-    "levit": lambda: (_timm("levit_128s", img_size=64), (torch.randn(1, 3, 64, 64, generator=torch.Generator().manual_seed(3)),)),
-    "edgenext": lambda: (_timm("edgenext_xx_small"), (torch.randn(1, 3, 64, 64, generator=torch.Generator().manual_seed(3)),)),
+    "levit": lambda: (_timm("levit_128s", img_size=64), _image()),
+    "edgenext": lambda: (_timm("edgenext_xx_small"), _image()),
 }
 
 
@@ -81,6 +100,8 @@ def test_traced_model_matches_torch_in_both_runtimes(tmp_path, name):
     with torch.no_grad():
         traced = torch.jit.trace(model, inputs, check_trace=False)
         ref = model(*inputs).numpy()
+    if name == "gpt2_ids":
+        assert "aten::diff" in {n.kind() for n in traced.inlined_graph.nodes()}
     src, dst = tmp_path / f"{name}.pt", tmp_path / f"{name}.mnn"
     traced.save(str(src))
     names = [v.debugName().split(".")[0] for v in list(traced.graph.inputs())[1:]]
@@ -89,3 +110,23 @@ def test_traced_model_matches_torch_in_both_runtimes(tmp_path, name):
     feeds = {n: x.numpy() for n, x in zip(names, inputs)}
     assert_close(ref, mnntool.load(dst).run(feeds)[g.outputs[0]])
     assert_close(ref, mnn_run(dst, list(feeds), [g.outputs[0]], feeds)[g.outputs[0]])
+
+
+def test_traced_model_output_dict(tmp_path):
+    """A transformers model traced as is (strict=False): its ModelOutput is a dict in the graph
+    (prim::DictConstruct); each value becomes an output, in order."""
+    model = _hf("BertConfig", "BertModel", vocab_size=100, **TXT)
+    inputs = _tokens()
+    with torch.no_grad():
+        traced = torch.jit.trace(model, inputs, strict=False, check_trace=False)
+        ref = model(*inputs)
+    assert "prim::DictConstruct" in {n.kind() for n in traced.inlined_graph.nodes()}
+    src, dst = tmp_path / "bert.pt", tmp_path / "bert.mnn"
+    traced.save(str(src))
+    api.convert(src, dst, input_shapes={"input_ids": (1, 16), "attention_mask": (1, 16)})
+    g = api.load_graph(dst)
+    feeds = {"input_ids": inputs[0].numpy(), "attention_mask": inputs[1].numpy()}
+    ours, theirs = mnntool.load(dst).run(feeds), mnn_run(dst, list(feeds), list(g.outputs), feeds)
+    for name, r in zip(g.outputs, (ref.last_hidden_state, ref.pooler_output)):
+        assert_close(r.numpy(), ours[name])
+        assert_close(r.numpy(), theirs[name])

@@ -9,19 +9,16 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import numpy as np
 import pytest
 
 from fixtures.ray_cluster import free_port
-
 from tests.conftest import ROOT
 
 ray = pytest.importorskip("ray")
 onnx = pytest.importorskip("onnx")
-
 
 
 @pytest.fixture(scope="module")
@@ -78,7 +75,7 @@ def test_quant_and_verify_on_the_cluster(cluster, model, tmp_path):
     _ok("quant", fp32, one, "--int8", "--calib", calib)
     _ok("quant", fp32, many, "--int8", "--calib", calib, "--ray", cluster.address, env=cluster.driver_env())
     assert one.read_bytes() == many.read_bytes()
-    assert cluster.worker_logs(1), "no task ran on the second raylet"
+    assert "_collect_chunk" in cluster.task_names(1), "no calibration task ran on the second raylet"
     ref = _ok("verify", src, one, "--calib", calib, "--samples", 12, "--json")
     env = dict(cluster.driver_env(), RAY_ADDRESS=cluster.address)
     got = _ok("verify", src, one, "--calib", calib, "--samples", 12, "--json", "--ray", "auto", env=env)
@@ -102,6 +99,7 @@ def test_llm_eval_on_the_cluster(cluster, tmp_path):
     many = json.loads(_ok("llm", "eval", tmp_path / "b8", "--text", text, "--ref", tmp_path / "b16", "--ctx", 32,
                           "--json", "--ray", cluster.client_address, env=cluster.driver_env()))
     assert one["windows"] > 8 and 0 < one["kl_mean"] and json.loads(json.dumps(one)) == many
+    assert "_shard" in cluster.task_names(0) + cluster.task_names(1)
 
 
 # ------------------------------------------------------------------------------------------- failures
@@ -154,20 +152,29 @@ def test_version_mismatch(cluster, monkeypatch):
 
 
 def test_wrong_ports():
-    """Nothing listening, no client server where ray:// points, a GCS port given as a client one and the
-    reverse, a malformed address: each one line, in about a second."""
+    """Nothing listening, no client server where ray:// points, a malformed address: each one line (from the
+    probes, not after Ray's own 20-30 s of retries)."""
     free = free_port()
-    t = time.monotonic()
     assert "nothing listening at 127.0.0.1" in _connect_error(f"127.0.0.1:{free}")
     assert "no Ray client server at 127.0.0.1" in _connect_error(f"ray://127.0.0.1:{free}")
     assert "expected local, auto" in _connect_error("127.0.0.1")
-    assert time.monotonic() - t < 10
 
 
 def test_service_on_the_wrong_port(cluster, monkeypatch):
+    """A GCS port given as a client server's (ray://) and the reverse."""
     monkeypatch.setenv("RAY_AUTH_TOKEN_PATH", str(cluster.token_path))
     assert "not as a Ray client server" in _connect_error(f"ray://{cluster.address}")
     assert "not as a Ray GCS" in _connect_error(f"127.0.0.1:{cluster.client_port}")
+
+
+def test_no_raylet_on_this_machine(cluster, monkeypatch):
+    """HOST:PORT joins through a raylet on the driver's machine; where Ray's own scan finds none (as on a
+    laptop outside the cluster), one line says so and names ray:// instead of Ray's 30 s wait."""
+    import ray._private.services as services
+    monkeypatch.setenv("RAY_AUTH_TOKEN_PATH", str(cluster.token_path))
+    monkeypatch.setattr(services, "find_node_ids", set)
+    msg = _connect_error(cluster.address)
+    assert "needs a Ray node on this machine" in msg and "ray://127.0.0.1:10001" in msg
 
 
 def test_one_line_from_the_cli_without_a_cluster(model, tmp_path):

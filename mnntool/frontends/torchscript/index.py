@@ -80,6 +80,32 @@ def _coordinates(ctx, node, shape, pos) -> tuple[T, tuple]:
     return coords, bshape
 
 
+def _flat_coordinates(ctx, node, shape, pos) -> tuple[T, tuple]:
+    """The indices of `pos` as one index into their dims flattened together, [*B, 1], and B. MNN's
+    ScatterNd writes only the first last-dim run of each slice when an index has two or more
+    coordinates (measured: 4 of each slice's 24 values on a [2, 5, 6, 4] tensor), so writes index one dim."""
+    bshape = np.broadcast_shapes(*[tuple(ctx.shape_of(i)) for _, i in pos])
+    sizes = [shape[d] for d, _ in pos]
+    flat = None
+    for k, (d, i) in enumerate(pos):
+        i = _non_negative(ctx, node, i, shape[d], f"i{k}")
+        stride = int(np.prod(sizes[k + 1:], dtype=np.int64))
+        if stride != 1:
+            i = np.asarray(i) * stride if not isinstance(i, T) else \
+                emit_onnx(ctx, "Mul", [i, np.int32(stride)], [_tmp(ctx, node, f"s{k}")])[0]
+        if flat is None:
+            flat = i
+        elif isinstance(flat, T) or isinstance(i, T):
+            flat = emit_onnx(ctx, "Add", [flat, i], [_tmp(ctx, node, f"f{k}")])[0]
+        else:
+            flat = np.asarray(flat) + np.asarray(i)
+    if not isinstance(flat, T):
+        return ctx.tensor(np.broadcast_to(np.asarray(flat), bshape)[..., None].astype(np.int32)), bshape
+    if tuple(ctx.shape_of(flat)) != bshape:
+        flat = ctx.emit("BroadcastTo", [flat, ctx.tensor(np.array(bshape, np.int32))], [_tmp(ctx, node, "fb")], {})[0]
+    return ctx.emit("Unsqueeze", [flat], [_tmp(ctx, node, "flat")], {"squeezeDims": [len(bshape)]})[0], bshape
+
+
 def _front(ctx, node, x, dims: list[int], tag: str):
     """x with `dims` moved to the front in order (the gathers and scatters index leading dims); the perm."""
     rank = len(ctx.shape_of(x))
@@ -131,8 +157,11 @@ def index_put(ctx, node, args):
     pos = _positions(ctx, node, x, indices)
     dims = [d for d, _ in pos]
     xf, perm = _front(ctx, node, x, dims, "front")
-    coords, bshape = _coordinates(ctx, node, shape, pos)
+    coords, bshape = _flat_coordinates(ctx, node, shape, pos)
     fshape = tuple(ctx.shape_of(xf))
+    joined = (int(np.prod([shape[d] for d in dims], dtype=np.int64)),) + fshape[len(dims):]
+    if len(dims) > 1:
+        xf = ctx.reshape(xf, joined, _tmp(ctx, node, "joined"))[0] if isinstance(xf, T) else np.reshape(xf, joined)
     adjacent = dims == list(range(dims[0], dims[0] + len(dims)))
     lead = dims[0] if adjacent else 0
     # the values broadcast to what x[indices] would be, then laid out as the front-moved x reads them
@@ -144,10 +173,13 @@ def index_put(ctx, node, args):
         nb = len(bshape)
         order = list(range(lead, lead + nb)) + list(range(lead)) + list(range(lead + nb, len(target)))
         upd = ctx.emit("Permute", [upd], [_tmp(ctx, node, "vfront")], {"dims": order})[0]
-    out = ctx.out(node) if perm == list(range(len(shape))) else _tmp(ctx, node, "scattered")
-    y = ctx.emit("ScatterNd", [coords, upd, ctx.tensor(np.array(fshape, np.int32)), ctx.tensor(xf)], [out],
+    identity = perm == list(range(len(shape)))
+    out = ctx.out(node) if identity and len(dims) == 1 else _tmp(ctx, node, "scattered")
+    y = ctx.emit("ScatterNd", [coords, upd, ctx.tensor(np.array(joined, np.int32)), ctx.tensor(xf)], [out],
                  {"opType": "ADD" if accumulate else -1, "T": "DT_FLOAT"})[0]
-    if out == ctx.out(node):
+    if len(dims) > 1:
+        y = ctx.reshape(y, fshape, ctx.out(node) if identity else _tmp(ctx, node, "unjoined"))[0]
+    if identity:
         return [y]
     return ctx.emit("Permute", [y], [ctx.out(node)], {"dims": [perm.index(d) for d in range(len(shape))]})
 

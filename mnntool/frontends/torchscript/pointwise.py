@@ -121,6 +121,28 @@ def bitwise(ctx, node, args):
     return onnx_op(ctx, node, op, [a, b])
 
 
+@aten("aten::min", "aten::max")
+def min_max(ctx, node, args):
+    """torch.min/max in its three forms: of everything, of two tensors elementwise, or along a dim with
+    the index of the first extreme (values, indices)."""
+    x, low = args[0], node.kind() == "aten::min"
+    if len(args) == 1:
+        if not isinstance(x, T):
+            return [(min if low else max)(x) if isinstance(x, (list, tuple)) else np.asarray(x).min() if low
+                    else np.asarray(x).max()]
+        return onnx_op(ctx, node, "ReduceMin" if low else "ReduceMax", [x, _dims(ctx, x, None)], {"keepdims": 0})
+    if len(args) == 2 or isinstance(args[1], T) or isinstance(args[1], np.ndarray):
+        a, b = like_tensor(ctx, args[0], args[1]), like_tensor(ctx, args[1], args[0])
+        if not isinstance(a, T) and not isinstance(b, T):
+            return [(np.minimum if low else np.maximum)(a, b)]
+        return onnx_op(ctx, node, "Min" if low else "Max", [a, b])
+    dim, keep = int(args[1]), int(bool(args[2]))
+    vals = onnx_op(ctx, node, "ReduceMin" if low else "ReduceMax", [x, _dims(ctx, x, [dim])], {"keepdims": keep})[0]
+    idx = emit_onnx(ctx, "ArgMin" if low else "ArgMax", [x], [_tmp(ctx, node, "i")],
+                    {"axis": dim, "keepdims": keep, "select_last_index": 0})[0]
+    return [vals, emit_onnx(ctx, "Cast", [idx], [_tmp(ctx, node, "i64")], {"to": 7})[0]]
+
+
 @aten("aten::clamp_min", "aten::clamp_max")
 def clamp_side(ctx, node, args):
     return onnx_op(ctx, node, "Max" if node.kind() == "aten::clamp_min" else "Min",

@@ -142,6 +142,15 @@ def to_str(ctx, node, args):
     return [str(args[0])]
 
 
+@aten("prim::min", "prim::max")
+def py_min_max(ctx, node, args):
+    """Python's min/max in scripted code (of two numbers, or of a list)."""
+    if any(isinstance(a, T) for a in args):
+        raise MnnToolError(f"{ctx.path}: {node.kind()} on tensors is not supported")
+    fn = min if node.kind() == "prim::min" else max
+    return [fn(args[0]) if len(args) == 1 else fn(*args)]
+
+
 # TorchScript type kinds -> the Python values this frontend holds for them
 _KINDS = {"TensorType": (T, np.ndarray), "ListType": (list, tuple), "TupleType": (list, tuple), "IntType": (int,),
           "FloatType": (float,), "BoolType": (bool,), "StringType": (str,), "NoneType": (type(None),),

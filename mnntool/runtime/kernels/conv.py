@@ -7,7 +7,7 @@ from typing import NamedTuple
 import numpy as np
 from .jit import Bound, njit
 
-from ...errors import InvalidModel
+from ...errors import InvalidModel, MnnToolError
 from . import PLAN_ONLY, Kernel, kernel, sized, writes
 from .conv_loops import col2im
 from .conv_strategies import Geometry, Layer, build, trimmed
@@ -88,7 +88,8 @@ def conv_weight(param: dict, rows: int) -> np.ndarray:
     if param.get("quanParameter") is not None:
         from ...format.idst import dequantize
         return dequantize(param["quanParameter"], rows)
-    raise ValueError("convolution without weights")
+    # weights read at run time (an ONNX Conv whose W is an input): not a fast kernel's case, declined
+    raise MnnToolError("convolution without constant weights")
 
 
 class Int8Grids(NamedTuple):
