@@ -53,6 +53,21 @@ def _probe_feeds(g, shapes: dict) -> tuple[dict, str | None]:
     return random_feeds(g, fixed), note
 
 
+def _with_plan_mode(cfg: QuantConfig) -> QuantConfig:
+    """MNN's compression JSON carries weight-only plans: it implies weight-only quantization (layers it
+    does not list at --weight-bits, 8 unless given) and cannot steer int8 or fp16."""
+    if not (cfg.compression_params or cfg.write_compression_params):
+        return cfg
+    if cfg.int8 or cfg.fp16:
+        opt = "--compression-params" if cfg.compression_params else "--write-compression-params"
+        raise MnnToolError(f"{opt} carries weight-only plans (MNN's per-layer bits/block); drop "
+                           f"{'--int8' if cfg.int8 else '--fp16'} or use --weight-bits 8|4")
+    if cfg.weight_bits is None and cfg.compression_params:
+        from dataclasses import replace
+        return replace(cfg, weight_bits=8)
+    return cfg
+
+
 SUGGEST_BELOW = 0.999     # an int8 output below this cosine vs fp32 gets a note pointing at --auto-skip
 
 
@@ -61,11 +76,14 @@ def quantize_file(src, dst, config: QuantConfig, progress=None) -> dict:
     from .ptq import float_report, quantize_int8
     from .report import auto_skip as run_auto_skip, layer_report, worst_first
     from .weight_only import compress_weights, head_layers
-    cfg = config
+    cfg = _with_plan_mode(config)
     cfg.check()
     src, dst = Path(src), Path(dst)
-    sources = (src, writer.weight_path(src), cfg.calib if isinstance(cfg.calib, (str, Path)) else None)
+    sources = (src, writer.weight_path(src), cfg.calib if isinstance(cfg.calib, (str, Path)) else None,
+               cfg.compression_params)
     writer.check_output(dst, sources)      # refused before the (slow) calibration, not only at the write
+    if cfg.write_compression_params:
+        writer.check_output(cfg.write_compression_params, sources + (dst,))
     if cfg.external_weights:
         writer.check_output(writer.weight_path(dst), sources)
     g = reader.load(src)
@@ -106,19 +124,33 @@ def quantize_file(src, dst, config: QuantConfig, progress=None) -> dict:
     else:
         q = reader.load(src)
         head_bits = cfg.resolved_head_bits()
+        plan = given = None
+        if cfg.compression_params or cfg.write_compression_params:
+            from . import compression_params as cp
+            given = cp.read(cfg.compression_params) if cfg.compression_params else None
+            plan = cp.plan_for(g, cfg.weight_bits, cfg.asymmetric or cfg.hqq, cfg.block_size, skip,
+                               head_layers(g) if head_bits else set(), head_bits, given, src)
         n, blocked = compress_weights(q, cfg.weight_bits, cfg.fp16, cfg.asymmetric, skip, cfg.block_size, cfg.hqq,
-                                      head_bits)
+                                      head_bits if plan is None else None, plan)
+        if plan is not None:
+            report["layer_bits"] = {name: lp.bits for name, lp in plan.items()}
         if n == 0:
             raise MnnToolError(f"{src}: no float convolution weights to compress")
-        report.update(mode="fp16" if cfg.fp16 else f"weight-int{cfg.weight_bits}",
+        mode = ("fp16" if cfg.fp16 else "weight-only per layer" if cfg.compression_params
+                else f"weight-int{cfg.weight_bits}")
+        report.update(mode=mode,
                       asymmetric=cfg.asymmetric or cfg.hqq, hqq=cfg.hqq, head_bits=head_bits,
-                      head_layers=sorted(head_layers(g) - skip) if head_bits else [],
+                      head_layers=sorted(head_layers(g) - skip - set(given or ())) if head_bits else [],
                       layers=n, block_size=cfg.block_size, block_layers=blocked)
         feeds, note = _probe_feeds(g, cfg.input_shapes)
         acc = layer_report(g, q, [feeds], cfg.threads)
         if note:
             report.setdefault("notes", []).append(note)
     written = writer.write(q, dst, sources=sources, external=cfg.external_weights)
+    if cfg.write_compression_params:        # after the model: no plan for a file that was not written
+        from .compression_params import write as write_plan
+        write_plan(cfg.write_compression_params, g, plan)
+        report["compression_params_written"] = str(cfg.write_compression_params)
     report["size_after"], report["weight_file"] = written["bytes"], written["weight_file"]
     report["ratio"] = report["size_before"] / report["size_after"]
     report["outputs"] = acc["outputs"]

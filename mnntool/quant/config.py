@@ -41,6 +41,8 @@ class QuantConfig:
     block_size: int | None = None
     hqq: bool = False                   # zero points by half-quadratic optimisation (implies asymmetric)
     head_bits: int | None = None        # bits of the output layers (weight_only.head_layers); None: 8 at int4
+    compression_params: str | None = None         # MNN's per-layer JSON (--compressionParamsFile) to follow
+    write_compression_params: str | None = None   # write the weight-only plan used in that format
     # the output: weights in a .mnn.weight file beside it (True), or when they pass 2000 MB (None)
     external_weights: bool | None = None
 

@@ -36,10 +36,11 @@ def head_layers(g: Graph) -> set[str]:
 
 def compress_weights(g: Graph, bits: int | None = None, fp16: bool = False, asymmetric: bool = False,
                      skip: set[str] = frozenset(), block: int | None = None, hqq: bool = False,
-                     head_bits: int | None = None) -> tuple[int, int]:
+                     head_bits: int | None = None, plan: dict | None = None) -> tuple[int, int]:
     """Replace float weights in place; returns (layers changed, layers quantized block-wise). Layers
     whose input channels do not split into whole blocks keep one scale per output channel; the
-    head_layers get `head_bits` when given."""
+    head_layers get `head_bits` when given. A `plan` ({name: compression_params.LayerPlan}, bits 0:
+    float) sets bits, block and asymmetry layer by layer instead."""
     if bits not in (None, 8, 4) or head_bits not in (None, 8, 4):
         raise MnnToolError(f"--weight-bits {bits} / --head-bits {head_bits}: only 8 and 4 are supported")
     heads = head_layers(g) if head_bits else set()
@@ -55,6 +56,11 @@ def compress_weights(g: Graph, bits: int | None = None, fp16: bool = False, asym
         w = n.param.get("weight")
         if w is None or len(w) == 0:
             continue
+        if plan is not None:
+            lp = plan.get(n.name)
+            if lp is None or lp.bits == 0:
+                continue
+            bits, block, asymmetric = lp.bits, lp.block, lp.asymmetric or hqq
         c = n.param["common"]
         rows = c["outputCount"]
         per_row = np.asarray(w).size // rows

@@ -381,7 +381,7 @@ class GridActivations(nn.Module):
 
 def test_float_operators_on_int8_tensors_compute_mnns_floats(tmp_path):
     """A float operator whose input lies on an int8 grid runs by a table of MNN's own results
-    (kernels.mnn_math), so its output is MNN's to the bit (each asked of MNN alone): an ulp of
+    (kernels.ops.mnn_math), so its output is MNN's to the bit (each asked of MNN alone): an ulp of
     difference there flips the next layer's rounding now and then. The SiLU's product has a grid (the
     gate's convolution reads it as int8) but MNN computes it in float, and the gate's product reads it
     unrounded (runtime.session.stored_grids): the outputs then agree to float precision."""
