@@ -14,6 +14,24 @@ from ..ir.ops import REGISTRY, Val
 from .onnx.context import Ctx
 
 
+def given_shape(path, name: str, declared, given) -> list[int]:
+    """The shape --input-shape gives an input, checked against the dims its model fixes: an open dim
+    (None, a negative number, 0, a symbol) takes any size, a fixed one only its own; the rank must match.
+    declared None (no shape recorded at all, as in TorchScript) accepts any shape."""
+    given = [int(d) for d in given]
+    if declared is None:
+        return given
+    declared = list(declared)
+    if len(declared) != len(given):
+        raise MnnToolError(f"{path}: --input-shape {name}: rank {len(given)} does not match the model's rank "
+                           f"{len(declared)}")
+    for d, w in zip(declared, given):
+        if isinstance(d, (int, np.integer)) and d > 0 and d != w:
+            shown = "x".join(str(x) if isinstance(x, (int, np.integer)) and x > 0 else "?" for x in declared)
+            raise MnnToolError(f"{path}: --input-shape {name}: {given} conflicts with the model's fixed shape {shown}")
+    return given
+
+
 class T(str):
     """An IR tensor name (as opposed to a Python value)."""
 

@@ -9,7 +9,7 @@ import numpy as np
 from ...errors import MnnToolError
 from ...ir.graph import Graph
 from ...ir.ops import rows_at_run_time
-from ..shaped import ShapedCtx, T
+from ..shaped import ShapedCtx, T, given_shape
 from . import detection, structural  # noqa: F401  (they register layers)
 from .layers import LAYERS
 from .proto import messages
@@ -136,7 +136,11 @@ def load_caffe(path, input_shapes: dict, weights=None) -> Graph:
     if not specs:
         raise MnnToolError(f"{proto}: the net declares no input (an Input layer or input/input_shape)")
     for name, shape in specs:
-        shape = input_shapes.get(name, shape)
+        if name in input_shapes:        # a Caffe net reshapes to any size: only the rank is kept
+            shape = given_shape(proto, name, None if not shape else [None] * len(shape), input_shapes[name])
+        elif shape and any(d <= 0 for d in shape):      # 0 or -1: left open by the exporter
+            shown = "x".join(str(d) if d > 0 else "?" for d in shape)
+            raise MnnToolError(f"{proto}: input '{name}' has shape {shown}; give --input-shape {name}:...")
         if not shape:
             raise MnnToolError(f"{proto}: input '{name}' has no shape; give --input-shape {name}:1x3x224x224")
         env[name] = ctx.add_input(name, shape)

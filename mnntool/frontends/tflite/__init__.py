@@ -15,7 +15,7 @@ import numpy as np
 from ...errors import MnnToolError
 from ...format.flatbuf import FormatError, decode
 from ...ir.graph import Graph
-from ..shaped import T, emit_onnx
+from ..shaped import T, emit_onnx, given_shape
 from ..tensorflow.context import TfCtx
 from .ops import OPS
 from ..unrolled import fold, folded, unroll
@@ -258,7 +258,11 @@ def load_tflite(path, input_shapes: dict) -> Graph:
                            f"{', '.join(public_inputs)}")
     for i, public in zip(sg.get("inputs", []), public_inputs):
         t = tensors[i]
-        shape = input_shapes.get(public) or [int(d) for d in t.get("shape", [])]
+        shape = [int(d) for d in t.get("shape", [])]
+        if public in input_shapes:      # shape_signature's -1 dims are open, its others fixed; no signature: any
+            sig = t.get("shape_signature")
+            declared = [None] * len(shape) if sig is None or not len(sig) else [int(d) for d in sig]
+            shape = given_shape(path, public, declared, input_shapes[public])
         dtype = ctx.tflite_dtype(i)
         if ctx.stored_grid(i) is not None:
             x = ctx.add_input(public, shape, dtype)

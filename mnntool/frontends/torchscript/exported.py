@@ -16,7 +16,7 @@ from pathlib import Path
 
 from ...errors import MnnToolError
 from ...ir.graph import Graph
-from ..shaped import T
+from ..shaped import T, given_shape
 from .context import ATEN, TorchCtx, torch_for
 
 _PY = {operator.add, operator.sub, operator.mul, operator.floordiv, operator.truediv, operator.mod, operator.neg,
@@ -160,6 +160,8 @@ def load_exported(path, input_shapes: dict) -> Graph:
                 continue
             val = n.meta.get("val")
             shape = input_shapes.get(n.name)
+            if shape is not None and val is not None:     # a torch.export.Dim is open, an int dim fixed
+                shape = given_shape(path, n.name, [d if isinstance(d, int) else None for d in val.shape], shape)
             if shape is None:
                 shape = tuple(int(d) if isinstance(d, int) else int(d.node.hint) for d in val.shape)
             dtype = "int32" if val is not None and not val.dtype.is_floating_point else "float32"
