@@ -220,10 +220,45 @@ def scatter_nd(ctx, node, a):
         raise MnnToolError(f"{ctx.path}: ScatterND '{node.name}': reduction '{red}' differs in MNN's ScatterNd "
                            "(measured); none, add and mul convert")
     op = {"none": -1, "add": "ADD", "mul": "MUL"}[red]
+    ishape, dshape = ctx.shape(node.input[1]), ctx.shape(node.input[0])
+    k = ishape[-1] if ishape and isinstance(ishape[-1], int) else None
+    if k is not None and k > 1:
+        return _scatter_nd_joined(ctx, node, op, k, dshape)
     shape = ctx.tmp(node.output[0] + "_shape")
     ctx.emit("Shape", [node.input[0]], [shape], {}, node.name + "_shape", fmt="NCHW")
     ctx.emit("ScatterNd", [node.input[1], node.input[2], shape, node.input[0]], [node.output[0]],
              {"opType": op, "T": "DT_FLOAT"}, node.name)
+
+
+def _scatter_nd_joined(ctx, node, op, k: int, dshape) -> None:
+    """ScatterND with k > 1 coordinates per index, on the data viewed with its first k dims joined into
+    one and the coordinates joined into one flat index: MNN 3.6's ScatterNd writes only the first run of
+    the last dimension of each slice when an index has two or more coordinates (wrong values, measured;
+    MNN's own converter's file too). Needs the data's first k dims at convert time."""
+    if dshape is None or len(dshape) < k or any(not isinstance(d, int) for d in dshape):
+        raise MnnToolError(f"{ctx.path}: ScatterND '{node.name}': {k} coordinates per index need the data's "
+                           "shape at convert time (MNN computes multi-coordinate ScatterNd wrongly; give "
+                           "--input-shape)")
+    dims = [int(d) for d in dshape]
+    strides = [int(np.prod(dims[i + 1:k], dtype=np.int64)) for i in range(k)]
+    idx = ctx.const(node.input[1])
+    if idx is not None:        # constant indices: joined now
+        flat_idx = ctx.int_const(node.name + "_flat_idx",
+                                 (np.asarray(idx, np.int64) % np.array(dims[:k]) * strides).sum(-1, keepdims=True))
+    else:
+        scaled, flat_idx = ctx.tmp(node.output[0] + "_scaled"), ctx.tmp(node.output[0] + "_flat_idx")
+        binary(ctx, node.input[1], ctx.int_const(node.name + "_strides", strides), scaled, "MUL",
+               node.name + "_scaled")
+        ctx.emit("Reduction", [scaled], [flat_idx], {"operation": "SUM", "dim": [-1], "keepDims": True},
+                 node.name + "_flat_idx")
+    joined = [int(np.prod(dims[:k], dtype=np.int64))] + dims[k:]
+    view, out = ctx.tmp(node.output[0] + "_joined"), ctx.tmp(node.output[0] + "_scattered")
+    ctx.emit("Reshape", [node.input[0], ctx.int_const(node.name + "_joined_shape", joined)], [view],
+             {"dimType": "NCHW"}, node.name + "_join")
+    ctx.emit("ScatterNd", [flat_idx, node.input[2], ctx.int_const(node.name + "_shape", joined), view], [out],
+             {"opType": op, "T": "DT_FLOAT"}, node.name)
+    ctx.emit("Reshape", [out, ctx.int_const(node.name + "_out_shape", dims)], [node.output[0]],
+             {"dimType": "NCHW"}, node.name + "_unjoin")
 
 
 @converts("NonZero")
