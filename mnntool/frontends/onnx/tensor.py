@@ -39,9 +39,19 @@ def _axis(ctx, node, a, default=0):
     return axis
 
 
+def _empty(ctx, name: str) -> bool:
+    c = ctx.const(name)
+    return c is not None and c.size == 0 and c.ndim > 0
+
+
 @converts("Concat")
 def concat(ctx, node, a):
-    ctx.emit("Concat", [i for i in node.input if i], [node.output[0]], {"axis": _axis(ctx, node, a)}, node.name)
+    ins = [i for i in node.input if i]
+    kept = [i for i in ins if not _empty(ctx, i)] or ins[:1]     # MNN's Concat fails on empty inputs
+    if len(kept) == 1 and len(ins) > 1:
+        ctx.emit("Identity", kept, [node.output[0]], {}, node.name)
+        return
+    ctx.emit("Concat", kept, [node.output[0]], {"axis": _axis(ctx, node, a)}, node.name)
 
 
 @converts("Split")
@@ -67,9 +77,34 @@ def split(ctx, node, a):
         n = len(node.output)
         sizes = [-(-dim // n)] * (n - 1)
         sizes.append(dim - sum(sizes))
-    points = np.cumsum([int(s) for s in sizes])[:-1].tolist()
+    sizes = [int(s) for s in sizes]
+    if 0 in sizes and len(sizes) > 1:
+        return _split_with_empty_parts(ctx, node, axis, sizes)
+    points = np.cumsum(sizes)[:-1].tolist()
     ctx.emit("Slice", [node.input[0]], list(node.output), {"axis": axis, "slicePoints": points,
                                                            "sourceType": "CAFFE"}, node.name)
+
+
+def _split_with_empty_parts(ctx, node, axis: int, sizes: list) -> None:
+    """A Split with parts of size 0 (RotaryEmbedding's function body when the whole head rotates): MNN's
+    Slice fails on an empty output (its other outputs came back as garbage, measured), so the empty parts
+    become empty constants (a Concat drops them) and the rest is split without them."""
+    shape = ctx.shape(node.input[0])
+    if shape is None or not all(isinstance(d, int) for d in shape):
+        raise MnnToolError(f"{ctx.path}: Split '{node.name}': a part of size 0 needs the input's shape at convert "
+                           "time (give --input-shape)")
+    keep = [(o, s) for o, s in zip(node.output, sizes) if s > 0]
+    for o, s in zip(node.output, sizes):
+        if s == 0 and o:
+            empty = list(shape)
+            empty[axis % len(shape)] = 0
+            ctx.g.constants[o] = np.zeros(empty, np.dtype(ctx.dtype(node.input[0]) or "float32"))
+    if len(keep) == 1:
+        ctx.emit("Identity", [node.input[0]], [keep[0][0]], {}, node.name)
+    elif keep:
+        points = np.cumsum([s for _, s in keep])[:-1].tolist()
+        ctx.emit("Slice", [node.input[0]], [o for o, _ in keep], {"axis": axis, "slicePoints": points,
+                                                                  "sourceType": "CAFFE"}, node.name)
 
 
 @converts("Slice")
