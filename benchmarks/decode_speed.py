@@ -22,7 +22,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from mnntool.tuning import tune_process  # noqa: E402
+from mnntool.threadpool import tune_process  # noqa: E402
 
 tune_process()
 

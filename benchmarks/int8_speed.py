@@ -20,7 +20,7 @@ from fixtures.models import build  # noqa: E402
 from mnntool.api import convert  # noqa: E402
 from benchmarks.isolated import bench, save_rows, speed_args  # noqa: E402
 from mnntool.quant import QuantConfig, quantize_file  # noqa: E402
-from mnntool.runtime.kernels.vnni import HAS_VNNI  # noqa: E402
+from mnntool.runtime.kernels.micro.int8_gemm import HAS_VNNI  # noqa: E402
 
 
 def main():

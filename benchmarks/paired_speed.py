@@ -20,7 +20,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from mnntool.tuning import tune_process  # noqa: E402
+from mnntool.threadpool import tune_process  # noqa: E402
 
 tune_process()      # as the CLI does: the timed runs are in this process
 from mnntool.runners import backend_runner  # noqa: E402
@@ -29,7 +29,7 @@ from benchmarks.isolated import converted, save_rows  # noqa: E402
 
 
 # At more threads each turn waits this long first: onnxruntime's pool spins ~25 ms after its run and
-# mnntool's OpenMP workers ~13 ms (tuning.py), and a spinning pool takes a core from the runtime whose
+# mnntool's OpenMP workers ~13 ms (threadpool.py), and a spinning pool takes a core from the runtime whose
 # turn it is (MNN's MobileNetV3 at 2 threads: 5.4 ms alone, 25 ms right after onnxruntime's run). Then
 # one untimed run wakes the runtime's own workers (on this VM the first run after 40 ms of idling is
 # 1.5-3x slower for all three: onnxruntime's MobileNetV3 8.5 ms against 2.8), and the next is timed, so

@@ -31,7 +31,7 @@ FIXTURES = ("mobilenetv2", "resnet18", "bert", "lstm")
 
 _CHILD = """
 import json, sys
-from mnntool.tuning import tune_process
+from mnntool.threadpool import tune_process
 tune_process()
 import numpy
 from mnntool.timing import bench

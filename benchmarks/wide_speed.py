@@ -162,7 +162,7 @@ def main():
             print(f"{name:28s} export failed: {why}", flush=True)
     if args.export_only:
         return
-    from mnntool.tuning import tune_process
+    from mnntool.threadpool import tune_process
     tune_process()
     refs = tuple(r for r in args.refs.split(",") if r)
     try:

@@ -9,7 +9,7 @@ raises `mnntool.MnnToolError` where the command prints its one-line error.
     report = mnntool.verify("model.onnx", "int8.mnn", min_cosine=0.99)
     outputs = mnntool.load("int8.mnn").run({"input": x})
 
-Importing it changes no process settings; `mnntool.tuning.tune_process()` is the one call that does
+Importing it changes no process settings; `mnntool.threadpool.tune_process()` is the one call that does
 (the CLI makes it).
 """
 from .errors import MnnToolError

@@ -7,9 +7,9 @@ import re
 import sys
 from typing import List, Literal, Optional
 
-from .tuning import tune_process
+from .threadpool import tune_process
 
-tune_process()      # before numpy and Numba load (see mnntool.tuning)
+tune_process()      # before numpy and Numba load (see mnntool.threadpool)
 
 import typer  # noqa: E402
 import typer.core  # noqa: E402
@@ -540,6 +540,12 @@ def quant(src: str = typer.Argument(..., help="A float .mnn model."),
                                                  "(the head's GCS) or ray://HOST:PORT (its client server)."),
           config: Optional[str] = typer.Option(None, "--config",
                                                help="JSON: method, skip, per_channel, samples, symmetric_activations."),
+          compression_params: Optional[str] = typer.Option(
+              None, "--compression-params", help="Weight-only: per-layer bits/block/asymmetry from MNN's "
+              "compression JSON (MNNConvert --compressionParamsFile); unlisted layers get --weight-bits (8)."),
+          write_compression_params: Optional[str] = typer.Option(
+              None, "--write-compression-params", help="Weight-only: write the per-layer plan used as MNN's "
+              "compression JSON, for MNNConvert --compressionParamsFile."),
           mean: Optional[str] = MEAN, normal: Optional[str] = NORMAL, std: Optional[str] = STD,
           size: Optional[str] = SIZE, fmt: str = FORMAT, input_shape: Optional[List[str]] = INPUT_SHAPE,
           threads: int = THREADS, external_weights: bool = EXTERNAL_WEIGHTS, as_json: bool = JSON):
@@ -552,7 +558,8 @@ def quant(src: str = typer.Argument(..., help="A float .mnn model."),
                       symmetric_activations=symmetric_activations, float_weights=float_weights,
                       prep=_image_prep(mean, normal, size, fmt, std),
                       asymmetric=asymmetric, block_size=block_size, hqq=hqq, head_bits=head_bits,
-                      input_shapes=api.parse_input_shapes(input_shape), external_weights=external_weights or None)
+                      input_shapes=api.parse_input_shapes(input_shape), external_weights=external_weights or None,
+                      compression_params=compression_params, write_compression_params=write_compression_params)
     if config:
         from .format.writer import check_output
         check_output(dst, [config])     # the output must not replace the config file it reads either
@@ -592,7 +599,7 @@ def compile_kernels(force: bool = typer.Option(False, "--force", help="Build eve
     """Compile the runtime's kernels ahead of time for this CPU (a minute or two, once): one-thread
     sessions then load in ~0.1 s and run their first inference without compiling (pycc, needs a C
     compiler). Without it they compile with Numba (its cache: ~0.5 s a start)."""
-    from .runtime.kernels import aot, aot_build
+    from .runtime.kernels.compile import aot, aot_build
     lib, _ = aot.library_paths()
     if lib.exists() and not force:
         r = {"library": str(lib), "kernels": None, "built": False}

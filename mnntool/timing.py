@@ -66,7 +66,7 @@ def bench(path, backend: str = "numba", threads: int = 1, warmup: int = 5, runs:
     out["gflops"] = total_flops / 1e9
     out["gflop_per_s"] = total_flops / 1e9 / (out["median_ms"] / 1e3) if out["median_ms"] else 0.0
     if backend == "numba":
-        from .runtime.kernels import aot
+        from .runtime.kernels.compile import aot
         out["memory_pool_mb"] = r.session.plan.pool_bytes / 1e6
         lib = aot.library()      # the one-thread kernels' ahead-of-time library, if one loaded
         out["kernel_library"] = str(lib.path) if lib is not None else None

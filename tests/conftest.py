@@ -1,7 +1,7 @@
 """Shared test helpers: fixture models built on demand into build/fixtures, MNN and onnxruntime oracles."""
 from __future__ import annotations
 
-from mnntool.tuning import tune_process
+from mnntool.threadpool import tune_process
 
 tune_process()      # as the CLI does, before numpy loads; child processes inherit it
 

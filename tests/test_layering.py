@@ -15,10 +15,6 @@ LAYERS = {"ir": 0, "format": 1, "passes": 1, "runtime": 2, "quant": 3}   # packa
 # Cycles present at the time of writing, each owned by other work; remove an entry when it is gone (the
 # test fails on an entry that no longer matches a cycle, so the list only shrinks).
 KNOWN_CYCLES = [
-    # LLVM-IR micro-kernels and the kernels whose constants they share, imported lazily both ways:
-    # runtime/kernels is being regrouped into sub-packages (issue 48 point 3)
-    {"mnntool.runtime.kernels.actir", "mnntool.runtime.kernels.elementwise", "mnntool.runtime.kernels.llvmir",
-     "mnntool.runtime.kernels.norm", "mnntool.runtime.kernels.softmax_ir"},
     # the llm and debug sub-apps import the shared options from cli, which mounts them at its end
     # (shared files; moving the options into a module of their own removes it)
     {"mnntool.cli", "mnntool.cli_debug", "mnntool.cli_llm"},

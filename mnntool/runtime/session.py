@@ -16,8 +16,8 @@ from ..ir.graph import Graph
 from ..ir.ops import Val
 from ..ir.shape_inference import infer_node
 from . import announce_first_compile
-from .kernels import aot
-from .kernels.control import run_bodies_in, shape_free
+from .kernels.compile import aot
+from .kernels.ops.control import run_bodies_in, shape_free
 from .plan import Plan, Planning, Step, build, check_off
 from .plan.int8_store import RAW, raw_reads, rounding, stored_grids, stored_on
 from .plan.kernels import generic_kernel, kernel_for

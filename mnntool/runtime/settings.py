@@ -61,7 +61,7 @@ class Settings:
     def apply(self) -> None:
         """Before a run: Numba's count for this thread (Numba keeps one per thread; set when Numba is loaded
         or the run wants more than one thread), and BLAS at one thread: the few BLAS calls left (activation x activation products) are small, and BLAS's own workers would
-        fight the OpenMP workers that spin between the kernels of a run (tuning.py). At 2 threads, BLAS
+        fight the OpenMP workers that spin between the kernels of a run (threadpool.py). At 2 threads, BLAS
         at 2 took ViT-tiny to 18.3 ms and MobileViT-xxs to 13.6 ms (slower than at 1 thread), at 1 to
         14.3 and 10.8 ms. Costs ~1 us when nothing changes."""
         _applied.threads = self.threads
@@ -70,7 +70,7 @@ class Settings:
             if numba.get_num_threads() != self.threads:
                 numba.set_num_threads(self.threads)
         if not _blas_limited[0]:
-            from ..tuning import BLAS_AT_ONE
+            from ..threadpool import BLAS_AT_ONE
             _blas_limited[0] = BLAS_AT_ONE[0]
         if not _blas_limited[0]:
             from threadpoolctl import threadpool_limits

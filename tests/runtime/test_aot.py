@@ -14,8 +14,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from mnntool.runtime.kernels import aot, aot_build, jit
-from mnntool.runtime.kernels.host import host_features
+from mnntool.runtime.kernels.compile import aot, aot_build, jit
+from mnntool.runtime.kernels.compile.host import host_features
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -47,8 +47,8 @@ def test_host_features_are_llvms():
 
 def test_a_bound_call_site_refuses_other_types(monkeypatch):
     from mnntool.runtime.kernels import sized
-    from mnntool.runtime.kernels.conv_loops import bias_act
-    from mnntool.runtime.kernels.grid import NO_GRID, RELU6
+    from mnntool.runtime.kernels.micro.conv_loops import bias_act
+    from mnntool.runtime.kernels.micro.epilogue import NO_GRID, RELU6
     monkeypatch.setattr(jit, "CHECK", True)
     fn = sized(bias_act, 10, 1)
     y, b = np.ones((2, 3), np.float32), np.zeros(2, np.float32)
@@ -65,7 +65,7 @@ from mnntool.inputs import random_feeds
 r = backend_runner(Path(sys.argv[1]), "numba", 1, None)
 outs = r.run(random_feeds(r.graph, None))
 np.savez(sys.argv[2], *[np.asarray(o) for o in outs.values()])
-from mnntool.runtime.kernels import aot
+from mnntool.runtime.kernels.compile import aot
 print(json.dumps({"numba": "numba" in sys.modules, "llvmlite": "llvmlite" in sys.modules,
                   "library": aot.library() is not None}))
 """
@@ -107,7 +107,7 @@ def test_a_library_runs_a_model_without_numba(tmp_path, fixture_model, monkeypat
 
 
 def test_every_manifest_entry_names_a_kernel_and_all_its_arguments():
-    from mnntool.runtime.kernels.aot import split_key
+    from mnntool.runtime.kernels.compile.aot import split_key
     entries = aot_build.read_manifest()
     assert len(entries) >= 50
     for name, key in entries:

@@ -5,8 +5,8 @@ transforms scale values by up to 8x), and int8-grid outputs within one grid step
 import numpy as np
 import pytest
 
-from mnntool.runtime.kernels.conv_strategies import HAS_AVX512, STRATEGIES, Geometry, Layer, pick
-from mnntool.runtime.kernels.grid import NO_GRID, RELU6, grid_of
+from mnntool.runtime.kernels.ops.conv_strategies import HAS_AVX512, STRATEGIES, Geometry, Layer, pick
+from mnntool.runtime.kernels.micro.epilogue import NO_GRID, RELU6, grid_of
 
 torch = pytest.importorskip("torch")
 F = torch.nn.functional
@@ -137,7 +137,7 @@ def test_fixture_convolutions_get_fast_kernels(fixture_model, tmp_path):
     (geo(1, 6, 5, 5, 6, 3, p=8, d=8, group=6), (1, 1, 0, 0)),     # depthwise
 ])
 def test_taps_reading_only_padding_are_dropped(g, kept):
-    from mnntool.runtime.kernels.conv_strategies import trimmed
+    from mnntool.runtime.kernels.ops.conv_strategies import trimmed
     rng = np.random.default_rng(0)
     w = rng.standard_normal((g.cout, (g.cin // g.group) * g.kh * g.kw)).astype(np.float32)
     g2, w2 = trimmed(g, w)
@@ -156,7 +156,7 @@ def test_taps_reading_only_padding_are_dropped(g, kept):
 
 
 def _torch_post(kind, y, alpha, beta):
-    from mnntool.runtime.kernels import grid as gr
+    from mnntool.runtime.kernels.micro import epilogue as gr
     return {gr.POST_SILU: F.silu, gr.POST_SIGMOID: torch.sigmoid, gr.POST_HARDSWISH: F.hardswish,
             gr.POST_GELU_TANH: lambda t: F.gelu(t, approximate="tanh"), gr.POST_GELU: F.gelu, gr.POST_TANH: torch.tanh,
             gr.POST_LEAKY: lambda t: F.leaky_relu(t, alpha), gr.POST_HARDSIGMOID: lambda t: torch.clamp(alpha * t + beta, 0, 1),
@@ -167,8 +167,8 @@ def _torch_post(kind, y, alpha, beta):
 def test_strategy_applies_a_fused_activation_like_torch(case):
     """Every strategy applies Layer.post after the bias and ReLU6: in its IR epilogue, or after its kernel
     (with_post). Reference: torch's conv2d, then torch's activation. Tolerance as above."""
-    from mnntool.runtime.kernels import grid as gr
-    from mnntool.runtime.kernels.conv_strategies import build
+    from mnntool.runtime.kernels.micro import epilogue as gr
+    from mnntool.runtime.kernels.ops.conv_strategies import build
     g = CASES[case][0]
     rng = np.random.default_rng(3)
     x = (rng.standard_normal((g.n, g.cin, g.h, g.w)) * 2).astype(np.float32)

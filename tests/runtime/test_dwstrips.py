@@ -1,12 +1,12 @@
-"""dwstrips.depthwise_strips (stride 1 undilated: blocks of BLOCK_ROWS output rows, the last block of a
+"""depthwise_strips.depthwise_strips (stride 1 undilated: blocks of BLOCK_ROWS output rows, the last block of a
 strip ending at its last row and redoing rows of the one before; other rows, dilation and stride 2
 row by row) against torch's conv2d, with the fused epilogue. Tolerance 2e-5 of the largest output
 (sums of up to 49 products)."""
 import numpy as np
 import pytest
 
-from mnntool.runtime.kernels.fgemm import HAS_AVX512, epilogue_of
-from mnntool.runtime.kernels.grid import NO_GRID, POST_HARDSWISH, POST_SILU
+from mnntool.runtime.kernels.micro.float_gemm import HAS_AVX512, epilogue_of
+from mnntool.runtime.kernels.micro.epilogue import NO_GRID, POST_HARDSWISH, POST_SILU
 
 torch = pytest.importorskip("torch")
 F = torch.nn.functional
@@ -18,7 +18,7 @@ pytestmark = pytest.mark.skipif(not HAS_AVX512, reason="AVX-512 LLVM IR kernel")
                                               (13, 5, 0, 1, 8), (30, 18, 1, 3, 5), (9, 40, 2, 0, 3)])
 @pytest.mark.parametrize("post", [0, POST_HARDSWISH, POST_SILU])
 def test_depthwise_strips_match_torch(k, s, d, h, w, t, l, rows, post):
-    from mnntool.runtime.kernels.dwstrips import depthwise_strips
+    from mnntool.runtime.kernels.micro.depthwise_strips import depthwise_strips
     t = (k // 2) * d if t is None else min(t, (k - 1) * d)
     l = (k // 2) * d if l is None else min(l, (k - 1) * d)
     b_pad, r_pad = (k - 1) * d - t, (k - 1) * d - l     # "same" output size at stride 1

@@ -6,10 +6,10 @@ import numpy as np
 import pytest
 
 from mnntool.ir.ops import Val
-from mnntool.runtime.kernels.conv import convolution_float
-from mnntool.runtime.kernels.grid import NO_GRID, grid_of
+from mnntool.runtime.kernels.ops.conv import convolution_float
+from mnntool.runtime.kernels.micro.epilogue import NO_GRID, grid_of
 from mnntool.runtime.settings import Settings
-from mnntool.runtime.kernels.fgemm import HAS_AVX512, PackedGemm, k_block
+from mnntool.runtime.kernels.micro.float_gemm import HAS_AVX512, PackedGemm, k_block
 
 torch = pytest.importorskip("torch")
 F = torch.nn.functional
@@ -57,7 +57,7 @@ def test_packed_gemm_rounds_to_the_int8_grid_and_blocks_k():
     grid = grid_of(0.05, -127, 127)
     g = PackedGemm(w, np.zeros(o, np.float32), 1, grid, p, 2)
     out = np.empty((o, p), np.float32)
-    from mnntool.runtime.kernels.fgemm import gemm
+    from mnntool.runtime.kernels.micro.float_gemm import gemm
     gemm(x.reshape(-1), p, p, g.wp, k, k_block(k, 512, 3), o, g.bias, g.epf, 1, out.reshape(-1), p, False)
     ref = np.clip(np.rint(np.maximum(w.astype(np.float64) @ x, 0) / 0.05), -127, 127) * 0.05
     # values near a rounding midpoint may round either way in fp32: allow one step on a few of them
@@ -92,7 +92,7 @@ def _conv(x, w, b, stride=1, pads=(1, 1, 1, 1), dilation=1, act=1):
                                              (8, 8, 12, 64), (8, 8, 10, 14), (16, 8, 23, 15)])
 @pytest.mark.parametrize("act", [0, 2])
 def test_winograd_matches_torch(cin, cout, h, w, act):
-    from mnntool.runtime.kernels.winograd import tile_size
+    from mnntool.runtime.kernels.micro.winograd import tile_size
     rng = np.random.default_rng(cin + h)
     x = rng.standard_normal((2, cin, h, w)).astype(np.float32)
     wt = (rng.standard_normal((cout, cin, 3, 3)) / np.sqrt(cin * 9)).astype(np.float32)
@@ -108,7 +108,7 @@ def test_winograd_in_chunks_of_tile_rows(monkeypatch, cin, cout, h, w, pads):
     """Large maps run F(4x4) a chunk of tile rows at a time (the chunk's first padded row passed as its
     own top padding, the output rows from the chunk's first on); a small budget here makes chunks of 4
     tile rows and a short last one. Tolerance as the other F(4x4) cases."""
-    from mnntool.runtime.kernels import winograd
+    from mnntool.runtime.kernels.micro import winograd
     monkeypatch.setattr(winograd, "CHUNK_BYTES", 1 << 16)
     rng = np.random.default_rng(h + w)
     x = rng.standard_normal((1, cin, h, w)).astype(np.float32)
@@ -157,11 +157,11 @@ def test_convolution_without_im2col_matches_torch(cin, cout, h, k, stride, pads,
 def test_max_pool_3x3_stride2_matches_torch(monkeypatch, h, ceil, pad, avx512):
     """Pooling reads the input where it is: padding, and ceil-mode windows past the end, are -inf. With
     AVX-512 the depthwise IR row kernel does it with max for FMA; without, a Numba row kernel."""
-    from mnntool.runtime.kernels import dw3
-    from mnntool.runtime.kernels.pool import pooling
-    if avx512 and not dw3.HAS_AVX512:
+    from mnntool.runtime.kernels.micro import depthwise3x3
+    from mnntool.runtime.kernels.ops.pool import pooling
+    if avx512 and not depthwise3x3.HAS_AVX512:
         pytest.skip("this CPU has no AVX-512")
-    monkeypatch.setattr(dw3, "HAS_AVX512", avx512)
+    monkeypatch.setattr(depthwise3x3, "HAS_AVX512", avx512)
     rng = np.random.default_rng(h)
     x = rng.standard_normal((2, 5, h, h + 1)).astype(np.float32)
     ref = F.max_pool2d(torch.from_numpy(x), 3, 2, pad, ceil_mode=ceil).numpy()
@@ -181,7 +181,7 @@ def test_max_pool_3x3_stride2_matches_torch(monkeypatch, h, ceil, pad, avx512):
 def test_phase_split_matches_padding_and_slicing(c, h, w, t, l, sh, sw):
     """Phase planes against numpy: pad the input (zeros), then plane (c, a, b) = padded[c, a::sh, b::sw],
     cut or zero-filled to the planes' size; the border stays zero. Exact."""
-    from mnntool.runtime.kernels.fgemm import phase_split
+    from mnntool.runtime.kernels.micro.float_gemm import phase_split
     rng = np.random.default_rng(c * h + w)
     x = rng.standard_normal((c, h, w)).astype(np.float32)
     hq, wq = -(-(h + t + 2) // sh), -(-(w + l + 2) // sw)
@@ -196,8 +196,8 @@ def test_phase_split_matches_padding_and_slicing(c, h, w, t, l, sh, sw):
 def test_winograd_weights_are_g_w_gt_packed_for_the_gemms():
     """transform_weights against G w G^T in float64 (einsum, the textbook form); transform_packed against
     the fgemm packing of it (reference: pack_stacked), for output counts off the block size too."""
-    from mnntool.runtime.kernels.fgemm import pack_stacked
-    from mnntool.runtime.kernels.winograd import G2, G4, transform_packed, transform_weights
+    from mnntool.runtime.kernels.micro.float_gemm import pack_stacked
+    from mnntool.runtime.kernels.micro.winograd import G2, G4, transform_packed, transform_weights
     rng = np.random.default_rng(3)
     for o, c, block in ((16, 8, 16), (30, 17, 16), (40, 5, 32)):
         w = rng.standard_normal((o, c, 3, 3)).astype(np.float32)

@@ -46,7 +46,7 @@ def test_silu_and_sigmoid_match_onnxruntime(tmp_path, shape, sigmoid_out):
 
 
 def test_sigmoid_blocks_extremes():
-    from mnntool.runtime.kernels.elementwise import sigmoid_blocks
+    from mnntool.runtime.kernels.ops.elementwise import sigmoid_blocks
     x = np.concatenate([np.array([0, -1e-30, 1e-30, -100, 100, -88, 88, np.inf, -np.inf], np.float32),
                         np.random.RandomState(0).randn(10000).astype(np.float32) * 10])
     ref = 1 / (1 + np.exp(-x.astype(np.float64)))
@@ -60,13 +60,13 @@ def test_sigmoid_blocks_extremes():
 
 
 def test_ir_exp_below_float_range_is_zero_not_a_denormal():
-    """The IR epilogues' exp (actir.VectorMath.exp_neg) gives 0 below float32's normals, not the ~1e-38
+    """The IR epilogues' exp (activation_ir.VectorMath.exp_neg) gives 0 below float32's normals, not the ~1e-38
     its polynomial made there: products with that were denormals, and a causal mask's attention rows
     (probabilities of masked keys) ran 5x slower. Reference: float64 softmax, 1e-6 relative."""
-    from mnntool.runtime.kernels.llvmir import host_has
+    from mnntool.runtime.kernels.micro.llvm_ir import host_has
     if not host_has("avx512f"):
         pytest.skip("the IR softmax needs AVX-512")
-    from mnntool.runtime.kernels.softmax_ir import softmax_rows_ir
+    from mnntool.runtime.kernels.micro.softmax_ir import softmax_rows_ir
     x = np.zeros((2, 21), np.float32)
     x[0, 1:6] = [-87.0, -88.0, -90.0, -1e30, -np.inf]
     x[1] = np.random.RandomState(0).randn(21) * 40
@@ -231,13 +231,13 @@ def test_squeeze_excite_scale_moves_into_the_next_pointwise_weights(tmp_path, hw
 
 @pytest.mark.parametrize("kind", ["sigmoid", "silu"])
 def test_ir_sigmoid_and_silu_at_the_extremes(kind):
-    """The epilogues' sigmoid (actir.VectorMath.sigmoid: x clamped to +-80) through a 1x1 identity layer:
+    """The epilogues' sigmoid (activation_ir.VectorMath.sigmoid: x clamped to +-80) through a 1x1 identity layer:
     within 1e-6 relative of float64 where the true sigmoid is above its clamp's 1.8e-35, at most that
     beyond; SiLU within 1e-6 of x * sigmoid(x) (at most |x| * 1.8e-35 below -80); 1 above 80 (SiLU: x).
     (Not infinities: the identity layer's zero weights times inf are NaN; and NaN is not kept: the
     epilogue's ReLU bounds, -inf and inf here, take it to -inf first.)"""
-    from mnntool.runtime.kernels import grid as gr
-    from mnntool.runtime.kernels.conv_strategies import HAS_AVX512, Geometry, Layer, build
+    from mnntool.runtime.kernels.micro import epilogue as gr
+    from mnntool.runtime.kernels.ops.conv_strategies import HAS_AVX512, Geometry, Layer, build
     if not HAS_AVX512:
         pytest.skip("the IR epilogues need AVX-512")
     special = [0, -1e-30, 1e-30, -10, 10, -79, 79, -80, 80, -81, 81, -100, 100, -1e30, 1e30, -3e38, 3e38]

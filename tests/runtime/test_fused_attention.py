@@ -91,7 +91,7 @@ SLICED = {      # q, k, v, mask: batches that broadcast, sliced on one or both l
 def test_sliced_attention_matches_onnxruntime(tmp_path, monkeypatch, shape, limit):
     """Scores over the L2 budget are computed a leading batch index at a time (the budget made small
     here, so one or two axes are sliced): the same values as onnxruntime's, within 1e-5."""
-    from mnntool.runtime.kernels import attention
+    from mnntool.runtime.kernels.ops import attention
     monkeypatch.setattr(attention, "SLICE_BYTES", limit)
     shapes = SLICED[shape]
     _model(tmp_path / "a.onnx", True, False, shapes=shapes)
@@ -215,8 +215,8 @@ def test_small_attention_matches_onnxruntime(tmp_path, monkeypatch, shape, mask,
     set to 0) give the same values. Rows fully masked, rows not in blocks of four, keys over one 16-lane
     block, dims not a multiple of 16, broadcast k, v and masks. Reference: onnxruntime, max abs error
     1e-5."""
-    from mnntool.runtime.kernels import attention
-    from mnntool.runtime.kernels.llvmir import host_has
+    from mnntool.runtime.kernels.ops import attention
+    from mnntool.runtime.kernels.micro.llvm_ir import host_has
     shapes = SMALL_PATH[shape]
     _model(tmp_path / "a.onnx", mask, guard, shapes=shapes)
     api.convert(tmp_path / "a.onnx", tmp_path / "a.mnn")

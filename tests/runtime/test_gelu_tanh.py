@@ -8,7 +8,7 @@ import pytest
 
 from mnntool.api import convert
 from mnntool.runners import backend_runner
-from mnntool.runtime.kernels.elementwise import gelu_tanh_flat
+from mnntool.runtime.kernels.ops.elementwise import gelu_tanh_flat
 from tests.conftest import save_onnx
 
 

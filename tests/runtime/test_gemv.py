@@ -1,10 +1,10 @@
-"""The batch-1 fully connected kernel (`gemv.matvec`) against numpy in float64; tolerance 2e-5 of the
+"""The batch-1 fully connected kernel (`float_gemv.matvec`) against numpy in float64; tolerance 2e-5 of the
 output's largest magnitude (fp32 sums of up to 2048 products)."""
 import numpy as np
 import pytest
 
 from mnntool.runtime.kernels import serial
-from mnntool.runtime.kernels.gemv import HAS_AVX512, matvec
+from mnntool.runtime.kernels.micro.float_gemv import HAS_AVX512, matvec
 
 pytestmark = pytest.mark.skipif(not HAS_AVX512, reason="the kernel needs AVX-512")
 

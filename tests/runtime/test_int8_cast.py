@@ -3,7 +3,7 @@ multiply by 1/s, an add of the zero point, each rounded to float32, a clamp, the
 against a float32 emulation in numpy; and the difference from rounding first, which this replaced."""
 import numpy as np
 
-from mnntool.runtime.kernels.grid import grid_of, to_grid, to_grid_z
+from mnntool.runtime.kernels.micro.epilogue import grid_of, to_grid, to_grid_z
 
 f32 = np.float32
 

@@ -2,7 +2,7 @@
 for the tile and its epilogue, and, for whole convolutions, the real MNN runtime on the same int8 file
 and mnntool's float kernels on the int8 grid.
 
-Tolerances: the tile is bit-exact against its float32 formula (MNN's order, vnni.epilogue); whole convolutions may
+Tolerances: the tile is bit-exact against its float32 formula (MNN's order, int8_gemm.epilogue); whole convolutions may
 differ from the float-on-grid path by one grid step where a value sits on a rounding tie (at most 0.5%
 of outputs), and agree with MNN to cosine >= 0.9999.
 """
@@ -15,11 +15,11 @@ import mnntool
 from mnntool import api
 from mnntool.format import reader
 from mnntool.quant import QuantConfig, quantize_file
-from mnntool.runtime.kernels import vnni
+from mnntool.runtime.kernels.micro import int8_gemm
 from tests.conftest import mnn_run
 from mnntool.compare import metrics
 
-pytestmark = pytest.mark.skipif(not vnni.HAS_VNNI, reason="the integer kernel needs AVX-512 VNNI")
+pytestmark = pytest.mark.skipif(not int8_gemm.HAS_VNNI, reason="the integer kernel needs AVX-512 VNNI")
 
 
 @pytest.mark.parametrize("oc,k,pixels", [(64, 576, 3136), (10, 36, 17), (40, 8, 49), (8, 1200, 1)])
@@ -29,7 +29,7 @@ def test_tile_matches_integer_product(oc, k, pixels):
     x = r.integers(0, 256, (pixels, k)).astype(np.uint8)
     scale = (r.random(oc) * 1e-3).astype(np.float32)
     bias = (r.standard_normal(oc) * 20).astype(np.float32)
-    blocks, k4 = vnni.pixel_blocks(pixels), -(-k // 4)
+    blocks, k4 = int8_gemm.pixel_blocks(pixels), -(-k // 4)
     padded = np.zeros((blocks * 16, k4 * 4), np.uint8)
     padded[:pixels, :k] = x
     packed = np.ascontiguousarray(padded.reshape(blocks, 16, k4, 4).transpose(0, 2, 1, 3)).reshape(-1)
@@ -37,14 +37,14 @@ def test_tile_matches_integer_product(oc, k, pixels):
     ratio, s_out, z = f(0.7), f(0.05), -127          # ReLU (clamp at z), a one-sided 0.05 grid
     epf = (f(z), f(np.inf), ratio, s_out, f(-127), f(127), f(z))
     out = np.full((-(-oc // 8) * 8, pixels), np.nan, np.float32)
-    vnni.Int8Weights(w, scale, bias, oc * k * pixels, 2).matmul(packed, epf, out)
+    int8_gemm.Int8Weights(w, scale, bias, oc * k * pixels, 2).matmul(packed, epf, out)
     acc = (x.astype(np.int64) @ w.astype(np.int64).T).T
     v = ((acc.astype(f) * scale[:, None]).astype(f) * ratio).astype(f)
     v = np.maximum((v + bias[:, None]).astype(f), f(z))
     q = np.clip(np.trunc((v + np.copysign(f(0.5), v)).astype(f)), -127, 127)
     np.testing.assert_array_equal(out[:oc], ((q - z) * s_out).astype(f))
     float_epf = (f(-np.inf), f(np.inf), ratio, f(0), f(-np.inf), f(np.inf), f(0))   # a float output
-    vnni.Int8Weights(w, scale, bias, oc * k * pixels, 2).matmul(packed, float_epf, out)
+    int8_gemm.Int8Weights(w, scale, bias, oc * k * pixels, 2).matmul(packed, float_epf, out)
     np.testing.assert_array_equal(out[:oc], (((acc.astype(f) * scale[:, None]).astype(f) * ratio).astype(f)
                                              + bias[:, None]).astype(f))
     assert np.isnan(out[oc:]).all()       # nothing written past the OC output channels
@@ -91,7 +91,7 @@ def test_integer_convolution(tmp_path, name, one_sided, monkeypatch):
     feeds = {"x": r.standard_normal((n, cin, *hw)).astype(np.float32)}
     mid = conv.outputs[0]
     ours = mnntool.load(tmp_path / "q.mnn").run(feeds, keep_all=True)[mid]
-    monkeypatch.setattr(vnni, "HAS_VNNI", False)          # the float kernels on the int8 grid
+    monkeypatch.setattr(int8_gemm, "HAS_VNNI", False)          # the float kernels on the int8 grid
     on_grid = mnntool.load(tmp_path / "q.mnn").run(feeds, keep_all=True)[mid]
     step = float(conv.param["quanParameter"]["scaleOut"])
     diff = np.abs(ours - on_grid)

@@ -5,10 +5,10 @@ import numpy as np
 import pytest
 
 from mnntool.runtime.kernels import serial
-from mnntool.runtime.kernels.grid import NO_GRID
-from mnntool.runtime.kernels.fgemm import OCB
-from mnntool.runtime.kernels.fgemm import HAS_AVX512
-from mnntool.runtime.kernels.linear import BatchedMatMul, RowGemm, pack_rows
+from mnntool.runtime.kernels.micro.epilogue import NO_GRID
+from mnntool.runtime.kernels.micro.float_gemm import OCB
+from mnntool.runtime.kernels.micro.float_gemm import HAS_AVX512
+from mnntool.runtime.kernels.ops.linear import BatchedMatMul, RowGemm, pack_rows
 
 pytestmark = pytest.mark.skipif(not HAS_AVX512, reason="the kernels need AVX-512")
 

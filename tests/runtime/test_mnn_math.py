@@ -1,4 +1,4 @@
-"""kernels.mnn_math: MNN's float activations emulated bit for bit, checked against MNN's runtime on one
+"""kernels.ops.mnn_math: MNN's float activations emulated bit for bit, checked against MNN's runtime on one
 op models (every value must be the same float32), and the table kernel built from them."""
 from __future__ import annotations
 
@@ -11,8 +11,8 @@ onnx = pytest.importorskip("onnx")
 from onnx import TensorProto, helper  # noqa: E402
 
 from mnntool import api  # noqa: E402
-from mnntool.runtime.kernels import mnn_math  # noqa: E402
-from mnntool.runtime.kernels.grid import grid_of  # noqa: E402
+from mnntool.runtime.kernels.ops import mnn_math  # noqa: E402
+from mnntool.runtime.kernels.micro.epilogue import grid_of  # noqa: E402
 from tests.conftest import mnn_run  # noqa: E402
 
 N = 1 << 16

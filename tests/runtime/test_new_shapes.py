@@ -13,7 +13,7 @@ from onnx import TensorProto as TP
 from onnx import helper as h
 
 from mnntool import api
-from mnntool.runtime.kernels.jit import JitFunction
+from mnntool.runtime.kernels.compile.jit import JitFunction
 from mnntool.runtime.session import Session
 
 ort = pytest.importorskip("onnxruntime")

@@ -1,10 +1,10 @@
-"""The channels-in-lanes fp32 GEMM (`ocgemm`) for few pixels, against numpy in float64; tolerance 2e-5
+"""The channels-in-lanes fp32 GEMM (`few_pixel_gemm`) for few pixels, against numpy in float64; tolerance 2e-5
 of the output's largest magnitude (fp32 sums over up to 960 products)."""
 import numpy as np
 import pytest
 
-from mnntool.runtime.kernels.grid import NO_GRID, grid_of
-from mnntool.runtime.kernels.ocgemm import HAS_AVX512, OcGemm, ocgemm, pack32, suits
+from mnntool.runtime.kernels.micro.epilogue import NO_GRID, grid_of
+from mnntool.runtime.kernels.micro.few_pixel_gemm import HAS_AVX512, OcGemm, ocgemm, pack32, suits
 
 pytestmark = pytest.mark.skipif(not HAS_AVX512, reason="the micro-kernel needs AVX-512")
 
@@ -39,7 +39,7 @@ def test_ocgemm_batches_with_strides_and_rounds_to_the_grid():
     bias = np.zeros(64, np.float32)
     out = np.empty((batches, 48, p), np.float32)
     grid = grid_of(0.05, -127, 127)
-    from mnntool.runtime.kernels.fgemm import epilogue
+    from mnntool.runtime.kernels.micro.float_gemm import epilogue
     ocgemm(x.reshape(-1), p, k * p, p, wp, wp.size // batches, k, o, bias, epilogue(1, grid), 1, out.reshape(-1), p,
            48 * p, batches)
     ref = np.clip(np.rint(np.maximum(np.einsum("bok,bkp->bop", w.astype(np.float64), x), 0) / 0.05), -127, 127) * 0.05

@@ -3,8 +3,8 @@ twin computes the same thing (reference: numpy)."""
 import numpy as np
 
 from mnntool.runtime.kernels import PARALLEL_MIN_WORK, SERIAL_AT_ONE_MAX_WORK, serial, sized
-from mnntool.runtime.kernels.conv_loops import bias_act
-from mnntool.runtime.kernels.grid import NO_GRID, RELU6
+from mnntool.runtime.kernels.micro.conv_loops import bias_act
+from mnntool.runtime.kernels.micro.epilogue import NO_GRID, RELU6
 
 
 def test_serial_twin_matches_numpy_and_sizing_picks_it():

@@ -1,4 +1,4 @@
-"""Runs of small elementwise ops as one program (`kernels.program`): every op `execute` has, scalar
+"""Runs of small elementwise ops as one program (`kernels.ops.small_op_program`): every op `execute` has, scalar
 broadcast, a fused ReLU, a Slice's pieces as ranges, programs split at five outside inputs and at an
 op that is not theirs, and every tensor readable with keep_all. Reference: numpy in float64;
 tolerance 1e-6 absolute on values of order 1."""

@@ -1,4 +1,4 @@
-"""The weight-only matrix-vector kernel (kernels/qgemv.py) on its stored codes.
+"""The weight-only matrix-vector kernel (kernels/quant_gemv.py) on its stored codes.
 
 Reference: the same IDSTQuan table dequantized as MNN's loader reads it (format.idst.dequantize, tested
 against MNN's converter in tests/quant) and multiplied in float64. Tolerance: max abs error <= 1e-5 x
@@ -9,7 +9,7 @@ import pytest
 
 from mnntool.format.idst import dequantize
 from mnntool.quant.weights import quantize_weight
-from mnntool.runtime.kernels.qgemv import QMatVec, pack_nibbles
+from mnntool.runtime.kernels.micro.quant_gemv import QMatVec, pack_nibbles
 
 
 @pytest.mark.parametrize("bits", [8, 4])

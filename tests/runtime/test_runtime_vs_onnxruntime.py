@@ -102,10 +102,10 @@ def test_depthwise_3x3_kernel_edges(tmp_path, monkeypatch, hw, stride, pads, avx
     size up to 8 wide the flat one (16-pixel steps across rows, per-lane tap masks). Without it, stride 1 outputs wider than 6 take the padded-plane kernel, other outputs up to 16
     wide the channels-innermost kernel, wider stride-2 ones the border-checking row kernel; stride 3
     always takes the general row kernel."""
-    from mnntool.runtime.kernels import dw3
-    if avx512 and not dw3.HAS_AVX512:
+    from mnntool.runtime.kernels.micro import depthwise3x3
+    if avx512 and not depthwise3x3.HAS_AVX512:
         pytest.skip("this CPU has no AVX-512")
-    monkeypatch.setattr(dw3, "HAS_AVX512", avx512)
+    monkeypatch.setattr(depthwise3x3, "HAS_AVX512", avx512)
     import onnx
     from onnx import TensorProto as TP, helper as h, numpy_helper as nh
     r = np.random.default_rng(9)

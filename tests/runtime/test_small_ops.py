@@ -5,8 +5,8 @@ import pytest
 
 from mnntool.ir.graph import Graph, Node, TensorInfo
 from mnntool.runtime.kernels import CACHE_LINE, aligned_empty, scratch
-from mnntool.runtime.kernels.elementwise import SMALL, sigmoid_flat
-from mnntool.runtime.kernels.fgemm import pack_weights
+from mnntool.runtime.kernels.ops.elementwise import SMALL, sigmoid_flat
+from mnntool.runtime.kernels.micro.float_gemm import pack_weights
 from mnntool.runtime.session import Session
 
 
@@ -72,7 +72,7 @@ def test_buffers_start_on_a_cache_line():
     np.testing.assert_array_equal(packed.reshape(1, 6, 8)[0, :, :5], w.T)
     nodes = [Node("BinaryOp", ["a", "a"], ["s"], "add", {"opType": "ADD"}),
              Node("BinaryOp", ["s", "a"], ["y"], "mul", {"opType": "MUL"})]
-    # past kernels.program's LIMIT, so the adds get pool buffers of their own
+    # past kernels.ops.small_op_program's LIMIT, so the adds get pool buffers of their own
     sess = Session(_graph(nodes, [("a", (3, 50, 170))], ["y"]), threads=1)
     plan = sess.prepare({"a": (3, 50, 170)})
     views = [v for s in plan.steps for v in s.out_views]
@@ -158,11 +158,11 @@ def test_row_softmax_kernels_agree_with_float64(n, scale):
     """Both row kernels (the IR one where the host has AVX-512, and the Numba loops) give softmax(scale *
     x) (attention's 1/sqrt(d) taken in): masked tails of any length, a row of -inf (NaN, as exp(x - max)
     / sum gives) and half-masked rows. Tolerance: 3e-6 relative (float32 sums of up to 256 terms)."""
-    from mnntool.runtime.kernels.llvmir import host_has
-    from mnntool.runtime.kernels.norm import softmax_rows
+    from mnntool.runtime.kernels.micro.llvm_ir import host_has
+    from mnntool.runtime.kernels.ops.norm import softmax_rows
     kernels = [softmax_rows]
     if host_has("avx512f"):
-        from mnntool.runtime.kernels.softmax_ir import softmax_rows_ir
+        from mnntool.runtime.kernels.micro.softmax_ir import softmax_rows_ir
         kernels.append(softmax_rows_ir)
     x = (np.random.default_rng(n).standard_normal((9, n)) * 8).astype(np.float32)
     x[2] = -np.inf
@@ -256,8 +256,8 @@ def test_serial_twins_use_numpys_error_model_and_give_the_parallel_values():
     import numba
 
     from mnntool.runtime.kernels import serial
-    from mnntool.runtime.kernels.actir import post_flat
-    from mnntool.runtime.kernels.grid import POST_KINDS
+    from mnntool.runtime.kernels.micro.activation_ir import post_flat
+    from mnntool.runtime.kernels.micro.epilogue import POST_KINDS
     twin = serial(post_flat)
     assert twin.targetoptions.get("error_model") == "numpy" and not twin.targetoptions.get("parallel")
     x = np.random.RandomState(0).randn(10000).astype(np.float32) * 4
@@ -299,7 +299,7 @@ def test_permute_matches_numpy(shape, perm):
     """Permute's kernel (runs of 2 or 4 floats along a kept last axis copied as one wide element) against
     numpy's transpose, exact; on a strided view as input too (the plain copy then)."""
     from mnntool.ir.ops import Val
-    from mnntool.runtime.kernels.tensor import permute
+    from mnntool.runtime.kernels.ops.tensor import permute
     from mnntool.runtime.settings import Settings
     x = np.random.default_rng(len(shape)).standard_normal(shape).astype(np.float32)
     node = Node("Permute", ["x"], ["y"], "p", {"dims": list(perm)})
@@ -334,7 +334,7 @@ def test_layer_norm_step_reads_its_buffers_afresh_every_run():
     contents (a Permute's output), and a strided input (copied, never kept), must reach every run.
     Reference: float64, 1e-5 relative."""
     from mnntool.ir.ops import Val
-    from mnntool.runtime.kernels.norm import layer_norm
+    from mnntool.runtime.kernels.ops.norm import layer_norm
     from mnntool.runtime.settings import Settings
     rng = np.random.default_rng(4)
     gamma, beta = rng.standard_normal(8).astype(np.float32), rng.standard_normal(8).astype(np.float32)

@@ -34,7 +34,7 @@ from ..schema_tables import ENUMS, TABLES
 @dataclass
 class Val:
     """What shape inference knows of a tensor: shape, dtype and, for small known tensors, the value;
-    the runtime planner adds the int8 grid its values lie on (kernels.grid.grid_of) and its zero point."""
+    the runtime planner adds the int8 grid its values lie on (kernels.micro.epilogue.grid_of) and its zero point."""
     shape: tuple | None
     dtype: str = "float32"
     value: Any = None

@@ -54,7 +54,7 @@ class Linears:
 
     def regions(self, T: int) -> int:
         """The parallel regions one apply opens (the profile's count): 0 where the serial twin runs."""
-        from ...runtime.kernels.jit import Bound
+        from ...runtime.kernels.compile.jit import Bound
         if self.packed is not None:
             from .packed import GEMM_PARALLEL_MIN
             if T > 1 and T * self.packed.w.size < GEMM_PARALLEL_MIN:
@@ -83,7 +83,7 @@ class Workspace:
     """Per-model scratch and the Numba steps bound once (their argument types never change)."""
 
     def __init__(self, model, layer0):
-        from ...runtime.kernels.jit import Bound
+        from ...runtime.kernels.compile.jit import Bound
         from . import steps
         from .qkernels import _pick
         H = max(L.plan.heads for L in model.layers)
@@ -138,7 +138,7 @@ class Workspace:
         return buf
 
 
-SPIN_OF_TUNE_PROCESS = "1000000"     # the spin mnntool.tuning.tune_process sets for the CNN sessions
+SPIN_OF_TUNE_PROCESS = "1000000"     # the spin mnntool.threadpool.tune_process sets for the CNN sessions
 
 
 SPIN_BETWEEN_REGIONS = "2000"      # GOMP_SPINCOUNT for the engine: spin that long, then sleep

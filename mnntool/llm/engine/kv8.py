@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ...runtime.kernels.jit import njit, prange
+from ...runtime.kernels.compile.jit import njit, prange
 
 LEVELS = 255
 

@@ -12,7 +12,7 @@ import time
 
 import numpy as np
 
-from ...runtime.kernels.jit import njit, prange
+from ...runtime.kernels.compile.jit import njit, prange
 
 
 @njit(cache=True, fastmath=True)

@@ -22,8 +22,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from ...runtime.kernels.jit import intrinsic, njit, prange, types
-from ...runtime.kernels.llvmir import data_of, first_lanes, k_loop, splat, vector_ops
+from ...runtime.kernels.compile.jit import intrinsic, njit, prange, types
+from ...runtime.kernels.micro.llvm_ir import data_of, first_lanes, k_loop, splat, vector_ops
 
 LANES = 16
 KC = {4: 8, 8: 4}               # channels per 32-bit word
@@ -118,7 +118,7 @@ def _make_tile(bits: int, M: int, NG: int = 1):
                          sx, types.intp, types.intp, xs, out, types.intp, types.intp, types.intp, types.intp)
 
         def codegen(context, builder, sig, args):
-            from ...runtime.kernels.llvmir import declare
+            from ...runtime.kernels.micro.llvm_ir import declare
             (wa, wo_, nch, blk_, sa, so_, offa, xqa, xqo_, xqs_, sxa, sxo_, sxs_, xsa, oa, oo_, os__, mt, nr) = args
             i32, i64, f32 = ir.IntType(32), ir.IntType(64), ir.FloatType()
             i16v, f16v, w32 = ir.VectorType(i32, LANES), ir.VectorType(f32, LANES), ir.VectorType(ir.IntType(16), 32)

@@ -13,9 +13,9 @@ they are a short product over blocks. One zmm accumulator per row and block.
 """
 from __future__ import annotations
 
-from ...runtime.kernels.gemv import row_sums16
-from ...runtime.kernels.jit import intrinsic, types
-from ...runtime.kernels.llvmir import data_of, first_lanes, k_loop, splat, vector_ops
+from ...runtime.kernels.micro.float_gemv import row_sums16
+from ...runtime.kernels.compile.jit import intrinsic, types
+from ...runtime.kernels.micro.llvm_ir import data_of, first_lanes, k_loop, splat, vector_ops
 
 GROUP = 4       # rows per call: 4 streams read faster from memory than 16 here (5.7 against 3.8 GB/s
 #                 cold at one thread, AMD EPYC; the same warm), and keep 4 FMA chains in flight

@@ -14,10 +14,10 @@ from __future__ import annotations
 import numpy as np
 
 from ...runtime.kernels import sized
-from ...runtime.kernels.fgemm import prefetch_lines
-from ...runtime.kernels.gemv import ROWS
-from ...runtime.kernels.llvmir import host_has
-from ...runtime.kernels.jit import Bound, njit, prange
+from ...runtime.kernels.micro.float_gemm import prefetch_lines
+from ...runtime.kernels.micro.float_gemv import ROWS
+from ...runtime.kernels.micro.llvm_ir import host_has
+from ...runtime.kernels.compile.jit import Bound, njit, prange
 from .qdot import GROUP, qdot_f16, qdot_u4, qdot_u8
 from .weights import QWeight
 

@@ -11,7 +11,7 @@ import math
 
 import numpy as np
 
-from ...runtime.kernels.jit import njit, prange
+from ...runtime.kernels.compile.jit import njit, prange
 
 
 @njit(cache=True, fastmath=False)

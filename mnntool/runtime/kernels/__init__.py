@@ -15,7 +15,7 @@ from typing import Callable
 import numpy as np
 
 from ...registry import registrar
-from .jit import Bound, JitFunction, compiled_entry
+from .compile.jit import Bound, JitFunction, compiled_entry
 
 KERNELS: dict[str, Callable] = {}
 # kernels of steps the planner makes from several ops (runtime/fusion.py): no op of the file has them
@@ -36,7 +36,7 @@ kernel = registrar(KERNELS)
 
 
 # Handing a parallel loop to OpenMP's workers has a fixed cost (about 50 us per loop, measured when they
-# slept between kernels; they now spin through a run, tuning.py, and the bound was not re-tuned), so a
+# slept between kernels; they now spin through a run, threadpool.py, and the bound was not re-tuned), so a
 # kernel with less than ~100 us of single-thread work runs its serial twin: MobileNetV2 has ~70 per run.
 PARALLEL_MIN_WORK = 250_000      # element operations
 
@@ -180,7 +180,7 @@ def by_definition(node) -> Kernel:
     run-time operands) that no fast kernel covers."""
     from ...errors import MnnToolError
     from ...ir.ops import REGISTRY
-    from .grid import POST
+    from .micro.epilogue import POST
     opdef = REGISTRY.get(node.op)
     if opdef is None:
         raise MnnToolError(f"op {node.op} ('{node.name}') is not supported by the runtime")
@@ -189,7 +189,7 @@ def by_definition(node) -> Kernel:
         return Kernel(lambda i: opdef.evaluate(node, i), False)
 
     def then_post(inputs):      # a convolution the planner gave an activation (runtime/fusion.py)
-        from .actir import post_flat
+        from .micro.activation_ir import post_flat
         y = np.array(opdef.evaluate(node, inputs)[0], np.float32)
         post_flat(y.reshape(-1), int(post[0]), np.float32(post[1]), np.float32(post[2]))
         return [y]
@@ -208,4 +208,4 @@ def views(fn) -> Kernel:
     return Kernel(fn, False, view=True)
 
 
-from . import attention, control, conv, elementwise, matmul, norm, pool, resize, scale, tensor  # noqa: E402,F401  (registration)
+from .ops import attention, control, conv, elementwise, matmul, norm, pool, resize, scale, tensor  # noqa: E402,F401  (registration)

@@ -1,6 +1,6 @@
 """A float convolution (or Scale: a BatchNorm left unfolded) whose only reader is an activation (SiLU,
 HardSwish, GELU, sigmoid, tanh, leaky ReLU, clip) as one node that applies it in its epilogue (param
-grid.POST): the convolution's output is never written to memory and read back. Reshapes between them
+epilogue.POST): the convolution's output is never written to memory and read back. Reshapes between them
 (a transformer's Linear as a 1x1 convolution between two reshapes) stay, after the activation. Not
 where either tensor is stored on an int8 grid (MNN rounds the convolution's output before the
 activation reads it). Before `fuse_channel_scale`, which may follow the convolution."""
@@ -8,8 +8,8 @@ from __future__ import annotations
 
 from ...ir.graph import Node, consumers_of
 from ...ir.ops import is_view
-from ..kernels.grid import (POST, POST_CLIP, POST_GELU, POST_GELU_TANH, POST_HARDSWISH, POST_LEAKY, POST_SIGMOID,
-                            POST_SILU, POST_TANH)
+from ..kernels.micro.epilogue import (POST, POST_CLIP, POST_GELU, POST_GELU_TANH, POST_HARDSWISH, POST_LEAKY,
+                                      POST_SIGMOID, POST_SILU, POST_TANH)
 from .fuse_silu import FUSED_SILU
 from .match import past_moves, rewritten
 from .state import Planning
@@ -20,7 +20,7 @@ _UNARY_POSTS = {"SIGMOID": POST_SIGMOID, "SILU": POST_SILU, "HARDSWISH": POST_HA
 
 
 def post_of(n: Node) -> tuple | None:
-    """The activation node `n` computes as a Post (grid.POST_*, alpha, beta), or None."""
+    """The activation node `n` computes as a Post (epilogue.POST_*, alpha, beta), or None."""
     if n.op == FUSED_SILU:
         return (POST_SILU, 0.0, 0.0)
     if n.op == "Sigmoid":

@@ -11,7 +11,7 @@ import numpy as np
 from ...ir.graph import Graph
 from ...ir.ops import Val, int8_in_float, is_convolution
 from ..kernels import Kernel, sized
-from ..kernels.grid import grid_of, to_grid, to_grid_z
+from ..kernels.micro.epilogue import grid_of, to_grid, to_grid_z
 
 RAW = " (before int8 store)"     # a stored tensor's name as its producer writes it, before rounding
 

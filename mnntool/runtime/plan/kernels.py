@@ -12,7 +12,7 @@ from ...ir.ops import REGISTRY, Val, keeps_values
 from ..concat_in_place import concat_layout
 from ..fallbacks import fell_back
 from ..kernels import KERNELS, PLAN_ONLY, Kernel, by_definition
-from ..kernels.program import accepts
+from ..kernels.ops.small_op_program import accepts
 from ..settings import Settings
 from .int8_store import RAW, rounding, stored_on
 from .state import Planning, Step
@@ -67,7 +67,7 @@ def steps_of(p: Planning, node, ins, outs) -> list[Step]:
         p.grids[node.outputs[0]] = k.out_grid
     elif keeps_values(node.op) and ins and ins[0].grid is not None:
         # its output holds its input's values, so lies on the input's int8 grid: a GELU reading an int8
-        # Linear's output through its reshape runs by table (kernels.mnn_math)
+        # Linear's output through its reshape runs by table (kernels.ops.mnn_math)
         p.grids[node.outputs[0]] = ins[0].grid
     # an output the file stores on a grid the kernel does not round to is written under its raw name and
     # rounded into its own slot by a step of its own (rounding in place could change a tensor the output

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from itertools import groupby
 
-from ..kernels.program import Programs
+from ..kernels.ops.small_op_program import Programs
 from .state import Planning, Step
 
 OPTIONAL = True

@@ -1,0 +1,566 @@
+"""fp32 GEMM with the convolution epilogue fused: out[o, p] = finish(sum_k w[o, k] x[k, p] + bias[o]).
+
+OpenBLAS packs both operands on every call and leaves bias, activation and int8-grid rounding to a
+second pass over the output; at batch 1 most convolutions are small or thin GEMMs (a 1x1 layer of
+MobileNetV2, a Winograd position with 16 tiles) where that costs as much as the multiply. Here the
+weights are packed once at prepare ([O/8][K][8]) and the activations are read where they are (an NCHW
+plane, an im2col matrix or a Winograd position: row k at x + k * xs), so nothing is copied per call.
+
+The micro-kernel is LLVM IR for AVX-512 (Numba does not keep a register tile of accumulators): a tile
+of NV x 16 pixels x 8 output channels in NV * 8 zmm accumulators, one FMA per (16 pixels, channel, k)
+with the weight broadcast from memory; masked loads and stores handle the tile at the row end and
+the channels past O, so the output needs no padding rows.
+"""
+from __future__ import annotations
+
+import numpy as np
+from ..compile.jit import njit, prange, types, intrinsic
+
+from .epilogue import NO_POST
+from .activation_ir import Finish
+from .llvm_ir import data_of, vector_ops, first_lanes, host_has, k_loop, prefetch, splat as splat_
+
+OCB = 8          # output channels per tile
+WEIGHT_BLOCK = 128 * 1024   # floats: the weights one pass over the output streams per tile, kept in L2
+BY_BLOCK_X = 256 * 1024     # floats: an activation matrix this small is re-read from L2 per channel block
+
+
+def k_block(k: int, rows: int, tiles: int) -> int:
+    """k per pass over the output: all of it when one tile reads the weights once, else balanced blocks
+    whose weights (rows x kc) stay in L2 while every tile uses them."""
+    if tiles <= 1:
+        return k
+    limit = max(64, WEIGHT_BLOCK // rows)
+    passes = -(-k // limit)
+    return -(-k // passes)
+
+
+HAS_AVX512 = host_has("avx512f")
+
+
+def _make_tile(nv: int, ocb: int = OCB):
+    """The micro-kernel for nv x 16 pixels x ocb channels (ocb <= 8: the first ocb of a packed block of 8)."""
+    @intrinsic
+    def tile(typingctx, x, xoff, xs, w, woff, nk, out, ooff, os_, left, rows, bias, epf, flags):
+        """out[o0 + o, p0 + j] for 8 channels x nv*16 pixels. x row k at xoff + k*xs, or at xoff + xs[k]
+        when xs is an array of offsets (a convolution's taps, read where they are); weights at woff
+        as [k][8]; `left` valid pixels and `rows` valid channels (out has no rows past them); bias row
+        at the tile's channel; epf = (act_lo, act_hi, 1/s, s, q_lo, q_hi); flags = (accumulate onto
+        out, final: bias + activation, round to the grid)."""
+        from llvmlite import ir
+        indirect = isinstance(xs, types.Array)
+        sig = types.void(x, types.intp, xs if indirect else types.intp, w, types.intp, types.intp, out, types.intp,
+                         types.intp, types.intp, types.intp, bias, epf, flags)
+
+        def codegen(context, builder, sig, args):
+            xa, xo, xs_, wa, wo, nk_, oa, oo, ostride, left_, rows_, ba, epfa, fla = args
+            i1, i32, i64, f32 = ir.IntType(1), ir.IntType(32), ir.IntType(64), ir.FloatType()
+            f16, m16 = ir.VectorType(f32, 16), ir.VectorType(i1, 16)
+            a = sig.args
+            xp = data_of(context, builder, a[0], xa, xo)
+            wp = data_of(context, builder, a[3], wa, wo)
+            op = data_of(context, builder, a[6], oa, oo)
+            bp = data_of(context, builder, a[11], ba)
+            const = lambda v: ir.Constant(i64, v)   # noqa: E731
+            fma, mload, mstore = vector_ops(builder)
+            fzero = ir.Constant(f16, [0.0] * 16)
+            splat = lambda value, vt: splat_(builder, value, vt)  # noqa: E731
+
+            masks = [first_lanes(builder, builder.sub(left_, const(16 * v))) for v in range(nv)]
+            accumulate = builder.icmp_signed("!=", builder.extract_value(fla, 0), const(0))
+            final = builder.icmp_signed("!=", builder.extract_value(fla, 1), const(0))
+            on_grid = builder.icmp_signed("!=", builder.extract_value(fla, 2), const(0))
+            none = ir.Constant(m16, [0] * 16)
+
+            def store_mask(o, v):
+                """Vector v's pixels on channel o, none past `rows`. Built where it is used: masks kept
+                live across the k loop would not fit AVX-512's eight mask registers."""
+                return builder.select(builder.icmp_signed("<", const(o), rows_), masks[v], none)
+
+            def out_ptr(o, v):
+                at = builder.add(builder.mul(const(o), ostride), const(16 * v))
+                return builder.bitcast(builder.gep(op, [at]), f16.as_pointer())
+
+            # the sums so far only when accumulating: masked loads with an empty mask still cost (k16
+            # tiles ran 80 -> 91 GFLOP/s without them)
+            start = builder.block
+            resume, begin = builder.append_basic_block("resume"), builder.append_basic_block("begin")
+            builder.cbranch(accumulate, resume, begin)
+            builder.position_at_end(resume)
+            saved = [builder.call(mload, [out_ptr(o, v), ir.Constant(i32, 4), store_mask(o, v), fzero])
+                     for o in range(ocb) for v in range(nv)]
+            builder.branch(begin)
+            builder.position_at_end(begin)
+            init = []
+            for value in saved:
+                phi = builder.phi(f16)
+                phi.add_incoming(fzero, start)
+                phi.add_incoming(value, resume)
+                init.append(phi)
+
+            def step(kk, accs):
+                if indirect:
+                    offs = data_of(context, builder, a[2], xs_)
+                    row = builder.gep(xp, [builder.load(builder.gep(offs, [kk]))])
+                    # the next tile's taps (48 pixels on): scattered rows the prefetchers do not follow
+                    for v in range(nv):
+                        prefetch(builder, builder.gep(row, [const(48 + 16 * v)]))
+                else:
+                    row = builder.gep(xp, [builder.mul(kk, xs_)])
+                xv = [builder.call(mload, [builder.bitcast(builder.gep(row, [const(16 * v)]), f16.as_pointer()),
+                                           ir.Constant(i32, 4), masks[v], fzero]) for v in range(nv)]
+                wrow = builder.gep(wp, [builder.mul(kk, const(OCB))])
+                new = []
+                for o in range(ocb):
+                    wb = splat(builder.load(builder.gep(wrow, [const(o)]), align=4), f16)
+                    for v in range(nv):
+                        new.append(builder.call(fma, [xv[v], wb, accs[o * nv + v]]))
+                return new
+            result = k_loop(builder, nk_, init, step)
+            # the epilogue (bias, activations, grid) only after the last k block: one branch for the tile
+            summed = builder.block
+            fin_b, store_b = builder.append_basic_block("finish"), builder.append_basic_block("store")
+            builder.cbranch(final, fin_b, store_b)
+            builder.position_at_end(fin_b)
+            biases = [splat(builder.load(builder.gep(bp, [const(o)])), f16) for o in range(ocb)]
+            done = Finish(builder, epfa, on_grid).many(
+                [builder.fadd(result[o * nv + v], biases[o]) for o in range(ocb) for v in range(nv)])
+            finished = builder.block
+            builder.branch(store_b)
+            builder.position_at_end(store_b)
+            vals = []
+            for raw, fin in zip(result, done):      # every phi first: they head the block
+                vals.append(builder.phi(f16))
+                vals[-1].add_incoming(raw, summed)
+                vals[-1].add_incoming(fin, finished)
+            for o in range(ocb):
+                for v in range(nv):
+                    builder.call(mstore, [vals[o * nv + v], out_ptr(o, v), ir.Constant(i32, 4), store_mask(o, v)])
+            return context.get_dummy_value()
+        return sig, codegen
+    return tile
+
+
+_tile1, _tile2, _tile3 = _make_tile(1), _make_tile(2), _make_tile(3)
+# 49..64 pixels (7x7 maps) as one tile of 64 x 4 channels, twice per block: a second 48-pixel tile
+# for the last pixel would stream all the weights again
+_tile4 = _make_tile(4, 4)
+# a last block of at most 4 channels (rows) or of one: the 8-row tile computed all 8 (a tiny ViT's 17
+# tokens as rows of its linear layers: a third of every GEMM's FMAs on one row)
+_tile1_4, _tile2_4, _tile3_4 = _make_tile(1, 4), _make_tile(2, 4), _make_tile(3, 4)
+_tile1_1, _tile2_1, _tile3_1 = _make_tile(1, 1), _make_tile(2, 1), _make_tile(3, 1)
+
+
+@njit(cache=True, inline="always")
+def _tile(nv, x, xo, xs, w, wo, nk, out, oo, os_, left, rows, bias, epf, flags):
+    if nv == 4:
+        _tile4(x, xo, xs, w, wo, nk, out, oo, os_, left, rows, bias, epf, flags)
+        if rows > 4:
+            _tile4(x, xo, xs, w, wo + 4, nk, out, oo + 4 * os_, os_, left, rows - 4, bias[4:], epf, flags)
+    elif rows == 1:
+        if nv == 3:
+            _tile3_1(x, xo, xs, w, wo, nk, out, oo, os_, left, rows, bias, epf, flags)
+        elif nv == 2:
+            _tile2_1(x, xo, xs, w, wo, nk, out, oo, os_, left, rows, bias, epf, flags)
+        else:
+            _tile1_1(x, xo, xs, w, wo, nk, out, oo, os_, left, rows, bias, epf, flags)
+    elif rows <= 4:
+        if nv == 3:
+            _tile3_4(x, xo, xs, w, wo, nk, out, oo, os_, left, rows, bias, epf, flags)
+        elif nv == 2:
+            _tile2_4(x, xo, xs, w, wo, nk, out, oo, os_, left, rows, bias, epf, flags)
+        else:
+            _tile1_4(x, xo, xs, w, wo, nk, out, oo, os_, left, rows, bias, epf, flags)
+    elif nv == 3:
+        _tile3(x, xo, xs, w, wo, nk, out, oo, os_, left, rows, bias, epf, flags)
+    elif nv == 2:
+        _tile2(x, xo, xs, w, wo, nk, out, oo, os_, left, rows, bias, epf, flags)
+    else:
+        _tile1(x, xo, xs, w, wo, nk, out, oo, os_, left, rows, bias, epf, flags)
+
+
+@njit(cache=True, inline="always")
+def _tiles(P):
+    """Pixel tiles of 48 and one tail tile as narrow as its pixels need: (count, full tiles, tail nv);
+    49..64 pixels are one tile of 64."""
+    if 48 < P <= 64:
+        return 1, 0, 4
+    full = P // 48
+    rest = P - full * 48
+    tail_nv = (rest + 15) // 16
+    return full + (1 if rest else 0), full, tail_nv
+
+
+@njit(cache=True, inline="always")
+def _gemm_body(x, xo, xs, P, wp, wo, K, O, nob, bias, epf, out, oo, os_, idx, k0, kn, flags, by_block):
+    ntile, full, tail_nv = _tiles(P)
+    if by_block:      # a channel block's tiles in a row: its output rows are written as 8 streams
+        ob, t = idx // ntile, idx % ntile
+    else:             # a tile's channel blocks in a row: its panel stays in L1
+        t, ob = idx // nob, idx % nob
+    p0 = t * 48
+    nv = 3 if t < full else tail_nv
+    o0 = ob * OCB
+    _tile(nv, x, xo + k0 * xs + p0, xs, wp, wo + ob * K * OCB + k0 * OCB, kn, out, oo + o0 * os_ + p0, os_,
+          P - p0, O - o0, bias[o0:], epf, flags)
+
+
+@njit(parallel=True, cache=True)
+def gemm(x, xs, P, wp, K, kc, O, bias, epf, grid, out, os_, by_block):
+    """out[:O, :P] (row stride os_) from x (row k at k * xs) and packed weights; the epilogue adds the
+    bias, applies epf's activation bounds and, when `grid`, rounds to epf's int8 grid."""
+    nob = (O + OCB - 1) // OCB
+    ntile = _tiles(P)[0]
+    for k0 in range(0, K, kc):
+        kn = min(kc, K - k0)
+        flags = (1 if k0 > 0 else 0, 1 if k0 + kn >= K else 0, grid)
+        for idx in prange(ntile * nob):
+            _gemm_body(x, 0, xs, P, wp, 0, K, O, nob, bias, epf, out, 0, os_, idx, k0, kn, flags, by_block)
+
+
+@njit(parallel=True, cache=True)
+def gemm_batched(x, xs, xstride, P, wp, wstride, K, kc, O, bias, epf, grid, out, os_, ostride, batches, by_block):
+    """`batches` independent GEMMs (Winograd positions, batched MatMul) as `gemm`, every batch's tiles in
+    one parallel loop: x, packed weights and out advance by their strides."""
+    nob = (O + OCB - 1) // OCB
+    per = _tiles(P)[0] * nob
+    for k0 in range(0, K, kc):
+        kn = min(kc, K - k0)
+        flags = (1 if k0 > 0 else 0, 1 if k0 + kn >= K else 0, grid)
+        for j in prange(batches * per):
+            b, idx = j // per, j % per
+            _gemm_body(x, b * xstride, xs, P, wp, b * wstride, K, O, nob, bias, epf, out, b * ostride, os_, idx, k0,
+                       kn, flags, by_block)
+
+
+PANEL = 48      # pixels of a panel of `pack_panels`: one full tile
+
+
+@intrinsic
+def prefetch_lines(typingctx, x, xo, n):
+    """Prefetch (into L2) the cache lines of x[xo:xo + n]: the next panel (gemm_panels), the next rows (gemv)."""
+    from llvmlite import ir
+    sig = types.void(x, types.intp, types.intp)
+
+    def codegen(context, builder, sig, args):
+        xa, xo_, n_ = args
+        i64 = ir.IntType(64)
+        base = builder.bitcast(data_of(context, builder, sig.args[0], xa, xo_), ir.IntType(8).as_pointer())
+        nbytes = builder.mul(n_, ir.Constant(i64, 4))
+
+        def body(off, accs):
+            prefetch(builder, builder.gep(base, [off]), 2)
+            return []
+        k_loop(builder, nbytes, [], body, step=64)
+        return context.get_dummy_value()
+    return sig, codegen
+
+
+def pack_panels(b: np.ndarray) -> np.ndarray:
+    """(K, P) -> flat [P/48][K][48] float32, the columns past P zero: the constant right operand of a
+    row GEMM (`gemm_panels`) in the order the tiles read it."""
+    from .. import aligned_empty
+    k, p = b.shape
+    tiles = -(-p // PANEL)
+    full = np.zeros((k, tiles * PANEL), np.float32)
+    full[:, :p] = b
+    out = aligned_empty(tiles * k * PANEL)
+    out.reshape(tiles, k, PANEL)[:] = full.reshape(k, tiles, PANEL).transpose(1, 0, 2)
+    return out
+
+
+@njit(parallel=True, cache=True)
+def gemm_panels(x, P, wp, K, kc, O, bias, epf, grid, out, os_):
+    """`gemm` on x packed by `pack_panels`: tile t reads its K x 48 panel as one sequential stream. Read
+    in place ([K][P], row k at k * P), a tile's 48 columns were K short runs a page apart that the
+    prefetchers did not follow: a transformer's linear layers, their weights cold from L3 each run,
+    took 0.47 ms against 0.31 with the weights in L2 (ViT-tiny fc1, 197 x 192 x 768). A panel's row
+    blocks in a row, the first asking for the next panel (into L2) while the panel is reused from L1:
+    0.346 ms cold (a row block's panels in a row with the same prefetch: 0.351; without it 0.391)."""
+    nob = (O + OCB - 1) // OCB
+    full = P // PANEL
+    ntile = (P + PANEL - 1) // PANEL
+    tail_nv = (P - full * PANEL + 15) // 16
+    for k0 in range(0, K, kc):
+        kn = min(kc, K - k0)
+        flags = (1 if k0 > 0 else 0, 1 if k0 + kn >= K else 0, grid)
+        for idx in prange(ntile * nob):
+            t, ob = idx // nob, idx % nob
+            p0 = t * PANEL
+            o0 = ob * OCB
+            if ob == 0 and t + 1 < ntile:   # the first row block streams the panels: the next one ahead
+                prefetch_lines(x, ((t + 1) * K + k0) * PANEL, kn * PANEL)
+            _tile(3 if t < full else tail_nv, x, (t * K + k0) * PANEL, PANEL, wp, ob * K * OCB + k0 * OCB, kn, out,
+                  o0 * os_ + p0, os_, P - p0, O - o0, bias[o0:], epf, flags)
+
+
+@intrinsic
+def _deinterleave16(typingctx, src, so, pairs, dst, de, do):
+    """dst[de + k] = src[so + 2k] and dst[do + k] = src[so + 2k + 1] for k < min(pairs, 16): two masked
+    loads, two shuffles, two masked stores."""
+    from llvmlite import ir
+    sig = types.void(src, types.intp, types.intp, dst, types.intp, types.intp)
+
+    def codegen(context, builder, sig, args):
+        sa, so_, n_, da, de_, do_ = args
+        i32, i64, f32 = ir.IntType(32), ir.IntType(64), ir.FloatType()
+        f16 = ir.VectorType(f32, 16)
+        _, mload, mstore = vector_ops(builder)
+        sp = data_of(context, builder, sig.args[0], sa, so_)
+        const = lambda v: ir.Constant(i64, v)   # noqa: E731
+        fzero = ir.Constant(f16, [0.0] * 16)
+        two_n = builder.add(n_, n_)
+        halves = [builder.call(mload, [builder.bitcast(builder.gep(sp, [const(16 * h)]), f16.as_pointer()),
+                                       ir.Constant(i32, 4), first_lanes(builder, builder.sub(two_n, const(16 * h))),
+                                       fzero]) for h in range(2)]
+        keep = first_lanes(builder, n_)
+        for parity, off in ((0, de_), (1, do_)):
+            pick = ir.Constant(ir.VectorType(i32, 16), list(range(parity, 32, 2)))
+            v = builder.shuffle_vector(halves[0], halves[1], pick)
+            dst = builder.bitcast(data_of(context, builder, sig.args[3], da, off), f16.as_pointer())
+            builder.call(mstore, [v, dst, ir.Constant(i32, 4), keep])
+        return context.get_dummy_value()
+    return sig, codegen
+
+
+@njit(parallel=True, cache=True, fastmath=True)
+def phase_split(x, t, l, sh, sw, xq):
+    """xq[(c*sh + a)*sw + b, u, v] = padded x[c, u*sh + a, v*sw + b]: a strided convolution's taps become
+    stride-1 reads of one phase plane. Only the interior is written; xq's zero border is the padding.
+    x C-contiguous. On flat offsets (unsigned: no negative-index fix-up, so the copies vectorize): with
+    a row view and slices per input row, RegNetY's 768 channels of 14x14 took 0.146 ms, 1 ns a float.
+    With the row offsets hoisted and stride-2 rows in IR (1 thread): 320 channels of 28x28 102 -> 60 us,
+    768 of 14x14 107 -> 61, stride 1 on 320 of 14x14 37 -> 12."""
+    C, H, W = x.shape
+    Hq, Wq = xq.shape[1], xq.shape[2]
+    xf, qf = x.reshape(-1), xq.reshape(-1)
+    plane = Hq * Wq
+    # per input row, its phase row's offset in a channel's phases: integer divisions by the run-time
+    # stride, once per row instead of once per row of every channel (with 28-wide rows they cost more
+    # than the copy)
+    row_at = np.empty(H, np.int64)
+    for yy in range(H):
+        py = yy + t
+        row_at[yy] = (py % sh) * sw * plane + (py // sh) * Wq
+    # stride-2 columns: padded column ix + l goes to phase (ix + l) % 2 at (ix + l) // 2
+    ve, vo = l // 2, (l + 1) // 2
+    npair = max(0, min(W // 2, Wq - ve, Wq - vo))
+    even_at, odd_at = (l % 2) * plane + ve, (1 - l % 2) * plane + vo
+    for c in prange(C):
+        for yy in range(H):
+            src = (c * H + yy) * W
+            s0 = np.uint64(src)     # unsigned, for the loops LLVM vectorizes
+            base = c * sh * sw * plane + row_at[yy]       # phase (a, b = 0)'s row u
+            if sw == 1:
+                n = min(W, Wq - l)
+                d0 = np.uint64(base + l)
+                for k in range(np.uint64(n)):
+                    qf[d0 + k] = xf[s0 + k]
+                continue
+            if sw == 2:
+                # both column phases at once, 16 pairs a step in IR (two loads, two shuffles): LLVM's
+                # vectorized loop left rows of 28 (14 pairs) to its scalar remainder
+                for k in range(0, npair, 16):
+                    _deinterleave16(xf, src + 2 * k, npair - k, qf, base + even_at + k, base + odd_at + k)
+                for ix in range(2 * npair, W):
+                    q = ix + l
+                    if q // 2 < Wq:
+                        qf[base + (q % 2) * plane + q // 2] = xf[src + ix]
+                continue
+            for b in range(sw):
+                # output column v takes input column v*sw + b - l
+                v0 = max(0, (l - b + sw - 1) // sw)
+                v1 = min(Wq, (W + l - b + sw - 1) // sw)
+                d0 = np.uint64(base + b * plane + v0)
+                s1, step = s0 + np.uint64(v0 * sw + b - l), np.uint64(sw)
+                for v in range(np.uint64(max(0, v1 - v0))):
+                    qf[d0 + v] = xf[s1 + v * step]
+
+
+@njit(cache=True, inline="always")
+def _panel(xf, koff, base, k0, kn, p0, lanes, width, ow, Wq):
+    """The (kn x width) panel of taps k0.. for output pixels p0 .. p0+lanes-1, copied as runs along
+    output rows from the phase planes at `base`."""
+    runs = np.empty((width, 3), np.int64)      # (first lane, length, offset in a plane)
+    nrun, q = 0, 0
+    while q < lanes:
+        p = p0 + q
+        y, x = p // ow, p % ow
+        length = min(ow - x, lanes - q)
+        runs[nrun, 0], runs[nrun, 1], runs[nrun, 2] = q, length, y * Wq + x
+        nrun += 1
+        q += length
+    panel = np.empty(kn * width, np.float32)
+    for k in range(kn):
+        at = base + koff[k0 + k]
+        for u in range(nrun):
+            # unsigned indices: Numba drops its negative-index fix-up and the copy vectorizes
+            d0, s0 = np.uint64(k * width + runs[u, 0]), np.uint64(at + runs[u, 2])
+            for e in range(np.uint64(runs[u, 1])):
+                panel[d0 + e] = xf[s0 + e]
+    return panel
+
+
+@njit(parallel=True, cache=True, fastmath=True)
+def conv_im2col(xq, koff, K, oh, ow, wp, kc, O, split, bias, epf, grid, out):
+    """A convolution (group 1) without an im2col matrix: each 48-pixel tile copies its own (K x 48)
+    panel, hot in L1 for the channel blocks that use it, from the phase planes xq (`phase_split`):
+    tap (c, i, j) of output pixel (y, x) is plane (c, i*dh % sh, j*dw % sw) at (y + i*dh // sh,
+    x + j*dw // sw) (`tap_offsets`), so every copy is contiguous. `split` divides the channel blocks
+    when there are fewer tiles than threads. out (O, oh*ow) flat."""
+    nob = (O + OCB - 1) // OCB
+    Wq = xq.shape[2]
+    P = oh * ow
+    xf = xq.reshape(-1)
+    ntile, full, tail_nv = _tiles(P)
+    width = 64 if tail_nv == 4 else 48      # panel columns
+    per = (nob + split - 1) // split
+    for k0 in range(0, K, kc):
+        kn = min(kc, K - k0)
+        flags = (1 if k0 > 0 else 0, 1 if k0 + kn >= K else 0, grid)
+        for j in prange(ntile * split):
+            t, part = j // split, j % split
+            p0 = t * 48
+            lanes = min(width, P - p0)
+            panel = _panel(xf, koff, 0, k0, kn, p0, lanes, width, ow, Wq)
+            nv = 4 if width == 64 else 3 if lanes == 48 else (lanes + 15) // 16
+            for ob in range(part * per, min(nob, (part + 1) * per)):
+                o0 = ob * OCB
+                _tile(nv, panel, 0, width, wp, ob * K * OCB + k0 * OCB, kn, out, o0 * P + p0, P, lanes, O - o0,
+                      bias[o0:], epf, flags)
+
+
+@njit(parallel=True, cache=True)
+def conv_grouped(xq, koff, G, planes, P, wp, K, O, bias, epf, grid, out):
+    """A grouped convolution (G groups of O output channels, K = C*kh*kw taps each) with its taps read
+    in place: output pixel p of a group is computed on the phase planes' own width (p = y*Wq + x, the
+    columns x >= ow are thrown away by the caller), so tap k of 48 consecutive pixels is one run at
+    koff[k] + p of the group's planes (`planes` floats from the last) and no panel is copied (with
+    2 channel blocks a group, RegNet's copy cost as much as its multiply). Packed weights [G][O/8][K][8],
+    bias [G][O/8*8]; out (G*O, P) flat."""
+    nob = (O + OCB - 1) // OCB
+    ntile = (P + 47) // 48
+    xf = xq.reshape(-1)
+    flags = (0, 1, grid)
+    for j in prange(G * ntile):
+        gi, t = j // ntile, j % ntile
+        p0 = t * 48
+        lanes = min(48, P - p0)
+        for ob in range(nob):
+            o0 = ob * OCB
+            _tile((lanes + 15) // 16, xf, gi * planes + p0, koff, wp, (gi * nob + ob) * K * OCB, K, out,
+                  (gi * O + o0) * P + p0, P, lanes, O - o0, bias[gi * nob * OCB + o0:], epf, flags)
+
+
+@njit(parallel=True, cache=True)
+def crop_rows(wide, out):
+    """out (C, oh, ow) = wide[:, :, :ow]: `conv_grouped`'s output cut to its width, on flat unsigned
+    offsets (numpy's strided copy looped per row of 7-28 floats: 320 x 14 x 14 in 17 us, 8 here)."""
+    C, oh, ow = out.shape
+    wq = wide.shape[2]
+    wf, of = wide.reshape(-1), out.reshape(-1)
+    for r in prange(C * oh):
+        s0, d0 = np.uint64(r * wq), np.uint64(r * ow)
+        for x in range(np.uint64(ow)):
+            of[d0 + x] = wf[s0 + x]
+
+
+@njit(parallel=True, cache=True)
+def conv_rows(xq, koff, oh, ow, Wq, wp, K, O, bias, epf, grid, out):
+    """A convolution (group 1) whose output rows are wide: each tile is up to 48 pixels of one output
+    row, and the micro-kernel reads tap k of pixel (y, x) at koff[k] + y*Wq + x of the phase planes
+    (`phase_split`) directly, with no panel copy (for the 3-channel stems the copy cost as much as the
+    multiply). Weights whole (no k blocks): for layers whose K x O weights stay in L2."""
+    nob = (O + OCB - 1) // OCB
+    per_row = (ow + 47) // 48
+    xf = xq.reshape(-1)
+    P = oh * ow
+    flags = (0, 1, grid)
+    for j in prange(oh * per_row):
+        y, r = j // per_row, j % per_row
+        x0 = r * 48
+        lanes = min(48, ow - x0)
+        for ob in range(nob):
+            o0 = ob * OCB
+            _tile((lanes + 15) // 16, xf, y * Wq + x0, koff, wp, ob * K * OCB, K, out, o0 * P + y * ow + x0, P, lanes,
+                  O - o0, bias[o0:], epf, flags)
+
+
+def tap_offsets(cin, kh, kw, sh, sw, dh, dw, hq, wq) -> np.ndarray:
+    """Tap (c, i, j)'s offset in the phase planes of `phase_split` (c, i*dh % sh, j*dw % sw), moved by
+    (i*dh // sh, j*dw // sw)."""
+    c, i, j = np.meshgrid(np.arange(cin), np.arange(kh), np.arange(kw), indexing="ij")
+    a, b = i * dh, j * dw
+    off = ((c * sh + a % sh) * sw + b % sw) * hq * wq + (a // sh) * wq + b // sw
+    return np.ascontiguousarray(off.reshape(-1), dtype=np.int64)
+
+
+def pack_weights(w: np.ndarray, block: int = OCB) -> np.ndarray:
+    """(O, K) -> flat [O/block][K][block] float32, the rows past O zero."""
+    return pack_stacked(w[None], block)
+
+
+def pack_stacked(u: np.ndarray, block: int = OCB) -> np.ndarray:
+    """(P, O, K) -> flat [P][O/block][K][block] float32 (P matrices packed one after the other, the
+    layout of Winograd's positions, which winograd.transform_packed writes directly), rows past O zero:
+    one strided copy into a cache-line aligned buffer, not a zero-padded copy and another."""
+    from .. import aligned_empty
+    p, o, k = u.shape
+    nb, whole = -(-o // block), o // block
+    out = aligned_empty(p * nb * k * block)
+    v = out.reshape(p, nb, k, block)
+    if whole:
+        v[:, :whole] = u[:, :whole * block].reshape(p, whole, block, k).transpose(0, 1, 3, 2)
+    if whole < nb:
+        v[:, whole] = 0
+        v[:, whole, :, :o - whole * block] = u[:, whole * block:].transpose(0, 2, 1)
+    return out
+
+
+def epilogue(act: int, grid, post=NO_POST) -> tuple:
+    """epf for `gemm`: the activation bounds (ReLU's, ReLU6's), the fused activation `post` (kind,
+    alpha, beta), then the int8 grid (grid = grid.grid_of tuple or NO_GRID)."""
+    f32 = np.float32
+    lo = f32(0) if act else f32(-np.inf)
+    hi = f32(6) if act == 2 else f32(np.inf)
+    return (lo, hi, f32(grid[0]), f32(grid[1]), f32(grid[2]), f32(grid[3]), f32(post[0]), f32(post[1]), f32(post[2]))
+
+
+def epilogue_of(act: int, grid, post=NO_POST) -> tuple:
+    """(epf, on_grid): what the IR kernels finish with, and 1 when they round to the int8 grid."""
+    return epilogue(act, grid, post), 1 if grid[1] > 0 else 0
+
+
+IDENTITY = epilogue(0, (1, 0, 0, 0))     # no activation, no grid: what a kernel leaves as it is
+
+
+def tile_count(pixels: int) -> int:
+    """The pixel tiles `gemm` and `conv_im2col` run for `pixels` output pixels."""
+    return _tiles(pixels)[0]
+
+
+class PackedGemm:
+    """A convolution's weights packed for `gemm` (bias padded to whole tiles), its epilogue, and the
+    walk that suits its pixel count, all decided at prepare."""
+
+    def __init__(self, weight: np.ndarray, bias: np.ndarray, act: int, grid, pixels: int, threads: int,
+                 post=NO_POST):
+        o, k = weight.shape
+        self.o, self.k, self.nob, self.pixels = o, k, -(-o // OCB), pixels
+        self.wp = pack_weights(weight)
+        self.bias = np.zeros(self.nob * OCB, np.float32)
+        self.bias[:o] = bias
+        self.epf, self.grid = epilogue_of(act, grid, post)
+        self.tiles = tile_count(pixels)
+        self.kc = k_block(k, self.rows(), self.tiles)
+        self.by_block = k * pixels <= BY_BLOCK_X
+        from .. import sized
+        self.fn = sized(gemm, self.rows() * pixels * k // 16, threads)
+
+    def rows(self) -> int:
+        return self.nob * OCB
+
+    def __call__(self, x: np.ndarray, xs: int, out: np.ndarray, os_: int) -> None:
+        """x flat with row k at k * xs; out flat, O rows of stride os_."""
+        self.fn(x, xs, self.pixels, self.wp, self.k, self.kc, self.o, self.bias, self.epf, self.grid, out, os_,
+                self.by_block)

@@ -1,0 +1,208 @@
+"""Int8 convolutions on integer arithmetic, the way MNN runs a `symmetricQuan` convolution.
+
+The float input is quantized once to its int8 grid, in steps k = round(x / s) (half away from zero, as
+MNN; stored as the byte u8 = k + off with off = 128 + zero point, that is q + 128; channels last, so an
+im2col row is a few contiguous copies and the padding, real 0, is the byte off), multiplied by the int8
+weights with 32-bit accumulation (`int8_gemm`), and the accumulator is rescaled in MNN's own float order
+with the offset folded into the bias (`int8_gemm.epilogue`), given the activation, and rounded to the
+output's int8 grid, or left float for an outputDataType DT_FLOAT layer. Between operators tensors stay
+float on that grid, so every other kernel is unchanged.
+"""
+from __future__ import annotations
+
+import copy
+
+import numpy as np
+from ..compile.jit import njit, prange
+
+from .. import sized
+from .epilogue import EXACT, act_bounds, activation, grid_of, mnn_cast, to_grid_z
+from .int8_gemm import Int8Weights, epilogue, pixel_blocks
+
+
+@njit(cache=True, fastmath=EXACT, inline="always")
+def _byte(v, inv_s, z, lo, hi):
+    """MNN's stored byte for v: its int8 cast (grid.mnn_cast, zero point z, bounds in int8 values) + 128."""
+    return np.uint32(np.int32(mnn_cast(v, inv_s, z, lo, hi)) + 128)
+
+
+@njit(parallel=True, cache=True, fastmath=EXACT)
+def quantize_hwc(x, inv_s, z, lo, hi, t, l, xq):
+    """x (C, H, W) float -> xq[t + y, l + x, c] = its byte (_byte); the border is left as written."""
+    C, H, W = x.shape
+    for y in prange(H):
+        dst = xq[t + y]
+        for c in range(C):
+            src = x[c, y]
+            for i in range(W):
+                dst[l + i, c] = np.uint8(_byte(src[i], inv_s, z, lo, hi))
+
+
+@njit(parallel=True, cache=True)
+def im2col_packed(g32, kh, kw, sh, sw, dh, dw, oh, ow, cols):
+    """cols[p // 16, k4, p % 16] = 4 bytes of pixel p's window, K = (i, j, c): the tile's pixel blocks.
+
+    g32 is the HWC grid viewed as uint32 (4 channels per word); cols is (blocks, K/4, 16) uint32.
+    """
+    c4 = g32.shape[2]
+    for pb in prange(cols.shape[0]):
+        for pl in range(16):
+            p = pb * 16 + pl
+            if p >= oh * ow:
+                break
+            y, x = p // ow, p % ow
+            for i in range(kh):
+                for j in range(kw):
+                    src = g32[y * sh + i * dh, x * sw + j * dw]
+                    base = (i * kw + j) * c4
+                    for c in range(c4):
+                        cols[pb, base + c, pl] = src[c]
+
+
+@njit(parallel=True, cache=True, fastmath=EXACT)
+def quantize_packed(x, inv_s, z, lo, hi, off, cols):
+    """x (C, P) float -> cols (blocks, C/4, 16) uint32 words of 4 channels: the pixel blocks of a 1x1
+    stride-1 convolution, written directly; whole blocks are one vectorized pass over four rows."""
+    C, P = x.shape
+    for pb in prange(cols.shape[0]):
+        p0 = pb * 16
+        for kb in range(cols.shape[1]):
+            dst = cols[pb, kb]
+            c = 4 * kb
+            if p0 + 16 <= P and c + 4 <= C:
+                r0, r1, r2, r3 = x[c, p0:p0 + 16], x[c + 1, p0:p0 + 16], x[c + 2, p0:p0 + 16], x[c + 3, p0:p0 + 16]
+                for k in range(16):
+                    dst[k] = (_byte(r0[k], inv_s, z, lo, hi) | _byte(r1[k], inv_s, z, lo, hi) << 8
+                              | _byte(r2[k], inv_s, z, lo, hi) << 16 | _byte(r3[k], inv_s, z, lo, hi) << 24)
+            else:
+                for k in range(16):
+                    word = np.uint32(0)
+                    for j in range(4):
+                        b = _byte(x[c + j, p0 + k], inv_s, z, lo, hi) if c + j < C and p0 + k < P else np.uint32(off)
+                        word |= b << (8 * j)
+                    dst[k] = word
+
+
+def int8_convolution(geometry, q, alpha, bias, act, grids, in_shape, out_shape, threads: int):
+    """The kernel function for one int8 convolution (group 1), or None when the geometry is not covered.
+
+    `q` (O, C*kh*kw) int8 in (c, i, j) order with per-channel `alpha`; `grids` a conv.Int8Grids.
+    """
+    kh, kw, sh, sw, dh, dw, t, l, b, r = geometry
+    (s_in, lo, hi) = grids.input
+    off = 128 + grids.zero_in
+    if not (0 <= lo + off and hi + off <= 255):
+        return None
+    n, cin, h, w = in_shape
+    _, cout, oh, ow = out_shape
+    if q.shape[1] != cin * kh * kw:
+        return None
+    cp = -(-cin // 4) * 4
+    wk = np.zeros((cout, kh, kw, cp), np.int8)
+    wk[..., :cin] = q.reshape(cout, cin, kh, kw).transpose(0, 2, 3, 1)
+    k4 = kh * kw * cp // 4
+    out_grid = None if grids.output is None else (*grids.output, grids.zero_out)
+    rows, epf = epilogue(alpha, bias, q.astype(np.int64).sum(1), s_in, grids.zero_in, out_grid, act)
+    # VNNI does 16 multiply-adds per element operation of kernels.sized's measure
+    weights = Int8Weights(wk.reshape(cout, -1), *rows, cout * oh * ow * k4 * 4 // 16, threads)
+    f32 = np.float32
+    pixels = oh * ow
+    cols = np.full((pixel_blocks(pixels), k4, 16, 4), off, np.uint8)
+    direct = kh == kw == 1 and sh == sw == 1 and not (t or l or b or r)   # quantize straight into the blocks
+    words, flat = cols.view(np.uint32).reshape(cols.shape[:3]), cols.reshape(-1)
+    grid = None if direct else np.full((h + t + b, w + l + r, cp), off, np.uint8)
+    grid32 = None if direct else grid.view(np.uint32)
+    inv_in = grid_of(*grids.input)[0]
+    z_in = f32(grids.zero_in)
+    q_lo, q_hi = f32(lo + grids.zero_in), f32(hi + grids.zero_in)
+    quantize = sized(quantize_packed if direct else quantize_hwc, cin * h * w, threads)
+    unfold = None if direct else sized(im2col_packed, words.size, threads)
+
+    def run(inputs, outputs):
+        x, y = inputs[0], outputs[0]
+        for i in range(n):
+            if direct:
+                quantize(x[i].reshape(cin, pixels), inv_in, z_in, q_lo, q_hi, off, words)
+            else:
+                quantize(x[i], inv_in, z_in, q_lo, q_hi, t, l, grid)
+                unfold(grid32, kh, kw, sh, sw, dh, dw, oh, ow, words)
+            dst = y[i].reshape(cout, pixels)
+            weights.matmul(flat, epf, dst)
+    return run
+
+
+@njit(parallel=True, cache=True)
+def requantize_rows(v, inv_in, acc_bias, scale, lo, hi, q_lo, q_hi, z, s_out, out):
+    """MNN's int8 depthwise epilogue, in place allowed: v (C, P) is the accumulator over the input's
+    steps times inv_in's inverse (the real input's sum), made the integer accumulator again by rounding
+    v * inv_in, plus acc_bias[c]; then the byte q = clamp(round(fl(acc * scale[c]))) with the activation's
+    bounds, the output zero point already in acc_bias; out = (q - z) * s_out. Float32 throughout and no
+    fast-math, so each step rounds as MNN's does."""
+    C, P = v.shape
+    half = np.float32(0.5)
+    for c in prange(C):
+        sc, b = scale[c], acc_bias[c]
+        for i in range(P):
+            a = v[c, i] * inv_in
+            t = (np.trunc(a + (-half if a < 0 else half)) + b) * sc
+            t = min(max(t, lo), hi)
+            r = np.trunc(t + (-half if t < 0 else half))
+            out[c, i] = (min(max(r, q_lo), q_hi) - z) * s_out
+
+
+# taps up to which a float32 sum of real on-grid inputs times integer weights stays within 0.4 of the
+# integer sum in steps, in the worst case ((K + 1) 2^-24 K 127^2 < 0.4): rounding recovers it exactly
+EXACT_TAPS = 16
+
+
+def depthwise_int8(node, ins, outs, bias, grids, threads: int, float_kernel):
+    """An int8 depthwise convolution computed as MNN 3.6's x86 kernel does (read from its binary and
+    checked byte for byte): the 32-bit accumulator sum(k w) + B over the input steps k, with
+    B = trunc(b / (s_in alpha)) + trunc(z_out / scale) the bias and output zero point in accumulator
+    units, then q = round(fl(float(acc) * scale)), scale = alpha * (s_in / s_out). The sum is a float
+    depthwise convolution with the integer weights (`float_kernel`, no bias, activation or grid): over
+    the real input when it is already on its grid and the window small (EXACT_TAPS), the sum / s_in
+    rounded back to the integer; else over the input cast to steps first, exact in float32. The rest
+    follows in `requantize_rows`. None when the layer has no 8-bit per-channel weights or a float output."""
+    from ....format.idst import int8_values
+    c = node.param["common"]
+    cout = c["outputCount"]
+    values = int8_values(node.param["quanParameter"], cout)
+    if values is None or grids.output is None or len(ins[0].shape) != 4:
+        return None
+    q, alpha = values[:2]
+    f32 = np.float32
+    s_in, (s_out, out_lo, out_hi) = grids.input[0], grids.output
+    s_in, s_out, z = f32(s_in), f32(s_out), f32(grids.zero_out)
+    a = np.asarray(alpha, f32)
+    a = np.where(np.abs(a) < f32(1e-6), f32(1e-6), a)
+    scale = (a * (s_in / s_out)).astype(f32)
+    acc_bias = (np.trunc(np.asarray(bias, f32) / (s_in * a)) + np.trunc(z / scale)).astype(f32)
+    plain = copy.copy(node)
+    plain.param = dict(node.param, common=dict(c, relu=False, relu6=False))
+    fn = float_kernel(plain, np.asarray(q, np.float32).reshape(cout, -1), np.zeros(cout, f32))
+    lo, hi = act_bounds(activation(c), s_out, z)
+    q_lo, q_hi = f32(out_lo) + z, f32(out_hi) + z
+    requant = sized(requantize_rows, int(np.prod(outs[0].shape)), threads)
+    n = ins[0].shape[0]
+    grid_in = grid_of(*grids.input)
+    on_grid = ins[0].grid == grid_in and q.shape[1] <= EXACT_TAPS
+    inv_in = grid_in[0] if on_grid else f32(1)
+    if not on_grid:
+        steps_grid = (grid_in[0], f32(1), grid_in[2], grid_in[3])      # the input in steps k, cast as MNN
+        z_in = f32(grids.zero_in)
+        xk = np.empty(ins[0].shape, f32)
+        rows = xk.reshape(-1, ins[0].shape[-1])
+        to_steps = sized(to_grid_z, xk.size, threads)
+
+    def run(inputs, outputs):
+        if on_grid:
+            fn(inputs, outputs)
+        else:
+            x = np.ascontiguousarray(inputs[0], f32)
+            to_steps(x.reshape(rows.shape), steps_grid, z_in, rows)
+            fn([xk] + list(inputs[1:]), outputs)
+        for i in range(n):
+            y = outputs[0][i].reshape(cout, -1)
+            requant(y, inv_in, acc_bias, scale, lo, hi, q_lo, q_hi, z, s_out, y)
+    return run

@@ -1,0 +1,240 @@
+"""Convolution and deconvolution kernels: int8 layers on the VNNI integer kernel where it applies,
+every float layer on the strategy `conv_strategies.pick` chooses for its geometry."""
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import numpy as np
+from ..compile.jit import Bound, njit
+
+from ....errors import InvalidModel, MnnToolError
+from .. import PLAN_ONLY, Kernel, kernel, sized, writes
+from ..micro.conv_loops import col2im
+from .conv_strategies import Geometry, Layer, build, trimmed
+from ..micro.epilogue import NO_GRID, NO_POST, POST, activation, apply_act, grid_of, to_grid
+
+
+@kernel("Convolution", "ConvolutionDepthwise")
+def convolution(node, ins, outs, settings):
+    cout = node.param["common"]["outputCount"]
+    geometry = Geometry.of(node.param["common"], ins[0].shape, outs[0].shape)
+    bias = _bias(node.param, cout)
+    int8 = int8_scales(node)
+    if int8 is None and node.param.get("quanParameter") is not None and geometry.fully_connected and \
+            geometry.n == 1 and (k := _weight_only_matvec(node, geometry, bias, settings)) is not None:
+        return k
+    weight = np.ascontiguousarray(conv_weight(node.param, cout))
+    geometry.check(weight.size, f"{node.op} '{node.name}'")
+    if int8 is not None:     # an int8 convolution: same arithmetic as MNN on the quantized grid
+        grid_in = grid_of(*int8.input)
+        grid_out = NO_GRID if int8.output is None else grid_of(*int8.output)
+        if node.op == "ConvolutionDepthwise":
+            from ..micro.int8_conv import depthwise_int8
+            fn = depthwise_int8(node, ins, outs, bias, int8, settings.threads,
+                                lambda plain, w, b: convolution_float(plain, ins, outs, w, b, settings).fn)
+            if fn is not None:
+                return Kernel(fn, True, grid_out)
+            bias = depthwise_int8_bias(node, bias, int8)
+        fn = _integer(node, ins, outs, bias, int8, settings.threads)
+        if fn is None:
+            k = convolution_float(node, ins, outs, weight, bias, settings, grid_out)
+            # an input that an int8 kernel already rounded to this grid is used as it is
+            fn = k.fn if ins[0].grid == grid_in else _grid_input(k.fn, ins[0].shape, grid_in, settings.threads)
+        return Kernel(fn, True, None if int8.output is None else grid_out)
+    return convolution_float(node, ins, outs, weight, bias, settings)
+
+
+def _bias(param: dict, cout: int) -> np.ndarray:
+    """The layer's float bias, zeros when the file has none of the right size."""
+    bias = np.asarray(param.get("bias", np.zeros(cout)), np.float32).reshape(-1)
+    return bias if bias.size == cout else np.zeros(cout, np.float32)
+
+
+def _weight_only_matvec(node, g: Geometry, bias, settings) -> Kernel | None:
+    """A single row through a weight-only int8/int4 layer on its codes (quant_gemv.QMatVec): a decoder's
+    token step reads a quarter (int8) or an eighth (int4) of the float weights' bytes."""
+    from .conv_strategies import with_post
+    from ..micro.quant_gemv import QMatVec
+    mv = QMatVec.of(node.param["quanParameter"], g.cout, bias, activation(node.param["common"]), settings.threads)
+    if mv is None or mv.codes.shape[0] != g.cout or mv.codes.shape[1] * (2 if mv.codes.dtype == np.uint8 else 1) != g.cin:
+        return None
+
+    def run(inputs, outputs):
+        mv(np.ascontiguousarray(inputs[0], np.float32).reshape(g.cin), outputs[0].reshape(g.cout))
+    return with_post(writes(run), node.param.get(POST, NO_POST), g.cout, settings.threads)
+
+
+def _integer(node, ins, outs, bias, grids, threads: int):
+    """The integer kernel for a group-1 int8 convolution with 8-bit per-channel weights on a VNNI CPU,
+    else None (elsewhere BLAS's sgemm on the int8 grid beats integer loops)."""
+    from ....format.idst import int8_values
+    from ..micro.int8_conv import int8_convolution
+    from ..micro.int8_gemm import HAS_VNNI
+    if not HAS_VNNI:
+        return None
+    c = node.param["common"]
+    cout = c["outputCount"]
+    values = int8_values(node.param["quanParameter"], cout)
+    if values is None or (c.get("group", 1) or 1) != 1 or len(ins[0].shape) != 4:
+        return None
+    geometry = Geometry.of(c, ins[0].shape, outs[0].shape).window
+    return int8_convolution(geometry, *values, bias, activation(c), grids, ins[0].shape, outs[0].shape, threads)
+
+
+def conv_weight(param: dict, rows: int) -> np.ndarray:
+    """Float weights (rows, -1), dequantized when the file stores them quantized or as fp16."""
+    if param.get("weight") is not None and len(param["weight"]):
+        return np.asarray(param["weight"], np.float32).reshape(rows, -1)
+    if param.get("quanParameter") is not None:
+        from ....format.idst import dequantize
+        return dequantize(param["quanParameter"], rows)
+    # weights read at run time (an ONNX Conv whose W is an input): not a fast kernel's case, declined
+    raise MnnToolError("convolution without constant weights")
+
+
+class Int8Grids(NamedTuple):
+    """An int8 convolution's input and output grids as (scale, min, max) in steps of the scale from
+    zero (real = scale * (q - zero), q in [clampMin, clampMax], so the steps run from clampMin - zero),
+    and the input's zero point. `output` is None for a float output (symmetricQuan's outputDataType
+    DT_FLOAT: MNN takes the output scale as 1 and its zero point as 0, and rounds nothing)."""
+    input: tuple
+    output: tuple | None
+    zero_in: int
+    zero_out: int = 0
+
+
+def int8_scales(node) -> Int8Grids | None:
+    qp, sq = node.param.get("quanParameter"), node.param.get("symmetricQuan")
+    if qp is None or sq is None or not qp.get("scaleIn") or not qp.get("scaleOut"):
+        return None
+    lo, hi = int(sq.get("clampMin", -128)), int(sq.get("clampMax", 127))
+    z_in, z_out = int(sq.get("zeroPoint", 0)), int(sq.get("outputZeroPoint", 0))
+    if float_output(node):
+        return Int8Grids((float(qp["scaleIn"]), lo - z_in, hi - z_in), None, z_in)
+    return Int8Grids((float(qp["scaleIn"]), lo - z_in, hi - z_in), (float(qp["scaleOut"]), lo - z_out, hi - z_out),
+                     z_in, z_out)
+
+
+def float_output(node) -> bool:
+    """An int8 convolution that writes float: int8 input and weights, no output grid."""
+    return (node.param.get("symmetricQuan") or {}).get("outputDataType") in ("DT_FLOAT", 1)
+
+
+def depthwise_int8_bias(node, bias: np.ndarray, grids: Int8Grids) -> np.ndarray:
+    """The float bias that gives what MNN's int8 depthwise convolution adds: it folds the bias into the
+    32-bit accumulator truncated toward zero, trunc(b / (s_in * alpha)), and the output zero point as
+    trunc(z_out / scale) accumulator units (scale = alpha * (s_in / s_out), float32), so each channel is
+    off by a fraction of a step, which moves outputs near half-steps (MobileNetV3's first depthwise
+    layer: 738 of 200,704 outputs one step apart without it, none with it). MNN's GEMM convolutions add
+    the float bias, so they need nothing, and so does a depthwise layer with a float output."""
+    from ....format.idst import int8_values
+    values = int8_values(node.param["quanParameter"], bias.size)
+    if values is None or grids.output is None:     # a float output adds the float bias (measured)
+        return bias
+    f32 = np.float32
+    s_in, s_out = f32(grids.input[0]), f32(grids.output[0])
+    alpha = values[1].astype(f32)
+    alpha = np.where(np.abs(alpha) < f32(1e-6), f32(1e-6), alpha)
+    scale = alpha * (s_in / s_out)
+    units = np.trunc(bias.astype(f32) / (s_in * alpha)).astype(np.float64)
+    fused = np.trunc(f32(grids.zero_out) / scale).astype(np.float64)
+    # accumulator units -> output steps -> real: (units + fused) * scale - z_out steps, times s_out
+    steps = (units + fused) * scale.astype(np.float64) - grids.zero_out
+    return (steps * np.float64(s_out)).astype(f32)
+
+
+def convolution_float(node, ins, outs, weight, bias, settings, grid=NO_GRID) -> Kernel:
+    """Float convolution on the first strategy that suits it; `grid` rounds its output to an int8 grid."""
+    c = node.param["common"]
+    g, weight = trimmed(Geometry.of(c, ins[0].shape, outs[0].shape), weight)
+    # a bias of its own: a read-only one (an ONNX initializer's) is another argument type for the kernels
+    # that read it in place, one the ahead-of-time library does not hold
+    bias = np.array(bias, np.float32)
+    return build(g, Layer(weight, bias, activation(c), grid, settings.threads, node.param.get(POST, NO_POST)))
+
+
+def _grid_input(fn, shape, grid, threads: int):
+    """Round the input to its int8 grid before a float kernel that rounds its own output (the layers
+    the integer kernel does not cover: depthwise and grouped convolutions, 4-bit weights, no VNNI)."""
+    xq = np.empty(shape, np.float32)
+    rows = xq.reshape(-1, shape[-1])
+    rounding = sized(to_grid, xq.size, threads)
+
+    def run(inputs, outputs):
+        x = np.ascontiguousarray(inputs[0], np.float32)
+        rounding(x.reshape(rows.shape), grid, rows)
+        fn([xq] + list(inputs[1:]), outputs)
+    return run
+
+
+@kernel("Deconvolution", "DeconvolutionDepthwise")
+def deconvolution(node, ins, outs, settings):
+    c = node.param["common"]
+    n, cin, h, w = ins[0].shape
+    _, cout, oh, ow = outs[0].shape
+    kh, kw, sh, sw, dh, dw, t, l, b, r = Geometry.of(c, ins[0].shape, outs[0].shape).window
+    if c.get("padMode") == "SAME":
+        total_h = (h - 1) * sh + dh * (kh - 1) + 1 - oh
+        total_w = (w - 1) * sw + dw * (kw - 1) + 1 - ow
+        t, l = max(total_h, 0) // 2, max(total_w, 0) // 2
+    group = c.get("group", 1) or 1
+    act = activation(c)
+    cg, og = cin // group, cout // group
+    weight = conv_weight(node.param, cin)
+    if min(kh, kw, sh, sw, dh, dw, group) < 1 or cin % group or cout % group or weight.size != cin * og * kh * kw:
+        raise InvalidModel(f"{node.op} '{node.name}': group {group}, kernel {kh}x{kw}, stride {sh}x{sw} and "
+                           f"{weight.size} weights do not fit {cin} -> {cout} channels")
+    weight = weight.reshape(cin, og * kh * kw)
+    wt = [np.ascontiguousarray(weight[k * cg:(k + 1) * cg].T) for k in range(group)]   # (og*kh*kw, cg)
+    bias = np.asarray(node.param.get("bias", np.zeros(cout)), np.float32).reshape(cout, 1, 1)
+    ch = max((h - 1) * sh + dh * (kh - 1) + 1, t + oh)
+    cw = max((w - 1) * sw + dw * (kw - 1) + 1, l + ow)
+    canvas = np.zeros((cout, ch, cw), np.float32)
+    cols = np.empty((cout * kh * kw, h * w), np.float32)
+
+    def run(inputs, outputs):
+        x, y = inputs[0], outputs[0]
+        rows = og * kh * kw
+        for i in range(n):
+            xi = x[i].reshape(cin, h * w)
+            for k in range(group):
+                np.matmul(wt[k], xi[k * cg:(k + 1) * cg], out=cols[k * rows:(k + 1) * rows])
+            canvas[:] = 0
+            col2im(cols, kh, kw, sh, sw, dh, dw, h, w, canvas)
+            y[i] = canvas[:, t:t + oh, l:l + ow]
+            y[i] += bias
+            apply_act(y[i], act)
+    return writes(run)
+
+
+@njit(cache=True, fastmath=True)
+def scale_packed(base, s, out):
+    """out[b, c, :] = base[b, c, :] * s[c] over packed weights [O/8][C][8]: numpy's broadcast of s ran
+    its inner loop per 8 floats (672 -> 112 channels: 37.6 us, 11.7 here)."""
+    nob, cin, w = base.shape
+    for b in range(nob):
+        for c in range(cin):
+            v = s[c]
+            for r in range(w):
+                out[b, c, r] = base[b, c, r] * v
+
+
+def scaled_pointwise(node, ins, outs, settings):
+    """fusion.fuse_channel_scale's node: a 1x1 convolution of x * s, s one scale per input channel, as
+    the convolution with its packed weights scaled by s on each run ([O/8][C][8]: a broadcast multiply)."""
+    from ..micro.float_gemm import OCB, PackedGemm
+    c = node.param["common"]
+    cout = c["outputCount"]
+    _, cin, h, w = ins[0].shape
+    pg = PackedGemm(conv_weight(node.param, cout).reshape(cout, cin), _bias(node.param, cout), activation(c), NO_GRID, h * w,
+                    settings.threads, node.param.get(POST, NO_POST))
+    scaled = pg.wp.reshape(pg.nob, cin, OCB)
+    base, scale = scaled.copy(), Bound(scale_packed)
+
+    def run(i, o):
+        scale(base, np.ascontiguousarray(i[1], np.float32).reshape(cin), scaled)
+        pg(np.ascontiguousarray(i[0], np.float32).reshape(-1), h * w, o[0].reshape(-1), h * w)
+    return writes(run)
+
+
+PLAN_ONLY["ScaledPointwise"] = scaled_pointwise

@@ -1,0 +1,327 @@
+"""Dense and grouped strategies: Winograd, the fully connected forms (matvec, packed rows, BLAS), 1x1
+GEMMs, im2col on the channels-in-lanes GEMM, implicit im2col (taps in place or tiled), and BLAS im2col
+for anything else."""
+from __future__ import annotations
+
+import numpy as np
+
+from ... import Scratch, direct, sized, writes
+from ...micro.conv_loops import bias_act, im2col
+from ...micro.epilogue import apply_act
+from .base import (COLS, Geometry, Layer, Strategy, on_wide_rows, padder, per_image, phase_splitter,
+                   regrid_of)
+
+# Winograd F(4x4, 3x3) from 8 input and output channels: below that its transforms cost more than
+# the multiplications they save.
+WINOGRAD_MIN_CHANNELS = 8
+# Implicit im2col reads its taps in place (no panel copy) for output rows from 32 wide whose packed
+# weights fit L2 (256 KB): MobileNetV2's stem 0.43 -> 0.28 ms, ResNet-18's 2.9 -> 2.5 ms.
+TAPS_IN_PLACE_MIN_WIDTH, L2_BYTES = 32, 256 * 1024
+
+
+
+# A dilated layer whose (tap, output pixel) pairs read the input at most this often (else padding) runs
+# tap by tap on the pixels each tap reaches (SparseTaps): DeepLabV3's ASPP 3x3 at rate 12 on a 16x16 map
+# reads the input in 25% of them, and implicit im2col multiplied the other 75% zeros: 7.2 ms of 27.
+SPARSE_TAPS_MAX_DENSITY = 0.5
+
+
+def tap_regions(g: Geometry) -> list:
+    """Per tap (i, j) that reads the input: (i, j, output rows y0:y1, columns x0:x1, the input row and
+    column of (y0, x0)); stride 1."""
+    out = []
+    for i in range(g.kh):
+        y0, y1 = max(0, g.t - i * g.dh), min(g.oh, g.h + g.t - i * g.dh)
+        for j in range(g.kw):
+            x0, x1 = max(0, g.l - j * g.dw), min(g.ow, g.w + g.l - j * g.dw)
+            if y1 > y0 and x1 > x0:
+                out.append((i, j, y0, y1, x0, x1, y0 - g.t + i * g.dh, x0 - g.l + j * g.dw))
+    return out
+
+
+class SparseTaps(Strategy):
+    """A dilated group-1 layer on a map not much larger than its dilation: each tap that reads the input
+    is one (Cout x Cin) @ (Cin x pixels it reaches) product added into its output rectangle, so no
+    product with the padding is made."""
+    name = "sparse-taps"
+
+    def suits(self, g):
+        if g.group != 1 or g.sh != 1 or g.sw != 1 or (g.dh == 1 and g.dw == 1):
+            return False
+        reached = sum((y1 - y0) * (x1 - x0) for *_, y0, y1, x0, x1, _, _ in tap_regions(g))
+        return reached <= SPARSE_TAPS_MAX_DENSITY * g.kh * g.kw * g.oh * g.ow
+
+    def build(self, g, layer):
+        w = layer.weight.reshape(g.cout, g.cin, g.kh, g.kw)
+        taps = [(np.ascontiguousarray(w[:, :, i, j]), y0, y1, x0, x1, iy, ix)
+                for i, j, y0, y1, x0, x1, iy, ix in tap_regions(g)]
+        bias, regrid = layer.bias.reshape(-1, 1, 1), regrid_of(g, layer)
+
+        def one(x, y):
+            y[...] = bias
+            for wt, y0, y1, x0, x1, iy, ix in taps:
+                src = x[:, iy:iy + y1 - y0, ix:ix + x1 - x0].reshape(g.cin, -1)
+                y[:, y0:y1, x0:x1] += (wt @ src).reshape(g.cout, y1 - y0, x1 - x0)
+            apply_act(y, layer.act)
+            regrid(y)
+        return per_image(g, one)
+
+
+class Winograd3x3(Strategy):
+    """Stride-1 3x3 group-1 layers by Winograd F(4x4, 3x3) or F(2x2, 3x3) (winograd.Winograd)."""
+    name, avx512, fuses_post = "winograd", True, True
+
+    def suits(self, g):
+        return (g.k3 and g.sh == 1 and g.group == 1 and g.cin >= WINOGRAD_MIN_CHANNELS
+                and g.cout >= WINOGRAD_MIN_CHANNELS)
+
+    def build(self, g, layer):
+        from ...micro.winograd import Winograd
+        wino = Winograd(layer.weight, layer.bias, g.cin, g.h, g.w, g.oh, g.ow, g.t, g.l, layer.act, layer.grid,
+                        layer.threads, layer.post)
+        return per_image(g, wino)
+
+
+class MatVecRows(Strategy):
+    """Batch 1 of a fully connected layer: weights streamed from memory 16 rows at once (float_gemv.MatVec)."""
+    name, avx512 = "matvec", True
+
+    def suits(self, g):
+        return g.fully_connected and g.n == 1
+
+    def build(self, g, layer):
+        from ...micro.float_gemv import MatVec
+        mv, regrid = MatVec(layer.weight.reshape(g.cout, g.cin), layer.bias, layer.act, layer.threads), regrid_of(g, layer)
+
+        def run(inputs, outputs):
+            y = outputs[0].reshape(g.cout)
+            mv(inputs[0].reshape(g.cin), y)
+            regrid(y)
+        return writes(run)
+
+
+class PackedRows(Strategy):
+    """Many rows of a fully connected layer (a transformer's tokens) on packed weights (linear.RowGemm),
+    a fused activation (GELU after fc1) in its epilogue."""
+    name, avx512, fuses_post = "row-gemm", True, True
+
+    def suits(self, g):
+        """Every size of more than one row: called without Numba's dispatch (kernels.direct) a pack and a
+        GEMM cost less than BLAS's matmul and the bias pass at every measured size (1 thread, us: 4x32x32
+        1.26 against 1.33, 16x64x64 2.07/2.37, 17x64x64 2.51/2.47, 16x64x128 2.95/3.41, 50x128x128
+        12.8/14.3), before a fused GELU, which BLAS leaves to a pass of its own."""
+        return g.fully_connected and g.n > 1
+
+    def build(self, g, layer):
+        from ..linear import RowGemm
+        rows = RowGemm(layer.weight.reshape(g.cout, g.cin).T, layer.bias, layer.act, layer.grid, g.n, layer.threads,
+                       layer.post)
+        return writes(rows.step())
+
+
+class BlasRows(Strategy):
+    """A fully connected layer as one BLAS matmul."""
+    name = "blas-rows"
+
+    def suits(self, g):
+        return g.fully_connected
+
+    def build(self, g, layer):
+        wt, regrid = np.ascontiguousarray(layer.weight.T), regrid_of(g, layer)
+
+        def run(inputs, outputs):
+            y = outputs[0].reshape(g.n, g.cout)
+            np.matmul(inputs[0].reshape(g.n, g.cin), wt, out=y)
+            y += layer.bias
+            apply_act(y, layer.act)
+            regrid(y)
+        return writes(run)
+
+
+def _one_gemm(g: Geometry, layer: Layer, pixels: int):
+    """The layer's weights packed for one GEMM over `pixels` columns: channels-in-lanes (few_pixel_gemm) where the
+    pixel count suits it, else float_gemm's packed tiles."""
+    from ...micro.float_gemm import PackedGemm
+    from ...micro.few_pixel_gemm import OcGemm, suits
+    return (OcGemm if suits(pixels, g.weight_bytes) else PackedGemm)(layer.weight, layer.bias, layer.act, layer.grid,
+                                                                     pixels, layer.threads, layer.post)
+
+
+class Pointwise(Strategy):
+    """1x1 (strided: on every sh-th row and sw-th column) as one GEMM, channels-in-lanes (few_pixel_gemm) where
+    its pixel count suits, else float_gemm's packed tiles."""
+    name, avx512, fuses_post = "pointwise", True, True
+
+    def suits(self, g):
+        return g.one_by_one
+
+    def build(self, g, layer):
+        pixels, subsample = g.oh * g.ow, g.sh > 1 or g.sw > 1
+        packed = _one_gemm(g, layer, pixels)
+        picked_of = Scratch(COLS, (g.cin, g.oh, g.ow)) if subsample else None
+
+        def one(x, y):
+            if subsample:
+                picked = picked_of()
+                np.copyto(picked, x[:, :(g.oh - 1) * g.sh + 1:g.sh, :(g.ow - 1) * g.sw + 1:g.sw])
+            packed((picked if subsample else x).reshape(-1), pixels, y.reshape(-1), pixels)
+        return per_image(g, one)
+
+
+class Patchify(Strategy):
+    """Kernel equal to stride, no padding (a ViT's patch embedding): the patches are the columns of an
+    im2col matrix made by one strided copy, then one GEMM as `Pointwise`. The implicit im2col copied a
+    panel per 48-pixel tile from phase planes: ViT-tiny's 16x16/16 embedding took 0.49 ms (0.43 ms this
+    way with BLAS), a tiny ViT's 8x8/8 on a 32x32 image 15.5 us (7.5)."""
+    name, avx512, fuses_post = "patchify", True, True
+
+    def suits(self, g):
+        return (g.group == 1 and g.kh == g.sh and g.kw == g.sw and g.kh * g.kw > 1 and g.dh == g.dw == 1 and
+                not g.padded)
+
+    def build(self, g, layer):
+        from ...micro.conv_loops import patches
+        pixels = g.oh * g.ow
+        packed = _one_gemm(g, layer, pixels)
+        cols_of = Scratch(COLS, (g.cin, g.kh, g.kw, g.oh, g.ow))
+        copy = direct(patches, np.empty((g.cin, g.h, g.w), np.float32), g.kh, g.kw, g.oh, g.ow, cols_of())
+
+        def one(x, y):
+            cols = cols_of()
+            copy(np.ascontiguousarray(x), g.kh, g.kw, g.oh, g.ow, cols)
+            packed(cols.reshape(-1), pixels, y.reshape(-1), pixels)
+        return per_image(g, one)
+
+
+class Im2colChannelsInLanes(Strategy):
+    """Few output pixels (a 7x7 map): a small im2col matrix and the channels-in-lanes GEMM."""
+    name, avx512, fuses_post = "im2col-oc", True, True
+
+    def suits(self, g):
+        from ...micro.few_pixel_gemm import suits
+        return g.group == 1 and suits(g.oh * g.ow, g.weight_bytes)
+
+    def build(self, g, layer):
+        from ...micro.few_pixel_gemm import OcGemm
+        cols_of = Scratch(COLS, (g.cin * g.kh * g.kw, g.oh * g.ow))
+        unfold = sized(im2col, g.cin * g.kh * g.kw * g.oh * g.ow, layer.threads)
+        gemm = OcGemm(layer.weight, layer.bias, layer.act, layer.grid, g.oh * g.ow, layer.threads, layer.post)
+        pad = padder(g)
+
+        def one(x, y):
+            cols = cols_of()
+            unfold(pad(x), g.kh, g.kw, g.sh, g.sw, g.dh, g.dw, g.oh, g.ow, cols)
+            gemm(cols.reshape(-1), g.oh * g.ow, y.reshape(-1), g.oh * g.ow)
+        return per_image(g, one)
+
+
+def _phases(g: Geometry, layer: Layer):
+    """The packed weights and the input's phase planes (base.phase_splitter) that implicit im2col reads."""
+    from ...micro.float_gemm import PackedGemm
+    packed = PackedGemm(layer.weight, layer.bias, layer.act, layer.grid, g.oh * g.ow, layer.threads, layer.post)
+    hq, wq = g.phase_planes
+    return packed, hq, wq, phase_splitter(g, layer.threads)
+
+
+class TapsInPlace(Strategy):
+    """Implicit im2col whose tiles read the taps in place through an offset table (float_gemm.conv_rows)."""
+    name, avx512, fuses_post = "im2col-in-place", True, True
+
+    def suits(self, g):
+        from ...micro.float_gemm import OCB
+        packed_bytes = -(-g.cout // OCB) * OCB * g.cin * g.kh * g.kw * 4
+        return g.group == 1 and g.ow >= TAPS_IN_PLACE_MIN_WIDTH and packed_bytes <= L2_BYTES
+
+    def build(self, g, layer):
+        from ...micro.float_gemm import conv_rows, tap_offsets
+        packed, hq, wq, split = _phases(g, layer)
+        koff = tap_offsets(g.cin, g.kh, g.kw, g.sh, g.sw, g.dh, g.dw, hq, wq)
+        rows = sized(conv_rows, packed.rows() * g.oh * g.ow * g.cin * g.kh * g.kw // 16, layer.threads)
+
+        def one(x, y):
+            phases = split(x)
+            rows(phases, koff, g.oh, g.ow, wq, packed.wp, g.cin * g.kh * g.kw, g.cout, packed.bias, packed.epf,
+                 packed.grid, y.reshape(-1))
+        return per_image(g, one)
+
+
+class ImplicitIm2col(Strategy):
+    """Group 1: tiles of float_gemm.conv_im2col over the input's phase planes, no im2col matrix."""
+    name, avx512, fuses_post = "im2col-implicit", True, True
+
+    def suits(self, g):
+        return g.group == 1
+
+    def build(self, g, layer):
+        from ...micro.float_gemm import conv_im2col, tap_offsets
+        packed, hq, wq, split_phases = _phases(g, layer)
+        koff = tap_offsets(g.cin, g.kh, g.kw, g.sh, g.sw, g.dh, g.dw, hq, wq)
+        # output-channel blocks split across threads when the pixel tiles alone leave threads idle
+        split = min(packed.nob, -(-2 * layer.threads // packed.tiles)) if layer.threads > 1 else 1
+        implicit = sized(conv_im2col, packed.rows() * g.oh * g.ow * g.cin * g.kh * g.kw // 16, layer.threads)
+
+        def one(x, y):
+            phases = split_phases(x)
+            implicit(phases, koff, koff.size, g.oh, g.ow, packed.wp, packed.kc, g.cout, split, packed.bias,
+                     packed.epf, packed.grid, y.reshape(-1))
+        return per_image(g, one)
+
+
+class GroupedTapsInPlace(Strategy):
+    """Grouped, not depthwise (RegNet, ResNeXt): each group's taps read in place from the phase planes
+    on the planes' width (float_gemm.conv_grouped), every group's tiles in one parallel loop, then the
+    output cropped to its width."""
+    name, avx512, fuses_post = "grouped-in-place", True, True
+
+    def suits(self, g):
+        return g.group > 1 and not g.depthwise
+
+    def build(self, g, layer):
+        from ...micro.float_gemm import OCB, conv_grouped, epilogue_of, pack_weights, tap_offsets
+        cg, og = g.cin // g.group, g.cout // g.group
+        nob = -(-og // OCB)
+        wp = np.concatenate([pack_weights(layer.weight[k * og:(k + 1) * og]) for k in range(g.group)])
+        bias = np.zeros((g.group, nob * OCB), np.float32)
+        bias[:, :og] = layer.bias.reshape(g.group, og)
+        bias = bias.reshape(-1)
+        epf, on_grid = epilogue_of(layer.act, layer.grid, layer.post)
+        hq, wq = g.phase_planes
+        koff = tap_offsets(cg, g.kh, g.kw, g.sh, g.sw, g.dh, g.dw, hq + 1, wq)     # planes with the spare row
+        k = cg * g.kh * g.kw
+        fn = sized(conv_grouped, g.cout * g.oh * wq * k, layer.threads)
+        planes = cg * g.sh * g.sw * (hq + 1) * wq
+        return on_wide_rows(g, layer.threads, lambda phases, wide: fn(phases, koff, g.group, planes, g.oh * wq, wp, k,
+                                                                      og, bias, epf, on_grid, wide.reshape(-1)))
+
+
+class BlasIm2col(Strategy):
+    """Anything: an im2col matrix (none for 1x1) and BLAS's sgemm per group, then bias and activation."""
+    name = "blas-im2col"
+
+    def suits(self, g):
+        return True
+
+    def build(self, g, layer):
+        cg, og = g.cin // g.group, g.cout // g.group
+        pointwise = g.one_by_one and g.sh == g.sw == 1
+        weight = layer.weight
+        epilogue = sized(bias_act, g.out_size, layer.threads)
+        wg = [np.ascontiguousarray(weight[k * og:(k + 1) * og]) for k in range(g.group)]
+        cols = None if pointwise else np.empty((cg * g.kh * g.kw * g.group, g.oh * g.ow), np.float32)
+        unfold = None if pointwise else sized(im2col, cols.size, layer.threads)
+        pad = padder(g)
+
+        def one(x, y):
+            yi = y.reshape(g.cout, g.oh * g.ow)
+            if pointwise:
+                np.matmul(weight, x.reshape(g.cin, g.h * g.w), out=yi)
+            else:
+                unfold(pad(x), g.kh, g.kw, g.sh, g.sw, g.dh, g.dw, g.oh, g.ow, cols)
+                if g.group == 1:
+                    np.matmul(weight, cols, out=yi)
+                else:
+                    rows = cg * g.kh * g.kw
+                    for k in range(g.group):
+                        np.matmul(wg[k], cols[k * rows:(k + 1) * rows], out=yi[k * og:(k + 1) * og])
+            epilogue(yi, layer.bias, layer.act, layer.grid)
+        return per_image(g, one)

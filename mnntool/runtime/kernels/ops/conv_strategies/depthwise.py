@@ -1,0 +1,176 @@
+"""Depthwise strategies: the AVX-512 3x3 kernels of micro/depthwise3x3.py (flat, rows, strips), then the Numba loops
+(padded plane, channels innermost, border-checking rows, any window)."""
+from __future__ import annotations
+
+import numpy as np
+
+from ... import sized, writes
+from ...micro.conv_loops import depthwise, depthwise3x3, depthwise3x3_s1, depthwise_hwc
+from .base import Geometry, Layer, Strategy, on_wide_rows, padder, per_image, regrid_of
+
+# Maps up to this wide run the depthwise as one flat pass per channel: a 7-wide row strip leaves
+# 9 of the 16 lanes idle.
+FLAT_DW_MAX_WIDTH = 8
+# Channels-innermost depthwise up to this output width: rows of 14 and 7 are too short to vectorize,
+# 16 channels are not (14x14 and 7x7 layers 2-4x faster; MobileNetV2 17.5 -> 15.1 ms).
+CHANNELS_LAST_MAX_WIDTH = 16
+# The padded-plane 3x3 depthwise (MobileNetV2's depthwise 6.0 -> 3.2 ms) was measured on 3x3 layers
+# padded by 1 and maps from 7 wide; narrower maps and wider pads were left to the other kernels
+# without a measurement of their own.
+PLANE_DW_MAX_PAD, PLANE_DW_MIN_WIDTH = 2, 7
+# Stride-2 depthwise layers up to this output width run on phase planes, where strips leave half their
+# lanes idle (1 thread, with SiLU: 672 channels of 5x5 from 14x14 to 7x7 126 us against 153 in strips;
+# from 28 wide the split costs more than it saves: 240 of 3x3 to 14x14 93 against 64, 144 of 5x5 to
+# 28x28 274 against 250). Not 3x3: strips are ahead there at every width (1 thread, to 7x7: 240
+# channels 21 against 32 us, with a sigmoid 33 against 35; 672 channels 51 against 78), as they are
+# for 5x5 without an activation (100 against 108 us) but not with one (152 against 124) or for 7x7
+PHASED_DW_MAX_WIDTH = 8
+PHASED_DW_SIZES = (5, 7)
+# Strips go down blocks of this many output rows (their input rows stay in L1 across the strips).
+STRIP_ROWS = 8
+
+class FlatDepthwise(Strategy):
+    """Tiny stride-1 maps as one flat run per channel (depthwise3x3.depthwise_flat), 3x3, 5x5 or 7x7: a 7-wide row
+    leaves 9 of a strip's 16 lanes idle, a flat 7x7 map 15 of 64 (EfficientNet-B0's 1152 channels of
+    5x5 on 7x7 with SiLU, alone: strips 124-150 us, flat 83; in the model 0.18 -> 0.12 ms)."""
+    name, avx512, fuses_post = "dw-flat", True, True
+
+    def suits(self, g):
+        from ...micro import depthwise3x3
+        return (g.depthwise and g.kh == g.kw and g.kh in depthwise3x3.FLAT_SIZES and g.sh == g.sw == 1
+                and g.dh == g.dw == 1 and (g.oh, g.ow) == (g.h, g.w) and g.ow <= FLAT_DW_MAX_WIDTH)
+
+    def build(self, g, layer):
+        from ...micro import depthwise3x3
+        from ...micro.float_gemm import epilogue_of
+        wk, (epf, on_grid) = dw_weights(g, layer).reshape(-1), epilogue_of(layer.act, layer.grid, layer.post)
+        masks, offs = depthwise3x3.flat_masks(g.h, g.w, g.t, g.l, g.kh)
+        flat = sized(depthwise3x3.depthwise_flat, g.out_size * g.kh * g.kw, layer.threads)
+        return per_image(g, lambda x, y: flat(x, wk, layer.bias, g.kh, masks, offs, epf, on_grid, y))
+
+
+class PhasedDepthwise(Strategy):
+    """Stride 2, 5x5 or 7x7, on the input's four phase planes (float_gemm.phase_split, shared with the
+    grouped convolutions of the geometry): each tap a flat shift, so a channel is one flat run
+    (depthwise3x3.depthwise_flat_phased) over a wide output, cropped to its width."""
+    name, avx512, fuses_post = "dw-phased", True, True
+
+    def suits(self, g):
+        return (g.depthwise and g.kh == g.kw and g.kh in PHASED_DW_SIZES and g.sh == g.sw == 2
+                and g.dh == g.dw == 1 and g.ow <= PHASED_DW_MAX_WIDTH)
+
+    def build(self, g, layer):
+        from ...micro import depthwise3x3
+        from ...micro.float_gemm import epilogue_of, tap_offsets
+        wk, (epf, on_grid) = dw_weights(g, layer).reshape(-1), epilogue_of(layer.act, layer.grid, layer.post)
+        hq, wq = g.phase_planes
+        offs = tap_offsets(1, g.kh, g.kw, 2, 2, 1, 1, hq + 1, wq)      # planes with the spare row
+        flat = sized(depthwise3x3.depthwise_flat_phased, g.cout * g.oh * wq * g.kh * g.kw, layer.threads)
+        return on_wide_rows(g, layer.threads,
+                            lambda phases, wide: flat(phases, wk, layer.bias, g.kh, offs, epf, on_grid, wide))
+
+
+class RowDepthwise3x3(Strategy):
+    """Wide maps (from depthwise3x3.ROWS_FROM_WIDTH) row by row, stride 1 or 2 (depthwise3x3.depthwise3x3). Not with a fused
+    SiLU or the like: its epilogue runs row by row, its spills around the activation's branch cost more
+    than the walk saves (EfficientNet-B0's 32 channels on 112x112 with SiLU, in the model: 0.40 ms
+    against 0.32 in strips, which finish four rows under one branch; with ReLU6, MobileNetV2's
+    depthwise layers 1.44 ms in rows against 1.48-1.55 in strips)."""
+    name, avx512, fuses_post, no_post = "dw3-rows", True, True, True
+
+    def suits(self, g):
+        from ...micro import depthwise3x3
+        return g.depthwise and g.k3 and g.sh in (1, 2) and g.w >= depthwise3x3.ROWS_FROM_WIDTH
+
+    def build(self, g, layer):
+        from ...micro import depthwise3x3
+        from ...micro.float_gemm import epilogue_of
+        w9, (epf, on_grid) = dw_weights(g, layer).reshape(-1), epilogue_of(layer.act, layer.grid, layer.post)
+        rows = sized(depthwise3x3.depthwise3x3, g.out_size * 9, layer.threads)
+        return per_image(g, lambda x, y: rows(x, w9, layer.bias, g.sh, g.t, g.l, epf, on_grid, y))
+
+
+class StripDepthwise(Strategy):
+    """3x3, 5x5 and 7x7 in strips of 16 columns down STRIP_ROWS rows, stride 1 (dilated or not)
+    or 2 (depthwise_strips.depthwise_strips)."""
+    name, avx512, fuses_post = "dw-strips", True, True
+
+    def suits(self, g):
+        from ...micro import depthwise_strips
+        return (g.depthwise and g.kh == g.kw and g.kh in depthwise_strips.SIZES and g.sh == g.sw and g.dh == g.dw
+                and (g.sh == 1 or (g.sh == 2 and g.dh == 1)))
+
+    def build(self, g, layer):
+        from ...micro import depthwise_strips
+        from ...micro.float_gemm import epilogue_of
+        wk, (epf, on_grid) = dw_weights(g, layer).reshape(-1), epilogue_of(layer.act, layer.grid, layer.post)
+        strips, zrow = sized(depthwise_strips.depthwise_strips, g.out_size * g.kh * g.kw, layer.threads), np.zeros(g.w, np.float32)
+        return per_image(g, lambda x, y: strips(x, wk, layer.bias, g.kh, g.sh, g.dh, g.t, g.l, epf, on_grid, zrow,
+                                                 STRIP_ROWS, y))
+
+
+class PlaneDepthwise3x3(Strategy):
+    """Stride 1 on a zero-bordered copy of each channel (conv.depthwise3x3_s1): branch-free rows."""
+    name = "dw3-plane"
+
+    def suits(self, g):
+        return (g.depthwise and g.k3 and g.sh == 1 and max(g.t, g.l, g.b, g.r) <= PLANE_DW_MAX_PAD
+                and g.ow >= PLANE_DW_MIN_WIDTH)
+
+    def build(self, g, layer):
+        xp = np.zeros((g.cin, max(g.h + g.t + g.b, g.oh + 2), max(g.w + g.l + g.r, g.ow + 2)), np.float32)
+        wd = dw_weights(g, layer)
+        fn = sized(depthwise3x3_s1, g.out_size * 9, layer.threads)
+        return per_image(g, lambda x, y: fn(x, wd, layer.bias, g.t, g.l, xp, y, layer.act, layer.grid))
+
+
+class ChannelsLastDepthwise(Strategy):
+    """Small maps with the channels innermost (conv.depthwise_hwc), any kernel size."""
+    name = "dw-channels-last"
+
+    def suits(self, g):
+        return g.depthwise and g.ow <= CHANNELS_LAST_MAX_WIDTH and g.sh == g.sw and g.dh == g.dw == 1
+
+    def build(self, g, layer):
+        xp = np.zeros((max(g.h + g.t + g.b, (g.oh - 1) * g.sh + g.kh), max(g.w + g.l + g.r, (g.ow - 1) * g.sw + g.kw),
+                       g.cin), np.float32)
+        yp = np.empty((g.oh, g.ow, g.cout), np.float32)
+        wt = np.ascontiguousarray(dw_weights(g, layer).reshape(g.cout, g.kh * g.kw).T)
+        hwc = sized(depthwise_hwc, g.out_size * g.kh * g.kw, layer.threads)
+        return per_image(g, lambda x, y: hwc(x, wt, layer.bias, g.kh, g.kw, g.sh, g.t, g.l, xp, yp, y, layer.act,
+                                              layer.grid))
+
+
+class BorderDepthwise3x3(Strategy):
+    """3x3, stride 1 or 2, padding read as zeros by checking the border taps (conv.depthwise3x3)."""
+    name = "dw3-border"
+
+    def suits(self, g):
+        return g.depthwise and g.k3 and g.sh in (1, 2) and max(g.t, g.l, g.b, g.r) <= PLANE_DW_MAX_PAD
+
+    def build(self, g, layer):
+        zrow, wd = np.zeros(g.w, np.float32), dw_weights(g, layer)
+        fn = sized(depthwise3x3, g.out_size * 9, layer.threads)
+        return per_image(g, lambda x, y: fn(x, wd, layer.bias, g.sh, g.t, g.l, zrow, y, layer.act, layer.grid))
+
+
+class GenericDepthwise(Strategy):
+    """Any depthwise window on a padded copy (conv.depthwise)."""
+    name = "dw-generic"
+
+    def suits(self, g):
+        return g.depthwise
+
+    def build(self, g, layer):
+        wd, pad, regrid = dw_weights(g, layer), padder(g), regrid_of(g, layer)
+
+        def run(inputs, outputs):
+            x, y = inputs[0], outputs[0]
+            for i in range(g.n):
+                depthwise(pad(x[i]), wd, layer.bias, g.sh, g.sw, g.dh, g.dw, y[i], layer.act)
+            regrid(y)
+        return writes(run)
+
+
+def dw_weights(g: Geometry, layer: Layer) -> np.ndarray:
+    return np.ascontiguousarray(layer.weight.reshape(g.cout, g.kh, g.kw))
