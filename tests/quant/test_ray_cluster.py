@@ -75,7 +75,9 @@ def test_quant_and_verify_on_the_cluster(cluster, model, tmp_path):
     _ok("quant", fp32, one, "--int8", "--calib", calib)
     _ok("quant", fp32, many, "--int8", "--calib", calib, "--ray", cluster.address, env=cluster.driver_env())
     assert one.read_bytes() == many.read_bytes()
-    assert "_collect_chunk" in cluster.task_names(1), "no calibration task ran on the second raylet"
+    # Ray places each task where it likes: some task of the calibration (the means' sums or a chunk's
+    # statistics) ran on the second raylet
+    assert {"_collect_chunk", "_sample_sums"} & set(cluster.task_names(1)), "no calibration task ran on the second raylet"
     ref = _ok("verify", src, one, "--calib", calib, "--samples", 12, "--json")
     env = dict(cluster.driver_env(), RAY_ADDRESS=cluster.address)
     got = _ok("verify", src, one, "--calib", calib, "--samples", 12, "--json", "--ray", "auto", env=env)
