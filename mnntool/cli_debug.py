@@ -6,7 +6,7 @@ from typing import List, Optional
 
 import typer
 
-from .cli import INPUT_SHAPE, INPUTS, JSON, Runtime, _progress, console, u
+from .cli_common import INPUT_SHAPE, INPUTS, JSON, Runtime, _progress, console, u
 
 debug_app = typer.Typer(no_args_is_help=True, help="Find what goes wrong: reduce a failing model to a small repro.")
 

@@ -7,7 +7,7 @@ from typing import Optional
 import typer
 from rich.table import Table
 
-from .cli import JSON, _human, _progress, console, u
+from .cli_common import JSON, _human, _progress, console, u
 
 llm_app = typer.Typer(no_args_is_help=True, help="Language models: export to the bundle MNN-LLM runs; run and bench it.")
 
