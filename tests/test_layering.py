@@ -49,7 +49,7 @@ def test_no_upward_imports():
             other = target[1]
             if other in LAYERS and LAYERS[other] > LAYERS[own]:
                 bad.append(f"{path.relative_to(PKG.parent)} imports {'.'.join(target)}")
-            elif other not in LAYERS and other not in ("errors", "registry", "fdio") and (PKG / other).exists():
+            elif other not in LAYERS and other not in ("errors", "registry", "native_output") and (PKG / other).exists():
                 bad.append(f"{path.relative_to(PKG.parent)} imports {'.'.join(target)}")
     assert not bad, "\n".join(bad)
 

@@ -6,7 +6,7 @@ import threading
 import numpy as np
 
 from ..errors import MnnToolError
-from ..fdio import redirected_fd
+from ..native_output import redirected_fd
 
 
 def _mnn():

@@ -9,7 +9,7 @@ import numpy as np
 from ...errors import MnnToolError
 from ...ir.graph import Graph
 from ...ir.ops import rows_at_run_time
-from ..shaped import ShapedCtx, T, given_shape
+from ..shape_tracking import ShapedCtx, T, given_shape
 from . import detection, structural  # noqa: F401  (they register layers)
 from .layers import LAYERS
 from .proto import messages

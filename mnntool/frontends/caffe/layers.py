@@ -8,7 +8,7 @@ from ...errors import MnnToolError
 from ...ir.ops.nn import pool_param
 from ...ir.ops.norm import batch_norm_param
 from ...registry import registrar
-from ..shaped import conv_op, conv_param
+from ..shape_tracking import conv_op, conv_param
 
 LAYERS = {}
 

@@ -1,10 +1,10 @@
 """Caffe's activation, normalisation and data-arrangement layers beyond the basic set, lowered by the
-ONNX frontend's converters (frontends.shaped.emit_onnx) so each meaning has one lowering."""
+ONNX frontend's converters (frontends.shape_tracking.emit_onnx) so each meaning has one lowering."""
 from __future__ import annotations
 
 import numpy as np
 
-from ..shaped import emit_onnx
+from ..shape_tracking import emit_onnx
 from .layers import _blob, _fail, caffe_pool_param, layer
 
 

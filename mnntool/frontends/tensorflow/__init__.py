@@ -11,9 +11,9 @@ from pathlib import Path
 
 
 from ...errors import MnnToolError
-from ...fdio import redirected_fd
+from ...native_output import redirected_fd
 from ...ir.graph import Graph
-from ..shaped import T
+from ..shape_tracking import T
 from .context import TfCtx
 from .inline import Flattened
 from . import array_ops, math_ops, nn_ops  # noqa: F401  (they register converters)

@@ -8,8 +8,8 @@ from __future__ import annotations
 import numpy as np
 
 from ...errors import MnnToolError
-from ..shaped import ShapedCtx, T, rename_tensor
-from ..unrolled import LoopBudget
+from ..shape_tracking import ShapedCtx, T, rename_tensor
+from ..fold_unroll import LoopBudget
 
 TO_NCHW, TO_NHWC = [0, 3, 1, 2], [0, 2, 3, 1]
 NHWC_AXIS_IN_NCHW = {0: 0, 1: 2, 2: 3, 3: 1}

@@ -11,8 +11,8 @@ from __future__ import annotations
 import numpy as np
 
 from ...errors import MnnToolError
-from ..shaped import T, emit_onnx
-from ..unrolled import fold, folded, unroll
+from ..shape_tracking import T, emit_onnx
+from ..fold_unroll import fold, folded, unroll
 from .inline import MAX_DEPTH, flat_body
 from .ops import CONST_EVAL, OPS, _const, _fail, attr, op
 

@@ -1,11 +1,11 @@
 """TensorFlow's elementwise, logical, reduction and scan ops, lowered by the ONNX frontend's converters
-(frontends.shaped.emit_onnx) so each meaning has one lowering. Elementwise ops keep the NCHW mark of
+(frontends.shape_tracking.emit_onnx) so each meaning has one lowering. Elementwise ops keep the NCHW mark of
 their operands; reductions go through the layout context's reduction_layout."""
 from __future__ import annotations
 
 import numpy as np
 
-from ..shaped import T, emit_onnx
+from ..shape_tracking import T, emit_onnx
 from .ops import _align, _axes, _const, attr, op
 
 UNARY = {"Acos": "Acos", "Acosh": "Acosh", "Asin": "Asin", "Asinh": "Asinh", "Atan": "Atan", "Atanh": "Atanh",

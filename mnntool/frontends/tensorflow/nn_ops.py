@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..shaped import conv_param, emit_onnx
+from ..shape_tracking import conv_param, emit_onnx
 from .ops import OPS, _const, _fail, _nhwc_attr, _same_pads, _spatial_in, attr, bias_add, op, pool_2d
 
 

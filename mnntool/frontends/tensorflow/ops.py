@@ -9,7 +9,7 @@ from ...errors import MnnToolError
 from ...ir.ops.nn import pool_param
 from ...ir.ops.norm import batch_norm_param
 from ...registry import registrar
-from ..shaped import T, conv_op, conv_param
+from ..shape_tracking import T, conv_op, conv_param
 from .context import NHWC_AXIS_IN_NCHW, TfCtx
 
 OPS = {}

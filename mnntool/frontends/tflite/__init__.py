@@ -15,10 +15,10 @@ import numpy as np
 from ...errors import MnnToolError
 from ...format.flatbuf import FormatError, decode
 from ...ir.graph import Graph
-from ..shaped import T, emit_onnx, given_shape
+from ..shape_tracking import T, emit_onnx, given_shape
 from ..tensorflow.context import TfCtx
 from .ops import OPS
-from ..unrolled import fold, folded, unroll
+from ..fold_unroll import fold, folded, unroll
 from .schema import BUILTIN_OPS, SCHEMA, TENSOR_TYPES
 
 QUANTIZED = ("int8", "uint8", "int16", "int32", "int64")

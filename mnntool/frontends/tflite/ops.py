@@ -4,14 +4,14 @@
 TFLite tensors are NHWC like TensorFlow's, so the TensorFlow frontend's layout context does the same
 job here: convolutions, pools and resizes make NCHW tensors marked as such, elementwise ops keep the
 mark, and everything else sees NHWC again through one Permute. Ops with an ONNX twin are lowered by the
-ONNX frontend's converter (frontends.shaped.emit_onnx), so one lowering serves every frontend."""
+ONNX frontend's converter (frontends.shape_tracking.emit_onnx), so one lowering serves every frontend."""
 from __future__ import annotations
 
 import numpy as np
 
 from ...ir.ops.nn import pool_param
 from ...registry import registrar
-from ..shaped import T, conv_op, conv_param, emit_onnx
+from ..shape_tracking import T, conv_op, conv_param, emit_onnx
 from ..tensorflow.context import NHWC_AXIS_IN_NCHW, TfCtx
 from ..tensorflow.array_ops import slice_begin_size, split_sizes, unstack
 from ..tensorflow.nn_ops import deconv, depth_space, lrn

@@ -11,7 +11,7 @@ from pathlib import Path
 
 from ...errors import MnnToolError
 from ...ir.graph import Graph
-from ..shaped import T
+from ..shape_tracking import T
 from . import control, index, math, nn, onnx_like, pointwise, prim, state, tensor  # noqa: F401  (registration)
 from .context import ATEN, SAME_TYPE, TorchCtx, is_bool, torch_for
 from .walk import walk

@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from ...registry import registrar
-from ..shaped import ShapedCtx
+from ..shape_tracking import ShapedCtx
 
 ATEN = {}
 

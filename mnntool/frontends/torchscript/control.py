@@ -9,7 +9,7 @@ import numpy as np
 from ...errors import MnnToolError
 from ...ir.graph import Graph
 from ...ir.ops.control import if_binding
-from ..shaped import T
+from ..shape_tracking import T
 from .context import ATEN, TorchCtx, aten
 from .walk import walk
 

@@ -16,7 +16,7 @@ from pathlib import Path
 
 from ...errors import MnnToolError
 from ...ir.graph import Graph
-from ..shaped import T, given_shape
+from ..shape_tracking import T, given_shape
 from .context import ATEN, TorchCtx, torch_for
 
 _PY = {operator.add, operator.sub, operator.mul, operator.floordiv, operator.truediv, operator.mod, operator.neg,

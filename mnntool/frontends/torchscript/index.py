@@ -12,7 +12,7 @@ from __future__ import annotations
 import numpy as np
 
 from ...errors import MnnToolError
-from ..shaped import T, emit_onnx
+from ..shape_tracking import T, emit_onnx
 from .context import aten, is_bool
 
 

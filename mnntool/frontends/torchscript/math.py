@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..shaped import T
+from ..shape_tracking import T
 from .context import ATEN, aten
 
 
@@ -29,7 +29,7 @@ def _rounded_div(ctx, node, a, b, mode):
     """torch.div(a, b, rounding_mode='floor' | 'trunc'): the quotient rounded down or toward zero."""
     from .control import like_tensor
     from .onnx_like import onnx_op
-    from ..shaped import emit_onnx
+    from ..shape_tracking import emit_onnx
     if not isinstance(a, T) and not isinstance(b, T):
         q = np.asarray(a) / np.asarray(b)
         r = np.floor(q) if mode == "floor" else np.trunc(q)

@@ -6,7 +6,7 @@ from types import SimpleNamespace
 import numpy as np
 
 from ...errors import MnnToolError
-from ..shaped import T
+from ..shape_tracking import T
 from .context import ATEN, aten
 from ...ir.ops.nn import pool_param
 from ...ir.ops.norm import batch_norm_param
@@ -229,7 +229,7 @@ def recurrent(ctx, node, args):
 def pad(ctx, node, args):
     """torch's pad list runs from the last dim backwards in (before, after) pairs; ONNX Pad's lists every
     dim's befores then every dim's afters."""
-    from ..shaped import emit_onnx
+    from ..shape_tracking import emit_onnx
     x, widths = args[0], [int(p) for p in args[1]]
     k = node.kind()
     mode = args[2] if k == "aten::pad" else ("constant" if "constant" in k else "reflect" if "reflection" in k
@@ -253,7 +253,7 @@ def pad(ctx, node, args):
 def lstm_cell(ctx, node, args):
     """One LSTM step (nn.LSTMCell): gates = x W_ih^T + b_ih + h W_hh^T + b_hh in torch's i, f, g, o order;
     c' = sigmoid(f) c + sigmoid(i) tanh(g), h' = sigmoid(o) tanh(c')."""
-    from ..shaped import emit_onnx
+    from ..shape_tracking import emit_onnx
     x, (h, c), w_ih, w_hh = args[0], args[1], args[2], args[3]
     b_ih, b_hh = (args[4], args[5]) if len(args) > 5 else (None, None)
     base = ctx.out(node)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..shaped import T, emit_onnx
+from ..shape_tracking import T, emit_onnx
 from .context import aten, is_bool
 from .prim import SCALAR_TYPES
 

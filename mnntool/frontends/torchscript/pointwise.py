@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..shaped import T, emit_onnx, reverse_axes
+from ..shape_tracking import T, emit_onnx, reverse_axes
 from .context import aten, is_bool
 from .control import like_tensor
 from .onnx_like import onnx_op

@@ -4,7 +4,7 @@ from __future__ import annotations
 import numpy as np
 
 from ...errors import MnnToolError
-from ..shaped import T
+from ..shape_tracking import T
 from .context import ATEN, aten
 
 

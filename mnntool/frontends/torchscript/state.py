@@ -8,7 +8,7 @@ from __future__ import annotations
 import numpy as np
 
 from ...errors import MnnToolError
-from ..shaped import T
+from ..shape_tracking import T
 from .context import aten, is_module
 
 

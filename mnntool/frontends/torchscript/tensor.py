@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..shaped import T
+from ..shape_tracking import T
 from .context import aten
 
 

@@ -43,7 +43,7 @@ WHOLE_VIEWS = {"aten::contiguous", "aten::alias", "aten::detach", "aten::view", 
 def write_back(ctx, value, result, env):
     """An in-place op (x.index_put_, x.add_) changes its operand and every tensor it is a view of: later
     readers of those values read the result. A view of part of a tensor (a slice) is written back into it."""
-    from ..shaped import T, emit_onnx
+    from ..shape_tracking import T, emit_onnx
     env[value.unique()] = result
     node = value.node()
     k = node.kind()

@@ -11,7 +11,7 @@ from typing import Callable
 import numpy as np
 
 from ..errors import MnnToolError
-from .shaped import T
+from .shape_tracking import T
 
 MAX_TRIPS = 4096      # loop steps unrolled in one model, nested loops included
 MAX_NESTING = 16      # loops inside loop bodies, at most this deep (a body that names itself recurses)
