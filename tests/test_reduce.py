@@ -134,7 +134,9 @@ def test_a_model_that_does_not_fail(tmp_path):
     src = _chain(tmp_path / "chain.onnx")
     p = subprocess.run(MNNTOOL + ["debug", "reduce", str(src), str(tmp_path / "r.onnx")], capture_output=True,
                        text=True, timeout=300)
-    assert p.returncode == 2 and "does not fail" in p.stderr and len(p.stderr.strip().splitlines()) == 1
+    # (a fresh install's first kernel compile announces itself once on stderr: not the command's output)
+    lines = [ln for ln in p.stderr.strip().splitlines() if not ln.startswith("mnntool: first run of this install")]
+    assert p.returncode == 2 and "does not fail" in p.stderr and len(lines) == 1, p.stderr
     assert not (tmp_path / "r.onnx").exists()
 
 
