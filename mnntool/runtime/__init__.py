@@ -38,7 +38,8 @@ def kernels_compiled(cache: Path | None = None) -> bool:
     kernels): false on the first run after an install, when every kernel compiles (~20 s)."""
     if cache is None:
         env = os.environ.get("NUMBA_CACHE_DIR")
-        cache = Path(env) if env else Path(__file__).resolve().parent / "kernels" / "__pycache__"
+        # beside the kernels: each sub-package's __pycache__ (ops/, micro/, compile/)
+        cache = Path(env) if env else Path(__file__).resolve().parent / "kernels"
     try:
         return next(cache.rglob("*.nbi"), None) is not None
     except OSError:
