@@ -28,7 +28,6 @@ import argparse
 import hashlib
 import json
 import os
-import platform
 import sys
 import time
 from contextlib import contextmanager
@@ -40,17 +39,8 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from benchmarks.wide_speed import cpu_name  # noqa: E402
 from fixtures.ray_cluster import LoopbackCluster  # noqa: E402
-
-
-def cpu_name() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor()
 
 
 # ------------------------------------------------------------------------------------------ inputs
