@@ -211,7 +211,7 @@ def verify(source: str = typer.Argument(..., help="The source model (.onnx, .pt,
     The source model runs in its own framework (onnxruntime, torch, TensorFlow, OpenCV), and with it
     whatever the file holds: verify only models you trust. Converting never runs model code."""
     from .format import reader as mnn_reader
-    from .format.writer import atomic_write, check_output, weight_path
+    from .format.writer import check_output, weight_path
     from .inputs import input_files, load_feeds
     from .quant.data import calibration_samples
     from .verifier import html_report, verify as run_verify
@@ -267,37 +267,21 @@ def verify(source: str = typer.Argument(..., help="The source model (.onnx, .pt,
         from .verifier import save_inputs as write_inputs
         write_inputs(save_inputs, feeds if isinstance(feeds, list) else [feeds])
     several = isinstance(feeds, list) and len(feeds) > 1
-    try:
-        with _progress("comparing samples", len(feeds) if several else 1, shown=several and not as_json) as step:
-            r = run_verify(source, model, feeds, shapes, backend, min_cosine, max_abs, threads, allow_io,
-                           progress=step, workers=workers, ray=ray, outputs_only=outputs_only, seed=seed,
-                           inputs=described, save_outputs=save_outputs, thresholds=limits)
-    except MnnToolError as e:       # CI still gets a report saying why
-        from .verify_report import github_annotation, junit_error
-        if junit:
-            atomic_write(junit, junit_error(str(e), source, model), sources)
-        if out_format == "github":
-            print(github_annotation("error", "mnntool verify", str(e), model))
-        raise
-    if report:
-        atomic_write(report, html_report(r).encode(), sources)
-    if junit:
-        from .verify_report import junit_xml
-        atomic_write(junit, junit_xml(r), sources)
+    from .verify_report import junit_error, junit_xml, reporting_failure, write_reports
+    with reporting_failure(junit, out_format, sources, lambda e: junit_error(e, source, model), "mnntool verify", model), \
+            _progress("comparing samples", len(feeds) if several else 1, shown=several and not as_json) as step:
+        r = run_verify(source, model, feeds, shapes, backend, min_cosine, max_abs, threads, allow_io,
+                       progress=step, workers=workers, ray=ray, outputs_only=outputs_only, seed=seed,
+                       inputs=described, save_outputs=save_outputs, thresholds=limits)
+    write_reports(sources, report, lambda: html_report(r), junit, lambda: junit_xml(r))
     if as_json:
         print(json.dumps(r))
     elif not sys.stdout.isatty() or out_format == "github":     # logs: plain lines, names never cut
-        from .verify_report import github_lines, markdown_summary, plain_text
+        from .verify_report import append_step_summary, github_lines, markdown_summary, plain_text
         print(plain_text(r, top))
         if out_format == "github":
             print("\n".join(github_lines(r)))
-            summary = os.environ.get("GITHUB_STEP_SUMMARY")
-            if summary:
-                try:
-                    with open(summary, "a", encoding="utf-8") as f:
-                        f.write(markdown_summary(r, top))
-                except OSError as e:
-                    raise MnnToolError(f"$GITHUB_STEP_SUMMARY {summary}: cannot write ({e.strerror or e})") from None
+            append_step_summary(markdown_summary(r, top))
     else:
         from .verifier import inputs_text, verdict_text
         t = Table(title=f"{u(model)} vs {u(source)}: {len(r['layers'])} layers matched, {len(r['unmatched'])} without "

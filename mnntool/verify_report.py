@@ -11,6 +11,7 @@ the figures: cosine, max abs, rel L2, SNR and the thresholds.
 from __future__ import annotations
 
 import re
+from contextlib import contextmanager
 import socket
 import xml.etree.ElementTree as ET
 from datetime import datetime, timezone
@@ -191,3 +192,45 @@ def markdown_summary(r: dict, top: int = 10) -> str:
             lines.append(f"| {index[m['name']]} | `{_md(m['name'])}` | {_md(m.get('op', '?'))} | {m['cosine']:.6f} | "
                          f"{m['max_abs']:.3g} | {'pass' if m['pass'] else 'fail'} |")
     return "\n".join(lines) + "\n"
+
+
+@contextmanager
+def reporting_failure(junit: str | None, out_format: str, sources: list, error_doc, title: str, file: str,
+                      echo=print):
+    """A comparison that stops on a user error still leaves CI its report: the JUnit document saying why
+    (`error_doc(message)` -> bytes) and a GitHub error annotation; the error goes on to the CLI's one line.
+    `verify` and `llm verify` both write through this and `write_reports`, in the same order."""
+    from .errors import MnnToolError
+    from .format.writer import atomic_write
+    try:
+        yield
+    except MnnToolError as e:
+        if junit:
+            atomic_write(junit, error_doc(str(e)), sources)
+        if out_format == "github":
+            echo(github_annotation("error", title, str(e), file))
+        raise
+
+
+def write_reports(sources: list, report: str | None, html, junit: str | None, junit_doc) -> None:
+    """The HTML page (`html()` -> str) and the JUnit document (`junit_doc()` -> bytes), each written whole
+    and never over an input."""
+    from .format.writer import atomic_write
+    if report:
+        atomic_write(report, html().encode(), sources)
+    if junit:
+        atomic_write(junit, junit_doc(), sources)
+
+
+def append_step_summary(markdown: str) -> None:
+    """Appends to the workflow's step summary when GitHub Actions gives one ($GITHUB_STEP_SUMMARY)."""
+    import os
+    from .errors import MnnToolError
+    summary = os.environ.get("GITHUB_STEP_SUMMARY")
+    if not summary:
+        return
+    try:
+        with open(summary, "a", encoding="utf-8") as f:
+            f.write(markdown)
+    except OSError as e:
+        raise MnnToolError(f"$GITHUB_STEP_SUMMARY {summary}: cannot write ({e.strerror or e})") from None

@@ -123,11 +123,11 @@ def run_command(bundle: str, checkpoint: str, out_format: str, report: str | Non
     """`mnntool llm verify`: the comparison, its reports written whole (atomically; never over an input), the
     verdict printed (`echo(text)`); returns the exit code. A user error still leaves a JUnit document saying why."""
     import json
-    import os
     from pathlib import Path
 
     from ..errors import MnnToolError
-    from ..format.writer import atomic_write, check_output
+    from ..format.writer import check_output
+    from ..verify_report import append_step_summary, reporting_failure, write_reports
     from .verify import verify
 
     if out_format not in ("text", "json", "github"):
@@ -137,30 +137,16 @@ def run_command(bundle: str, checkpoint: str, out_format: str, report: str | Non
     for path in (report, junit):
         if path:
             check_output(path, sources)
-    try:
+    with reporting_failure(junit, out_format, sources, lambda e: junit_error(e, bundle, checkpoint),
+                           "mnntool llm verify", bundle, echo):
         r = verify(bundle, checkpoint, **kw)
-    except MnnToolError as e:
-        if junit:
-            atomic_write(junit, junit_error(str(e), bundle, checkpoint), sources)
-        if out_format == "github":
-            echo(github_annotation("error", "mnntool llm verify", str(e), bundle))
-        raise
-    if report:
-        atomic_write(report, html_report(r).encode(), sources)
-    if junit:
-        atomic_write(junit, junit_xml(r), sources)
+    write_reports(sources, report, lambda: html_report(r), junit, lambda: junit_xml(r))
     if out_format == "json":
         echo(json.dumps(r))
     else:
         echo(plain_text(r))
         if out_format == "github":
             echo("\n".join(github_lines(r)))
-            summary = os.environ.get("GITHUB_STEP_SUMMARY")
-            if summary:
-                try:
-                    with open(summary, "a", encoding="utf-8") as f:
-                        f.write(f"### mnntool llm verify: `{_clean(bundle)}`\n\n**{_clean(verdict_text(r))}**\n\n"
+            append_step_summary(f"### mnntool llm verify: `{_clean(bundle)}`\n\n**{_clean(verdict_text(r))}**\n\n"
                                 f"```\n{plain_text(r)}\n```\n")
-                except OSError as e:
-                    raise MnnToolError(f"$GITHUB_STEP_SUMMARY {summary}: cannot write ({e.strerror or e})") from None
     return r["exit_code"]

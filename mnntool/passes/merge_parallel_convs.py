@@ -88,21 +88,19 @@ class MergeParallelConvsPass:
     name = "merge_parallel_convs"
 
     def __call__(self, g: Graph) -> bool:
-        changed = False
-        while self._once(g):
-            changed = True
-        return changed
-
-    def _once(self, g: Graph) -> bool:
+        """One walk in graph order: a merged convolution takes its Add's output, so a later Add reading it
+        (a third branch) sees a convolution again; the walk never rescans (it was quadratic in Adds)."""
         producers, readers = g.producers(), g.consumers()
         outputs = set(g.outputs)
+        replaced: dict[int, Node] = {}
+        removed: set[int] = set()
 
         def private(t: str, add: Node) -> bool:
             return t not in outputs and [r is add for r in readers.get(t, [])] == [True]
 
         for add in g.nodes:
-            if add.op != "BinaryOp" or add.param.get("opType") != "ADD" or len(add.inputs) != 2 or \
-                    add.param.get("activationType") or add.inputs[0] == add.inputs[1]:
+            if id(add) in removed or add.op != "BinaryOp" or add.param.get("opType") != "ADD" or \
+                    len(add.inputs) != 2 or add.param.get("activationType") or add.inputs[0] == add.inputs[1]:
                 continue
             a, b = (producers.get(t) for t in add.inputs)
             fa, fb = _form(g, a), _form(g, b)
@@ -122,9 +120,12 @@ class MergeParallelConvsPass:
                         break
             if new is None:
                 continue
-            index = g.nodes.index(add)
-            g.nodes[index] = new
+            # `gone` may hold an earlier merge's node (standing in for its Add): drop that Add instead.
             for n in gone:
-                g.nodes.remove(n)
-            return True
-        return False
+                removed.add(next((k for k, v in replaced.items() if v is n), id(n)))
+            replaced[id(add)] = new
+            producers[add.outputs[0]] = new
+        if not replaced:
+            return False
+        g.nodes[:] = [replaced.get(id(n), n) for n in g.nodes if id(n) not in removed]
+        return True
