@@ -63,3 +63,50 @@ def test_new_shapes_compile_nothing(tmp_path, stride):
     again = sorted(pair for pair in after - before if pair[0] in seen)
     assert not again, f"a new input shape compiled another signature of a kernel: {again}"
     assert not [pair for pair in after if "Literal" in str(pair[1])], "a kernel specialised on a value"
+
+
+def test_packed_weights_shared_across_shapes(tmp_path):
+    """Planning a new shape reuses the packed weights of the file's convolutions (weight_cache): the
+    second plan packs nothing it packed before, its output is still onnxruntime's (tolerances above),
+    and closing the session frees them. The 1x1 layer of 64 -> 64 channels at >= 48 pixels goes to
+    float_gemm's PackedGemm."""
+    import gc
+
+    from mnntool.runtime.kernels import weight_cache
+    from mnntool.runtime.kernels.micro import float_gemm
+    rng = np.random.RandomState(1)
+    inits = [onnx.numpy_helper.from_array((rng.randn(64, 3, 3, 3) * 0.3).astype(np.float32), "w1"),
+             onnx.numpy_helper.from_array((rng.randn(64, 64, 1, 1) * 0.1).astype(np.float32), "w2")]
+    nodes = [h.make_node("Conv", ["x", "w1"], ["c1"], pads=[1, 1, 1, 1]), h.make_node("Relu", ["c1"], ["r1"]),
+             h.make_node("Conv", ["r1", "w2"], ["y"])]
+    g = h.make_graph(nodes, "open", [h.make_tensor_value_info("x", TP.FLOAT, [1, 3, "H", "W"])],
+                     [h.make_tensor_value_info("y", TP.FLOAT, None)], inits)
+    m = h.make_model(g, opset_imports=[h.make_opsetid("", 17)])
+    m.ir_version = 8
+    onnx.save(m, str(tmp_path / "p.onnx"))
+    api.convert(tmp_path / "p.onnx", tmp_path / "p.mnn")
+    gc.collect()
+    before = weight_cache.cached_count()
+    packs = []
+    real = float_gemm.pack_weights
+
+    def counting(w, *a):
+        packs.append(w.shape)
+        return real(w, *a)
+
+    float_gemm.pack_weights = counting
+    try:
+        s = Session(api.load_graph(tmp_path / "p.mnn"), threads=1)
+        ref = ort.InferenceSession(str(tmp_path / "p.onnx"))
+        for k, hw in enumerate([(40, 56), (57, 33), (96, 71)]):
+            x = np.random.default_rng(k).standard_normal((1, 3) + hw).astype(np.float32)
+            np.testing.assert_allclose(s.run({"x": x})["y"], ref.run(None, {"x": x})[0], rtol=1e-4, atol=1e-4)
+            if k == 0:
+                first = len(packs)
+        assert first >= 1 and len(packs) == first, (first, packs)
+        assert weight_cache.cached_count() > before
+    finally:
+        float_gemm.pack_weights = real
+    del s
+    gc.collect()
+    assert weight_cache.cached_count() == before

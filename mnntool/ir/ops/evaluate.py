@@ -25,7 +25,10 @@ def run_graph(g, feeds: list) -> list[np.ndarray]:
 
 
 def _numel(shape) -> float:
-    return float(np.prod([d if isinstance(d, int) and d >= 0 else np.inf for d in shape], dtype=np.float64))
+    n = 1.0
+    for d in shape:
+        n *= d if isinstance(d, int) and d >= 0 else np.inf
+    return n
 
 
 def infer_node(node, ins: list[Val]) -> list[Val]:
@@ -42,9 +45,11 @@ def infer_node(node, ins: list[Val]) -> list[Val]:
             outs = inferred + outs[len(inferred):]
         except (ValueError, KeyError, IndexError, TypeError, ZeroDivisionError, AttributeError):
             outs = [Val(None)] * len(node.outputs)
-    small = all(_numel(v.shape) <= SMALL_VALUE if v.shape is not None else not grows(node.op) for v in outs)
-    if (node.op != "Input" and outs and small and all(v.value is None for v in outs) and ins
-            and all(v.value is not None and np.size(v.value) <= SMALL_VALUE for v in ins)):
+    # the inputs' test first: it fails at once for the many nodes fed by activations (planning at every
+    # new input shape runs this for each node)
+    if (node.op != "Input" and outs and ins and all(v.value is not None and np.size(v.value) <= SMALL_VALUE for v in ins)
+            and all(v.value is None for v in outs)
+            and all(_numel(v.shape) <= SMALL_VALUE if v.shape is not None else not grows(node.op) for v in outs)):
         try:
             with np.errstate(all="ignore"):
                 values = opdef.evaluate(node, [np.asarray(v.value) for v in ins])

@@ -547,7 +547,8 @@ class PackedGemm:
                  post=NO_POST):
         o, k = weight.shape
         self.o, self.k, self.nob, self.pixels = o, k, -(-o // OCB), pixels
-        self.wp = pack_weights(weight)
+        from ..weight_cache import packed_once
+        self.wp = packed_once(pack_weights, weight)
         self.bias = np.zeros(self.nob * OCB, np.float32)
         self.bias[:o] = bias
         self.epf, self.grid = epilogue_of(act, grid, post)

@@ -8,7 +8,7 @@ import numpy as np
 from ..compile.jit import Bound, njit
 
 from ....errors import InvalidModel, MnnToolError
-from .. import PLAN_ONLY, Kernel, kernel, sized, writes
+from .. import PLAN_ONLY, Kernel, aligned_copy, kernel, sized, writes
 from ..micro.conv_loops import col2im
 from .conv_strategies import Geometry, Layer, build, trimmed
 from ..micro.epilogue import NO_GRID, NO_POST, POST, activation, apply_act, grid_of, to_grid
@@ -228,8 +228,9 @@ def scaled_pointwise(node, ins, outs, settings):
     _, cin, h, w = ins[0].shape
     pg = PackedGemm(conv_weight(node.param, cout).reshape(cout, cin), _bias(node.param, cout), activation(c), NO_GRID, h * w,
                     settings.threads, node.param.get(POST, NO_POST))
-    scaled = pg.wp.reshape(pg.nob, cin, OCB)
-    base, scale = scaled.copy(), Bound(scale_packed)
+    base = pg.wp.reshape(pg.nob, cin, OCB)      # the packed weights, shared with other plans (weight_cache)
+    pg.wp = aligned_copy(pg.wp)                 # this node's own, scaled on each run
+    scaled, scale = pg.wp.reshape(pg.nob, cin, OCB), Bound(scale_packed)
 
     def run(i, o):
         scale(base, np.ascontiguousarray(i[1], np.float32).reshape(cin), scaled)
