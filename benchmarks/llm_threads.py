@@ -12,6 +12,8 @@ engine's choice, kernels.passive_wait; passive; spin; spin:N, libgomp's GOMP_SPI
 interleaved per thread count so that a busy host slows them alike. mnntool's child then repeats one
 prefill and the decode with its step profile on (profile.StepTimes): milliseconds per step, the parallel
 regions opened per token, and how far the sum of the steps is from the wall time (Python between them).
+At one thread the rates per CPU second (the child's process time) are printed too: on a host shared with
+other jobs they leave out the time the process waited for a core.
 
 Only the Python API is used (no CLI). `--build DIR` makes the random Qwen2.5-0.5B-shaped checkpoint
 (fixtures.llm_checkpoints, bfloat16) and its 4-bit, block-64 bundle with mnntool.llm.bundle.export.
@@ -52,6 +54,9 @@ def _measure(backend, bundle, t, a, wait="auto", profile=False):
     row = {"threads": t, "backend": backend if backend == "mnn" else f"mnntool/{wait}",
            "prefill_tps": a.p / r["pp"][0], "decode_tps": a.n / r["tg"][0], "load_s": r["load_s"],
            "peak_rss": r["peak_rss"]}
+    if t == 1 and r.get("tg_cpu"):   # one thread: tokens per CPU second, what a busy shared host leaves comparable
+        row["prefill_cpu_tps"] = a.p / r["pp_cpu"][0]
+        row["decode_cpu_tps"] = a.n / r["tg_cpu"][0]
     if "profile" in r:
         row["profile"] = r["profile"]
     return row
@@ -103,7 +108,8 @@ def main(argv=None):
                 runs.append(row)
                 print(f"round {rnd} threads {t:>2} {row['backend']:>16}: prefill {row['prefill_tps']:7.1f} tok/s  "
                       f"decode {row['decode_tps']:6.2f} tok/s  load {row['load_s']:.2f} s  "
-                      f"RSS {row['peak_rss'] / 2**20:.0f} MB", flush=True)
+                      f"RSS {row['peak_rss'] / 2**20:.0f} MB" + (f"  (per CPU second: prefill {row['prefill_cpu_tps']:.1f}, "
+                      f"decode {row['decode_cpu_tps']:.2f})" if "decode_cpu_tps" in row else ""), flush=True)
                 for phase in ("prefill", "decode"):
                     pr = row.get("profile", {}).get(phase)
                     if pr:
@@ -124,6 +130,9 @@ def main(argv=None):
                 pairs = list(zip(mine, theirs))
                 s["prefill_vs_mnn"] = float(np.median([m["prefill_tps"] / o["prefill_tps"] for m, o in pairs]))
                 s["decode_vs_mnn"] = float(np.median([m["decode_tps"] / o["decode_tps"] for m, o in pairs]))
+                if all("decode_cpu_tps" in r for r in mine + theirs):
+                    s["prefill_cpu_vs_mnn"] = float(np.median([m["prefill_cpu_tps"] / o["prefill_cpu_tps"] for m, o in pairs]))
+                    s["decode_cpu_vs_mnn"] = float(np.median([m["decode_cpu_tps"] / o["decode_cpu_tps"] for m, o in pairs]))
             one = [r for r in runs if r["threads"] == 1 and r["backend"].split("/")[0] == name.split("/")[0]]
             if one:
                 s["prefill_scaling"] = s["prefill_tps"] / float(np.median([r["prefill_tps"] for r in one]))
@@ -138,6 +147,10 @@ def main(argv=None):
         vs = f"{s['prefill_vs_mnn']:.2f}x / {s['decode_vs_mnn']:.2f}x" if "prefill_vs_mnn" in s else ""
         sc = f"{s['prefill_scaling']:.2f}x / {s['decode_scaling']:.2f}x" if "prefill_scaling" in s else ""
         print(f"| {s['threads']} | {s['backend']} | {s['prefill_tps']:.1f} | {s['decode_tps']:.2f} | {vs} | {sc} |")
+    cpu = [s for s in summary if "decode_cpu_vs_mnn" in s]
+    for s in cpu:
+        print(f"1 thread, per CPU second (descheduled time left out): {s['backend']} vs MNN-LLM prefill "
+              f"{s['prefill_cpu_vs_mnn']:.2f}x, decode {s['decode_cpu_vs_mnn']:.2f}x")
     if a.json:
         Path(a.json).write_text(json.dumps({"host": info, "bundle": str(bundle), "p": a.p, "n": a.n,
                                             "runs": runs, "summary": summary}, indent=1))

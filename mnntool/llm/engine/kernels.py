@@ -15,6 +15,7 @@ from .weights import NormWeights, QWeight
 
 REFERENCE = False      # tests flip it to run the numpy path
 PACKED = True          # 4/8-bit layers repacked for the int16 GEMV/GEMM (packed.py); else read in place
+FUSED_OFF = False      # tests flip it: decode by fast_layer_step's separate calls, not decode_step's fused ones
 
 
 class Linears:
@@ -89,7 +90,7 @@ class Workspace:
         H = max(L.plan.heads for L in model.layers)
         self.scores = np.empty((H, model.context), np.float32)
         self.dummy = np.zeros(1, np.float32)
-        self._norm_args, self._keep, self._scratch = {}, [], {}
+        self._norm_args, self._keep, self._scratch, self._fused = {}, [], {}, {}
         self.norm_rows = Bound(steps.norm_rows)
         self.add_norm_rows = Bound(steps.add_norm_rows)
         self.add_rows = Bound(steps.add_rows)
@@ -129,6 +130,26 @@ class Workspace:
             self._norm_args[id(nw)] = got
             self._keep.append(nw)          # the id stays this object's while the workspace lives
         return got
+
+    def fused(self, layer):
+        """For decode_step: (q, k, v views (1, heads, D) of the q/k/v GEMV's output, activation code),
+        or None where the layer does not suit the fused calls (a layer not packed, post-norms, GELU by
+        erf, gate/up not of whole groups). Decided once per layer."""
+        got = self._fused.get(id(layer))
+        if got is None:
+            lp = layer.plan
+            lins = (layer.qkv, layer.o, layer.mlp_in, layer.down)
+            ok = (all(lin.packed is not None for lin in lins) and layer.post_attn_norm is None
+                  and layer.post_ff_norm is None and len(layer.mlp_in.ws) == 2 and layer.mlp_in.packed.glu
+                  and lp.act in ("silu", "gelu_tanh") and layer.in_norm is not None and layer.ff_norm is not None)
+            got = False
+            if ok:
+                q, k, v = layer.qkv.packed.views1
+                got = (q.reshape(1, lp.heads, lp.head_dim), k.reshape(1, lp.kv_heads, lp.head_dim),
+                       v.reshape(1, lp.kv_heads, lp.head_dim), ACT_CODE[lp.act])
+            self._fused[id(layer)] = got
+            self._keep.append(layer)
+        return got or None
 
     def scratch(self, name: str, shape) -> np.ndarray:
         """A float32 buffer reused by every decode step (one token: its shapes never change)."""
@@ -418,12 +439,65 @@ def activate_rows(gate, up, act: str, out, pool=None, threads: int = 1) -> None:
         f.result()
 
 
+def decode_step(model, i: int, layer, h: np.ndarray, pos0: int, fused) -> np.ndarray:
+    """One token through a layer (h (1, hidden), in place) in six calls: norm + q/k/v GEMV, norms/RoPE/cache
+    write, attention, o GEMV + residual, norm + gate/up GEMV + activation, down GEMV + residual
+    (packed.gemv_norm / gemv_add / gemv_glu_norm). The same arithmetic as fast_layer_step's T = 1 path;
+    no allocation per token (the outputs are the GEMVs' own buffers and the workspace's)."""
+    ws = model.ws
+    lp = layer.plan
+    H, KV, D = lp.heads, lp.kv_heads, lp.head_dim
+    prof = model.prof
+    q, k, v, act = fused
+    t = time.perf_counter() if prof is not None else 0.0
+    x = ws.scratch("x", h.shape)
+    layer.qkv.packed.apply_norm(h, ws.norm_args(layer.in_norm), x)
+    if prof is not None:
+        t = prof.lap("qkv", t, layer.qkv.regions(1))
+    qn, kn = ws.norm_args(layer.q_norm), ws.norm_args(layer.k_norm)
+    rope = layer.cos is not None
+    cos, sin = (layer.cos, layer.sin) if rope else (ws.tables, ws.tables)
+    kc, vc = model.k_cache[i], model.v_cache[i]
+    ws.prepare_qkv(q, k, v, qn[0], qn[1], kn[0], kn[1], layer.q_norm is not None, layer.k_norm is not None,
+                   qn[3], kn[3], qn[4], kn[4], cos, sin, rope, cos.shape[1], pos0, kc, vc, model.kv8 is None)
+    if model.kv8 is not None:
+        ws.write8(k, v, pos0, *model.kv8.layer(i))
+    if prof is not None:
+        t = prof.lap("rope+cache", t)
+    a = ws.scratch("a", (1, H, D))
+    par = int(model.threads > 1 and (pos0 + 1) * H * D >= ws.attend_min)
+    if model.kv8 is not None:
+        (ws.attend8_parallel if par else ws.attend8_serial)(q, *model.kv8.layer(i), pos0, layer.window,
+                                                            np.float32(layer.scale), ws.scores, a)
+    else:
+        (ws.attend_parallel if par else ws.attend_serial)(q, kc, vc, pos0, layer.window, np.float32(layer.scale),
+                                                          ws.scores, a)
+    if prof is not None:
+        t = prof.lap("attention", t, par)
+    layer.o.packed.apply_add(a.reshape(1, H * D), h)
+    if prof is not None:
+        t = prof.lap("o", t, layer.o.regions(1))
+    m = layer.mlp_in.packed.apply_glu_norm(h, ws.norm_args(layer.ff_norm), x, act,
+                                           ws.scratch("m", (1, layer.mlp_in.ws[0].oc)))
+    if prof is not None:
+        t = prof.lap("gate+up", t, layer.mlp_in.regions(1))
+    layer.down.packed.apply_add(m, h)
+    if prof is not None:
+        prof.lap("down", t, layer.down.regions(1))
+    return h
+
+
 def fast_layer_step(model, i: int, layer, h: np.ndarray, pos0: int) -> np.ndarray:
     """One decoder layer on h (T, hidden), in place, with the Numba steps (steps.py) and quantized
-    linear layers (packed.py / qkernels.py). With `model.prof` set, each step's time is recorded."""
+    linear layers (packed.py / qkernels.py). With `model.prof` set, each step's time is recorded.
+    One token through a layer that suits them: decode_step's fused calls."""
     ws = model.ws
     lp = layer.plan
     T = h.shape[0]
+    if T == 1 and not FUSED_OFF:
+        fused = ws.fused(layer)
+        if fused is not None:
+            return decode_step(model, i, layer, h, pos0, fused)
     H, KV, D = lp.heads, lp.kv_heads, lp.head_dim
     prof = model.prof
     many = ws.pool is not None and T * h.shape[1] >= PREFILL_PARALLEL_MIN     # prefill at more than one thread

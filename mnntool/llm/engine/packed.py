@@ -23,7 +23,8 @@ from __future__ import annotations
 import numpy as np
 
 from ...runtime.kernels.compile.jit import intrinsic, njit, prange, types
-from ...runtime.kernels.micro.llvm_ir import data_of, first_lanes, k_loop, splat, vector_ops
+from ...runtime.kernels.micro.llvm_ir import data_of, first_lanes, k_loop, prefetch, splat, vector_ops
+from .steps import _norm_row
 
 LANES = 16
 KC = {4: 8, 8: 4}               # channels per 32-bit word
@@ -103,7 +104,9 @@ def pack_blocks(a: np.ndarray, G: int) -> np.ndarray:
 
 # --------------------------------------------------------------------------------------- the kernel
 
-def _make_tile(bits: int, M: int, NG: int = 1):
+def _make_tile(bits: int, M: int, NG: int = 1, ahead: int = 0):
+    """The M-token x 16-row tile. ahead > 0: each 64-byte load of packed words prefetches (into L1) the
+    line `ahead` bytes on in the same stream (the GEMV, which reads every weight once: see PREFETCH)."""
     kc = KC[bits]
     pairs = kc // 2
     shift, mask = (4, 0x000F000F) if bits == 4 else (8, 0x00FF00FF)
@@ -157,8 +160,10 @@ def _make_tile(bits: int, M: int, NG: int = 1):
                            for j in range(pairs)] for m in range(M)]
                     new = list(flat)
                     for q in range(NG):
-                        word = builder.load(builder.bitcast(builder.gep(wps[q], [builder.mul(c, const(LANES))]),
-                                                            i16v.as_pointer()), align=4)
+                        at_w = builder.gep(wps[q], [builder.mul(c, const(LANES))])
+                        if ahead:
+                            prefetch(builder, builder.gep(at_w, [const(ahead // 4)]), 3)
+                        word = builder.load(builder.bitcast(at_w, i16v.as_pointer()), align=4)
                         unpacked = []
                         for j in range(pairs):
                             v = builder.lshr(word, ir.Constant(i16v, [shift * j] * LANES)) if j else word
@@ -193,12 +198,18 @@ def _make_tile(bits: int, M: int, NG: int = 1):
                         builder.call(mstore, [tots[q * M + m], dst, ir.Constant(i32, 4), lanes])
             return context.get_dummy_value()
         return sig, codegen
-    tile.__name__ = tile.__qualname__ = f"packed_tile_u{bits}_m{M}_g{NG}"
+    tile.__name__ = tile.__qualname__ = f"packed_tile_u{bits}_m{M}_g{NG}" + (f"_a{ahead}" if ahead else "")
     return intrinsic(tile)
 
 
-tile_u4_1 = _make_tile(4, 1)
-tile_u8_1 = _make_tile(8, 1)
+# The GEMV's software prefetch, bytes ahead in the packed words. The hardware prefetchers alone left the
+# one-thread GEMV at ~16-17 GB/s from memory (0.5B 4-bit: gate/up + down of 24 layers + head, 283 MB,
+# CPU time, AMD EPYC VM) against ~33 GB/s from L2; 2 KB ahead gave 20.0, 4 KB 21.4-21.9, 8 KB (L2) 21.6-22.1,
+# bit-identical outputs (/tmp script, decode notes). (An earlier try that prefetched whole later groups of
+# rows into L2 ran slower.) vpdpwssd (VNNI) instead of vpmaddwd + vpaddd: no faster there from L2.
+PREFETCH = 4096
+tile_u4_1 = _make_tile(4, 1, ahead=PREFETCH)
+tile_u8_1 = _make_tile(8, 1, ahead=PREFETCH)
 tile_u4_m = _make_tile(4, TOKENS)
 tile_u8_m = _make_tile(8, TOKENS)
 
@@ -235,7 +246,8 @@ def quantize_row(x, t, blk, qmax, xq, sx, xs):
 @njit(parallel=True, cache=True)
 def gemv(w, bits, s, off, bias, x, blk, qmax, xq, sx, xs, y):
     """y (O,) = W x + bias, x (1, K): one token, parallel over groups of 16 rows (one stream through
-    the packed words: software prefetch of later groups made it slower here, 14 -> 12 GB/s)."""
+    the packed words, prefetched PREFETCH bytes ahead by the tile; a prefetch of whole later groups
+    into L2 made it slower, 14 -> 12 GB/s)."""
     G, nch, _ = w.shape
     O = y.size
     nb = s.shape[1]
@@ -257,6 +269,77 @@ def gemv_glu(w, bits, s, off, bias, x, blk, qmax, xq, sx, xs, y, act, out):
     out (I,) = act(gate x + b) * (up x + b), act 0 silu, 1 gelu (tanh). Each item computes a group of
     gate rows and the matching group of up rows, then the activation of those 16: decode's activation
     leaves the serial part of the step (one call, no region of its own). y (O,): scratch."""
+    G, nch, _ = w.shape
+    Gh = G // 2
+    I = out.size
+    nb = s.shape[1]
+    quantize_rows(x, blk, qmax, xq, sx, xs)
+    wf, sf, of = w.reshape(-1), s.reshape(-1), off.reshape(-1)
+    for g in prange(Gh):
+        for half in range(2):
+            q = g + half * Gh
+            if bits == 4:
+                tile_u4_1(wf, q * nch * LANES, nch, blk, sf, q * nb * LANES, of, xq, 0, 0, sx, 0, 0, xs, y, q * LANES, 0, 1, LANES)
+            else:
+                tile_u8_1(wf, q * nch * LANES, nch, blk, sf, q * nb * LANES, of, xq, 0, 0, sx, 0, 0, xs, y, q * LANES, 0, 1, LANES)
+        for r in range(g * LANES, g * LANES + LANES):
+            a = y[r] + bias[r]
+            u = y[r + I] + bias[r + I]
+            if act == 0:
+                a = a / (np.float32(1) + np.exp(-a))
+            else:
+                a = np.float32(0.5) * a * (np.float32(1) + np.tanh(np.float32(0.7978845608028654)
+                                                                   * (a + np.float32(0.044715) * a * a * a)))
+            out[r] = a * u
+
+
+# Decode's fused calls (kernels.decode_step): a layer's norm and residual adds ride in its GEMVs' calls,
+# so that one token is four GEMV calls and two small steps per layer instead of nine calls (each call
+# from Python unboxes its arrays: a few us; at 4+ threads the serial steps between the parallel regions
+# are what does not scale). The arithmetic is the separate steps', in the same order (bit-identical).
+
+@njit(parallel=True, cache=True)
+def gemv_norm(w, bits, s, off, bias, h, gamma, beta, has_beta, eps, rms, x, blk, qmax, xq, sx, xs, y):
+    """x = norm(h) (h, x (1, K): the layer's input norm), then y = W x + bias as `gemv`."""
+    _norm_row(h[0], gamma, beta, has_beta, eps, rms, x[0])
+    G, nch, _ = w.shape
+    O = y.size
+    nb = s.shape[1]
+    quantize_rows(x, blk, qmax, xq, sx, xs)
+    wf, sf, of = w.reshape(-1), s.reshape(-1), off.reshape(-1)
+    for g in prange(G):
+        n = min(LANES, O - g * LANES)
+        if bits == 4:
+            tile_u4_1(wf, g * nch * LANES, nch, blk, sf, g * nb * LANES, of, xq, 0, 0, sx, 0, 0, xs, y, g * LANES, 0, 1, n)
+        else:
+            tile_u8_1(wf, g * nch * LANES, nch, blk, sf, g * nb * LANES, of, xq, 0, 0, sx, 0, 0, xs, y, g * LANES, 0, 1, n)
+        for r in range(g * LANES, g * LANES + n):
+            y[r] += bias[r]
+
+
+@njit(parallel=True, cache=True)
+def gemv_add(w, bits, s, off, bias, x, blk, qmax, xq, sx, xs, y, h):
+    """h (1, O) += W x + bias, x (1, K): the o and down projections with the residual add in each
+    item (y (>= O,): scratch)."""
+    G, nch, _ = w.shape
+    O = h.shape[1]
+    nb = s.shape[1]
+    quantize_rows(x, blk, qmax, xq, sx, xs)
+    wf, sf, of = w.reshape(-1), s.reshape(-1), off.reshape(-1)
+    for g in prange(G):
+        n = min(LANES, O - g * LANES)
+        if bits == 4:
+            tile_u4_1(wf, g * nch * LANES, nch, blk, sf, g * nb * LANES, of, xq, 0, 0, sx, 0, 0, xs, y, g * LANES, 0, 1, n)
+        else:
+            tile_u8_1(wf, g * nch * LANES, nch, blk, sf, g * nb * LANES, of, xq, 0, 0, sx, 0, 0, xs, y, g * LANES, 0, 1, n)
+        for r in range(g * LANES, g * LANES + n):
+            h[0, r] += y[r] + bias[r]
+
+
+@njit(parallel=True, cache=True)
+def gemv_glu_norm(w, bits, s, off, bias, h, gamma, beta, has_beta, eps, rms, x, blk, qmax, xq, sx, xs, y, act, out):
+    """x = norm(h) (the feed-forward norm), then `gemv_glu`: out (I,) = act(gate x + b) * (up x + b)."""
+    _norm_row(h[0], gamma, beta, has_beta, eps, rms, x[0])
     G, nch, _ = w.shape
     Gh = G // 2
     I = out.size
@@ -354,13 +437,18 @@ class PackedLinear:
         self.xq1 = np.empty((1, w0.ic), np.int16)
         self.sx1, self.xs1 = np.empty((1, nb), np.float32), np.empty((1, nb), np.float32)
         self.gemv = _pick(gemv, self.w.size * 4, threads)
+        # decode's fused calls (gemv_norm / gemv_add / gemv_glu_norm) write into y1, reused every token
+        self.y1 = np.empty(self.O, np.float32)
+        self.views1 = [self.y1[a:b] for a, b in self.slices]
+        self.gemv_norm = _pick(gemv_norm, self.w.size * 4, threads)
+        self.gemv_add = _pick(gemv_add, self.w.size * 4, threads)
         self.gemm = _pick(gemm, 1 << 30, threads)
         self.gemm_serial = _pick(gemm, 1 << 30, 1)
         # gate and up of equal whole groups: decode's GEMV with the activation fused (gemv_glu)
         self.glu = len(ws) == 2 and ws[0].oc == ws[1].oc and ws[0].oc % LANES == 0
         if self.glu:
             self.gemv_glu = _pick(gemv_glu, self.w.size * 4, threads)
-            self.y1 = np.empty(self.O, np.float32)
+            self.gemv_glu_norm = _pick(gemv_glu_norm, self.w.size * 4, threads)
         self.nbytes = self.w.nbytes + self.s.nbytes + self.off.nbytes + self.bias.nbytes
 
     @staticmethod
@@ -377,6 +465,24 @@ class PackedLinear:
         """One token through gate and up with the activation fused (gemv_glu): out (1, oc)."""
         self.gemv_glu(self.w, self.bits, self.s, self.off, self.bias, x, self.blk, self.qmax, self.xq1, self.sx1,
                       self.xs1, self.y1, act, out[0])
+        return out
+
+    def apply_norm(self, h: np.ndarray, norm: tuple, x: np.ndarray) -> list:
+        """One token: x = norm(h) (norm: Workspace.norm_args), then each layer's output, views (oc,) of
+        y1 (overwritten by the next call)."""
+        self.gemv_norm(self.w, self.bits, self.s, self.off, self.bias, h, norm[0], norm[1], norm[2], norm[3], norm[4], x,
+                       self.blk, self.qmax, self.xq1, self.sx1, self.xs1, self.y1)
+        return self.views1
+
+    def apply_add(self, x: np.ndarray, h: np.ndarray) -> None:
+        """One token: h (1, oc) += x W^T + bias (one layer)."""
+        self.gemv_add(self.w, self.bits, self.s, self.off, self.bias, x, self.blk, self.qmax, self.xq1, self.sx1,
+                      self.xs1, self.y1, h)
+
+    def apply_glu_norm(self, h: np.ndarray, norm: tuple, x: np.ndarray, act: int, out: np.ndarray) -> np.ndarray:
+        """One token: x = norm(h), then `apply_glu`: out (1, oc)."""
+        self.gemv_glu_norm(self.w, self.bits, self.s, self.off, self.bias, h, norm[0], norm[1], norm[2], norm[3], norm[4],
+                           x, self.blk, self.qmax, self.xq1, self.sx1, self.xs1, self.y1, act, out[0])
         return out
 
     def apply(self, x: np.ndarray, copy: bool = True) -> list:
