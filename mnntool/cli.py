@@ -519,12 +519,22 @@ def compile_kernels(force: bool = typer.Option(False, "--force", help="Build eve
                 r = {**aot_build.build(quiet=True, progress=step), "built": True}
             except aot_build.BuildError as e:
                 raise MnnToolError(str(e))
+    from .runtime import host_tuning
+    from .runtime.settings import cores
+    counts = sorted({t for t in (2, 4, 8, 16, cores()) if 2 <= t <= cores()})
+    if force:
+        host_tuning.forget(measured=True)
+    r["host_tuning"] = [host_tuning.report(t) for t in counts]    # measured once per host, kept beside the library
     if as_json:
         print(json.dumps(r))
-    elif r["built"]:
+        return
+    if r["built"]:
         console.print(f"compiled {r['kernels']} kernels in {r['seconds']:.0f} s: {u(r['library'])}")
     else:
         console.print(f"up to date: {u(r['library'])} (--force rebuilds)")
+    for t in r["host_tuning"]:
+        console.print(f"{t['threads']} threads: parallel kernels from {t['parallel_min_work']:,} operations, "
+                      f"plans on one thread below {t['one_thread_below_flops'] / 1e6:.1f} MFLOP ({t['source']})")
 
 
 @app.command()

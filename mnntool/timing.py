@@ -71,6 +71,8 @@ def bench(path, backend: str = "numba", threads: int = 1, warmup: int = 5, runs:
         lib = aot.library()      # the one-thread kernels' ahead-of-time library, if one loaded
         out["kernel_library"] = str(lib.path) if lib is not None else None
         out["kernel_fallbacks"] = fallbacks.report(since=before)    # ops on numpy: their fast kernel failed
+        from .runtime import host_tuning
+        out["host_tuning"] = host_tuning.report(threads or 1)     # the thread thresholds the plan used
     if per_step:
         total = sum(per_step.values())
         by_type = defaultdict(lambda: [0.0, 0])

@@ -12,6 +12,9 @@ os.environ.setdefault("MNNTOOL_CHECK_KERNELS", "1")
 # a fast kernel that fails to prepare for a reason it does not name is an error, not a silent numpy
 # fallback (runtime/fallbacks.py)
 os.environ.setdefault("MNNTOOL_STRICT_KERNELS", "1")
+# plans at more than one thread use the default thresholds, not ones measured on this (busy) machine:
+# the same plans every run (tests/runtime/test_host_tuning.py measures)
+os.environ.setdefault("MNNTOOL_HOST_TUNING", "defaults")
 import sys  # noqa: E402
 from pathlib import Path  # noqa: E402
 

@@ -15,6 +15,7 @@ from typing import Callable
 import numpy as np
 
 from ...registry import registrar
+from .. import host_tuning
 from .compile.jit import Bound, JitFunction, compiled_entry
 
 KERNELS: dict[str, Callable] = {}
@@ -38,7 +39,7 @@ kernel = registrar(KERNELS)
 # Handing a parallel loop to OpenMP's workers has a fixed cost (about 50 us per loop, measured when they
 # slept between kernels; they now spin through a run, threadpool.py, and the bound was not re-tuned), so a
 # kernel with less than ~100 us of single-thread work runs its serial twin: MobileNetV2 has ~70 per run.
-PARALLEL_MIN_WORK = 250_000      # element operations
+PARALLEL_MIN_WORK = 250_000      # element operations: the default; the host's own is measured (host_tuning)
 
 
 def serial(fn: JitFunction) -> JitFunction:
@@ -61,7 +62,7 @@ def sized(fn: JitFunction, work: int, threads: int):
     if threads <= 1:
         return Bound(serial(fn) if work < SERIAL_AT_ONE_MAX_WORK else fn)
     # the serial twin is the same code at any thread count: the library's, where it has it
-    return fn.dispatcher() if work >= PARALLEL_MIN_WORK else Bound(serial(fn))
+    return fn.dispatcher() if work >= host_tuning.parallel_min_work(threads) else Bound(serial(fn))
 
 
 def direct(fn, *example):
@@ -209,3 +210,6 @@ def views(fn) -> Kernel:
 
 
 from .ops import attention, control, conv, elementwise, matmul, norm, pool, resize, scale, tensor  # noqa: E402,F401  (registration)
+from . import thread_probe  # noqa: E402
+
+host_tuning.use_probe(thread_probe.measure)     # the thresholds' measurement: its kernels are these

@@ -7,12 +7,13 @@ from __future__ import annotations
 from dataclasses import replace
 
 from ...ir.shape_inference import flops
+from .. import host_tuning
 from .state import Planning
 
 OPTIONAL = True
-ONE_THREAD_BELOW_FLOPS = 16_000_000
+ONE_THREAD_BELOW_FLOPS = host_tuning.ONE_THREAD_BELOW_FLOPS     # the default; the host's own: host_tuning
 
 
 def run(p: Planning) -> None:
-    if p.settings.threads > 1 and flops(p.graph, p.vals) < ONE_THREAD_BELOW_FLOPS:
+    if p.settings.threads > 1 and flops(p.graph, p.vals) < host_tuning.one_thread_below_flops(p.settings.threads):
         p.settings = replace(p.settings, threads=1)

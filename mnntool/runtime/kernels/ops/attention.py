@@ -12,7 +12,8 @@ from dataclasses import replace
 
 import numpy as np
 
-from .. import PARALLEL_MIN_WORK, PLAN_ONLY, Scratch, direct, sized, writes
+from ...host_tuning import parallel_min_work
+from .. import PLAN_ONLY, Scratch, direct, sized, writes
 from ..micro.llvm_ir import host_has
 from .norm import row_softmax
 from .small_attention import (SMALL_ATTENTION_MAX_DIM, SMALL_ATTENTION_MAX_WORK, attend, attend_heads, geometry,
@@ -117,7 +118,7 @@ def fused_attention(node, ins, outs, settings):
     # written by both threads (19.0 -> 19.5 ms)
     head_dim, work = q[-1], int(np.prod(scores_shape)) * q[-1]
     small = _Small(views + [out_view], transpose_b, score_scale, scale, guard, lk, head_dim,
-                   settings.threads if work >= PARALLEL_MIN_WORK else 1) \
+                   settings.threads if work >= parallel_min_work(settings.threads) else 1) \
         if (head_dim <= SMALL_ATTENTION_MAX_DIM or work <= SMALL_ATTENTION_MAX_WORK) \
         and all(v.dtype == "float32" for v in ins) and host_has("avx512f") else None
 
