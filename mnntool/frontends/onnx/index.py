@@ -194,8 +194,26 @@ def gather(ctx, node, a):
 
 @converts("GatherND")
 def gather_nd(ctx, node, a):
+    """batch_dims b > 0 is written as b = 0 with each index led by its batch coordinates (a constant
+    block concatenated in front of the index tuples): MNN 3.6's GatherND with its batch axis set reads
+    the wrong rows (measured on int32 and float32 data, batch_dims 1 and 2)."""
     b = int(a.get("batch_dims", 0))
-    ctx.emit("GatherND", [node.input[0], node.input[1]], [node.output[0]], {"axis": b}, node.name)
+    data, idx, out, name = node.input[0], node.input[1], node.output[0], node.name
+    if b == 0:
+        ctx.emit("GatherND", [data, idx], [out], {"axis": 0}, name)
+        return
+    ishape = ctx.shape(idx)
+    if ishape is None or not all(isinstance(d, int) for d in ishape):
+        raise MnnToolError(f"{ctx.path}: GatherND '{name}': batch_dims={b} needs the indices' shape at convert "
+                           "time (MNN's batched GatherND reads the wrong rows; give --input-shape)")
+    lead = np.indices(ishape[:b], dtype=np.int32)                     # [b, *batch]
+    lead = lead.reshape((b,) + tuple(ishape[:b]) + (1,) * (len(ishape) - 1 - b))
+    lead = np.moveaxis(np.broadcast_to(lead, (b,) + tuple(ishape[:-1])), 0, -1)
+    i32, full = ctx.tmp(out + "_idx32"), ctx.tmp(out + "_idx_full")
+    ctx.emit("Cast", [idx], [i32], {"dstT": "DT_INT32"}, i32)
+    ctx.emit("Concat", [ctx.int_const(name + "_batch_coords", np.ascontiguousarray(lead)), i32], [full],
+             {"axis": -1}, full)
+    ctx.emit("GatherND", [data, full], [out], {"axis": 0}, name)
 
 
 @converts("ScatterElements", "Scatter")
@@ -288,10 +306,39 @@ def compress(ctx, node, a):
 
 @converts("Unique")
 def unique(ctx, node, a):
-    if "axis" in a or int(a.get("sorted", 1)):
-        raise MnnToolError(f"{ctx.path}: Unique '{node.name}': only sorted=0 without axis has an MNN op "
-                           "(values in order of appearance)")
-    ctx.emit("Unique", [node.input[0]], [o for o in node.output], {}, node.name)
+    """MNN's Unique orders the values by their bits read as int32 (ir/ops/index.py): ONNX's order - first
+    appearance (sorted=0) or ascending values (sorted=1 on floats) - is a permutation of it, found with
+    TopKV2 over the first indices or the values; each element's index goes through the inverse
+    permutation. Integers sorted come out of MNN's op in order already."""
+    if "axis" in a:
+        raise MnnToolError(f"{ctx.path}: Unique '{node.name}': axis is not supported (MNN's Unique flattens)")
+    name = node.name
+    want = list(node.output) + [""] * (4 - len(node.output))
+    raw = [ctx.tmp(f"{name}_mnn_{t}") for t in ("values", "first", "inverse", "counts")]
+    ctx.emit("Unique", [node.input[0]], raw, {}, name + "_mnn")
+    by_value = bool(int(a.get("sorted", 1)))
+    if by_value and not ctx.dtype(node.input[0]).startswith("float"):
+        for r, o in zip(raw, want):
+            if o:
+                ctx.emit("Identity", [r], [o], {}, o)
+        return
+    n, key, perm, dummy = (ctx.tmp(f"{name}_{t}") for t in ("n", "key", "perm", "sortedkey"))
+    ctx.emit("Shape", [raw[1]], [n], {}, n, fmt="NCHW")
+    if by_value:
+        ctx.emit("Cast", [raw[0]], [key], {"dstT": "DT_FLOAT"}, key)
+    else:
+        ctx.emit("Cast", [raw[1]], [key], {"dstT": "DT_FLOAT"}, key)
+    param = {"T": "DT_FLOAT", "sorted": True, "largest": False}
+    ctx.emit("TopKV2", [key, n], [dummy, perm], param, perm)
+    axis0 = ctx.int_const(name + "_axis0", [0])
+    for k in (0, 1, 3):
+        if want[k]:
+            ctx.emit("GatherV2", [raw[k], perm, axis0], [want[k]], {}, want[k])
+    if want[2]:
+        pf, dummy2, rank = (ctx.tmp(f"{name}_{t}") for t in ("permf", "sortedperm", "rank"))
+        ctx.emit("Cast", [perm], [pf], {"dstT": "DT_FLOAT"}, pf)
+        ctx.emit("TopKV2", [pf, n], [dummy2, rank], param, rank)
+        ctx.emit("GatherV2", [rank, raw[2], axis0], [want[2]], {}, want[2])
 
 
 @converts("OneHot")

@@ -33,10 +33,49 @@ def bitwise_not(ctx, node, a):
 
 @converts("BitShift")
 def bit_shift(ctx, node, a):
+    """ONNX gives shifts outside [0, bits) a meaning (0 to the left; the sign, 0 or -1, to the right) and
+    wraps a left shift to the element's width. MNN shifts int32 with C's << and >> (undefined for such
+    counts; wrong values in MNN 3.6, measured) on values of every integer type carried as int32. So the count is
+    guarded: out of range, a left shift gives 0 and a right shift shifts by bits - 1 (signed) or gives 0
+    (unsigned); a left shift of a type narrower than 32 bits is wrapped back to it."""
     d = a.get("direction", b"LEFT")
-    d = d.decode() if isinstance(d, bytes) else d
-    binary(ctx, node.input[0], node.input[1], node.output[0], "LEFTSHIFT" if d == "LEFT" else "RIGHTSHIFT",
-           node.name)
+    left = (d.decode() if isinstance(d, bytes) else d) == "LEFT"
+    x, y, out, name = node.input[0], node.input[1], node.output[0], node.name
+    dt = np.dtype(ctx.dtype(x))
+    bits, signed = dt.itemsize * 8, dt.kind == "i"
+    op = "LEFTSHIFT" if left else "RIGHTSHIFT"
+    wrap = left and bits < 32
+    yc = ctx.const(y)
+    shifted = ctx.tmp(out + "_shifted") if wrap else out
+    if yc is not None and ((np.asarray(yc) >= 0) & (np.asarray(yc) < bits)).all():
+        binary(ctx, x, y, shifted, op, name if not wrap else name + "_shift")
+    else:
+        neg, wide, oor, keep, count = (ctx.tmp(f"{out}_{t}") for t in ("neg", "wide", "oor", "keep", "count"))
+        binary(ctx, y, ctx.int_const(name + "_zero", 0), neg, "LESS", name + "_neg")
+        binary(ctx, y, ctx.int_const(name + "_bits", bits), wide, "GREATER_EQUAL", name + "_wide")
+        binary(ctx, neg, wide, oor, "LOGICALOR", name + "_oor")
+        binary(ctx, ctx.int_const(name + "_one", 1), oor, keep, "SUB", name + "_keep")
+        binary(ctx, y, keep, count, "MUL", name + "_count")            # in range: y, else 0
+        if not left and signed:                                         # else bits - 1: the sign
+            full = ctx.tmp(out + "_full")
+            binary(ctx, oor, ctx.int_const(name + "_top", bits - 1), full, "MUL", name + "_top")
+            count2 = ctx.tmp(out + "_count2")
+            binary(ctx, count, full, count2, "ADD", name + "_count2")
+            binary(ctx, x, count2, shifted, op, name if shifted == out else name + "_shift")
+        else:
+            raw = ctx.tmp(out + "_raw")
+            binary(ctx, x, count, raw, op, name + "_shift")
+            binary(ctx, raw, keep, shifted, "MUL", name if shifted == out else name + "_guard")
+    if wrap:                                                            # back to the element's width
+        mask = ctx.int_const(name + "_mask", (1 << bits) - 1)
+        if signed:
+            half = 1 << (bits - 1)
+            up, low = ctx.tmp(out + "_up"), ctx.tmp(out + "_low")
+            binary(ctx, shifted, ctx.int_const(name + "_half", half), up, "ADD", name + "_up")
+            binary(ctx, up, mask, low, "BITWISE_AND", name + "_low")
+            binary(ctx, low, ctx.int_const(name + "_half2", half), out, "SUB", name)
+        else:
+            binary(ctx, shifted, mask, out, "BITWISE_AND", name)
 
 
 @converts("IsNaN")

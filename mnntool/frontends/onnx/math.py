@@ -63,7 +63,30 @@ def binary_op(ctx, node, a):
         integer = ctx.dtype(node.input[0]).startswith(("int", "uint"))
         c_fmod = bool(a.get("fmod", 0))
         op = "FLOORMOD" if c_fmod == integer else "MOD"
+        divisor = ctx.const(node.input[1])
+        if not integer and not c_fmod and (divisor is None or not np.isfinite(divisor).all()):
+            _floor_mod_through_fmod(ctx, node)
+            return
     binary(ctx, node.input[0], node.input[1], node.output[0], op, node.name)
+
+
+def _floor_mod_through_fmod(ctx, node):
+    """Float Mod with fmod=0 (the divisor's sign) as C fmod, plus the divisor where the remainder is
+    nonzero and its sign differs from the divisor's. MNN's FLOORMOD is x - floor(x / y) * y, which gives
+    NaN for an infinite divisor where ONNX gives x (same signs) or y (measured, MNN 3.6); C fmod keeps x.
+    Used where the divisor is computed at run time or holds infinities."""
+    x, y, out, name = node.input[0], node.input[1], node.output[0], node.name
+    r, rneg, yneg, differ, nonzero, fix, shifted = (
+        ctx.tmp(f"{out}_{t}") for t in ("fmod", "rneg", "yneg", "differ", "nonzero", "fix", "shifted"))
+    zero = ctx.float_const(name + "_zero", 0.0)
+    binary(ctx, x, y, r, "MOD", name + "_fmod")
+    binary(ctx, r, zero, rneg, "LESS", name + "_rneg")
+    binary(ctx, y, zero, yneg, "LESS", name + "_yneg")
+    binary(ctx, rneg, yneg, differ, "NOTEQUAL", name + "_differ")
+    binary(ctx, r, zero, nonzero, "NOTEQUAL", name + "_nonzero")
+    binary(ctx, differ, nonzero, fix, "MUL", name + "_fix")
+    binary(ctx, r, y, shifted, "ADD", name + "_shifted")
+    ctx.emit("Select", [fix, shifted, r], [out], {}, name)
 
 
 def _pow_through_float(ctx, node):

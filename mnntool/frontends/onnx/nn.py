@@ -6,6 +6,7 @@ import numpy as np
 from ...errors import MnnToolError
 from ...ir.ops.nn import pool_param
 from ...ir.ops.norm import batch_norm_param
+from .cubic import cubic_resize, interp_on_padded, needs_decomposition, whole_factors
 from .math import binary, unary
 from .registry import converts
 from .volumetric import conv3d, dilated_max_pool, pool3d
@@ -139,9 +140,35 @@ def _batch_norm_ops(ctx, node, eps):
     binary(ctx, y, bias, node.output[0], "ADD", node.name)
 
 
-def _pool(ctx, node, a, kind, x=None, out=None, name=None):
+def _explicit_pads(ctx, x, sizes, rank, kernel, strides, pads, ceil, full_windows, name):
+    """An average counting padding, as a zero Padding op and an average over what it covers: MNN's
+    INCLUDE_PADDING divides wrongly by windows on end padding (LpPool SAME_UPPER, 1.3 off) and keeps a
+    ceil window that ONNX drops because it starts on the padding (measured, MNN 3.6). ONNX's output
+    count decides how far the zeros reach; a ceil window overhanging them is padded more by the pooling,
+    excluded from the divisor as ONNX excludes it, or (full_windows: LpPool's sum) by the zeros too.
+    Returns (padded x, end pads left to the pooling)."""
+    t, l, b, r = pads
+    reach = []
+    for n, kk, st, p0, p1 in zip(sizes[:2], kernel, strides, (t, l), (b, r)):
+        span = n + p0 + p1 - kk
+        o = (-(-span // st) if ceil else span // st) + 1
+        if ceil and (o - 1) * st >= n + p0:         # ONNX drops a last window starting on the padding
+            o -= 1
+        need = (o - 1) * st + kk - n - p0            # end padding the last window reaches
+        zeros, more = min(p1, max(need, 0)), max(need - p1, 0)
+        reach.append((zeros + more, 0) if full_windows else (zeros, more))
+    (b, eb), (r, er) = reach
+    spatial_pads = [t, b] + ([l, r] if rank == 4 else [])
+    padded = ctx.tmp(name + "_padded")
+    ctx.emit("Padding", [x, ctx.int_const(name + "_pads", [0, 0, 0, 0] + spatial_pads)], [padded],
+             {"mode": "CONSTANT"}, name + "_pad")
+    return padded, (0, 0, eb, er)
+
+
+def _pool(ctx, node, a, kind, x=None, out=None, name=None, full_windows=False):
     """Max/average pooling on 1-D or 2-D windows. ceil_mode becomes explicit end padding where the size is
-    known (MNN and ONNX disagree on the last window's rule), except for averages that count padding."""
+    known (MNN and ONNX disagree on the last window's rule); an average counting padding gets its zeros
+    from a Padding op (_explicit_pads)."""
     x, out, name = x or node.input[0], out or node.output[0], name or node.name
     k = list(a["kernel_shape"])
     if len(k) == 3 and x == node.input[0]:
@@ -158,6 +185,15 @@ def _pool(ctx, node, a, kind, x=None, out=None, name=None):
     ceil = bool(a.get("ceil_mode", 0))
     shape = ctx.shape(x)
     sizes = list(shape[2:]) + [1] * (4 - len(shape)) if shape is not None else None
+    known = sizes is not None and all(isinstance(d, int) for d in sizes[:2]) and mode == "CAFFE"
+    if include and mode == "SAME":
+        raise MnnToolError(f"{ctx.path}: {node.op_type} '{node.name}': counting padding with auto_pad SAME_UPPER "
+                           "needs the input's size at convert time (MNN's pooling divides the windows on the end "
+                           "padding differently; give --input-shape)")
+    if include and known and (ceil or any((t, l, b, r))):
+        x, (t, l, b, r) = _explicit_pads(ctx, x, sizes, len(shape), kernel, strides, (t, l, b, r), ceil,
+                                         full_windows, name)
+        include = ceil = False
     if ceil and not include and sizes is not None and all(isinstance(d, int) for d in sizes[:2]) and mode == "CAFFE":
         ends = []
         for n, kk, st, p0, p1 in zip(sizes[:2], kernel, strides, (t, l), (b, r)):
@@ -197,7 +233,9 @@ def lp_pool(ctx, node, a):
     absx, powx, avg, total = (ctx.tmp(out + s) for s in ("_abs", "_pow", "_avg", "_sum"))
     unary(ctx, x, absx, "ABS", name + "_abs")
     binary(ctx, absx, ctx.float_const(name + "_p", p), powx, "POW", name + "_pow")
-    _pool(ctx, node, dict(a, count_include_pad=1), "AVEPOOL", powx, avg, name + "_avg")
+    if ctx.shape(x) is not None:      # |x|^p keeps x's shape: auto_pad and the padding need its size
+        ctx.shapes[powx] = ctx.shape(x)
+    _pool(ctx, node, dict(a, count_include_pad=1), "AVEPOOL", powx, avg, name + "_avg", full_windows=True)
     binary(ctx, avg, ctx.float_const(name + "_n", float(np.prod(a["kernel_shape"]))), total, "MUL", name + "_sum")
     binary(ctx, total, ctx.float_const(name + "_inv", 1.0 / p), out, "POW", name)
 
@@ -303,8 +341,10 @@ def resize(ctx, node, a):
     param = {"resizeType": rtype, "alignCorners": ctm == "align_corners",
              "halfPixelCenters": ctm in ("half_pixel", "pytorch_half_pixel"), "ctm": ctm_enum,
              "cubicCoeffA": float(a.get("cubic_coeff_a", -0.75))}
+    coeff_a, exclude = float(a.get("cubic_coeff_a", -0.75)), bool(int(a.get("exclude_outside", 0)))
+    cubic_ops = mode == "cubic" and not int(a.get("antialias", 0)) and ctm != "tf_crop_and_resize"
     for flag in ("antialias", "exclude_outside"):
-        if int(a.get(flag, 0)):
+        if int(a.get(flag, 0)) and not (cubic_ops and flag == "exclude_outside"):
             raise MnnToolError(f"{ctx.path}: Resize '{node.name}': {flag}=1 has no MNN equivalent")
     if ctm == "tf_crop_and_resize":
         raise MnnToolError(f"{ctx.path}: Resize '{node.name}': tf_crop_and_resize is not supported")
@@ -345,6 +385,14 @@ def resize(ctx, node, a):
         ratio = [float(v) / d for v, d in zip(np.asarray(value).reshape(-1)[2:], shape[2:])]
         r = min(ratio) if policy == "not_larger" else max(ratio)
         value = np.array(list(shape[:2]) + [int(np.floor(d * r + 0.5)) for d in shape[2:]], np.int64)
+    cubic_ops = cubic_ops and needs_decomposition(ctm, coeff_a, exclude, value, is_scales, ctx.shape(x))
+    if cubic_ops:     # MNN's cubic Interp differs from ONNX here (frontends/onnx/cubic.py)
+        factors = whole_factors(ctm, coeff_a, exclude, value, is_scales, ctx.shape(x))
+        if factors:
+            interp_on_padded(ctx, node, x, out, param, factors, ctx.shape(x))
+        else:
+            cubic_resize(ctx, node, x, out, ctm, coeff_a, exclude, value, operand, is_scales)
+        return
     if value is not None and not is_scales:
         sz = np.asarray(value).reshape(-1)
         param.update(outputHeight=int(sz[-2]), outputWidth=int(sz[-1]))

@@ -165,8 +165,11 @@ class Where:
 
 @define("Unique", inputs=("x",), kind="index")
 class Unique:
-    """The distinct values of a flattened tensor in order of first appearance, with the first index of
-    each, the index of each element's value and the counts (ONNX Unique, sorted=0, no axis)."""
+    """MNN's Unique (CPUUnique.cpp): the distinct values of a flattened tensor ordered by their 32-bit
+    pattern read as int32 (value order for integers; for floats, negatives come after positives, largest
+    first), with - for 3 or 4 outputs - the first index of each, the index of each element's value and
+    the counts; with 2 outputs the second is that per-element index. ONNX's orders are built on it by
+    its converter (frontends/onnx/index.py)."""
     def infer(node, ins):
         if ins[0].value is None:
             raise ValueError("the count is known only at run time")
@@ -174,12 +177,12 @@ class Unique:
 
     def compute(node, xs):
         x = np.asarray(xs[0]).reshape(-1)
-        values, first, inverse, counts = np.unique(x, return_index=True, return_inverse=True, return_counts=True)
-        order = np.argsort(first, kind="stable")
-        rank = np.empty_like(order)
-        rank[order] = np.arange(order.size)
-        outs = [values[order], first[order].astype(np.int32), rank[inverse].astype(np.int32),
-                counts[order].astype(np.int32)]
+        bits = x.astype(np.float32).view(np.int32) if x.dtype.kind == "f" else x.astype(np.int32)
+        keys, first, inverse, counts = np.unique(bits, return_index=True, return_inverse=True, return_counts=True)
+        values = x[first]
+        if len(node.outputs) == 2:
+            return [values, inverse.reshape(-1).astype(np.int32)]
+        outs = [values, first.astype(np.int32), inverse.reshape(-1).astype(np.int32), counts.astype(np.int32)]
         return outs[:max(len(node.outputs), 1)]
 
 
