@@ -3,7 +3,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test install clean
+.PHONY: demo test install wheel clean
 
 $(STAMP): pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -39,6 +39,11 @@ test: $(STAMP)
 	MNNTOOL_CRASH_LOG=build/test-crash.log $(BIN)/python -m pytest -p no:faulthandler tests || { rc=$$?; \
 	  if [ -s build/test-crash.log ]; then echo "native crash, from build/test-crash.log:"; head -n 1 build/test-crash.log; \
 	    grep -m 16 -E '/(tests|mnntool|fixtures)/' build/test-crash.log; fi; exit $$rc; }
+
+# the sdist and the wheel (tests/test_wheel_smoke.py, in `make test`, builds them the same way from a copy of the
+# sources and installs the wheel into a clean venv with no extras)
+wheel: $(STAMP)
+	$(BIN)/python -m build --outdir build/dist
 
 clean:
 	rm -rf $(VENV) build demo

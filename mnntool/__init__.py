@@ -12,10 +12,11 @@ raises `mnntool.MnnToolError` where the command prints its one-line error.
 Importing it changes no process settings; `mnntool.threadpool.tune_process()` is the one call that does
 (the CLI makes it).
 """
+from ._version import MNN_FORMAT_VERSION, __version__
 from .errors import MnnToolError
 
-__version__ = "0.1.0"
-__all__ = ["MnnToolError", "bench", "convert", "info", "load", "quantize", "verify"]
+__all__ = ["MNN_FORMAT_VERSION", "MnnToolError", "__version__", "bench", "convert", "info", "load", "quantize",
+           "verify"]
 
 
 def convert(src, dst, *, framework: str | None = None, input_shapes: dict | None = None, optimize: int = 1,

@@ -591,8 +591,8 @@ def supported_ops(framework: str) -> list[str]:
 
 def _version(value: bool):
     if value:
-        from . import __version__
-        print(f"mnntool {__version__}")
+        from ._version import MNN_FORMAT_VERSION, __version__
+        print(f"mnntool {__version__} (writes MNN format {MNN_FORMAT_VERSION})")
         raise typer.Exit()
 
 
@@ -607,7 +607,7 @@ app.add_typer(debug_app, name="debug")
 
 @app.callback()
 def _options(version: bool = typer.Option(False, "--version", callback=_version, is_eager=True,
-                                          help="Print the version and exit.")):
+                                          help="Print the version and the MNN format it writes.")):
     """Convert, optimize, quantize, check and time models in MNN's .mnn format."""
 
 

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import numpy as np
 
+from .._version import MNN_FORMAT_VERSION
 from ..errors import MnnToolError
 from ..interrupts import deferred, test_point
 from ..ir import ops
@@ -102,7 +103,7 @@ def graph_to_net(g: Graph, biz_code: str = "mnntool", consume: bool = False) -> 
     subgraphs = _subgraphs(g)
     oplists, names, index = _oplists(g, g.constants.pop if consume else g.constants.__getitem__, constants)
     net = {"bizCode": biz_code, "oplists": oplists, "outputName": list(g.outputs), "sourceType": g.source,
-           "tensorName": names, "tensorNumber": len(names), "extraInfo": {"version": "mnntool"}}
+           "tensorName": names, "tensorNumber": len(names), "extraInfo": {"version": MNN_FORMAT_VERSION}}
     if subgraphs:
         net["subgraphs"] = subgraphs
     describes = []
