@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from .._version import MNN_FORMAT_VERSION
 from ..format.flatbuf import encode
 
 SLICE_END = 1 << 30             # "to the end" in an ONNX-style StridedSlice
@@ -85,7 +86,7 @@ class NetBuilder:
 
     def net(self, outputs: list[str], biz_code: str = "mnntool") -> dict:
         return {"bizCode": biz_code, "oplists": self.ops, "outputName": outputs, "sourceType": "ONNX",
-                "tensorName": self.names, "tensorNumber": len(self.names), "extraInfo": {"version": "mnntool"}}
+                "tensorName": self.names, "tensorNumber": len(self.names), "extraInfo": {"version": MNN_FORMAT_VERSION}}
 
     def to_bytes(self, outputs: list[str]) -> bytes:
         return encode("Net", self.net(outputs))
