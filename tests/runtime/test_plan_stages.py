@@ -12,13 +12,14 @@ from onnx import numpy_helper as nh
 
 from mnntool import api
 from mnntool.errors import MnnToolError
+from mnntool.ir.graph import Node
 from mnntool.runtime import plan as planning
 from mnntool.runtime import session as session_mod
 from mnntool.runtime.session import Session
 from mnntool.runtime.settings import cores
 
 ort = pytest.importorskip("onnxruntime")
-OUTPUTS = ("y_cat", "y_tok", "y_emb", "y_vec")
+OUTPUTS = ("y_cat", "y_tok", "y_emb", "y_vec", "y_head")
 
 
 def _every_stage_model(path):
@@ -63,7 +64,7 @@ def _every_stage_model(path):
               h.make_tensor_value_info("t", TP.FLOAT, [1, 6, 16]),
               h.make_tensor_value_info("ids", TP.INT64, [1, "n"]),
               h.make_tensor_value_info("vec", TP.FLOAT, [1, 64])]
-    outputs = [h.make_tensor_value_info(o, TP.FLOAT, None) for o in OUTPUTS]
+    outputs = [h.make_tensor_value_info(o, TP.FLOAT, None) for o in OUTPUTS[:-1]]   # y_head: added to the .mnn
     m = h.make_model(h.make_graph(nodes, "every_stage", inputs, outputs, inits), opset_imports=[h.make_opsetid("", 17)])
     m.ir_version = 8
     onnx.save(m, str(path))
@@ -82,6 +83,7 @@ def _effects(s: Session) -> dict:
             "fuse_silu": "FusedSiLU" in ops,
             "fuse_activations": any(st.op == "Convolution" and "(+" in st.name for st in plan.steps),
             "fuse_channel_scale": "ScaledPointwise" in ops,
+            "fuse_transposed_weights": any(st.op == "MatMul" and plan.names[st.ins[1]] == "table" for st in plan.steps),
             "constants": "Shape" not in ops,
             "programs": "Program" in ops,
             "place_concats": any(st.elided for st in plan.steps),
@@ -97,8 +99,14 @@ def model(tmp_path_factory):
     feeds = {"x": rng.standard_normal((1, 8, 16, 16)).astype(np.float32),
              "t": rng.standard_normal((1, 6, 16)).astype(np.float32),
              "ids": np.array([[0, 3, -1, 9, -10, 5]], np.int64), "vec": rng.standard_normal((1, 64)).astype(np.float32)}
-    ref = dict(zip(OUTPUTS, ort.InferenceSession(str(d / "e.onnx")).run(None, feeds)))
+    ref = dict(zip(OUTPUTS[:-1], ort.InferenceSession(str(d / "e.onnx")).run(None, feeds)))
     g = api.load_graph(d / "e.mnn")
+    # a head tied to the embedding table, read through its transpose (fuse_transposed_weights): the
+    # converter folds a transpose of a table this small into the weights, so it is added to the graph
+    g.nodes += [Node("Permute", ["table"], ["table_t"], "head_t", {"dims": [1, 0]}),
+                Node("MatMul", ["emb", "table_t"], ["y_head"], "head", {"transposeA": False, "transposeB": False})]
+    g.outputs.append("y_head")
+    ref["y_head"] = ref["y_emb"].reshape(1, -1, 8) @ g.constants["table"].T
     full = Session(g, threads=2, off=())
     return g, feeds, ref, full.run(feeds), _effects(full)
 

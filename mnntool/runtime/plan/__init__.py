@@ -10,7 +10,8 @@ from __future__ import annotations
 
 from ...errors import MnnToolError
 from . import (bind, bind_views, constants, fuse_activations, fuse_add_layer_norm, fuse_attention,
-               fuse_channel_scale, fuse_channel_shuffle, fuse_index_wrap, fuse_silu, kernels, memory,
+               fuse_channel_scale, fuse_channel_shuffle, fuse_index_wrap, fuse_silu, fuse_transposed_weights,
+               kernels, memory,
                place_concats, programs, shapes, small_kernels, threads)
 from .state import Plan, Planning, Step
 
@@ -24,6 +25,7 @@ STAGES = [
     fuse_silu,
     fuse_activations,
     fuse_channel_scale,
+    fuse_transposed_weights,
     constants,              # shape arithmetic computed now, not at run time
     kernels,                # a step and kernel per op, int8 stores rounded
     programs,               # runs of small ops as one program

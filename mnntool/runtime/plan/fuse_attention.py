@@ -1,6 +1,6 @@
 """Attention as exporters write it,
 
-    scores = MatMul(q, k)  [+ mask]  -> Softmax(last axis)  [-> Where(IsNaN(p), 0, p)]  -> MatMul(p, v)
+    scores = MatMul(q, k)  [* c]  [+ mask]  -> Softmax(last axis)  [-> Where(IsNaN(p), 0, p)]  -> MatMul(p, v)
 
 as one FusedAttention step: the scores are written once, masked and normalised in place, and
 multiplied by v, instead of 3 to 6 steps each passing over the L x L scores (kernels/attention.py)."""
@@ -39,13 +39,20 @@ def fuse(p: Planning) -> list[Node]:
             continue
         chain, mask = [sm], None
         src = producer.get(sm.inputs[0])
+        factor, scaler = 1.0, None
         if src is not None and src.op == "BinaryOp" and src.param.get("opType") == "ADD" and \
                 int(src.param.get("activationType", 0)) == 0 and only_user(src.outputs[0]) is sm:
             mm_out, mask = src.inputs
-            if producer.get(mm_out) is None or producer[mm_out].op != "MatMul":
+            if not _from_matmul(mm_out, src, producer, only_user, g, vals):
                 mask, mm_out = mm_out, mask
             chain.insert(0, src)
             src = producer.get(mm_out)
+        # the scores times a positive constant (LeViT's q k^T * d^-0.5 before its attention biases)
+        got = _scaled_scores(src, chain[0], producer, only_user, g, vals)
+        if got is not None:
+            factor, scaler = got
+            chain.insert(0, scaler)
+            src = producer.get(scaler_input(scaler, g))
         mm1 = src
         if mm1 is None or mm1.op != "MatMul" or len(mm1.inputs) != 2 or mm1.param.get("transposeA") or \
                 only_user(mm1.outputs[0]) is not chain[0]:
@@ -71,7 +78,7 @@ def fuse(p: Planning) -> list[Node]:
         # q and k scaled by positive constants (an exporter's 1/sqrt(sqrt(d)) on each): the softmax takes
         # the product in its exponent instead, two passes over q and k fewer; under a mask, which adds to
         # the scaled scores, the scores are scaled before it ("score_scale").
-        scale, scalers = 1.0, []
+        scale, scalers = factor, []
         reader = {q: mm1, k: mm1, v: mm2}       # each operand's reader inside the chain
         for name in (q, k):
             mul = producer.get(name)
@@ -119,6 +126,36 @@ def fuse(p: Planning) -> list[Node]:
         replace[idx[id(mm2)]] = fused
         drop.update(idx[id(n)] for n in members if n is not mm2)
     return [replace.get(k, n) for k, n in enumerate(nodes) if k not in drop]
+
+
+def scaler_input(mul: Node, g) -> str:
+    """The input of a MUL by a scalar constant that is not the constant."""
+    return next(i for i in mul.inputs if g.scalar(i) is None)
+
+
+def _scaled_scores(node, reader, producer, only_user, g, vals):
+    """(factor, node) when `node` multiplies a MatMul's output, read by nothing else, by a positive scalar
+    constant into a tensor of the same shape that only `reader` reads; else None."""
+    if node is None or node.op != "BinaryOp" or node.param.get("opType") != "MUL" or len(node.inputs) != 2 or \
+            int(node.param.get("activationType", 0)) or only_user(node.outputs[0]) is not reader:
+        return None
+    factors = [g.scalar(i) for i in node.inputs if g.scalar(i) is not None]
+    if len(factors) != 1 or not factors[0] > 0:
+        return None
+    x = scaler_input(node, g)
+    mm = producer.get(x)
+    out = vals.get(node.outputs[0])
+    if mm is None or mm.op != "MatMul" or only_user(x) is not node or not known(vals.get(x)) or out is None or \
+            vals[x].shape != out.shape:
+        return None
+    return float(factors[0]), node
+
+
+def _from_matmul(name: str, reader, producer, only_user, g, vals) -> bool:
+    """`name` is a MatMul's output, or a scaled one (_scaled_scores)."""
+    node = producer.get(name)
+    return node is not None and (node.op == "MatMul" or
+                                 _scaled_scores(node, reader, producer, only_user, g, vals) is not None)
 
 
 def _view_chain(name: str, producer: dict, only_user, reader: Node, vals: dict):

@@ -1,5 +1,5 @@
 """Scale: a BatchNorm the converter could not fold into a convolution (DenseNet's pre-activation
-BatchNorms read a Concat), with the activation after it fused (runtime/fusion.py)."""
+BatchNorms read a Concat), with the activation after it fused (runtime/plan/fuse_activations.py); BatchNorm1d over tokens too."""
 from __future__ import annotations
 
 import numpy as np
@@ -28,6 +28,27 @@ def scale_rows(x, s, b, kind, alpha, beta, out):
             _post_block(dst, kind, alpha, beta)
 
 
+@njit(parallel=True, cache=True, fastmath=True)
+def scale_cols(x, s, b, kind, alpha, beta, out):
+    """out[r, j] = post(x[r, j] * s[j] + b[j]): the scale runs along a row. For channels with few values
+    each, BatchNorm1d over tokens above all ((tokens, C): one value a channel): scale_rows' rows of one
+    float took 48% of LeViT-128s (9.9 of 19.8 ms here; 0.6 ms now)."""
+    for r in prange(x.shape[0]):
+        src, dst = x[r], out[r]
+        if kind == POST_CLIP:
+            for j in range(src.shape[0]):
+                dst[j] = min(max(src[j] * s[j] + b[j], alpha), beta)
+            continue
+        for j in range(src.shape[0]):
+            dst[j] = src[j] * s[j] + b[j]
+        if kind:
+            _post_block(dst, kind, alpha, beta)
+
+
+# channels with fewer values than this each run along rows (scale_cols): a row that short does not vectorize
+FEW_PER_CHANNEL = 16
+
+
 @kernel("Scale")
 def scale(node, ins, outs, settings):
     shape = ins[0].shape
@@ -46,6 +67,12 @@ def scale(node, ins, outs, settings):
             np.multiply(i[0], s4, out=o[0])
             o[0] += b4
         return writes(broadcast)
+    per = int(np.prod(shape[2:]))
+    if per < FEW_PER_CHANNEL:
+        width = shape[1] * per
+        s, b = np.ascontiguousarray(np.repeat(s, per)), np.ascontiguousarray(np.repeat(b, per))
+        fn = sized(scale_cols, int(np.prod(shape)) * (8 if kind else 1), settings.threads)
+        return writes(lambda i, o: fn(i[0].reshape(-1, width), s, b, kind, alpha, beta, o[0].reshape(-1, width)))
     rows = shape[0] * shape[1]
     fn = sized(scale_rows, int(np.prod(shape)) * (8 if kind else 1), settings.threads)
     return writes(lambda i, o: fn(i[0].reshape(rows, -1), s, b, kind, alpha, beta, o[0].reshape(rows, -1)))

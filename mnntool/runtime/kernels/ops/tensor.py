@@ -55,7 +55,32 @@ def permute(node, ins, outs, settings):
             else:
                 np.copyto(o[0], x.transpose(perm))
         return writes(run_wide)
+    blocked = _blocked_transpose(shape, perm, ins[0].dtype, settings.threads)
+    if blocked is not None:
+        return writes(blocked)
     return writes(lambda i, o: np.copyto(o[0], i[0].transpose(perm)))
+
+
+def _blocked_transpose(shape, perm, dtype, threads: int):
+    """A float32 Permute that is a batched 2-D transpose of rows and columns both at least MIN_SIDE long, in
+    register blocks (micro.transpose: 3-20x NumPy's copy of the transposed view); None otherwise."""
+    from .. import sized
+    from ..micro.transpose import MIN_SIDE, as_batched_transpose, transpose_blocks
+    if shape is None or str(dtype) != "float32" or not all(isinstance(d, int) for d in shape):
+        return None
+    brc = as_batched_transpose(tuple(shape), tuple(perm))
+    if brc is None or min(brc[1:]) < MIN_SIDE:
+        return None
+    b, r, c = brc
+    fn = sized(transpose_blocks, b * r * c, threads)
+
+    def run(i, o):
+        x = i[0]
+        if x.dtype != np.float32 or not x.flags.c_contiguous or not o[0].flags.c_contiguous:
+            np.copyto(o[0], x.transpose(perm))
+            return
+        fn(x.reshape(b, r, c), o[0].reshape(b, c, r))
+    return run
 
 
 @kernel("Squeeze", "Unsqueeze", "ExpandDims")
