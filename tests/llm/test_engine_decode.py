@@ -6,7 +6,11 @@
 - the fused kernels' parallel versions (the ones a large layer gets at 2+ threads; a tiny test model
   gets the serial twins) against numpy: x = RMSNorm(h), then h + x W^T + b or act(x Wg^T) * (x Wu^T),
   within 1e-3 of the largest value (the packed layers' int16 inputs, packed.py), and equal to the serial
-  twins bit for bit.
+  twins bit for bit; with the VNNI tiles and with the vpmaddwd ones;
+- the VNNI tiles (vpdpbusd on the input split into bytes) give bit for bit the vpmaddwd tiles' outputs
+  when both quantize the input with the same qmax (the integer sums are exact in both), for the GEMV, the
+  fused GEMVs and the GEMM, 4 and 8 bits; the byte layout of the split input puts back every int16 value
+  (256 high + low) in the order the packed codes hold the channels.
 The end-to-end agreement with MNN-LLM is test_engine.py's (it runs the fused path).
 """
 from __future__ import annotations
@@ -59,8 +63,10 @@ def _rms(h, gamma, eps):
 
 
 @pytest.mark.parametrize("bits", [4, 8])
-def test_parallel_fused_kernels_match_numpy(bits):
+@pytest.mark.parametrize("no_vnni", [False, True])
+def test_parallel_fused_kernels_match_numpy(bits, no_vnni, monkeypatch):
     from mnntool.llm.engine import packed
+    monkeypatch.setattr(packed, "NO_VNNI", no_vnni)
     from mnntool.llm.engine.kernels import threads
     from tests.llm.test_engine import _qweight
     rng = np.random.default_rng(7)
@@ -98,3 +104,66 @@ def test_parallel_fused_kernels_match_numpy(bits):
     for y, dense, bias in ((ys[0], dg, bg), (ys[1], du, bu)):
         ref = x @ dense.T.astype(np.float64) + bias
         assert np.abs(y - ref).max() / np.abs(ref).max() < 1e-3
+
+
+def _pair(bits, oc, ic, monkeypatch, seed=0, n=1):
+    """The same layers packed for the VNNI tiles and for the vpmaddwd ones, the latter at the former's qmax."""
+    from mnntool.llm.engine import packed
+    from tests.llm.test_engine import _qweight
+    ws = [_qweight(bits, oc, ic, 64, False, seed=seed + i)[0] for i in range(n)]
+    monkeypatch.setattr(packed, "NO_VNNI", False)
+    v = packed.PackedLinear(ws, 1)
+    monkeypatch.setattr(packed, "NO_VNNI", True)
+    m = packed.PackedLinear(ws, 1)
+    assert v.vnni and not m.vnni
+    m.qmax = v.qmax
+    return v, m
+
+
+@pytest.mark.skipif(not __import__("mnntool.llm.engine.packed", fromlist=["VNNI"]).VNNI, reason="no AVX512-VNNI")
+@pytest.mark.parametrize("bits", [4, 8])
+def test_vnni_tiles_equal_vpmaddwd(bits, monkeypatch):
+    from mnntool.llm.engine.packed import TOKENS
+    rng = np.random.default_rng(bits)
+    v, m = _pair(bits, 80, 192, monkeypatch, n=2)
+    for T in (1, 2, TOKENS + 1, 61):
+        x = (rng.standard_normal((T, 192)) * rng.uniform(0.1, 10)).astype(np.float32)
+        for a, b in zip(v.apply(x), m.apply(x)):
+            assert np.array_equal(a, b), T
+    h = rng.standard_normal((1, 192)).astype(np.float32)
+    norm = (rng.uniform(0.5, 1.5, 192).astype(np.float32), np.zeros(1, np.float32), False, 1e-6, True)
+    outs = []
+    for lin in (v, m):
+        y = [a.copy() for a in lin.apply_norm(h, norm, np.empty_like(h))]
+        g = lin.apply_glu_norm(h, norm, np.empty_like(h), 0, np.empty((1, 80), np.float32)).copy()
+        outs.append((y, g))
+    assert all(np.array_equal(a, b) for a, b in zip(outs[0][0], outs[1][0])) and np.array_equal(outs[0][1], outs[1][1])
+    v, m = _pair(bits, 48, 256, monkeypatch, seed=5)
+    hs = [rng.standard_normal((1, 48)).astype(np.float32)]
+    hs.append(hs[0].copy())
+    x = rng.standard_normal((1, 256)).astype(np.float32)
+    v.apply_add(x, hs[0])
+    m.apply_add(x, hs[1])
+    assert np.array_equal(hs[0], hs[1])
+
+
+@pytest.mark.parametrize("bits", [4, 8])
+def test_vnni_input_layout(bits):
+    from mnntool.llm.engine.packed import KC, VNNI_QMAX, quantize_rows
+    rng = np.random.default_rng(1)
+    K, blk = 128, 32
+    x = (rng.standard_normal((2, K)) * 3).astype(np.float32)
+    nb = K // blk
+    plain, split = np.empty((2, K), np.int16), np.empty((2, K), np.int16)
+    sx, xs = np.empty((2, nb), np.float32), np.empty((2, nb), np.float32)
+    quantize_rows(x, blk, VNNI_QMAX, plain, sx, xs, False, bits)
+    quantize_rows(x, blk, VNNI_QMAX, split, sx, xs, True, bits)
+    assert np.abs(plain).max() == VNNI_QMAX
+    kc = KC[bits]
+    # the order of the channels in a word's code bytes: u4 (0,4,1,5) low nibbles, (2,6,3,7) high; u8 (0,2,1,3)
+    order = [0, 4, 1, 5, 2, 6, 3, 7] if bits == 4 else [0, 2, 1, 3]
+    by = split.view(np.int8).reshape(2, K // kc, 2, kc)       # per word: kc low bytes, then kc high bytes
+    value = by[:, :, 1, :].astype(np.int32) * 256 + by[:, :, 0, :]
+    back = np.empty((2, K // kc, kc), np.int32)
+    back[:, :, order] = value
+    assert np.array_equal(back.reshape(2, K), plain.astype(np.int32))

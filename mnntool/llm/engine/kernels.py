@@ -446,7 +446,7 @@ def decode_step(model, i: int, layer, h: np.ndarray, pos0: int, fused) -> np.nda
     no allocation per token (the outputs are the GEMVs' own buffers and the workspace's)."""
     ws = model.ws
     lp = layer.plan
-    H, KV, D = lp.heads, lp.kv_heads, lp.head_dim
+    H, D = lp.heads, lp.head_dim
     prof = model.prof
     q, k, v, act = fused
     t = time.perf_counter() if prof is not None else 0.0

@@ -67,6 +67,11 @@ class Model:
         self.head = K.Linear(read_linear(self.wf, plan.head), self.threads, precision)
         self._release(self.head)
         self.softcap = plan.softcap
+        self.arena = None         # the packed layers' arrays, one buffer in decode's reading order
+        if not self.reference:
+            from .packed import into_arena
+            order = [lin for L in self.layers for lin in (L.qkv, L.o, L.mlp_in, L.down)] + [self.head]
+            self.arena = into_arena([lin.packed for lin in order if lin.packed is not None])
         self.embed = self._embeddings()
         L = plan.layers[0]
         kv = max(lp.kv_heads for lp in plan.layers)

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import numpy as np
 
-from ...runtime.kernels import sized
 from ...runtime.kernels.micro.float_gemm import prefetch_lines
 from ...runtime.kernels.micro.float_gemv import ROWS
 from ...runtime.kernels.micro.llvm_ir import host_has
@@ -100,12 +99,20 @@ def dequant_rows(codes, kind, scale, offset, r0, r1, out):
                     out[o, j] = np.float32(codes[r, j]) * s + f
 
 
+# Work (element operations) from which the engine's kernels run in parallel at more than one thread: the
+# engine's own bound, not the runtime's host-measured one (runtime/host_tuning.py, probed with the CNN
+# kernels and measured again in every process while the host is busy): with it, the same 0.5B bundle's
+# decode opened 25 parallel regions per token in one bench child (q/k/v, o and down serial) and 97 in
+# another. Every linear layer of a 0.5B-sized model is far above it; the Xeon results were taken with it.
+PARALLEL_MIN = 250_000
+
+
 def _pick(fn, work: int, threads: int):
     """At one thread the serial twin (no OpenMP region at all: on a busy host a region can wait a
-    scheduler slice for a worker), else the runtime's choice by work."""
-    if threads <= 1:
+    scheduler slice for a worker), else the parallel kernel from PARALLEL_MIN work."""
+    if threads <= 1 or work < PARALLEL_MIN:
         return Bound(fn.serial())
-    return sized(fn, work, threads)
+    return fn.dispatcher()
 
 
 class QLinear:
