@@ -15,8 +15,8 @@ one thread (plan/threads.py), keeps its ratio to it (64x, as the defaults: 16 MF
 
 The figures are kept in `host_tuning.json` beside the kernel library (aot.cache_dir(), keyed by CPU model,
 core count and Numba version), measured at `mnntool compile-kernels` or at the first plan of a session at
-that thread count (~0.1-0.5 s once; on a host whose load average is above its core count the figures
-serve that process only and are not kept). Overrides: MNNTOOL_PARALLEL_MIN_WORK and MNNTOOL_ONE_THREAD_BELOW_FLOPS
+that thread count (~0.1-0.5 s once; a host whose load average is above its core count is not measured:
+the defaults serve until it is quiet). Overrides: MNNTOOL_PARALLEL_MIN_WORK and MNNTOOL_ONE_THREAD_BELOW_FLOPS
 (numbers), MNNTOOL_HOST_TUNING=defaults (the constants below, no measuring; the test suite uses it, for
 plans that do not depend on how loaded the machine is). `bench --json` reports what a run used."""
 from __future__ import annotations
@@ -134,10 +134,10 @@ def _entry(threads: int) -> dict:
             else:
                 hit = _read_file().get(str(threads))
                 if not hit or "parallel_min_work" not in hit:
-                    hit = measure(threads)
-                    if _busy():
-                        hit["source"] = "measured on a busy host (not kept)"
+                    if _busy():     # timings now would be the neighbours'; every process would pay them again
+                        hit = {"parallel_min_work": PARALLEL_MIN_WORK, "source": "defaults (busy host: not measured)"}
                     else:
+                        hit = measure(threads)
                         _write_file(threads, hit)
             _known[threads] = hit
     return hit

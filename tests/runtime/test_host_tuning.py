@@ -56,11 +56,12 @@ def test_kept_in_the_file_and_read_back(measuring, monkeypatch):
     assert host_tuning.report(2)["source"] == "measured"
 
 
-def test_busy_host_keeps_nothing(measuring, monkeypatch):
-    """Figures measured while the load average is above the core count serve this process only."""
+def test_busy_host_is_not_measured(measuring, monkeypatch):
+    """While the load average is above the core count nothing is measured (the timings would be the
+    neighbours') or kept: the defaults serve."""
     monkeypatch.setattr(host_tuning, "_busy", lambda: True)
-    monkeypatch.setattr(host_tuning, "measure", lambda t: {"parallel_min_work": 99_999, "source": "measured"})
-    assert host_tuning.parallel_min_work(2) == 99_999
+    monkeypatch.setattr(host_tuning, "measure", lambda t: pytest.fail("measured on a busy host"))
+    assert host_tuning.parallel_min_work(2) == host_tuning.PARALLEL_MIN_WORK
     assert "busy" in host_tuning.report(2)["source"]
     assert not (measuring / "host_tuning.json").exists()
 
