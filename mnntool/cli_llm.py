@@ -185,11 +185,19 @@ def eval_(bundle: str = typer.Argument(..., help="An MNN-LLM bundle folder."),
                                       "(the same numbers as one)."),
           ray: Optional[str] = typer.Option(None, "--ray", help="Split the windows over a Ray cluster (the same numbers "
                                             "as one process): local, auto, HOST:PORT or ray://HOST[:PORT]."),
+          runtime: str = typer.Option("mnn", "--runtime", help="Score the bundle with mnn (MNN-LLM) or mnntool (this "
+                                      "runtime's engine)."),
+          kv_int8: bool = typer.Option(False, "--kv-int8", help="mnntool's engine with its 8-bit KV cache (implies "
+                                       "--runtime mnntool)."),
           as_json: bool = JSON):
     """Perplexity over a text in windows; with --ref, KL divergence per token (llama.cpp's --kl-divergence)."""
+    from .errors import MnnToolError
     from .llm.evaluate import evaluate
+    if runtime not in ("mnn", "mnntool"):
+        raise MnnToolError(f"--runtime {runtime}: mnn or mnntool")
+    engine = {"kv_int8": kv_int8} if runtime == "mnntool" or kv_int8 else None
     r = evaluate(bundle, text, ref, ctx, stride, max_tokens, exact=not default_mode, threads=threads,
-                 workers=workers, ray=ray)
+                 workers=workers, ray=ray, engine=engine)
     if as_json:
         print(json.dumps(r))
         return

@@ -416,14 +416,20 @@ def hf_logits(model_dir, windows_: list[Window], fake_quant=None, rows: str = "a
 HF_BATCH = 8            # hf_logits' batch; shards of the windows start on its multiples (the same batches)
 
 
-def window_scores(bundle, windows_: list[Window], ref=None, exact: bool = True, threads: int = 1) -> list[dict]:
+def window_scores(bundle, windows_: list[Window], ref=None, exact: bool = True, threads: int = 1,
+                  engine: dict | None = None) -> list[dict]:
     """What the statistics need of each window, computed where its logits are: {"nll"} (the scored
     tokens' NLL), and with `ref` (a checkpoint folder or a bundle) {"ref_nll", "kl", "same"} too. A shard
     of `llm eval --workers/--ray` runs this on its windows (MNN-LLM in a child process of the worker, as
     everywhere), so only these small arrays come back, never vocab x tokens logits. The single process
     runs it on all windows: the same function on the same windows gives the same values, so any split
-    concatenates to the single process's arrays exactly."""
-    got = mnn_logits(bundle, windows_, exact=exact, threads=threads)
+    concatenates to the single process's arrays exactly. `engine` ({"kv_int8": bool}): the bundle's logits
+    from mnntool's engine (engine/score.py) instead of MNN-LLM."""
+    if engine is not None:
+        from .engine.score import engine_logits
+        got = engine_logits(bundle, windows_, threads=threads, **engine)
+    else:
+        got = mnn_logits(bundle, windows_, exact=exact, threads=threads)
     out = [{"nll": nll([a], [w])} for a, w in zip(got, windows_)]
     if ref is not None:
         ref = Path(ref)
@@ -437,33 +443,36 @@ def window_scores(bundle, windows_: list[Window], ref=None, exact: bool = True, 
     return out
 
 
-def _shard(windows_: list[Window], bundle: str, ref: str | None, exact: bool, threads: int) -> list[dict]:
+def _shard(windows_: list[Window], bundle: str, ref: str | None, exact: bool, threads: int,
+           engine: dict | None = None) -> list[dict]:
     """window_scores of one shard of the windows (a pool worker or a Ray task: split_map's argument order)."""
-    return window_scores(bundle, windows_, ref, exact, threads)
+    return window_scores(bundle, windows_, ref, exact, threads, engine)
 
 
-def _scores(bundle, ws: list[Window], ref, exact: bool, threads: int, workers: int, ray: str | None) -> list[dict]:
+def _scores(bundle, ws: list[Window], ref, exact: bool, threads: int, workers: int, ray: str | None,
+            engine: dict | None = None) -> list[dict]:
     """window_scores of every window, in one process or split over a pool (quant.shards: local processes,
     or Ray tasks on the cluster `ray` names); shards of whole HF_BATCH groups, in window order."""
     if workers <= 1 and ray is None:
-        return window_scores(bundle, ws, ref, exact, threads)
+        return window_scores(bundle, ws, ref, exact, threads, engine)
     from ..quant.shards import pool, split_map
     with pool(workers, ray) as shards:
         if shards is None:
-            return window_scores(bundle, ws, ref, exact, threads)
+            return window_scores(bundle, ws, ref, exact, threads, engine)
         return split_map(shards, _shard, ws, str(bundle), None if ref is None else str(ref), exact, threads,
-                         align=HF_BATCH)
+                         engine, align=HF_BATCH)
 
 
 def evaluate(bundle, text_path, ref=None, ctx: int = 512, stride: int | None = None, max_tokens: int = 0,
              exact: bool = True, threads: int = 1, style: str = "sliding", workers: int = 1,
-             ray: str | None = None) -> dict:
+             ray: str | None = None, engine: dict | None = None) -> dict:
     """`mnntool llm eval`: perplexity of the bundle (MNN-LLM's logits) over a text in windows, and with `ref`
     (a Hugging Face checkpoint folder, run by transformers in float32 on `threads` threads, or another
     bundle) the KL divergence per token to it (mean, p99, max) and the same-top-1 rate. The text is
     tokenized by the bundle's own tokenizer. `workers` local processes, or Ray tasks on the cluster `ray`
     names, split the windows and give the single process's numbers exactly (each node needs mnntool, the
-    `mnn` wheel and the bundle under the same path)."""
+    `mnn` wheel and the bundle under the same path). `engine` ({"kv_int8": bool}): the bundle scored by
+    mnntool's engine (engine/score.py) instead of MNN-LLM; the reference is run as without it."""
     from .text import read_text
     from ..errors import MnnToolError
     text = read_text(text_path)
@@ -477,11 +486,14 @@ def evaluate(bundle, text_path, ref=None, ctx: int = 512, stride: int | None = N
         raise MnnToolError(f"{text_path}: {len(ids)} tokens; nothing to score")
     ctx = min(ctx, len(ids))
     ws = windows(ids, ctx, stride, style)
-    scores = _scores(bundle.resolve(), ws, None if ref is None else Path(ref).resolve(), exact, threads, workers, ray)
+    scores = _scores(bundle.resolve(), ws, None if ref is None else Path(ref).resolve(), exact, threads, workers, ray,
+                     engine)
     joined = lambda key: np.concatenate([s[key] for s in scores])       # noqa: E731 - text order
     out = {"bundle": str(bundle), "text": str(text_path), "text_tokens": len(ids), "ctx": ctx,
            "stride": ws[1].start - ws[0].start if len(ws) > 1 else ctx, "windows": len(ws),
            "mode": "exact" if exact else "default", **nll_summary(joined("nll"))}
+    if engine is not None:
+        out["runtime"], out["mode"] = "mnntool", "int8 KV cache" if engine.get("kv_int8") else "float32 KV cache"
     if ref is not None:
         ref = Path(ref)
         if not (ref / "llm.mnn").is_file() and hf_encode(ref, text)[:len(ids)] != ids:

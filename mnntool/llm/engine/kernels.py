@@ -23,7 +23,7 @@ class Linears:
     quantized w_i. precision "normal": int16 inputs where the kernels take them, the layers repacked
     together (packed.py); "high": float32 inputs, the file's layout read in place (qkernels.py)."""
 
-    def __init__(self, ws: list, threads: int = 1, precision: str = "normal"):
+    def __init__(self, ws: list, threads: int = 1, precision: str = "normal", arena=None):
         self.ws, self.threads = ws, threads
         self.packed = None
         self.fast = [None] * len(ws)
@@ -31,7 +31,7 @@ class Linears:
             from . import packed, qkernels
             high = precision == "high"
             if PACKED and not high:
-                self.packed = packed.PackedLinear.of(ws, threads)
+                self.packed = packed.PackedLinear.of(ws, threads, arena)
             if self.packed is None:
                 self.fast = [qkernels.QLinear.of(w, threads) for w in ws]
         self.nbytes = self.packed.nbytes if self.packed is not None else sum(w.nbytes for w in ws)
@@ -72,8 +72,8 @@ class Linears:
 class Linear(Linears):
     """One linear layer."""
 
-    def __init__(self, w: QWeight, threads: int = 1, precision: str = "normal"):
-        super().__init__([w], threads, precision)
+    def __init__(self, w: QWeight, threads: int = 1, precision: str = "normal", arena=None):
+        super().__init__([w], threads, precision, arena)
         self.w, self.oc, self.ic = w, w.oc, w.ic
 
     def apply(self, x: np.ndarray, copy: bool = True) -> np.ndarray:

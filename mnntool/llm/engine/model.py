@@ -62,16 +62,23 @@ class Model:
         self.context = int(context) if context else min(limit, DEFAULT_CONTEXT)
         self.wf = WeightFile(files.weights)
         window = int(cfg.get("sliding_window") or 0)
+        # the packed layers' arrays in one buffer, in the order decode reads them (packed.Arena): reserved
+        # for the most the layers may take, filled as they are made (no copy, no second peak)
+        self.arena = None
+        if not self.reference and precision != "high" and K.PACKED:
+            from .packed import Arena
+            ops = [x for lp in plan.layers for x in (lp.q, lp.k, lp.v, lp.o, lp.gate, lp.up, lp.down)
+                   if x is not None] + [plan.head]
+            ops = [x for x in ops if int((x.quan or {}).get("type", 0) or 0) == 1]     # 4/8-bit blocks: packed
+            try:
+                self.arena = Arena(Arena.bound(ops)) if ops else None
+            except MemoryError:     # the reservation refused (strict overcommit): each layer allocates its own
+                self.arena = None
         self.layers = [self._layer(lp, window) for lp in plan.layers]
         self.final_norm = read_norm(self.wf, plan.final_norm, plan.hidden)
-        self.head = K.Linear(read_linear(self.wf, plan.head), self.threads, precision)
+        self.head = K.Linear(read_linear(self.wf, plan.head), self.threads, precision, self.arena)
         self._release(self.head)
         self.softcap = plan.softcap
-        self.arena = None         # the packed layers' arrays, one buffer in decode's reading order
-        if not self.reference:
-            from .packed import into_arena
-            order = [lin for L in self.layers for lin in (L.qkv, L.o, L.mlp_in, L.down)] + [self.head]
-            self.arena = into_arena([lin.packed for lin in order if lin.packed is not None])
         self.embed = self._embeddings()
         L = plan.layers[0]
         kv = max(lp.kv_heads for lp in plan.layers)
@@ -115,8 +122,9 @@ class Model:
             cos = (np.cos(f) * np.float32(lp.rope.scaling)).astype(np.float32)
             sin = (np.sin(f) * np.float32(lp.rope.scaling)).astype(np.float32)
         scale = lp.attn_scale if lp.attn_scale else 1.0 / math.sqrt(lp.head_dim)
-        qkv, o = K.Linears([q, k, v], t, pr), K.Linear(read_linear(wf, lp.o), t, pr)
-        mlp_in, down = K.Linears(mlp, t, pr), K.Linear(read_linear(wf, lp.down), t, pr)
+        a = self.arena
+        qkv, o = K.Linears([q, k, v], t, pr, a), K.Linear(read_linear(wf, lp.o), t, pr, a)
+        mlp_in, down = K.Linears(mlp, t, pr, a), K.Linear(read_linear(wf, lp.down), t, pr, a)
         for lin in (qkv, o, mlp_in, down):
             self._release(lin)
         return Layer(lp, read_norm(wf, lp.in_norm, lp.q.ic), qkv, o, mlp_in, down,

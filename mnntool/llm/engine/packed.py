@@ -304,6 +304,16 @@ def _tilem(vnni, bits, wf, wo, nch, blk, sf, so, of, xq, xqo, xqs, sx, sxo, sxs,
         tile_u8_m(wf, wo, nch, blk, sf, so, of, xq, xqo, xqs, sx, sxo, sxs, xs, y, oo, os_, mt, n)
 
 
+@njit(cache=True, inline="always")
+def _wgroup(g, G, inter):
+    """The packed group holding output group g: g itself, or with gate/up interleaved (PackedLinear.inter)
+    gate group g at 2g and up group g at 2g + 1."""
+    if inter:
+        Gh = G // 2
+        return 2 * g if g < Gh else 2 * (g - Gh) + 1
+    return g
+
+
 @njit(cache=True)
 def quantize_rows(x, blk, qmax, xq, sx, xs, vnni, bits):
     """Per token t and block b: sx[t, b] = max|x| / qmax, xq = round(x / sx) (int16), xs = sum(x)."""
@@ -348,7 +358,7 @@ def quantize_row(x, t, blk, qmax, xq, sx, xs, vnni, bits):
 
 
 @njit(parallel=True, cache=True)
-def gemv(w, bits, vnni, s, off, bias, x, blk, qmax, xq, sx, xs, y):
+def gemv(w, bits, vnni, s, off, bias, x, blk, qmax, xq, sx, xs, y, inter):
     """y (O,) = W x + bias, x (1, K): one token, parallel over groups of 16 rows (one stream through
     the packed words, prefetched PREFETCH bytes ahead by the tile; a prefetch of whole later groups
     into L2 made it slower, 14 -> 12 GB/s)."""
@@ -359,14 +369,16 @@ def gemv(w, bits, vnni, s, off, bias, x, blk, qmax, xq, sx, xs, y):
     wf, sf, of = w.reshape(-1), s.reshape(-1), off.reshape(-1)
     for g in prange(G):
         n = min(LANES, O - g * LANES)
-        _tile1(vnni, bits, wf, g * nch * LANES, nch, blk, sf, g * nb * LANES, of, xq, sx, xs, y, g * LANES, n)
+        wg = _wgroup(g, G, inter)
+        _tile1(vnni, bits, wf, wg * nch * LANES, nch, blk, sf, wg * nb * LANES, of, xq, sx, xs, y, g * LANES, n)
         for r in range(g * LANES, g * LANES + n):
             y[r] += bias[r]
 
 
 @njit(parallel=True, cache=True)
 def gemv_glu(w, bits, vnni, s, off, bias, x, blk, qmax, xq, sx, xs, y, act, out):
-    """Gate and up packed together (gate's rows in groups 0..G/2, up's in G/2..G, oc a multiple of 16):
+    """Gate and up packed together, interleaved (gate group g's words at 2g, up's at 2g + 1; outputs: gate
+    rows in groups 0..G/2, up's in G/2..G; oc a multiple of 16):
     out (I,) = act(gate x + b) * (up x + b), act 0 silu, 1 gelu (tanh). Each item computes a group of
     gate rows and the matching group of up rows, then the activation of those 16: decode's activation
     leaves the serial part of the step (one call, no region of its own). y (O,): scratch."""
@@ -378,8 +390,9 @@ def gemv_glu(w, bits, vnni, s, off, bias, x, blk, qmax, xq, sx, xs, y, act, out)
     wf, sf, of = w.reshape(-1), s.reshape(-1), off.reshape(-1)
     for g in prange(Gh):
         for half in range(2):
-            q = g + half * Gh
-            _tile1(vnni, bits, wf, q * nch * LANES, nch, blk, sf, q * nb * LANES, of, xq, sx, xs, y, q * LANES, LANES)
+            q = g + half * Gh           # the output group; its words at 2g + half (interleaved)
+            wq = 2 * g + half
+            _tile1(vnni, bits, wf, wq * nch * LANES, nch, blk, sf, wq * nb * LANES, of, xq, sx, xs, y, q * LANES, LANES)
         for r in range(g * LANES, g * LANES + LANES):
             a = y[r] + bias[r]
             u = y[r + I] + bias[r + I]
@@ -397,7 +410,7 @@ def gemv_glu(w, bits, vnni, s, off, bias, x, blk, qmax, xq, sx, xs, y, act, out)
 # are what does not scale). The arithmetic is the separate steps', in the same order (bit-identical).
 
 @njit(parallel=True, cache=True)
-def gemv_norm(w, bits, vnni, s, off, bias, h, gamma, beta, has_beta, eps, rms, x, blk, qmax, xq, sx, xs, y):
+def gemv_norm(w, bits, vnni, s, off, bias, h, gamma, beta, has_beta, eps, rms, x, blk, qmax, xq, sx, xs, y, inter):
     """x = norm(h) (h, x (1, K): the layer's input norm), then y = W x + bias as `gemv`."""
     _norm_row(h[0], gamma, beta, has_beta, eps, rms, x[0])
     G, nch, _ = w.shape
@@ -407,15 +420,16 @@ def gemv_norm(w, bits, vnni, s, off, bias, h, gamma, beta, has_beta, eps, rms, x
     wf, sf, of = w.reshape(-1), s.reshape(-1), off.reshape(-1)
     for g in prange(G):
         n = min(LANES, O - g * LANES)
-        _tile1(vnni, bits, wf, g * nch * LANES, nch, blk, sf, g * nb * LANES, of, xq, sx, xs, y, g * LANES, n)
+        wg = _wgroup(g, G, inter)
+        _tile1(vnni, bits, wf, wg * nch * LANES, nch, blk, sf, wg * nb * LANES, of, xq, sx, xs, y, g * LANES, n)
         for r in range(g * LANES, g * LANES + n):
             y[r] += bias[r]
 
 
 @njit(parallel=True, cache=True)
 def gemv_add(w, bits, vnni, s, off, bias, x, blk, qmax, xq, sx, xs, y, h):
-    """h (1, O) += W x + bias, x (1, K): the o and down projections with the residual add in each
-    item (y (>= O,): scratch)."""
+    """h (1, O) += W x + bias, x (1, K): the o and down projections (one layer: never interleaved) with
+    the residual add in each item (y (>= O,): scratch)."""
     G, nch, _ = w.shape
     O = h.shape[1]
     nb = s.shape[1]
@@ -440,8 +454,9 @@ def gemv_glu_norm(w, bits, vnni, s, off, bias, h, gamma, beta, has_beta, eps, rm
     wf, sf, of = w.reshape(-1), s.reshape(-1), off.reshape(-1)
     for g in prange(Gh):
         for half in range(2):
-            q = g + half * Gh
-            _tile1(vnni, bits, wf, q * nch * LANES, nch, blk, sf, q * nb * LANES, of, xq, sx, xs, y, q * LANES, LANES)
+            q = g + half * Gh           # the output group; its words at 2g + half (interleaved)
+            wq = 2 * g + half
+            _tile1(vnni, bits, wf, wq * nch * LANES, nch, blk, sf, wq * nb * LANES, of, xq, sx, xs, y, q * LANES, LANES)
         for r in range(g * LANES, g * LANES + LANES):
             a = y[r] + bias[r]
             u = y[r + I] + bias[r + I]
@@ -454,7 +469,7 @@ def gemv_glu_norm(w, bits, vnni, s, off, bias, h, gamma, beta, has_beta, eps, rm
 
 
 @njit(parallel=True, cache=True)
-def gemm(w, bits, vnni, s, off, bias, x, blk, qmax, xq, sx, xs, y):
+def gemm(w, bits, vnni, s, off, bias, x, blk, qmax, xq, sx, xs, y, inter):
     """y (T, O) = x (T, K) W^T + bias: work items of TOKEN_BLOCK tokens x 16 rows, in tiles of TOKENS
     tokens; the items of one token block side by side, so that its int16 inputs (TOKEN_BLOCK x K) stay
     in cache while every group of rows passes (a group's weights are a few KB). Before: one item per
@@ -473,12 +488,13 @@ def gemm(w, bits, vnni, s, off, bias, x, blk, qmax, xq, sx, xs, y):
     for it in prange(G * ntb):
         tb = it // G
         g = it - tb * G
+        wg = _wgroup(g, G, inter)
         n = min(LANES, O - g * LANES)
         ta = tb * TOKEN_BLOCK
         tz = min(T, ta + TOKEN_BLOCK)
         for t0 in range(ta, tz, TOKENS):
             mt = min(TOKENS, tz - t0)
-            _tilem(vnni, bits, wf, g * nch * LANES, nch, blk, sf, g * nb * LANES, of, xqf, t0 * K, K, sxf, t0 * nb, nb,
+            _tilem(vnni, bits, wf, wg * nch * LANES, nch, blk, sf, wg * nb * LANES, of, xqf, t0 * K, K, sxf, t0 * nb, nb,
                    xsf, yf, t0 * O + g * LANES, O, mt, n)
         for t in range(ta, tz):
             for r in range(g * LANES, g * LANES + n):
@@ -488,27 +504,40 @@ def gemm(w, bits, vnni, s, off, bias, x, blk, qmax, xq, sx, xs, y):
 ARENA_ALIGN = 4096      # each array of the arena starts on a page
 
 
-def into_arena(packs: list) -> np.ndarray | None:
-    """Move the packed layers' words, scales and offsets (PackedLinear, in the order a decode step reads
-    them) into one buffer, and return it (the layers' arrays become views of it). Why: decode streams
-    every weight once per token; ~100 separate arrays of 0.5-5.5 MB (numpy advises huge pages only from
-    4 MB) ran at 10-14 GB/s per CPU second at one thread, the 86 MB head at 26 GB/s (0.5B 4-bit, AMD EPYC
-    VM). One buffer in reading order is one stream on huge pages: decode 48.4 -> 60.2 tokens per CPU
-    second there, bit-identical (decode notes)."""
-    if not packs:
-        return None
-    size = lambda n: -(-n // ARENA_ALIGN) * ARENA_ALIGN    # noqa: E731
-    total = sum(size(getattr(p, a).nbytes) for p in packs for a in ("w", "s", "off"))
-    buf = np.empty(total + ARENA_ALIGN, np.uint8)
-    at = (-buf.ctypes.data) % ARENA_ALIGN
-    for p in packs:
-        for a in ("w", "s", "off"):
-            old = getattr(p, a)
-            new = buf[at:at + old.nbytes].view(old.dtype).reshape(old.shape)
-            new[...] = old
-            setattr(p, a, new)
-            at += size(old.nbytes)
-    return buf
+class Arena:
+    """One buffer for every packed layer's words, scales and offsets, handed out in the order the layers
+    are made (Model: per layer q/k/v, o, gate/up, down, then the head: the order a decode step reads
+    them). Why: decode streams every weight once per token; ~100 separate arrays of 0.5-5.5 MB (numpy
+    advises huge pages only from 4 MB) ran at 10-14 GB/s per CPU second at one thread, the 86 MB head at
+    26 GB/s (0.5B 4-bit, AMD EPYC VM). One buffer in reading order is one stream on huge pages: decode
+    48.4 -> 60.2 tokens per CPU second there, bit-identical (decode notes). `nbytes` is reserved, not
+    touched: pages never handed out cost no memory. `take` returns None once the buffer is full (the
+    caller allocates on its own)."""
+
+    def __init__(self, nbytes: int):
+        self.buf = np.empty(int(nbytes) + ARENA_ALIGN, np.uint8)
+        self.at = (-self.buf.ctypes.data) % ARENA_ALIGN
+
+    def take(self, shape, dtype, zero: bool = False):
+        n = int(np.prod(shape)) * np.dtype(dtype).itemsize
+        if self.at + n > self.buf.size:
+            return None
+        a = self.buf[self.at:self.at + n].view(dtype).reshape(shape)
+        self.at += -(-n // ARENA_ALIGN) * ARENA_ALIGN
+        if zero:
+            a[...] = 0
+        return a
+
+    @staticmethod
+    def bound(ops: list) -> int:
+        """Bytes that packing the linear layers `ops` (graph.LinearOp) may take, at most: each one's codes
+        (wlen), scales and offsets (at most twice the file's alen: a symmetric block stores a scale only),
+        rows padded to 16, page alignment."""
+        n = 0
+        for op in ops:
+            wlen, alen = op.external[1], op.external[2]
+            n += wlen + 2 * alen + 48 * op.ic + 3 * ARENA_ALIGN
+        return n
 
 
 class PackedLinear:
@@ -519,7 +548,7 @@ class PackedLinear:
 
     packed = True
 
-    def __init__(self, ws: list, threads: int):
+    def __init__(self, ws: list, threads: int, arena: Arena | None = None):
         from .qkernels import _pick
         self.threads = threads
         w0 = ws[0]
@@ -528,17 +557,36 @@ class PackedLinear:
         groups = [-(-w.oc // LANES) for w in ws]
         G = sum(groups)
         self.O = G * LANES
-        self.w = np.empty((G, w0.ic // kc, LANES), np.uint32)
-        self.s = np.zeros((G, nb, LANES), np.float32)
-        self.off = np.zeros((G, nb, LANES), np.float32)
+        take = arena.take if arena is not None else (lambda shape, dtype, zero=False: None)
+        self.w = take((G, w0.ic // kc, LANES), np.uint32)
+        self.s = take((G, nb, LANES), np.float32, True)
+        self.off = take((G, nb, LANES), np.float32, True)
+        if self.w is None or self.s is None or self.off is None:
+            self.w = np.empty((G, w0.ic // kc, LANES), np.uint32)
+            self.s = np.zeros((G, nb, LANES), np.float32)
+            self.off = np.zeros((G, nb, LANES), np.float32)
         self.bias = np.zeros(self.O, np.float32)
         self.slices = []
         pack = _pick(pack_u4 if w0.bits == 4 else pack_u8, 1 << 30, threads)
+        # gate and up of equal whole groups: decode's GEMV with the activation fused (gemv_glu), and their
+        # groups interleaved in memory (gate 0, up 0, gate 1, ...: `inter`, _wgroup), so that the fused GEMV,
+        # which takes a gate group and the matching up group, reads one stream (two streams: 18.2 GB/s per
+        # CPU second against 27.2 for the same bytes read in order, 0.5B gate/up, AMD EPYC VM). Outputs keep
+        # the layers' order (gate rows, then up rows).
+        self.glu = len(ws) == 2 and ws[0].oc == ws[1].oc and ws[0].oc % LANES == 0
+        self.inter = self.glu
         g0 = 0
-        for w, g in zip(ws, groups):
-            pack(w.codes, w.oc, w.ic, NIBBLES, self.w[g0:g0 + g])
-            self.s[g0:g0 + g] = pack_blocks(w.scale, g)
-            self.off[g0:g0 + g] = pack_blocks(w.offset, g)
+        for i, (w, g) in enumerate(zip(ws, groups)):
+            at = slice(i, None, 2) if self.inter else slice(g0, g0 + g)
+            if self.inter:
+                tmp = np.empty((g,) + self.w.shape[1:], np.uint32)
+                pack(w.codes, w.oc, w.ic, NIBBLES, tmp)
+                self.w[at] = tmp
+                del tmp
+            else:
+                pack(w.codes, w.oc, w.ic, NIBBLES, self.w[at])
+            self.s[at] = pack_blocks(w.scale, g)
+            self.off[at] = pack_blocks(w.offset, g)
             if w.bias is not None:
                 self.bias[g0 * LANES:g0 * LANES + w.oc] = w.bias
             self.slices.append((g0 * LANES, g0 * LANES + w.oc))
@@ -557,22 +605,20 @@ class PackedLinear:
         self.gemv_add = _pick(gemv_add, self.w.size * 4, threads)
         self.gemm = _pick(gemm, 1 << 30, threads)
         self.gemm_serial = _pick(gemm, 1 << 30, 1)
-        # gate and up of equal whole groups: decode's GEMV with the activation fused (gemv_glu)
-        self.glu = len(ws) == 2 and ws[0].oc == ws[1].oc and ws[0].oc % LANES == 0
         if self.glu:
             self.gemv_glu = _pick(gemv_glu, self.w.size * 4, threads)
             self.gemv_glu_norm = _pick(gemv_glu_norm, self.w.size * 4, threads)
         self.nbytes = self.w.nbytes + self.s.nbytes + self.off.nbytes + self.bias.nbytes
 
     @staticmethod
-    def of(ws: list, threads: int):
+    def of(ws: list, threads: int, arena: Arena | None = None):
         from .qkernels import HAS_I16
         w0 = ws[0]
         if not HAS_I16 or w0.bits not in (4, 8) or w0.block % KC[w0.bits] or w0.ic % w0.block:
             return None
         if any((w.bits, w.block, w.ic) != (w0.bits, w0.block, w0.ic) for w in ws):
             return None
-        return PackedLinear(ws, threads)
+        return PackedLinear(ws, threads, arena)
 
     def apply_glu(self, x: np.ndarray, act: int, out: np.ndarray) -> np.ndarray:
         """One token through gate and up with the activation fused (gemv_glu): out (1, oc)."""
@@ -584,7 +630,7 @@ class PackedLinear:
         """One token: x = norm(h) (norm: Workspace.norm_args), then each layer's output, views (oc,) of
         y1 (overwritten by the next call)."""
         self.gemv_norm(self.w, self.bits, self.vnni, self.s, self.off, self.bias, h, norm[0], norm[1], norm[2], norm[3], norm[4], x,
-                       self.blk, self.qmax, self.xq1, self.sx1, self.xs1, self.y1)
+                       self.blk, self.qmax, self.xq1, self.sx1, self.xs1, self.y1, self.inter)
         return self.views1
 
     def apply_add(self, x: np.ndarray, h: np.ndarray) -> None:
@@ -604,19 +650,22 @@ class PackedLinear:
         y = np.empty((T, self.O), np.float32)
         if T == 1:
             self.gemv(self.w, self.bits, self.vnni, self.s, self.off, self.bias, x, self.blk, self.qmax, self.xq1, self.sx1,
-                      self.xs1, y[0])
+                      self.xs1, y[0], self.inter)
             return [y[:, a:b] for a, b in self.slices]
         nb = self.s.shape[1]
         xq = np.empty((T, self.ic), np.int16)
         sx, xs = np.empty((T, nb), np.float32), np.empty((T, nb), np.float32)
         if T * self.w.size < GEMM_PARALLEL_MIN:     # a few tokens of a small layer: a region costs more than it saves
-            self.gemm_serial(self.w, self.bits, self.vnni, self.s, self.off, self.bias, x, self.blk, self.qmax, xq, sx, xs, y)
+            self.gemm_serial(self.w, self.bits, self.vnni, self.s, self.off, self.bias, x, self.blk, self.qmax, xq, sx, xs,
+                             y, self.inter)
         elif self.threads > 1:      # items handed out a few at a time: a thread slowed by another job takes fewer
             import numba
             with numba.parallel_chunksize(GEMM_CHUNK):
-                self.gemm(self.w, self.bits, self.vnni, self.s, self.off, self.bias, x, self.blk, self.qmax, xq, sx, xs, y)
+                self.gemm(self.w, self.bits, self.vnni, self.s, self.off, self.bias, x, self.blk, self.qmax, xq, sx, xs, y,
+                          self.inter)
         else:
-            self.gemm(self.w, self.bits, self.vnni, self.s, self.off, self.bias, x, self.blk, self.qmax, xq, sx, xs, y)
+            self.gemm(self.w, self.bits, self.vnni, self.s, self.off, self.bias, x, self.blk, self.qmax, xq, sx, xs, y,
+                      self.inter)
         if not copy:
             return [y[:, a:b] for a, b in self.slices]
         return [np.ascontiguousarray(y[:, a:b]) for a, b in self.slices]
