@@ -8,7 +8,10 @@ shape:
   MNN-LLM default and exact, the ratios the medians of the per-round ratios (as the script prints them);
 - benchmarks/llm_quality.py: "fp32" and "bundles" -> perplexity, its change, KL and top-1 agreement;
 - tools/op_coverage.py: MNN's converter's op lists -> beside mnntool's counts, taken at build time;
-- any benchmark: "columns" and "rows" -> that table as it is.
+- benchmarks/quant_accuracy.py: "kind" quant_accuracy (a row per model and tool) -> cosine and top-1
+  agreement per tool; quant_accuracy_zoo / _ocr (a row per model) -> size ratio, cosines, agreement;
+- any benchmark: "columns" and "rows" -> that table as it is. Figures a benchmark printed before it wrote
+  JSON are kept this way too, with a "source" field naming where they were recorded (shown under them).
 Every table is followed by a line naming the CPU, the date and the command. A marker whose file is
 missing, or whose file has none of these shapes, fails the (strict) build.
 """
@@ -37,23 +40,28 @@ def _table(columns: list, rows: list) -> str:
 def _caption(data: dict, name: str) -> str:
     host = data.get("host") or {}
     cpu = data.get("cpu") or host.get("cpu_info")
-    cores = host.get("n_cpus")
+    cores = host.get("n_cpus") or data.get("cores")
     date = data.get("date") or str(host.get("time", ""))[:10]
     command = data.get("command")
     missing = [k for k, v in (("cpu", cpu), ("date", date), ("command", command)) if not v]
     if missing:
         raise ResultsError(f"docs/results/{name}: no {', '.join(missing)} (every table says where, when and how)")
     where = f"{cpu}, {cores} CPUs" if cores else cpu
-    return f"*{where}; {date}; `{command}` (`docs/results/{name}`).*"
+    source = f" {data['source']}" if data.get("source") else ""
+    return f"*{where}; {date}; `{command}` (`docs/results/{name}`).{source}*"
 
 
 def llm_speed(data: dict) -> str:
-    """Per thread count: mnntool's prefill / decode tok/s against MNN-LLM default and exact modes."""
+    """Per thread count: mnntool's prefill / decode tok/s against MNN-LLM default and exact modes and
+    onnxruntime-genai, each runtime the run holds (llm_speed.py; llm_threads.py's "mnntool/auto" is mnntool)."""
     by: dict = {}
     for r in data["runs"]:
-        by.setdefault((r["threads"], r["round"]), {})[r["backend"]] = r
+        backend = "mnntool" if r["backend"].startswith("mnntool") else r["backend"]
+        by.setdefault((r["threads"], r["round"]), {})[backend] = r
     threads = sorted({t for t, _ in by})
-    others = [("mnn", "MNN-LLM (low/low)"), ("mnn exact", "MNN-LLM exact (high/high)")]
+    held = {b for v in by.values() for b in v}
+    others = [(k, title) for k, title in (("mnn", "MNN-LLM (low/low)"), ("mnn exact", "MNN-LLM exact (high/high)"),
+                                          ("ort-genai", "onnxruntime-genai")) if k in held]
     columns = ["threads", "mnntool prefill / decode tok/s"]
     for _, title in others:
         columns += [title, "ratio"]
@@ -155,7 +163,52 @@ def mnn_file_parity(data: dict) -> str:
     return _table(["model", "mnntool's file in MNN, ms", "MNN's converter's file, ms", "ratio"], [head] + rows)
 
 
+def _cos(value) -> str:
+    """A cosine to six places; a tool that failed on the model (NaN) as such."""
+    return "failed" if value is None or value != value else f"{value:.6f}"
+
+
+def quant_accuracy(data: dict) -> str:
+    """benchmarks/quant_accuracy.py on the fixtures: a row per tool, a column per model, each cell the
+    mean output cosine against fp32 over the held-out images and the top-1 agreement."""
+    models = list(dict.fromkeys(r["model"] for r in data["rows"]))
+    by = {(r["model"], r["tool"]): r for r in data["rows"]}
+
+    def cell(r):
+        if r is None:
+            return ""
+        if r["cosine"] != r["cosine"]:
+            return "failed"
+        return f"{r['cosine']:.6f} ({r['top1_agreement'] * 100:.0f}%)"
+    rows = [[tool] + [cell(by.get((m, tool))) for m in models]
+            for tool in dict.fromkeys(r["tool"] for r in data["rows"])]
+    return _table(["tool"] + [f"{m}: cosine (top-1 agreement)" for m in models], rows)
+
+
+def quant_accuracy_models(data: dict) -> str:
+    """benchmarks/quant_accuracy.py --zoo / --ocr: per model the int8 file's size ratio, its output cosine
+    against the float source in MNN and in mnntool's runtime, the two runtimes' agreement on the file,
+    and (--zoo) onnxruntime's and MNN's quantizers on the same data."""
+    others = data["kind"] == "quant_accuracy_zoo"
+    columns = ["model", "smaller by", "cosine vs fp32 (MNN)", "cosine vs fp32 (mnntool)", "runtimes agree",
+               "layers left float (auto-skip)"]
+    if others:
+        columns += ["onnxruntime QDQ MinMax", "MNN's quantizer (KL)"]
+    rows = []
+    for r in data["rows"]:
+        row = [r["model"], f"{r['size_ratio']:.2f}x", _cos(r["cos_mnn"]), _cos(r["cos_mnntool"]), _cos(r["agree"]),
+               f"{r['float_layers']} ({r['auto_skipped']})"]
+        if others:
+            row += [_cos(r.get("cos_ort_minmax")), _cos(r.get("cos_mnn_quantizer"))]
+        rows.append(row)
+    return _table(columns, rows)
+
+
 def renderer(data: dict):
+    if data.get("kind") == "quant_accuracy":
+        return quant_accuracy
+    if data.get("kind") in ("quant_accuracy_zoo", "quant_accuracy_ocr"):
+        return quant_accuracy_models
     if isinstance(data.get("runs"), list) and data["runs"] and "prefill_tps" in data["runs"][0]:
         return llm_speed
     if data.get("kind") == "op_coverage":
