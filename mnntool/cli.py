@@ -147,7 +147,8 @@ def _quant_info(path: str, as_json: bool) -> None:
     if as_json:
         print(json.dumps(r))
         return
-    bpw = f", {r['bits_per_weight']:.2f} bits per weight (scales not counted)" if r["bits_per_weight"] else ""
+    bpw = (f", {r['bits_per_weight_stored']:.4f} bits per weight stored (scales counted; "
+           f"{r['bits_per_weight']:.2f} without)" if r["bits_per_weight"] else "")
     kinds = ", ".join(f"{n} {k}" for k, n in r["kinds"].items())
     t = Table(title=f"{u(path)}: {r['mode']} ({kinds}){bpw}")
     for col in ("layer", "op", "kind", "bits", "sym", "block", "weights", "scales min/median/max"):
@@ -432,7 +433,19 @@ def quant(src: str = typer.Argument(..., help="A float .mnn model."),
           fp16: bool = typer.Option(False, "--fp16", help="Store weights as half floats."),
           skip: Optional[str] = typer.Option(None, "--skip", help="Comma-separated layers to keep in float."),
           auto_skip: Optional[float] = typer.Option(None, "--auto-skip",
-                                                    help="Keep the fewest layers in float for output cosine >= X."),
+                                                    help="Keep the fewest layers in float for output cosine >= X "
+                                                         "(int8, or weight-only: layers ranked by measured "
+                                                         "sensitivity)."),
+          skip_budget: Optional[float] = typer.Option(
+              None, "--skip-budget", help="Keep at most P% of the weights in float (int8 or weight-only): the "
+              "layers whose measured output error removed is largest within it; with --auto-skip X, the fewest "
+              "of them that reach X."),
+          skip_budget_by: str = typer.Option("weights", "--skip-budget-by",
+                                             help="What --skip-budget counts: weights or macs."),
+          target_bits: Optional[float] = typer.Option(
+              None, "--target-bits", help="Weight-only: 4 or 8 bits per layer for at most B bits per weight on "
+              "average (scales counted, as llama.cpp's bpw; `info --quant` reads the same), the 8 going to the "
+              "layers whose measured output error at 4 bits removes the most within it."),
           bias_correction: bool = typer.Option(True, "--bias-correction/--no-bias-correction"),
           symmetric_activations: bool = typer.Option(
               False, "--symmetric-activations",
@@ -463,7 +476,8 @@ def quant(src: str = typer.Argument(..., help="A float .mnn model."),
     cfg = QuantConfig(int8=int8, weight_bits=weight_bits, fp16=fp16, calib=calib, method=method,
                       per_channel=per_channel, samples=samples or batches, threads=threads, workers=workers,
                       ray=ray, skip=tuple(x.strip() for x in skip.split(",") if x.strip()) if skip else (),
-                      auto_skip=auto_skip, bias_correction=bias_correction,
+                      auto_skip=auto_skip, skip_budget=skip_budget, skip_budget_by=skip_budget_by,
+                      target_bits=target_bits, bias_correction=bias_correction,
                       symmetric_activations=symmetric_activations, float_weights=float_weights,
                       prep=_image_prep(mean, normal, size, fmt, std),
                       asymmetric=asymmetric, block_size=block_size, hqq=hqq, head_bits=head_bits,
@@ -473,7 +487,8 @@ def quant(src: str = typer.Argument(..., help="A float .mnn model."),
         from .format.writer import check_output
         check_output(dst, [config])     # the output must not replace the config file it reads either
         cfg = cfg.with_file(config)
-    with _progress("calibrating", None, shown=int8 and not as_json) as step:
+    with _progress("calibrating" if int8 else "measuring layers", None,
+                   shown=(int8 or cfg.measures()) and not as_json) as step:
         r = quantize_file(src, dst, cfg, progress=step)
     for note in r.get("notes", []):     # on stderr, so --json output stays one document
         err.print(f"[yellow]warning:[/] {u(note)}")
@@ -488,8 +503,14 @@ def quant(src: str = typer.Argument(..., help="A float .mnn model."),
         console.print(f"  int{r['head_bits']} output layers: {u(', '.join(r['head_layers']))}")
     if r.get("int8_float_outputs"):
         console.print(f"  int8 layers writing float for float readers: {r['int8_float_outputs']} of {r['int8_layers']}")
+    if r.get("inputs"):
+        console.print(f"  measured on: {u(r['inputs'])}")
     if r.get("auto_skipped") is not None:
         console.print(f"  kept in float: {u(', '.join(r['auto_skipped']) or 'none')}")
+    if r.get("skip_budget"):
+        _print_skip_budget(r["skip_budget"])
+    if r.get("bit_plan"):
+        _print_bit_plan(r["bit_plan"])
     for f in r.get("float_layers", []):
         console.print(f"  float layer {u(f['name'])}: {f['reason']}, {f['weights']} weights")
     if r["worst_layers"]:
@@ -500,6 +521,25 @@ def quant(src: str = typer.Argument(..., help="A float .mnn model."),
         for name in r["worst_layers"]:
             t.add_row(u(name), f"{by_name[name]['cosine']:.6f}")
         console.print(t)
+
+
+def _print_skip_budget(b: dict) -> None:
+    limit = f" of {b['budget_percent']:g}% allowed" if b["budget_percent"] is not None else ""
+    met = "" if b["target_met"] is None else (" (target met)" if b["target_met"] else
+                                              f" (--auto-skip {b['target']:g} not reached within the budget)")
+    console.print(f"  float {b['by']}: {b['used_percent']:.2f}%{limit}, layers ranked by measured sensitivity{met}")
+
+
+def _print_bit_plan(p: dict) -> None:
+    console.print(f"  bits per weight (scales counted): {p['achieved_bits_per_weight']:.4f} for a target of "
+                  f"{p['target_bits']:g}")
+    t = Table(title="bits per layer (output cosine with only that layer at 4 bits)")
+    for col in ("layer", "weights", "cosine at 4 bits", "bits"):
+        t.add_column(col, justify="left" if col == "layer" else "right")
+    for row in p["plan"]:
+        cos = f"{row['cosine_at_low']:.6f}" if row["cosine_at_low"] is not None else "fixed"
+        t.add_row(u(row["name"]), str(row["weights"] or ""), cos, str(row["bits"] or "float"))
+    console.print(t)
 
 
 @app.command("compile-kernels")

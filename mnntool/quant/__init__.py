@@ -62,13 +62,26 @@ def _with_plan_mode(cfg: QuantConfig) -> QuantConfig:
         opt = "--compression-params" if cfg.compression_params else "--write-compression-params"
         raise MnnToolError(f"{opt} carries weight-only plans (MNN's per-layer bits/block); drop "
                            f"{'--int8' if cfg.int8 else '--fp16'} or use --weight-bits 8|4")
-    if cfg.weight_bits is None and cfg.compression_params:
+    if cfg.weight_bits is None and cfg.compression_params and cfg.target_bits is None:
         from dataclasses import replace
         return replace(cfg, weight_bits=8)
     return cfg
 
 
 SUGGEST_BELOW = 0.999     # an int8 output below this cosine vs fp32 gets a note pointing at --auto-skip
+MEASURE_SAMPLES = 8       # weight-only: calibration samples the layers are measured on (unless --samples)
+
+
+def _weight_only_samples(g, cfg: QuantConfig, src) -> tuple[list[dict], str, list[str]]:
+    """The inputs weight-only accuracy (and, for --target-bits/--skip-budget, each layer's sensitivity) is
+    measured on: --calib's first samples, else one seeded random sample; with what to call them."""
+    if cfg.calib is None:
+        feeds, note = _probe_feeds(g, cfg.input_shapes)
+        return [feeds], "random N(0,1), seed 0, 1 sample (give --calib for real inputs)", [note] if note else []
+    data = _reader(cfg.calib, _shaped(g, cfg.input_shapes, src), cfg.prep)
+    data = data.split(cfg.samples or MEASURE_SAMPLES)[0]
+    where = f" of {cfg.calib}" if isinstance(cfg.calib, (str, Path)) else ""
+    return list(data), f"{len(data)} calibration sample(s){where}", list(getattr(data, "notes", []))
 
 
 def quantize_file(src, dst, config: QuantConfig, progress=None) -> dict:
@@ -104,16 +117,21 @@ def quantize_file(src, dst, config: QuantConfig, progress=None) -> dict:
         calib_set, held_out = data.split(n - max(1, n // 5)) if n > 1 else (data, data)
         held = list(held_out)       # auto-skip evaluates on it many times: read once
 
-        def quantize(extra_skip):
+        def quantize(extra_skip, stats=None):
             q = quantize_int8(g, calib_set, cfg.method, cfg.per_channel, skip | set(extra_skip),
                               cfg.bias_correction, progress=progress, asymmetric=not cfg.symmetric_activations,
-                              threads=cfg.threads, workers=cfg.workers, ray=cfg.ray)
+                              threads=cfg.threads, workers=cfg.workers, ray=cfg.ray, stats=stats)
             if not cfg.float_weights:       # the layers left float store int8 weights, computing in float
                 compress_weights(q, 8)
             return q
         from .shards import pool
         with pool(cfg.workers, cfg.ray) as workers:     # held-out evaluations, sharded
-            if cfg.auto_skip is not None:
+            if cfg.skip_budget is not None:        # layers ranked by measured sensitivity (skip_budget.py)
+                from .skip_budget import choose_int8
+                q, skipped, acc, report["skip_budget"] = choose_int8(g, quantize, calib_set, held, cfg, skip,
+                                                                     workers, progress)
+                report["auto_skipped"] = skipped
+            elif cfg.auto_skip is not None:
                 q, skipped, acc = run_auto_skip(g, quantize, held, cfg.auto_skip, threads=cfg.threads, pool=workers)
                 report["auto_skipped"] = skipped
             else:
@@ -125,27 +143,38 @@ def quantize_file(src, dst, config: QuantConfig, progress=None) -> dict:
         q = reader.load(src)
         head_bits = cfg.resolved_head_bits()
         plan = given = None
-        if cfg.compression_params or cfg.write_compression_params:
+        samples, report["inputs"], notes = _weight_only_samples(g, cfg, src)
+        report.setdefault("notes", []).extend(notes)
+        if cfg.target_bits is not None:
+            from .bit_budget import plan_target_bits
+            pinned = {name: head_bits for name in head_layers(g)} if head_bits else {}
+            plan, report["bit_plan"] = plan_target_bits(g, cfg.target_bits, samples, cfg.block_size,
+                                                           cfg.asymmetric or cfg.hqq, cfg.hqq, skip, pinned,
+                                                           cfg.threads, progress)
+        elif cfg.auto_skip is not None or cfg.skip_budget is not None:
+            from .skip_budget import choose_weight_only
+            chosen, report["skip_budget"] = choose_weight_only(g, cfg, skip, head_bits, samples, progress)
+            report["auto_skipped"] = chosen
+            skip |= set(chosen)
+        if plan is None and (cfg.compression_params or cfg.write_compression_params):
             from . import compression_params as cp
             given = cp.read(cfg.compression_params) if cfg.compression_params else None
             plan = cp.plan_for(g, cfg.weight_bits, cfg.asymmetric or cfg.hqq, cfg.block_size, skip,
                                head_layers(g) if head_bits else set(), head_bits, given, src)
-        n, blocked = compress_weights(q, cfg.weight_bits, cfg.fp16, cfg.asymmetric, skip, cfg.block_size, cfg.hqq,
+        bits = cfg.weight_bits if plan is None else 8       # a plan sets each layer's bits
+        n, blocked = compress_weights(q, bits, cfg.fp16, cfg.asymmetric, skip, cfg.block_size, cfg.hqq,
                                       head_bits if plan is None else None, plan)
         if plan is not None:
             report["layer_bits"] = {name: lp.bits for name, lp in plan.items()}
         if n == 0:
             raise MnnToolError(f"{src}: no float convolution weights to compress")
-        mode = ("fp16" if cfg.fp16 else "weight-only per layer" if cfg.compression_params
+        mode = ("fp16" if cfg.fp16 else "weight-only per layer" if cfg.compression_params or cfg.target_bits
                 else f"weight-int{cfg.weight_bits}")
         report.update(mode=mode,
                       asymmetric=cfg.asymmetric or cfg.hqq, hqq=cfg.hqq, head_bits=head_bits,
                       head_layers=sorted(head_layers(g) - skip - set(given or ())) if head_bits else [],
                       layers=n, block_size=cfg.block_size, block_layers=blocked)
-        feeds, note = _probe_feeds(g, cfg.input_shapes)
-        acc = layer_report(g, q, [feeds], cfg.threads)
-        if note:
-            report.setdefault("notes", []).append(note)
+        acc = layer_report(g, q, samples, cfg.threads)
     written = writer.write(q, dst, sources=sources, external=cfg.external_weights)
     if cfg.write_compression_params:        # after the model: no plan for a file that was not written
         from .compression_params import write as write_plan

@@ -15,6 +15,10 @@ from ..format import idst
 from ..ir.graph import Graph
 from ..ir.ops import is_convolution, is_deconvolution
 
+# Bits of one stored scale, and of one minimum of an asymmetric block: MNN keeps them as float32.
+# `stored_bits` counts them with the weight codes, as llama.cpp's bits per weight counts each block's
+# fp16 scale (Q4_0: 4.5 bits); biases and table headers are not counted.
+SCALE_BITS = 32
 # MNN's own int8 convolutions (older quantizer output), which the IR has no definition of
 MNN_INT8_CONVS = ("ConvInt8", "DepthwiseConvInt8")
 
@@ -48,6 +52,7 @@ def layer(node) -> dict | None:
         w = np.asarray(sq["weight"])
         out.update(kind="int8", bits=int(sq.get("nbits", 8) or 8), symmetric=True, weights=int(w.size),
                    block="channel", scales=_scales(sq.get("scale", ())))
+        out["stored_bits"] = out["bits"] * out["weights"] + SCALE_BITS * np.asarray(sq.get("scale", ())).size
     elif qp and int(qp.get("type", 1)) == 3:
         out.update(kind="fp16", bits=16, weights=int(np.asarray(qp["buffer"]).size // 2))
     elif qp:
@@ -62,9 +67,12 @@ def layer(node) -> dict | None:
         out.update(kind="int8" if sq else "weight-only", bits=int(qp.get("aMaxOrBits") or bits),
                    symmetric=not asymmetric, block=block, weights=int(q.size),
                    scales=_scales(alpha[1::2] if asymmetric else alpha))
+        out["stored_bits"] = out["bits"] * out["weights"] + SCALE_BITS * alpha.size
     else:
         w = p.get("weight")
         out["weights"] = int(np.asarray(w).size) if w is not None else None
+    if "stored_bits" not in out:
+        out["stored_bits"] = out["bits"] * out["weights"] if out["weights"] else None
     if sq:
         out["int8"] = {"input_zero_point": int(sq.get("zeroPoint", 0) or 0),
                        "output_zero_point": int(sq.get("outputZeroPoint", 0) or 0),
@@ -99,4 +107,5 @@ def describe(g: Graph) -> dict:
         mode = "float"
     return {"mode": mode, "layers": layers, "kinds": kinds, "bits": bits, "weights": total,
             "bits_per_weight": sum(x["weights"] * x["bits"] for x in counted) / total if total else None,
+            "bits_per_weight_stored": sum(x["stored_bits"] for x in counted) / total if total else None,
             "int8_tensors": tensors}

@@ -314,14 +314,16 @@ def _collect_chunk(chunk, g: Graph, names: list, layers: list, threads: int) -> 
 
 def calibrate(g: Graph, samples, method: str, nodes, progress=None,
               asymmetric: bool = True, threads: int = 1, workers: int = 1,
-              ray: str | None = None) -> tuple[dict[str, Grid], dict]:
+              ray: str | None = None, stats: Statistics | None = None) -> tuple[dict[str, Grid], dict]:
     """Per-tensor int8 grids for the inputs and outputs of `nodes`, and per-channel input means. A
     tensor a max pooling touches gets a zero-point-0 grid (bytes 0..127 where it is never negative);
     where it has negative values it gets none: the layers on it stay float (see max_pooled)."""
     names = sorted({n.inputs[0] for n in nodes} | {n.outputs[0] for n in nodes})
     layers = [(n.name, n.inputs[0]) for n in nodes]
     with shards.pool(workers, ray) as on:       # None: this process
-        if on is not None:
+        if stats is not None:       # collected once for many quantizations (quant.skip_budget), a superset
+            pass
+        elif on is not None:
             stats = shards.merge_on(on, _collect_chunk, samples, (g, names, layers, threads), Statistics(), progress)
         else:
             stats = collect(g, samples, names, layers, threads, progress)
@@ -350,7 +352,8 @@ def _grids(cals: list) -> list:
 
 def quantize_int8(g: Graph, samples, method: str = "kl", per_channel: bool = True,
                   skip: set[str] = frozenset(), bias_correction: bool = True, progress=None,
-                  asymmetric: bool = True, threads: int = 1, workers: int = 1, ray: str | None = None) -> Graph:
+                  asymmetric: bool = True, threads: int = 1, workers: int = 1, ray: str | None = None,
+                  stats: Statistics | None = None) -> Graph:
     if len(samples) == 0:
         raise MnnToolError("no calibration samples")
     q = copy.deepcopy(g)
@@ -360,7 +363,7 @@ def quantize_int8(g: Graph, samples, method: str = "kl", per_channel: bool = Tru
             return q      # everything asked to stay float
         raise MnnToolError("the model has no float convolutions to quantize")
     nodes = _unspread(q, nodes)
-    grids, means = calibrate(q, samples, method, nodes, progress, asymmetric, threads, workers, ray)
+    grids, means = calibrate(q, samples, method, nodes, progress, asymmetric, threads, workers, ray, stats)
     nodes = _unspread(q, [n for n in nodes if n.inputs[0] in grids and n.outputs[0] in grids])
     for n in nodes:
         if n.inputs[0] not in grids or n.outputs[0] not in grids:
