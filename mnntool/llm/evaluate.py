@@ -54,12 +54,13 @@ import math
 import shutil
 import subprocess
 import sys
-import tempfile
 import types
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+
+from .logit_files import mapped, workdir
 
 ROWS = 1024             # rows per float64 chunk in the statistics (bounds temporaries to ROWS x vocab x 8 bytes)
 
@@ -208,16 +209,7 @@ def kl_summary(kl: np.ndarray, same: np.ndarray) -> dict:
 
 # ------------------------------------------------------------------------------------- logits storage
 
-def _mapped(folder: Path, count: int) -> list[np.ndarray]:
-    """Map win_0.npy .. win_{count-1}.npy read-only, then delete the folder (the mappings keep the data)."""
-    try:
-        return [np.load(folder / f"win_{i}.npy", mmap_mode="r") for i in range(count)]
-    finally:
-        shutil.rmtree(folder, ignore_errors=True)
-
-
-def _workdir(tmp_dir) -> Path:
-    return Path(tempfile.mkdtemp(prefix="mnntool_eval_", dir=tmp_dir))
+_mapped, _workdir = mapped, workdir       # (their home is logit_files: engine/score.py uses them too)
 
 
 # ------------------------------------------------------------------------------------ MNN-LLM (child)

@@ -3,7 +3,7 @@
 
 The counterpart of evaluate.mnn_logits: one model for all windows, the cache emptied before each
 (Model.reset: positions from 0), each window's float32 [len(ids), vocab] logits written to a .npy in a
-work folder and handed back memory-mapped (evaluate._mapped), so vocab x tokens floats are never held
+work folder and handed back memory-mapped (logit_files.mapped), so vocab x tokens floats are never held
 for all windows at once. In-process: the engine is mnntool's own code (MNN-LLM runs in a child because
 it can crash its process).
 """
@@ -17,7 +17,7 @@ def engine_logits(bundle, windows_: list, threads: int = 1, kv_int8: bool = Fals
     """Logits of every position of each window (evaluate.Window) from the engine, memory-mapped."""
     import shutil
 
-    from ..evaluate import _mapped, _workdir
+    from ..logit_files import mapped as _mapped, workdir as _workdir
     from .model import Model
     ctx = max((len(w.ids) for w in windows_), default=1)
     m = Model.load(bundle, threads=threads, context=ctx + 1, precision=precision, kv_int8=kv_int8)
