@@ -19,9 +19,9 @@ demo: $(STAMP)
 	mkdir -p demo
 	$(BIN)/mnntool convert build/fixtures/mobilenetv2.onnx demo/mobilenetv2.mnn
 	$(BIN)/mnntool info demo/mobilenetv2.mnn
-	$(BIN)/mnntool quant demo/mobilenetv2.mnn demo/mobilenetv2_int8.mnn --int8 --calib build/calib --method mse
+	$(BIN)/mnntool quant demo/mobilenetv2.mnn demo/mobilenetv2_int8.mnn --int8 --calib build/calib --method mse --auto-skip 0.99
 	$(BIN)/mnntool verify build/fixtures/mobilenetv2.onnx demo/mobilenetv2.mnn --report demo/verify.html
-	$(BIN)/mnntool verify build/fixtures/mobilenetv2.onnx demo/mobilenetv2_int8.mnn --min-cosine 0.99 --report demo/verify_int8.html
+	$(BIN)/mnntool verify build/fixtures/mobilenetv2.onnx demo/mobilenetv2_int8.mnn --min-cosine 0.99 --outputs-only --report demo/verify_int8.html
 	$(BIN)/mnntool compile-kernels
 	$(BIN)/mnntool bench demo/mobilenetv2.mnn --runs 20 --profile --top 5
 	$(BIN)/mnntool bench demo/mobilenetv2.mnn --runs 20 --backend mnn

@@ -62,6 +62,20 @@ def preprocess(path, size=(224, 224)):
     return ((x - MEAN) * NORMAL).transpose(2, 0, 1)[None].copy()
 
 
+def save(path: str | None, kind: str, rows: list[dict]) -> None:
+    """The rows with where, when and how they were measured: the file tools/results_tables.py renders
+    (`<!-- results: NAME.json -->` in docs/reference/results.md) when kept in docs/results/."""
+    if not path:
+        return
+    import os
+    import time
+
+    from benchmarks.wide_speed import cpu_name
+    doc = {"kind": kind, "cpu": cpu_name(), "cores": os.cpu_count(), "date": time.strftime("%Y-%m-%d"),
+           "command": "python " + " ".join(sys.argv), "rows": rows}
+    Path(path).write_text(json.dumps(doc, indent=1))
+
+
 def score(ref, got):
     cos = [float(a.ravel() @ b.ravel() / (np.linalg.norm(a) * np.linalg.norm(b))) for a, b in zip(ref, got)]
     top1 = [int(np.argmax(a) == np.argmax(b)) for a, b in zip(ref, got)]
@@ -270,14 +284,12 @@ def main():
     args = ap.parse_args()
     if args.ocr:
         rows = ocr_rows(args.calib, args.held_out, args.method, Path(args.ocr_dir), args.auto_skip)
-        if args.json:
-            Path(args.json).write_text(json.dumps(rows, indent=1))
+        save(args.json, "quant_accuracy_ocr", rows)
         return
     if args.zoo is not None:
         rows = zoo_rows(args.zoo or ZOO_DEFAULT, args.calib, args.held_out, args.method, args.auto_skip,
                         not args.mnntool_only)
-        if args.json:
-            Path(args.json).write_text(json.dumps(rows, indent=1))
+        save(args.json, "quant_accuracy_zoo", rows)
         return
     import onnxruntime as ort
     from onnxruntime.quantization import (CalibrationDataReader, CalibrationMethod, QuantFormat, QuantType,
@@ -335,8 +347,7 @@ def main():
                 rows.append({"model": name, "tool": label, **r})
                 print(f"{name:12s} {label:32s} cosine {r['cosine']:.6f}  top-1 agreement {r['top1_agreement']:.2f}",
                       flush=True)
-    if args.json:
-        Path(args.json).write_text(json.dumps(rows, indent=1))
+    save(args.json, "quant_accuracy", rows)
 
 
 if __name__ == "__main__":
