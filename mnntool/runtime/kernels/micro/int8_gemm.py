@@ -117,7 +117,7 @@ def epilogue(alpha, bias, weight_sums, s_in: float, zero_in: int, out_grid, act:
     """The tile's (scale, bias) rows and epilogue floats for the rescale MNN 3.6's x86 int8 GEMM does
     (its AVX2 kernel, read from the binary and checked on the values it was handed; the pip wheel has
     no AVX-512 int8 code): from the accumulator D over the stored bytes u = q + 128,
-    v = fl(fl(fl(float(D) * alpha) * (s_in / s_out)) + b'), b' = fl(fl((b - 128' * sum(w) * alpha * s_in)
+    v = fl(fl(fl(float(D) * alpha) * (s_in / s_out)) + b'), b' = fl(fl((b - sum(w) * alpha * 128' * s_in)
     / s_out) + z_out) with 128' = 128 + zero_in, all float32 left to right; clamped to the activation,
     rounded half away from zero (fl(v +- 0.5) truncated), clamped to the byte range; a float output takes
     s_out = 1 and z_out = 0 and stops before the rounding. `out_grid` = (s_out, lo, hi, z_out) in steps
@@ -128,7 +128,10 @@ def epilogue(alpha, bias, weight_sums, s_in: float, zero_in: int, out_grid, act:
     a = np.asarray(alpha, f32)
     s_in = f32(s_in)
     s_out, z_out = (f32(1), 0) if out_grid is None else (f32(out_grid[0]), int(out_grid[3]))
-    off = f32(128 + zero_in) * np.asarray(weight_sums, np.int64).astype(f32) * a * s_in
+    # MNN's order (CPUConvolution::updateInputOutputScale): its weight kernel sum is float(sum w) * alpha,
+    # then times (z_in + 128), then times s_in. Another order lands on other rounding ties (an output byte
+    # of PP-OCRv4's detector stem rounded 12.5 -> 13 where MNN gives 12)
+    off = (np.asarray(weight_sums, np.int64).astype(f32) * a) * f32(128 + zero_in) * s_in
     b = ((np.asarray(bias, f32) - off) / s_out).astype(f32)
     if out_grid is not None:
         b = (b + f32(z_out)).astype(f32)
