@@ -4,6 +4,7 @@ file time (the promise: never above 1.0, geometric mean <= 0.95). For each model
 both files show what differs (the first place to look when our file is slower).
 
     python benchmarks/mnn_file_parity.py [--models fastvit_t8 ...] [--threads 1] [--budget-s 4] [--out build/wide]
+                                         [--reconvert]
 
 Sources are the wide speed set's dynamo exports (benchmarks/wide_speed.py --export-only writes them).
 Writes <out>/mnn_file_parity_t<N>.json.
@@ -71,6 +72,7 @@ def main():
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--budget-s", type=float, default=4.0)
     ap.add_argument("--out", default=str(ROOT / "build" / "wide"))
+    ap.add_argument("--reconvert", action="store_true", help="write mnntool's file again even when present")
     ap.add_argument("--shard", default="0/1", help="I/N: every N-th model from the I-th (parallel pinned runs)")
     args = ap.parse_args()
     out = Path(args.out)
@@ -84,7 +86,7 @@ def main():
         ours, other = out / f"{name}.mnn", out / f"{name}.mnnconvert.mnn"
         row = {"model": name}
         try:
-            if not ours.exists():
+            if args.reconvert or not ours.exists():     # ours follows the tree; MNN's converter's file is kept
                 from mnntool import api
                 api.convert(src, ours)
             theirs(src, other)

@@ -15,20 +15,24 @@ from .dead_code import DeadCodePass
 from .fold_batch_norm import FoldBatchNormPass
 from .fuse_conv import FoldAffineIntoConvPass, FuseReluIntoBinaryPass, FuseReluIntoConvPass
 from .fuse_pad import FusePadIntoConvPass
+from .fuse_pad_pool import FusePadIntoAvgPoolPass
 from .fuse_patterns import FuseGeluPass, FuseGeluTanhPass, FuseLayerNormPass
+from .fuse_silu import FuseSiluPass
 from .layout import LayoutPass
 from .matmul_to_conv import MatMulToConvPass
 from .merge_parallel_convs import MergeParallelConvsPass
 from .mnn_workarounds import MnnWorkaroundsPass
 from .remove_noops import RemoveNoopsPass
+from .split_few_groups import SplitFewGroupsPass
 from .split_grouped_conv import SplitGroupedConvPass
 
 # The one place a pass is registered: its stage lists it, in pipeline order.
 STAGES = {
     "lowering": [FoldBatchNormPass],         # ops MNN has no inference kernel for: first, at every level
     "optimizing": [RemoveNoopsPass, ConstantFoldPass, FuseGeluPass, FuseGeluTanhPass, FuseLayerNormPass,
-                   FusePadIntoConvPass, FoldAffineIntoConvPass, MergeParallelConvsPass, FuseReluIntoConvPass, FuseReluIntoBinaryPass, MatMulToConvPass,
-                   SplitGroupedConvPass, ApproximateGeluPass,
+                   FuseSiluPass, FusePadIntoConvPass, FusePadIntoAvgPoolPass,
+                   FoldAffineIntoConvPass, MergeParallelConvsPass, FuseReluIntoConvPass, FuseReluIntoBinaryPass, MatMulToConvPass,
+                   SplitGroupedConvPass, SplitFewGroupsPass, ApproximateGeluPass,
                    DeadCodePass],            # -O1 once, -O2 to a fixed point
     "required": [MnnWorkaroundsPass, LayoutPass],   # what every written file needs: last, at every level
 }

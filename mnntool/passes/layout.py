@@ -19,6 +19,17 @@ def _per_channel(g: Graph, name: str, channels) -> bool:
     return c.size == 1 or (len(dims) in (3, 4) and dims[-3] == channels and c.size == channels)
 
 
+def _gate(shapes, out) -> bool:
+    """Two 4-D tensors of one batch and channel count, one of them 1x1 in H and W (a squeeze-excite gate
+    times its feature map): MNN's converter keeps the product in NC4HW4, which saves converting the
+    feature map to NCHW and back around it (TinyNet-A: 32 such pairs of ConvertTensor)."""
+    a, b = shapes
+    if a is None or b is None or len(a) != 4 or len(b) != 4 or not all(isinstance(d, int) for d in (*a, *b)):
+        return False
+    small, big = (a, b) if a[2] * a[3] == 1 else (b, a)
+    return small[:2] == big[:2] and small[2] * small[3] == 1 and out is not None and tuple(out) == tuple(big)
+
+
 def _stays_packed(g: Graph, n: Node, layout: dict) -> bool:
     """A BinaryOp computes in NC4HW4 when both inputs are NC4HW4 tensors of one shape, or one is and the
     other a per-channel or scalar constant (a layer scale, a normalisation's affine): as MNN's converter
@@ -29,13 +40,33 @@ def _stays_packed(g: Graph, n: Node, layout: dict) -> bool:
     packed = [layout.get(i) == "NC4HW4" for i in n.inputs]
     shapes = [g.info(i).shape for i in n.inputs]
     if all(packed):
-        return shapes[0] is not None and shapes[0] == shapes[1]
+        return shapes[0] is not None and (shapes[0] == shapes[1] or _gate(shapes, g.info(n.outputs[0]).shape))
     if not any(packed):
         return False
     k = packed.index(True)
     shape, other = shapes[k], n.inputs[1 - k]
     return shape is not None and len(shape) == 4 and isinstance(shape[1], int) and \
         _per_channel(g, other, shape[1]) and g.info(n.outputs[0]).shape == shape
+
+
+def _moves_packed(g: Graph, n: Node, layout: dict) -> bool:
+    """A Concat along channels of NC4HW4 tensors, or a Slice/StridedSlice (ONNX Slice or Split, constant
+    bounds) of one, stays in NC4HW4 as MNN's converter writes it: RexNet's partial residual (a channel slice,
+    an add, a concat) otherwise converts the feature map to NCHW and back around each block."""
+    def packed4(name):
+        shape = g.info(name).shape
+        return layout.get(name) == "NC4HW4" and shape is not None and len(shape) == 4
+
+    outs4 = all(g.info(o).shape is not None and len(g.info(o).shape) == 4 for o in n.outputs)
+    if n.op == "Concat":
+        return bool(n.inputs) and all(packed4(i) for i in n.inputs) and outs4 and \
+            int(n.param.get("axis", 0)) in (1, -3)
+    if n.op == "StridedSlice":
+        return int(n.param.get("fromType", 0)) == 1 and packed4(n.inputs[0]) and outs4 and \
+            all(i in g.constants for i in n.inputs[1:] if i)
+    if n.op == "Slice":
+        return len(n.inputs) == 1 and packed4(n.inputs[0]) and outs4
+    return False
 
 
 class LayoutPass:
@@ -69,7 +100,7 @@ class LayoutPass:
                 fmt = "NC4HW4"
             elif runs_on == "either" and layout.get(n.inputs[0]) == "NC4HW4":
                 fmt = "NC4HW4"
-            elif n.op == "BinaryOp" and _stays_packed(g, n, layout):
+            elif n.op == "BinaryOp" and _stays_packed(g, n, layout) or _moves_packed(g, n, layout):
                 fmt = "NC4HW4"
             else:
                 n.inputs = [want(i, "NCHW") if i else i for i in n.inputs]

@@ -198,7 +198,8 @@ class Session:
                 ins = [stored_on(Val(x.shape, str(x.dtype), x if sm else None),
                                   None if (node.name, i) in self._raw else self._stored.get(i))
                        if x is not None else Val(None) for x, sm, i in zip(xs, small, node.inputs)]
-                outs = [stored_on(v, self._stored.get(o)) for v, o in zip(infer_node(node, ins), node.outputs)]
+                outs = [stored_on(v, None if o in self._raw_tensors else self._stored.get(o))
+                        for v, o in zip(infer_node(node, ins), node.outputs)]
                 for name, v in zip(node.outputs, outs):
                     check_size(name, v)
                 if not shape_free(node.op) and any(v.shape is None or not all(isinstance(d, int) for d in v.shape)

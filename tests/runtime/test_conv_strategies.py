@@ -1,6 +1,6 @@
 """Convolution dispatch: one layer per strategy, checking that `pick` chooses it (with and without
 AVX-512) and that the strategy's kernel matches torch's conv2d. Every strategy must have a case here.
-Tolerance: 5e-5 of the output's largest magnitude (fp32 sums of up to 800 products; Winograd's
+Tolerance: 5e-5 of the output's largest magnitude (fp32 sums of up to 1296 products; Winograd's
 transforms scale values by up to 8x), and int8-grid outputs within one grid step."""
 import numpy as np
 import pytest
@@ -27,13 +27,17 @@ CASES = {
     "dw3 stride 2": (geo(2, 8, 40, 40, 8, 3, s=2, p=1, group=8), "dw-strips", "dw3-border"),
     "dw5 small map": (geo(1, 16, 14, 14, 16, 5, p=2, group=16), "dw-strips", "dw-channels-last"),
     "dw5 stride 2": (geo(1, 8, 37, 35, 8, 5, s=2, p=2, group=8), "dw-strips", "dw-generic"),
-    "dw5 stride 2 to 7x7, two images": (geo(2, 24, 14, 14, 24, 5, s=2, p=2, group=24), "dw-phased", "dw-channels-last"),
+    "dw5 stride 2 to 7x7, two images": (geo(2, 24, 14, 14, 24, 5, s=2, p=2, group=24), "dw-strips", "dw-channels-last"),
     "dw3 stride 2 to 8x7, odd": (geo(1, 16, 15, 13, 16, 3, s=2, p=1, group=16), "dw-strips", "dw-channels-last"),
-    "dw7 stride 2 to 8x7, odd": (geo(1, 16, 15, 13, 16, 7, s=2, p=3, group=16), "dw-phased", "dw-channels-last"),
-    "dw7 stride 2 unpadded to 4x4": (geo(1, 16, 13, 13, 16, 7, s=2, group=16), "dw-phased", "dw-channels-last"),
+    "dw7 stride 2 to 8x7, odd": (geo(1, 16, 15, 13, 16, 7, s=2, p=3, group=16), "dw-strips", "dw-channels-last"),
+    "dw7 stride 2 unpadded to 4x4": (geo(1, 16, 13, 13, 16, 7, s=2, group=16), "dw-strips", "dw-channels-last"),
     "dw5 dilated": (geo(1, 8, 40, 40, 8, 5, p=4, group=8, d=2), "dw-strips", "dw-generic"),
     "dw7": (geo(1, 8, 23, 23, 8, 7, p=3, group=8), "dw-strips", "dw-generic"),
     "dw7 stride 2, unpadded": (geo(1, 8, 40, 40, 8, 7, s=2, group=8), "dw-strips", "dw-generic"),
+    "dw 1x5 band on 14x14": (Geometry(1, 16, 14, 14, 16, 14, 14, 1, 5, 1, 1, 1, 1, 0, 2, 0, 2, 16), "dw-strips",
+                             "dw-channels-last"),
+    "dw 5x1 band on 40x40": (Geometry(1, 8, 40, 40, 8, 40, 40, 5, 1, 1, 1, 1, 1, 2, 0, 2, 0, 8), "dw-strips",
+                             "dw-generic"),
     "dw4 small map": (geo(1, 16, 12, 12, 16, 4, p=1, group=16), "dw-channels-last", "dw-channels-last"),
     "dw4 large map": (geo(1, 8, 40, 40, 8, 4, p=1, group=8), "dw-generic", "dw-generic"),
     "3x3 dense": (geo(2, 16, 20, 20, 16, 3, p=1), "winograd", "blas-im2col"),
@@ -44,7 +48,10 @@ CASES = {
     "1x1 stride 2": (geo(2, 16, 20, 20, 24, 1, s=2), "pointwise", "blas-im2col"),
     "3x3 s2 to 7x7": (geo(1, 16, 14, 14, 32, 3, s=2, p=1), "im2col-oc", "blas-im2col"),
     "stem": (geo(1, 3, 64, 64, 16, 3, s=2, p=1), "im2col-in-place", "blas-im2col"),
-    "5x5 dense": (geo(1, 32, 20, 20, 64, 5, p=2), "im2col-implicit", "blas-im2col"),
+    "3x3 s2 to 20 wide, few taps": (geo(1, 16, 40, 40, 24, 3, s=2, p=1), "im2col-wide", "blas-im2col"),
+    "3x3 s2 to 56 wide": (geo(1, 8, 112, 112, 16, 3, s=2, p=1), "im2col-wide", "blas-im2col"),
+    "5x5 dense": (geo(1, 32, 20, 20, 64, 5, p=2), "im2col-wide", "blas-im2col"),
+    "3x3 s2, many taps": (geo(1, 144, 20, 20, 64, 3, s=2, p=1), "im2col-implicit", "blas-im2col"),
     "patches 4x4/4, edges left over": (geo(2, 3, 30, 34, 24, 4, s=4), "patchify", "blas-im2col"),
     "patches 8x8/8 to 4x4 (tiny ViT)": (geo(1, 3, 32, 32, 64, 8, s=8), "patchify", "blas-im2col"),
     "grouped": (geo(2, 16, 10, 10, 16, 3, p=1, group=4), "grouped-in-place", "blas-im2col"),
@@ -56,8 +63,18 @@ CASES = {
 }
 
 
+# geometry -> strategy with AVX-512 under a fused activation past the ReLU bounds (a SiLU): the ones only
+# such layers get (Strategy.post_only)
+POST_CASES = {
+    "dw5 stride 2 to 7x7 with SiLU, two images": (geo(2, 24, 14, 14, 24, 5, s=2, p=2, group=24), "dw-phased"),
+    "dw7 stride 2 to 8x7 with SiLU, odd": (geo(1, 16, 15, 13, 16, 7, s=2, p=3, group=16), "dw-phased"),
+    "dw7 stride 2 unpadded to 4x4 with SiLU": (geo(1, 16, 13, 13, 16, 7, s=2, group=16), "dw-phased"),
+}
+
+
 def test_every_strategy_has_a_case():
     covered = {name for _, fast, slow in CASES.values() for name in (fast, slow)}
+    covered |= {fast for _, fast in POST_CASES.values()}
     assert covered == {s.name for s in STRATEGIES}
 
 
@@ -73,6 +90,26 @@ def test_pick_leaves_row_depthwise_to_strips_under_a_fused_activation():
     g = CASES["dw3 wide map"][0]
     assert pick(g, avx512=True, post=False).name == "dw3-rows"
     assert pick(g, avx512=True, post=True).name == "dw-strips"
+
+
+@pytest.mark.parametrize("case", list(POST_CASES))
+def test_post_only_strategy_runs_layers_with_a_fused_activation(case):
+    """Picked under a SiLU, not without one; its kernel (SiLU in its epilogue) matches torch."""
+    from mnntool.runtime.kernels.micro.epilogue import POST_SILU
+    g, fast = POST_CASES[case]
+    if not HAS_AVX512:
+        pytest.skip("this host has no AVX-512")
+    assert pick(g, avx512=True, post=True).name == fast and pick(g, avx512=True, post=False).name != fast
+    rng = np.random.default_rng(g.cin * g.h + g.kh)
+    x = rng.standard_normal((g.n, g.cin, g.h, g.w)).astype(np.float32)
+    w = (rng.standard_normal((g.cout, 1, g.kh, g.kw)) / g.kh).astype(np.float32)
+    b = rng.standard_normal(g.cout).astype(np.float32)
+    k = pick(g, avx512=True, post=True).build(g, Layer(w.reshape(g.cout, -1), b, 0, NO_GRID, 2, (POST_SILU, 0.0, 0.0)))
+    y = np.full((g.n, g.cout, g.oh, g.ow), np.nan, np.float32)
+    k.fn([x], [y])
+    ref = F.silu(F.conv2d(F.pad(torch.from_numpy(x), (g.l, g.r, g.t, g.b)), torch.from_numpy(w), torch.from_numpy(b),
+                          stride=(g.sh, g.sw), groups=g.group)).numpy()
+    assert np.abs(y - ref).max() <= 5e-5 * np.abs(ref).max()
 
 
 def _run(g: Geometry, strategy, act=RELU6, grid=NO_GRID, threads=2):

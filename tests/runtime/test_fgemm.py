@@ -139,10 +139,12 @@ def test_winograd_reads_padding_in_place(h, w, pads):
     (3, 64, 64, 7, 2, (3, 3, 3, 3), 1), (64, 128, 28, 3, 2, (1, 1, 1, 1), 1), (256, 512, 14, 3, 2, (1, 1, 1, 1), 1),
     (5, 7, 11, 3, 1, (0, 1, 2, 0), 1), (16, 24, 20, 3, 1, (2, 2, 2, 2), 2), (6, 10, 13, 5, 3, (1, 2, 0, 1), 1),
     (32, 16, 15, 1, 2, (0, 0, 0, 0), 1), (600, 24, 9, 3, 2, (1, 1, 1, 1), 1), (4, 8, 12, 3, 2, (0, 2, 1, 0), 1),
-    (4, 8, 9, 4, 2, (1, 0, 0, 1), 1), (5, 12, 40, 3, 1, (2, 1, 0, 2), 2), (4, 20, 70, 5, 2, (2, 2, 2, 2), 1)])
+    (4, 8, 9, 4, 2, (1, 0, 0, 1), 1), (5, 12, 40, 3, 1, (2, 1, 0, 2), 2), (4, 20, 70, 5, 2, (2, 2, 2, 2), 1),
+    (3, 16, 29, 3, 1, (1, 1, 1, 1), 1), (8, 16, 20, 3, 2, (1, 1, 1, 1), 1)])
 def test_convolution_without_im2col_matches_torch(cin, cout, h, k, stride, pads, dilation):
-    """Narrow outputs copy a panel per tile (conv_im2col); outputs 32+ wide with small weights read the
-    taps in place (conv_rows); outputs of at most 64 pixels (not 48) take an im2col matrix and ocgemm."""
+    """Narrow outputs copy a panel per tile (conv_im2col); outputs 32+ wide (or few taps) with small weights
+    read the taps in place (conv_rows, or on the phase planes' width: conv_grouped at one group); outputs of
+    at most 64 pixels (not 48) take an im2col matrix and ocgemm."""
     rng = np.random.default_rng(cin * k)
     x = rng.standard_normal((1, cin, h, h + 3)).astype(np.float32)
     w = (rng.standard_normal((cout, cin, k, k)) / np.sqrt(cin * k * k)).astype(np.float32)

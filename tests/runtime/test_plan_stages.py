@@ -19,7 +19,7 @@ from mnntool.runtime.session import Session
 from mnntool.runtime.settings import cores
 
 ort = pytest.importorskip("onnxruntime")
-OUTPUTS = ("y_cat", "y_tok", "y_emb", "y_vec", "y_head")
+OUTPUTS = ("y_cat", "y_tok", "y_emb", "y_vec", "y_bn", "y_lab", "y_head")
 
 
 def _every_stage_model(path):
@@ -27,11 +27,14 @@ def _every_stage_model(path):
 
     def w(name, *shape, s=0.2):
         return nh.from_array((rng.standard_normal(shape) * s).astype(np.float32), name)
-    ints = {"split5": [1, 2, 16, 16, 16], "merge4": [1, 32, 16, 16], "minus1": [-1], "zero1": [0], "one1": [1]}
+    ints = {"split5": [1, 2, 16, 16, 16], "merge4": [1, 32, 16, 16], "minus1": [-1], "zero1": [0], "one1": [1],
+            "tok2": [6, 16]}
     inits = [w("w1", 16, 8, 3, 3), w("wse", 16, 16, 1, 1), w("w2", 16, 16, 1, 1), w("w3", 16, 16, 1, 1),
              w("w4", 8, 32, 3, 3), w("w5", 8, 32, 1, 1), w("wq", 16, 16), w("wk", 16, 16), w("wv", 16, 16),
              w("table", 10, 8, s=1.0), w("c", 1, 64), nh.from_array(np.ones(16, np.float32), "gamma"),
-             nh.from_array(np.zeros(16, np.float32), "beta")] + \
+             nh.from_array(np.zeros(16, np.float32), "beta"), w("wl", 16, 16), w("bn_mu", 16),
+             nh.from_array(np.linspace(0.5, 2, 16, dtype=np.float32), "bn_var"), w("w6", 4, 8, 1, 1),
+             nh.from_array(np.array([1.5], np.float32), "s6"), nh.from_array(np.array([0.25], np.float32), "b6")] + \
         [nh.from_array(np.array(v, np.int64), k) for k, v in ints.items()]
     n = h.make_node
     nodes = [
@@ -56,9 +59,15 @@ def _every_stage_model(path):
         n("Gather", ["table", "ids"], ["emb"], axis=0), n("Shape", ["emb"], ["esh"]),
         n("Slice", ["esh", "zero1", "one1"], ["lead"]), n("Concat", ["lead", "minus1"], ["newsh"], axis=0),
         n("Reshape", ["emb", "newsh"], ["y_emb"]),
+        # a linear layer and a BatchNorm over its tokens (fuse_linear_scale)
+        n("MatMul", ["t", "wl"], ["tl"]), n("Reshape", ["tl", "tok2"], ["tl2"]),
+        n("BatchNormalization", ["tl2", "gamma", "beta", "bn_mu", "bn_var"], ["y_bn"]),
         # small ops in a row (programs)
         n("Add", ["vec", "c"], ["va"]), n("Mul", ["va", "va"], ["vb"]), n("Sigmoid", ["vb"], ["vs"]),
         n("Tanh", ["vs"], ["y_vec"]),
+        # a scalar affine after a convolution and ReLU (fuse_scalar_affine)
+        n("Conv", ["x", "w6"], ["c6"]), n("Relu", ["c6"], ["r6"]), n("Mul", ["r6", "s6"], ["m6"]),
+        n("Add", ["m6", "b6"], ["y_lab"]),
     ]
     inputs = [h.make_tensor_value_info("x", TP.FLOAT, [1, 8, 16, 16]),
               h.make_tensor_value_info("t", TP.FLOAT, [1, 6, 16]),
@@ -83,6 +92,8 @@ def _effects(s: Session) -> dict:
             "fuse_silu": "FusedSiLU" in ops,
             "fuse_activations": any(st.op == "Convolution" and "(+" in st.name for st in plan.steps),
             "fuse_channel_scale": "ScaledPointwise" in ops,
+            "fuse_linear_scale": "Scale" not in ops,
+            "fuse_scalar_affine": any("(scaled by" in st.name for st in plan.steps),
             "fuse_transposed_weights": any(st.op == "MatMul" and plan.names[st.ins[1]] == "table" for st in plan.steps),
             "constants": "Shape" not in ops,
             "programs": "Program" in ops,
@@ -106,6 +117,14 @@ def model(tmp_path_factory):
     g.nodes += [Node("Permute", ["table"], ["table_t"], "head_t", {"dims": [1, 0]}),
                 Node("MatMul", ["emb", "table_t"], ["y_head"], "head", {"transposeA": False, "transposeB": False})]
     g.outputs.append("y_head")
+    # the SiLUs as Sigmoid and Mul (fuse_silu): files of other converters (and mnntool's before its
+    # passes/fuse_silu) hold that form; mnntool's converter now writes one UnaryOp SILU
+    for node in list(g.nodes):
+        if node.op == "UnaryOp" and node.param.get("opType") == "SILU":
+            x, y = node.inputs[0], node.outputs[0]
+            at = g.nodes.index(node)
+            g.nodes[at:at + 1] = [Node("Sigmoid", [x], [y + "_sig"], node.name + "_sig", {}),
+                                  Node("BinaryOp", [x, y + "_sig"], [y], node.name, {"opType": "MUL", "T": "DT_FLOAT"})]
     ref["y_head"] = ref["y_emb"].reshape(1, -1, 8) @ g.constants["table"].T
     full = Session(g, threads=2, off=())
     return g, feeds, ref, full.run(feeds), _effects(full)

@@ -2,7 +2,8 @@
 same ONNX model (or NumPy where the case is written into the .mnn graph):
 
 - BatchNorm1d over tokens ((tokens, C): one value a channel) and with few values a channel, a ReLU after
-  it fused (ops/scale.py's scale_cols): abs and relative error 1e-5;
+  it fused (ops/scale.py's scale_cols), and after a linear layer folded into it (plan/fuse_linear_scale.py):
+  abs and relative error 1e-5;
 - Permutes that are batched 2-D transposes (micro/transpose.py, register blocks): exactly equal;
 - attention whose scores are scaled by a constant before a bias (LeViT) or the softmax, fused
   (plan/fuse_attention.py): abs error 1e-5; a negative factor is left to the ops (still equal);
@@ -44,8 +45,10 @@ def _const(rng, name, *shape, s=0.5):
     return nh.from_array((rng.standard_normal(shape) * s).astype(np.float32), name)
 
 
+@pytest.mark.parametrize("linear", [False, True])
 @pytest.mark.parametrize("shape,relu", [((196, 64), False), ((50, 24, 3), True), ((7, 16, 1), False)])
-def test_batchnorm_over_tokens(tmp_path, shape, relu):
+def test_batchnorm_over_tokens(tmp_path, shape, relu, linear):
+    """On its own a Scale step (scale_cols); after a linear layer folded into its weights (fuse_linear_scale)."""
     rng = np.random.default_rng(1)
     c = shape[1]
     inits = [_const(rng, "w", c, c), nh.from_array((rng.random(c) + 0.5).astype(np.float32), "g"),
@@ -53,12 +56,13 @@ def test_batchnorm_over_tokens(tmp_path, shape, relu):
     perm = [0] + list(range(2, len(shape))) + [1]
     back = [0, len(shape) - 1] + list(range(1, len(shape) - 1))
     nodes = [h.make_node("Transpose", ["x"], ["xt"], perm=perm), h.make_node("MatMul", ["xt", "w"], ["lin"]),
-             h.make_node("Transpose", ["lin"], ["lt"], perm=back),
-             h.make_node("BatchNormalization", ["lt", "g", "b", "mu", "var"], ["bn" if relu else "y"])]
+             h.make_node("Transpose", ["lin"], ["lt"], perm=back)] if linear else \
+        [h.make_node("Relu", ["x"], ["lt"])]
+    nodes.append(h.make_node("BatchNormalization", ["lt", "g", "b", "mu", "var"], ["bn" if relu else "y"]))
     if relu:
         nodes.append(h.make_node("Relu", ["bn"], ["y"]))
     got, ref, ops = _run_both(tmp_path, nodes, {"x": shape}, inits)
-    assert "Scale" in ops
+    assert ("Scale" in ops) == (not linear or len(shape) > 2)
     np.testing.assert_allclose(got, ref, rtol=1e-5, atol=1e-5)
 
 
@@ -68,6 +72,13 @@ def test_batchnorm_over_tokens(tmp_path, shape, relu):
 def test_permutes_as_block_transposes(tmp_path, shape, perm):
     out = tuple(shape[p] for p in perm)
     got, ref, _ = _run_both(tmp_path, [h.make_node("Transpose", ["x"], ["y"], perm=list(perm))], {"x": shape}, [], out)
+    np.testing.assert_array_equal(got, ref)
+
+
+def test_block_transpose_on_threads(tmp_path):
+    """Large enough for the parallel kernel at 2 threads (row blocks spread over the threads)."""
+    node = h.make_node("Transpose", ["x"], ["y"], perm=[0, 2, 1])
+    got, ref, _ = _run_both(tmp_path, [node], {"x": (2, 520, 300)}, [], (2, 300, 520), threads=2)
     np.testing.assert_array_equal(got, ref)
 
 
@@ -88,7 +99,8 @@ def test_attention_with_scaled_scores(tmp_path, factor, bias):
              h.make_node("Mul", ["s", "c"], ["sc"])]
     if bias:
         nodes.append(h.make_node("Add", ["sc", "ab"], ["sb"]))
-    nodes += [h.make_node("Softmax", ["sb" if bias else "sc"], ["p"], axis=-1), h.make_node("MatMul", ["p", "v"], ["y"])]
+    nodes += [h.make_node("Softmax", ["sb" if bias else "sc"], ["p"], axis=-1),
+              h.make_node("MatMul", ["p", "v"], ["y"])]
     got, ref, ops = _run_both(tmp_path, nodes, {"q": (1, 4, 49, 16), "k": (1, 4, 49, 16), "v": (1, 4, 49, 32)}, inits)
     assert ("FusedAttention" in ops) == (factor > 0)
     np.testing.assert_allclose(got, ref, atol=1e-5)

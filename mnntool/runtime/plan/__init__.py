@@ -10,8 +10,8 @@ from __future__ import annotations
 
 from ...errors import MnnToolError
 from . import (bind, bind_views, constants, fuse_activations, fuse_add_layer_norm, fuse_attention,
-               fuse_channel_scale, fuse_channel_shuffle, fuse_index_wrap, fuse_silu, fuse_transposed_weights,
-               kernels, memory,
+               fuse_channel_scale, fuse_channel_shuffle, fuse_index_wrap, fuse_linear_scale, fuse_silu,
+               fuse_scalar_affine, fuse_transposed_weights, kernels, memory,
                place_concats, programs, shapes, small_kernels, threads)
 from .state import Plan, Planning, Step
 
@@ -23,7 +23,9 @@ STAGES = [
     fuse_channel_shuffle,
     fuse_add_layer_norm,
     fuse_silu,
+    fuse_linear_scale,
     fuse_activations,
+    fuse_scalar_affine,
     fuse_channel_scale,
     fuse_transposed_weights,
     constants,              # shape arithmetic computed now, not at run time

@@ -53,7 +53,7 @@ def fuse(p: Planning) -> list[Node]:
             continue
         y = conv.outputs[0]
         # reshapes between (a Linear as a 1x1 convolution): the activation moves before them
-        chain, t, act = past_moves(users, y, outputs, stored, is_view, limit=5)
+        chain, t, act = past_moves(users, y, outputs, stored, is_view, limit=8)
         post = post_of(act) if act is not None else None
         if post is None or act.inputs[0] != t or len(act.outputs) != 1 or act.outputs[0] in stored:
             continue

@@ -38,13 +38,15 @@ def fuse(p: Planning) -> list[Node]:
             continue
         n, c, h, w = first
         k = len(cat.inputs)
-        split = next_of(cat, "Reshape")
+        # a Concat the converter kept in NC4HW4 reaches the Reshape through a ConvertTensor (a view here)
+        convert = next_of(cat, "ConvertTensor")
+        split = next_of(convert or cat, "Reshape")
         perm = split and next_of(split, "Permute")
         merge = perm and next_of(perm, "Reshape")
         if merge is None or fixed_shape(vals, split.outputs[0]) != (n, k, c, h, w) or \
                 [int(d) for d in np.asarray(perm.param.get("dims", [])).reshape(-1)] != [0, 2, 1, 3, 4] or \
                 fixed_shape(vals, merge.outputs[0]) != (n, k * c, h, w):
             continue
-        drop.update((id(split), id(perm), id(merge)))
+        drop.update((id(split), id(perm), id(merge)) + ((id(convert),) if convert is not None else ()))
         replace[id(cat)] = Node(CHANNEL_SHUFFLE, list(cat.inputs), list(merge.outputs), f"{cat.name} (+3 ops)", {})
     return rewritten(nodes, replace, drop)

@@ -23,6 +23,12 @@ def _swaps_last_two(node: Node, rank: int) -> bool:
     return dims == list(range(rank - 2)) + [rank - 1, rank - 2]
 
 
+def _reads_as_right(mm: Node, t: str) -> bool:
+    """A matmul reading t as its right operand only."""
+    return kind_of(mm.op) == "matmul" and _right_flag(mm) is not None and len(mm.inputs) >= 2 and \
+        mm.inputs.count(t) == 1 and mm.inputs[1] == t
+
+
 def run(p: Planning) -> None:
     if not p.keep_all:
         p.nodes = fuse(p)
@@ -55,8 +61,7 @@ def fuse(p: Planning) -> list[Node]:
         if not _swaps_last_two(perm, constants[w].ndim):
             continue
         readers = users.get(t, [])
-        if not readers or not all(kind_of(r.op) == "matmul" and _right_flag(r) and len(r.inputs) >= 2 and r.inputs.count(t) == 1 and r.inputs[1] == t
-                                  for r in readers):
+        if not readers or not all(_reads_as_right(r, t) for r in readers):
             continue
         for r in readers:
             fused[id(r)] = _flipped(r, w)

@@ -5,10 +5,11 @@ adds a rounding step (`rounding`) where the producing kernel does not round itse
 from __future__ import annotations
 
 from dataclasses import replace
+from weakref import WeakKeyDictionary
 
 import numpy as np
 
-from ...ir.graph import Graph
+from ...ir.graph import Graph, consumers_of
 from ...ir.ops import Val, int8_in_float, is_convolution
 from ..kernels import Kernel, sized
 from ..kernels.micro.epilogue import grid_of, to_grid, to_grid_z
@@ -56,7 +57,7 @@ def raw_reads(g: Graph) -> set[tuple[str, str]]:
 
     computed_float = set()
     for n in g.nodes:
-        if float_elementwise(n) or (is_convolution(n.op) and "symmetricQuan"
+        if float_elementwise(n) or n.op == "UnaryOp" or (is_convolution(n.op) and "symmetricQuan"
                                     not in n.param and n.inputs and not _file_grid(g, n.inputs[0])):
             computed_float.update(o for o in n.outputs if _file_grid(g, o))
     return {(n.name, i) for n in g.nodes if float_elementwise(n) for i in n.inputs if i in computed_float}
@@ -83,3 +84,35 @@ def rounding(grid: tuple, threads: int, zero: float = 0.0) -> Kernel:
             sized(to_grid, x.size, threads)(rows, grid, out.reshape(rows.shape))
         return [out]
     return Kernel(run, False, grid)
+
+
+_QUANTIZED_BY_READERS: WeakKeyDictionary = WeakKeyDictionary()
+
+
+def quantized_by_readers(p) -> set[str]:
+    """Stored tensors (p.stored) no rounding step needs to round: every reader among the planned nodes is
+    an int8 convolution whose input grid and zero point are the ones the file stores the tensor on,
+    and such a convolution casts its input to that grid itself (the integer kernel's quantize, a float
+    kernel's `_grid_input`, the depthwise kernel's steps), where the cast of a rounded value is the cast
+    of the value. Not a graph output, and none when every tensor is wanted (keep_all: the tensor is
+    read as the file stores it). EfficientNet-B0's squeeze-excitation products and the network input
+    were rounded by a step of their own before the convolution that reads them quantized them again."""
+    if p not in _QUANTIZED_BY_READERS:
+        from ..kernels.micro.epilogue import grid_of
+        from ..kernels.ops.conv import int8_scales
+        readers = consumers_of(p.nodes)
+        done = set()
+        for t, (grid, zero) in p.stored.items():
+            us = readers.get(t, [])
+            if p.keep_all or not us or t in p.graph.outputs:
+                continue
+            ok = True
+            for n in us:
+                q = int8_scales(n) if is_convolution(n.op) and n.inputs[:1] == [t] and t not in n.inputs[1:] else None
+                if q is None or grid_of(*q.input) != grid or float(q.zero_in) != float(zero):
+                    ok = False
+                    break
+            if ok:
+                done.add(t)
+        _QUANTIZED_BY_READERS[p] = done
+    return _QUANTIZED_BY_READERS[p]

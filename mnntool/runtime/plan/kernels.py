@@ -14,7 +14,7 @@ from ..fallbacks import fell_back
 from ..kernels import KERNELS, PLAN_ONLY, Kernel, by_definition
 from ..kernels.ops.small_op_program import accepts
 from ..settings import Settings
-from .int8_store import RAW, rounding, stored_on
+from .int8_store import RAW, quantized_by_readers, rounding, stored_on
 from .state import Planning, Step
 
 OPTIONAL = False
@@ -53,7 +53,9 @@ def operands(p: Planning, node) -> tuple[list, list]:
     the file stores them on)."""
     ins = [replace(p.vals.get(i, Val(None)), grid=None if read_as(p, node, i) != i else p.grids.get(i))
            for i in node.inputs]
-    outs = [stored_on(p.vals.get(o, Val(None)), p.stored.get(o)) for o in node.outputs]
+    # an output some reader takes unrounded (raw_reads) is not the kernel's to round: no grid told
+    outs = [stored_on(p.vals.get(o, Val(None)), None if any(t == o for _, t in p.raw) else p.stored.get(o))
+            for o in node.outputs]
     return ins, outs
 
 
@@ -73,7 +75,8 @@ def steps_of(p: Planning, node, ins, outs) -> list[Step]:
     # rounded into its own slot by a step of its own (rounding in place could change a tensor the output
     # is a view of; rounding into the producer's slot made the next run's rounding read the last run's
     # result)
-    rounded = [o for o in node.outputs if p.stored.get(o, (None,))[0] not in (None, p.grids.get(o))]
+    rounded = [o for o in node.outputs if p.stored.get(o, (None,))[0] not in (None, p.grids.get(o))
+               and o not in quantized_by_readers(p)]
     for o in rounded:
         p.vals[o + RAW] = p.vals.get(o, Val(None))
     steps = [Step(node.name, node.op, k, [p.slot(read_as(p, node, i)) if i else -1 for i in node.inputs],

@@ -1,5 +1,5 @@
-"""k x k depthwise convolution (k = 3, 5, 7; stride 1, dilated or not, or stride 2) in strips of 16
-output columns down a block of rows, as AVX-512 LLVM IR.
+"""k x k depthwise convolution (k = 3, 5, 7; stride 1, dilated or not, or stride 2) and the bands 1 x k and k x 1
+(k = 3, 5, 7, 11; stride 1) in strips of 16 output columns down a block of rows, as AVX-512 LLVM IR.
 
 EfficientNet, MobileNetV3 and MixNet have 5x5 depthwise layers and ConvNeXt 7x7; the Numba loops
 ran them at 4-12 GFLOP/s (a padded copy, rows of 7 or 14 left scalar), a quarter of the 3x3 kernels.
@@ -21,18 +21,25 @@ from .activation_ir import Finish
 from .llvm_ir import data_of, first_lanes, lanes, prefetch, splat as splat_, vector_ops
 
 SIZES = (3, 5, 7)
+# band windows (kh, kw), stride 1: GhostNetV2's attention (1x5 then 5x1 on a half-size map) and InceptionNeXt's
+# 1x11 / 11x1 ran in the Numba loops at 3-5 GFLOP/s (a padded copy, or channels-last on maps to 16 wide)
+BANDS = tuple((1, k) for k in (3, 5, 7, 11)) + tuple((k, 1) for k in (3, 5, 7, 11))
 # taps whose weights stay in zmm registers across a strip; past that each FMA broadcasts its weight
 # from memory (49 of them would spill)
 HOISTED_TAPS = 9
 BLOCK_ROWS = 4      # output rows a step at stride 1, undilated
 
 
-def _make_strip(stride: int, k: int):
+def _make_strip(stride: int, k: int, kw: int | None = None):
+    """The strip kernel of a k x k window, or of k x kw (kh = k) at stride 1."""
+    kh, kw = k, k if kw is None else kw
+    assert stride == 1 or kh == kw
+
     @intrinsic
     def strip_kernel(typingctx, x, xo, H, W, t, l, d, x0, lanes_, y0, y1, ow, w, wo, bias, zrow, out, oo, epf,
                      on_grid):
         """Output columns x0 .. x0+15 (the first `lanes_`) of rows y0..y1-1 of one channel: out[oo + y*ow + x0 + i]
-        = finish(bias + sum_rj w[wo + k*r + j] * x[xo + (y*stride - t + r*d)*W + (x0 + i)*stride - l + j*d]),
+        = finish(bias + sum_rj w[wo + kw*r + j] * x[xo + (y*stride - t + r*d)*W + (x0 + i)*stride - l + j*d]),
         taps outside the H x W plane reading zero (d is 1 when stride is 2); a row outside the plane
         reads `zrow` (W zeros)."""
         from llvmlite import ir
@@ -54,13 +61,13 @@ def _make_strip(stride: int, k: int):
 
             def weight(tap):
                 return splat_(builder, builder.load(builder.gep(wp, [const(tap)])), f16)
-            hoisted = [weight(tap) for tap in range(k * k)] if k * k <= HOISTED_TAPS else None
+            hoisted = [weight(tap) for tap in range(kh * kw)] if kh * kw <= HOISTED_TAPS else None
             bv = splat_(builder, bias_, f16)
             finish = Finish(builder, epfa, builder.icmp_signed("!=", grid_, const(0)))
             base = builder.sub(builder.mul(x0_, const(stride)), l_)      # input column of lane 0, tap 0
             in_row = lambda start: lanes(builder, builder.neg(start), builder.sub(W_, start))  # noqa: E731
             if stride == 1:     # tap j is a load at base + j*d
-                starts = [builder.add(base, builder.mul(const(j), d_)) for j in range(k)]
+                starts = [builder.add(base, builder.mul(const(j), d_)) for j in range(kw)]
                 masks = [in_row(st) for st in starts]
             else:   # 16 pixels read inputs base .. base + 30 + k - 1: three loads of 16
                 starts = [builder.add(base, const(16 * v)) for v in range(3)]
@@ -85,7 +92,7 @@ def _make_strip(stride: int, k: int):
                 """The sum (bias included) for output row yv, tap row by tap row."""
                 top = builder.sub(builder.mul(yv, const(stride)), t_)
                 accs = []
-                for r in range(k):
+                for r in range(kh):
                     iy = builder.add(top, builder.mul(const(r), d_)) if stride == 1 else builder.add(top, const(r))
                     row = input_row(iy)
                     v = [load(row, j) for j in range(len(starts))]
@@ -101,11 +108,13 @@ def _make_strip(stride: int, k: int):
                             first = pairs[0][odd]
                             taps.append(first if m == 0 else builder.shuffle_vector(first, pairs[1][odd], shifts[m]))
                         v = taps
-                    acc = bv if r == 0 else fzero
-                    for j in range(k):
-                        wv = hoisted[k * r + j] if hoisted else weight(k * r + j)
-                        acc = builder.call(fma, [v[j], wv, acc])
-                    accs.append(acc)
+                    # a one-row window (1 x kw) in two chains, as the blocks do
+                    chains = [bv if r == 0 else fzero] + ([fzero] if kh == 1 else [])
+                    for j in range(kw):
+                        wv = hoisted[kw * r + j] if hoisted else weight(kw * r + j)
+                        c = j % len(chains)
+                        chains[c] = builder.call(fma, [v[j], wv, chains[c]])
+                    accs.extend(chains)
                 while len(accs) > 1:        # a tree of adds over the tap rows' chains
                     accs = [builder.fadd(accs[i], accs[i + 1]) if i + 1 < len(accs) else accs[i]
                             for i in range(0, len(accs), 2)]
@@ -128,18 +137,19 @@ def _make_strip(stride: int, k: int):
                 yb = builder.phi(i64)
                 yb.add_incoming(y0_, entry)
                 top = builder.sub(yb, t_)
-                rows_in = [input_row(builder.add(top, const(q))) for q in range(R + k - 1)]
+                rows_in = [input_row(builder.add(top, const(q))) for q in range(R + kh - 1)]
                 # the next block's new input rows, from L2 or L3: 144 channels 3x3 on 56x56 (3.6 MB in and
                 # out) 282 -> 165 us (the same ahead of each row at stride 2 gained nothing)
                 for q in range(R):
-                    prefetch(builder, builder.gep(input_row(builder.add(top, const(R + k - 1 + q))), [starts[0]]))
+                    prefetch(builder, builder.gep(input_row(builder.add(top, const(R + kh - 1 + q))), [starts[0]]))
                 racc = [[bv, fzero] for _ in range(R)]
-                for j in range(k):
+                for j in range(kw):
                     xs = [load(row, j) for row in rows_in]
-                    for i in range(k):
-                        wv = hoisted[k * i + j] if hoisted else weight(k * i + j)
+                    for i in range(kh):
+                        wv = hoisted[kw * i + j] if hoisted else weight(kw * i + j)
+                        c = (i if kh > 1 else j) % 2        # a one-row window alternates by column
                         for r in range(R):
-                            racc[r][i % 2] = builder.call(fma, [xs[r + i], wv, racc[r][i % 2]])
+                            racc[r][c] = builder.call(fma, [xs[r + i], wv, racc[r][c]])
                 sums = [builder.fadd(a0, a1) for a0, a1 in racc]
                 done_rows = finish.many(sums)
                 for r in range(R):
@@ -178,11 +188,36 @@ def _make_strip(stride: int, k: int):
 _s1k3, _s2k3 = _make_strip(1, 3), _make_strip(2, 3)
 _s1k5, _s2k5 = _make_strip(1, 5), _make_strip(2, 5)
 _s1k7, _s2k7 = _make_strip(1, 7), _make_strip(2, 7)
+_b1x3, _b1x5, _b1x7, _b1x11 = _make_strip(1, 1, 3), _make_strip(1, 1, 5), _make_strip(1, 1, 7), _make_strip(1, 1, 11)
+_b3x1, _b5x1, _b7x1, _b11x1 = _make_strip(1, 3, 1), _make_strip(1, 5, 1), _make_strip(1, 7, 1), _make_strip(1, 11, 1)
 
 
 @njit(cache=True, inline="always")
-def _strip(s, k, x, xo, H, W, t, l, d, x0, nl, y0, y1, ow, w, wo, bias, zrow, out, oo, epf, grid):
-    if k == 3:
+def _band(kh, kw, x, xo, H, W, t, l, d, x0, nl, y0, y1, ow, w, wo, bias, zrow, out, oo, epf, grid):
+    if kh == 1:
+        if kw == 3:
+            _b1x3(x, xo, H, W, t, l, d, x0, nl, y0, y1, ow, w, wo, bias, zrow, out, oo, epf, grid)
+        elif kw == 5:
+            _b1x5(x, xo, H, W, t, l, d, x0, nl, y0, y1, ow, w, wo, bias, zrow, out, oo, epf, grid)
+        elif kw == 7:
+            _b1x7(x, xo, H, W, t, l, d, x0, nl, y0, y1, ow, w, wo, bias, zrow, out, oo, epf, grid)
+        else:
+            _b1x11(x, xo, H, W, t, l, d, x0, nl, y0, y1, ow, w, wo, bias, zrow, out, oo, epf, grid)
+    elif kh == 3:
+        _b3x1(x, xo, H, W, t, l, d, x0, nl, y0, y1, ow, w, wo, bias, zrow, out, oo, epf, grid)
+    elif kh == 5:
+        _b5x1(x, xo, H, W, t, l, d, x0, nl, y0, y1, ow, w, wo, bias, zrow, out, oo, epf, grid)
+    elif kh == 7:
+        _b7x1(x, xo, H, W, t, l, d, x0, nl, y0, y1, ow, w, wo, bias, zrow, out, oo, epf, grid)
+    else:
+        _b11x1(x, xo, H, W, t, l, d, x0, nl, y0, y1, ow, w, wo, bias, zrow, out, oo, epf, grid)
+
+
+@njit(cache=True, inline="always")
+def _strip(s, k, kw, x, xo, H, W, t, l, d, x0, nl, y0, y1, ow, w, wo, bias, zrow, out, oo, epf, grid):
+    if k != kw:
+        _band(k, kw, x, xo, H, W, t, l, d, x0, nl, y0, y1, ow, w, wo, bias, zrow, out, oo, epf, grid)
+    elif k == 3:
         if s == 1:
             _s1k3(x, xo, H, W, t, l, d, x0, nl, y0, y1, ow, w, wo, bias, zrow, out, oo, epf, grid)
         else:
@@ -200,8 +235,9 @@ def _strip(s, k, x, xo, H, W, t, l, d, x0, nl, y0, y1, ow, w, wo, bias, zrow, ou
 
 
 @njit(parallel=True, cache=True)
-def depthwise_strips(x, w, b, k, s, d, t, l, epf, grid, zrow, rows, out):
-    """x (C, H, W) -> out (C, oh, ow), w (C, k*k), k in SIZES, stride s 1 (dilation d) or 2 (d 1), padding
+def depthwise_strips(x, w, b, k, kw, s, d, t, l, epf, grid, zrow, rows, out):
+    """x (C, H, W) -> out (C, oh, ow), w (C, k*kw): k x k (kw = k) with k in SIZES, stride s 1 (dilation d) or
+    2 (d 1), or a band (k, kw) in BANDS at stride 1 (d 1); padding
     t (top) and l (left), any bottom/right; in 16-column strips down blocks of `rows` output rows (a
     block's input rows stay in L1 across its strips; whole-channel strips re-read a 112-wide plane
     from L2 and walked it against the prefetcher)."""
@@ -213,5 +249,5 @@ def depthwise_strips(x, w, b, k, s, d, t, l, epf, grid, zrow, rows, out):
         for y0 in range(0, oh, rows):
             y1 = min(oh, y0 + rows)
             for j in range(nstrip):
-                _strip(s, k, xf, c * H * W, H, W, t, l, d, 16 * j, ow - 16 * j, y0, y1, ow, w, c * k * k, b[c], zrow,
-                       of, c * oh * ow, epf, grid)
+                _strip(s, k, kw, xf, c * H * W, H, W, t, l, d, 16 * j, ow - 16 * j, y0, y1, ow, w, c * k * kw, b[c],
+                       zrow, of, c * oh * ow, epf, grid)

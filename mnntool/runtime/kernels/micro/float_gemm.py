@@ -238,7 +238,7 @@ PANEL = 48      # pixels of a panel of `pack_panels`: one full tile
 
 @intrinsic
 def prefetch_lines(typingctx, x, xo, n):
-    """Prefetch (into L2) the cache lines of x[xo:xo + n]: the next panel (gemm_panels), the next rows (gemv)."""
+    """Prefetch (into L2) the cache lines of x[xo:xo + n]: the next rows (gemv)."""
     from llvmlite import ir
     sig = types.void(x, types.intp, types.intp)
 
@@ -275,8 +275,10 @@ def gemm_panels(x, P, wp, K, kc, O, bias, epf, grid, out, os_):
     in place ([K][P], row k at k * P), a tile's 48 columns were K short runs a page apart that the
     prefetchers did not follow: a transformer's linear layers, their weights cold from L3 each run,
     took 0.47 ms against 0.31 with the weights in L2 (ViT-tiny fc1, 197 x 192 x 768). A panel's row
-    blocks in a row, the first asking for the next panel (into L2) while the panel is reused from L1:
-    0.346 ms cold (a row block's panels in a row with the same prefetch: 0.351; without it 0.391)."""
+    blocks in a row, the panel reused from L1. No software prefetch of the next panel: in a chain of
+    layers with cold weights (as in a model) the hardware's stream prefetch does better without it
+    (1 thread, 16 layers: 16 x 384 x 768 2.13 against 2.92 ms with it, 49 x 384 x 1152 7.7 / 8.8,
+    197 x 192 x 768 10.0 / 10.3; tmp_dev/tspeed/panel_exp.py)."""
     nob = (O + OCB - 1) // OCB
     full = P // PANEL
     ntile = (P + PANEL - 1) // PANEL
@@ -288,8 +290,6 @@ def gemm_panels(x, P, wp, K, kc, O, bias, epf, grid, out, os_):
             t, ob = idx // nob, idx % nob
             p0 = t * PANEL
             o0 = ob * OCB
-            if ob == 0 and t + 1 < ntile:   # the first row block streams the panels: the next one ahead
-                prefetch_lines(x, ((t + 1) * K + k0) * PANEL, kn * PANEL)
             _tile(3 if t < full else tail_nv, x, (t * K + k0) * PANEL, PANEL, wp, ob * K * OCB + k0 * OCB, kn, out,
                   o0 * os_ + p0, os_, P - p0, O - o0, bias[o0:], epf, flags)
 

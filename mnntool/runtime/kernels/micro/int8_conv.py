@@ -1,8 +1,9 @@
 """Int8 convolutions on integer arithmetic, the way MNN runs a `symmetricQuan` convolution.
 
 The float input is quantized once to its int8 grid, in steps k = round(x / s) (half away from zero, as
-MNN; stored as the byte u8 = k + off with off = 128 + zero point, that is q + 128; channels last, so an
-im2col row is a few contiguous copies and the padding, real 0, is the byte off), multiplied by the int8
+MNN; stored as the byte u8 = k + off with off = 128 + zero point, that is q + 128; four channels to a
+word and the words of a row side by side (`quantize_rows`), so the pixels of an output row are runs of
+words for every tap (`im2col_rows`), and the padding, real 0, is the byte off), multiplied by the int8
 weights with 32-bit accumulation (`int8_gemm`), and the accumulator is rescaled in MNN's own float order
 with the offset folded into the bias (`int8_gemm.epilogue`), given the activation, and rounded to the
 output's int8 grid, or left float for an outputDataType DT_FLOAT layer. Between operators tensors stay
@@ -15,7 +16,7 @@ import copy
 import numpy as np
 from ..compile.jit import njit, prange
 
-from .. import sized
+from .. import aligned_empty, sized
 from .epilogue import EXACT, act_bounds, activation, grid_of, mnn_cast, to_grid_z
 from .int8_gemm import Int8Weights, epilogue, pixel_blocks
 
@@ -27,36 +28,66 @@ def _byte(v, inv_s, z, lo, hi):
 
 
 @njit(parallel=True, cache=True, fastmath=EXACT)
-def quantize_hwc(x, inv_s, z, lo, hi, t, l, xq):
-    """x (C, H, W) float -> xq[t + y, l + x, c] = its byte (_byte); the border is left as written."""
+def quantize_rows(x, inv_s, z, lo, hi, off, t, l, g32):
+    """x (C, H, W) float -> g32[t + y, k, l + x] = the word of channels 4k..4k+3's bytes (_byte; the
+    byte `off`, real 0, past the last channel): the grid in rows of words, so a pixel run of one output
+    row is one run of words for every tap and word (im2col_rows), and four channel rows quantize in one
+    vectorized pass (0.24 -> 0.06 ms for 64 channels of 56x56 against bytes channels-last, one Zen 4
+    core). The border is left as written."""
     C, H, W = x.shape
+    c4 = g32.shape[1]
     for y in prange(H):
-        dst = xq[t + y]
-        for c in range(C):
-            src = x[c, y]
-            for i in range(W):
-                dst[l + i, c] = np.uint8(_byte(src[i], inv_s, z, lo, hi))
+        for k in range(c4):
+            dst = g32[t + y, k]
+            c = 4 * k
+            if c + 4 <= C:
+                r0, r1, r2, r3 = x[c, y], x[c + 1, y], x[c + 2, y], x[c + 3, y]
+                for i in range(W):
+                    dst[l + i] = (_byte(r0[i], inv_s, z, lo, hi) | _byte(r1[i], inv_s, z, lo, hi) << 8
+                                  | _byte(r2[i], inv_s, z, lo, hi) << 16 | _byte(r3[i], inv_s, z, lo, hi) << 24)
+            else:
+                for i in range(W):
+                    word = np.uint32(0)
+                    for j in range(4):
+                        q = _byte(x[c + j, y, i], inv_s, z, lo, hi) if c + j < C else np.uint32(off)
+                        word |= q << (8 * j)
+                    dst[l + i] = word
 
 
 @njit(parallel=True, cache=True)
-def im2col_packed(g32, kh, kw, sh, sw, dh, dw, oh, ow, cols):
-    """cols[p // 16, k4, p % 16] = 4 bytes of pixel p's window, K = (i, j, c): the tile's pixel blocks.
-
-    g32 is the HWC grid viewed as uint32 (4 channels per word); cols is (blocks, K/4, 16) uint32.
-    """
-    c4 = g32.shape[2]
+def im2col_rows(g32, kh, kw, sh, sw, dh, dw, oh, ow, cols):
+    """cols[p // 16, k4, p % 16] = 4 bytes of pixel p's window, K = (i, j, c): the tile's pixel blocks,
+    from the grid in rows of words g32 (H, C/4, W) (quantize_rows); cols is (blocks, K/4, 16) uint32,
+    its pixels past the last left as they are. Each block's 16 window starts are found once, then every
+    (tap, word) row of the block is 16 loads at those starts plus the tap's offset (consecutive words
+    within an output row at stride 1). The per-pixel copies this replaces made a slice per pixel and
+    tap: a 7x7 stride-2 stem on 3 channels spent 1.64 ms there, twice its GEMM (one Zen 4 core)."""
+    c4, wg = g32.shape[1], g32.shape[2]
+    src = g32.reshape(-1)
+    pixels = oh * ow
     for pb in prange(cols.shape[0]):
+        p0 = pb * 16
+        if p0 >= pixels:
+            continue
+        n = min(16, pixels - p0)
+        start = np.empty(16, np.int64)
         for pl in range(16):
-            p = pb * 16 + pl
-            if p >= oh * ow:
-                break
-            y, x = p // ow, p % ow
-            for i in range(kh):
-                for j in range(kw):
-                    src = g32[y * sh + i * dh, x * sw + j * dw]
-                    base = (i * kw + j) * c4
-                    for c in range(c4):
-                        cols[pb, base + c, pl] = src[c]
+            p = p0 + min(pl, n - 1)
+            start[pl] = (p // ow) * sh * c4 * wg + (p % ow) * sw
+        dst = cols[pb]
+        for i in range(kh):
+            for j in range(kw):
+                tap = i * dh * c4 * wg + j * dw
+                base = (i * kw + j) * c4
+                for c in range(c4):
+                    row = dst[base + c]
+                    at = tap + c * wg
+                    if n == 16:
+                        for pl in range(16):
+                            row[pl] = src[start[pl] + at]
+                    else:
+                        for pl in range(n):
+                            row[pl] = src[start[pl] + at]
 
 
 @njit(parallel=True, cache=True, fastmath=EXACT)
@@ -108,51 +139,61 @@ def int8_convolution(geometry, q, alpha, bias, act, grids, in_shape, out_shape, 
     f32 = np.float32
     pixels = oh * ow
     cols = np.full((pixel_blocks(pixels), k4, 16, 4), off, np.uint8)
-    direct = kh == kw == 1 and sh == sw == 1 and not (t or l or b or r)   # quantize straight into the blocks
+    # a 1x1 window without padding: quantize straight into the blocks (strided: from a copy of the pixels it
+    # reads, a quarter of the input at stride 2, not the whole map through the grid and im2col)
+    direct = kh == kw == 1 and not (t or l or b or r)
+    strided = direct and (sh, sw) != (1, 1)
+    picked = np.empty((cin, oh, ow), np.float32) if strided else None
     words, flat = cols.view(np.uint32).reshape(cols.shape[:3]), cols.reshape(-1)
-    grid = None if direct else np.full((h + t + b, w + l + r, cp), off, np.uint8)
-    grid32 = None if direct else grid.view(np.uint32)
+    word = np.uint32(off * 0x01010101)
+    grid32 = None if direct else np.full((h + t + b, cp // 4, w + l + r), word, np.uint32)
     inv_in = grid_of(*grids.input)[0]
     z_in = f32(grids.zero_in)
     q_lo, q_hi = f32(lo + grids.zero_in), f32(hi + grids.zero_in)
-    quantize = sized(quantize_packed if direct else quantize_hwc, cin * h * w, threads)
-    unfold = None if direct else sized(im2col_packed, words.size, threads)
+    quantize = sized(quantize_packed if direct else quantize_rows, cin * h * w, threads)
+    unfold = None if direct else sized(im2col_rows, words.size, threads)
 
     def run(inputs, outputs):
         x, y = inputs[0], outputs[0]
         for i in range(n):
-            if direct:
+            if strided:
+                np.copyto(picked, x[i][:, ::sh, ::sw])
+                quantize(picked.reshape(cin, pixels), inv_in, z_in, q_lo, q_hi, off, words)
+            elif direct:
                 quantize(x[i].reshape(cin, pixels), inv_in, z_in, q_lo, q_hi, off, words)
             else:
-                quantize(x[i], inv_in, z_in, q_lo, q_hi, t, l, grid)
+                quantize(x[i], inv_in, z_in, q_lo, q_hi, off, t, l, grid32)
                 unfold(grid32, kh, kw, sh, sw, dh, dw, oh, ow, words)
             dst = y[i].reshape(cout, pixels)
             weights.matmul(flat, epf, dst)
     return run
 
 
-@njit(parallel=True, cache=True)
+@njit(parallel=True, cache=True, fastmath=EXACT)
 def requantize_rows(v, inv_in, acc_bias, scale, lo, hi, q_lo, q_hi, z, s_out, out):
-    """MNN's int8 depthwise epilogue, in place allowed: v (C, P) is the accumulator over the input's
-    steps times inv_in's inverse (the real input's sum), made the integer accumulator again by rounding
-    v * inv_in, plus acc_bias[c]; then the byte q = clamp(round(fl(acc * scale[c]))) with the activation's
-    bounds, the output zero point already in acc_bias; out = (q - z) * s_out. Float32 throughout and no
-    fast-math, so each step rounds as MNN's does."""
+    """MNN's int8 depthwise epilogue (in place allowed, but slow: see depthwise_int8): v (C, P) is the
+    accumulator over the input's steps times inv_in's inverse (the real input's sum), made the integer
+    accumulator again by rounding v * inv_in, plus acc_bias[c]; then the byte q = clamp(round(fl(acc *
+    scale[c]))) with the activation's bounds, the output zero point already in acc_bias; out = (q - z) *
+    s_out. Float32 throughout and no contraction (EXACT), so each step rounds as MNN's does; lo and hi
+    finite (EXACT assumes no infinities: `depthwise_int8` passes +-FLT_MAX for an open bound).
+    copysign, not a branch, so the loop vectorizes."""
     C, P = v.shape
     half = np.float32(0.5)
     for c in prange(C):
         sc, b = scale[c], acc_bias[c]
         for i in range(P):
             a = v[c, i] * inv_in
-            t = (np.trunc(a + (-half if a < 0 else half)) + b) * sc
+            t = (np.trunc(a + np.copysign(half, a)) + b) * sc
             t = min(max(t, lo), hi)
-            r = np.trunc(t + (-half if t < 0 else half))
+            r = np.trunc(t + np.copysign(half, t))
             out[c, i] = (min(max(r, q_lo), q_hi) - z) * s_out
 
 
 # taps up to which a float32 sum of real on-grid inputs times integer weights stays within 0.4 of the
 # integer sum in steps, in the worst case ((K + 1) 2^-24 K 127^2 < 0.4): rounding recovers it exactly
 EXACT_TAPS = 16
+FLT_MAX = np.finfo(np.float32).max
 
 
 def depthwise_int8(node, ins, outs, bias, grids, threads: int, float_kernel):
@@ -181,7 +222,7 @@ def depthwise_int8(node, ins, outs, bias, grids, threads: int, float_kernel):
     plain = copy.copy(node)
     plain.param = dict(node.param, common=dict(c, relu=False, relu6=False))
     fn = float_kernel(plain, np.asarray(q, np.float32).reshape(cout, -1), np.zeros(cout, f32))
-    lo, hi = act_bounds(activation(c), s_out, z)
+    lo, hi = (np.clip(b, -FLT_MAX, FLT_MAX) for b in act_bounds(activation(c), s_out, z))
     q_lo, q_hi = f32(out_lo) + z, f32(out_hi) + z
     requant = sized(requantize_rows, int(np.prod(outs[0].shape)), threads)
     n = ins[0].shape[0]
@@ -195,14 +236,18 @@ def depthwise_int8(node, ins, outs, bias, grids, threads: int, float_kernel):
         rows = xk.reshape(-1, ins[0].shape[-1])
         to_steps = sized(to_grid_z, xk.size, threads)
 
+    # the sums go to a buffer of their own: requantizing in place, the vectorized loop's overlap check
+    # sent every row to its scalar remainder (MobileNetV2's depthwise layers: 4.4 ms -> 0.4 ms a run)
+    acc = aligned_empty(int(np.prod(outs[0].shape))).reshape(outs[0].shape)
+
     def run(inputs, outputs):
         if on_grid:
-            fn(inputs, outputs)
+            fn(inputs, [acc])
         else:
             x = np.ascontiguousarray(inputs[0], f32)
             to_steps(x.reshape(rows.shape), steps_grid, z_in, rows)
-            fn([xk] + list(inputs[1:]), outputs)
+            fn([xk] + list(inputs[1:]), [acc])
         for i in range(n):
-            y = outputs[0][i].reshape(cout, -1)
-            requant(y, inv_in, acc_bias, scale, lo, hi, q_lo, q_hi, z, s_out, y)
+            requant(acc[i].reshape(cout, -1), inv_in, acc_bias, scale, lo, hi, q_lo, q_hi, z, s_out,
+                    outputs[0][i].reshape(cout, -1))
     return run

@@ -31,6 +31,28 @@ def _bilinear(x, y0, y1, wy, x0, x1, wx, rows, out):
                 o[j] = top[j] * a + bot[j] * bb
 
 
+@njit(parallel=True, cache=True)
+def _nearest(x, iy, ix, out):
+    """out[b, c, i, j] = x[b, c, iy[i], ix[j]]: one gather along each source row, and an output row whose
+    source row is the previous one's (2x upsampling: every other row) copied from it. numpy's two fancy
+    indexings (with a temporary between them) took 2.5 ms of GhostNetV2-1.0's 12.8 (its 14 upsamplings)."""
+    n, c = x.shape[0], x.shape[1]
+    oh, ow = out.shape[2], out.shape[3]
+    for nc in prange(n * c):
+        b, ch = nc // c, nc % c
+        src, dst = x[b, ch], out[b, ch]
+        for i in range(oh):
+            o = dst[i]
+            if i > 0 and iy[i] == iy[i - 1]:
+                prev = dst[i - 1]
+                for j in range(ow):
+                    o[j] = prev[j]
+            else:
+                s = src[iy[i]]
+                for j in range(ow):
+                    o[j] = s[ix[j]]
+
+
 @kernel("Interp")
 def interp(node, ins, outs, settings):
     p = params(node)
@@ -51,7 +73,9 @@ def interp(node, ins, outs, settings):
         ix = np.floor(fx) if rtype == 1 else np.ceil(fx - 0.5)
         iy = np.clip(iy, 0, h - 1).astype(np.int64)
         ix = np.clip(ix, 0, w - 1).astype(np.int64)
-        return writes(lambda i, o: np.copyto(o[0], i[0][:, :, iy][:, :, :, ix]))
+        n, c = ins[0].shape[:2]
+        nearest = sized(_nearest, n * c * oh * ow, settings.threads)
+        return writes(lambda i, o: nearest(i[0], iy, ix, o[0]))
     if rtype != 2:
         from ....errors import MnnToolError
         raise MnnToolError(f"Interp '{node.name}': resizeType {rtype} (cubic) is not supported by the runtime")

@@ -1,5 +1,6 @@
 """Scale: a BatchNorm the converter could not fold into a convolution (DenseNet's pre-activation
-BatchNorms read a Concat), with the activation after it fused (runtime/plan/fuse_activations.py); BatchNorm1d over tokens too."""
+BatchNorms read a Concat; BatchNorm1d over tokens), with the activation after it fused
+(runtime/plan/fuse_activations.py)."""
 from __future__ import annotations
 
 import numpy as np

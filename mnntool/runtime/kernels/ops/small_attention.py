@@ -73,10 +73,38 @@ def _keys_by_dim(typingctx, k, kb, ksj, lk, d, work, wo, lkp):
     return sig, codegen
 
 
+def _in_pairs(builder, n, emit):
+    """emit(j, 2) for j = 0, 32, .. while j + 32 <= n, then emit(j, 1) for a last 16 (n: a multiple of
+    16): two 16-lane blocks side by side give 8 independent FMA chains for 4 rows, what a core with two
+    512-bit FMA ports needs to stay busy (4 chains of latency 4 fill one port)."""
+    from llvmlite import ir
+    i64 = ir.IntType(64)
+    pairs = builder.and_(n, ir.Constant(i64, ~31))
+    k_loop(builder, pairs, [], lambda j, _: emit(j, 2) or [], step=32)
+    with builder.if_then(builder.icmp_signed("<", pairs, n)):
+        emit(pairs, 1)
+
+
+def _in_pairs_masked(builder, n, emit):
+    """As _in_pairs for any n: the last block a pair when more than 16 remain, else one block (its lanes
+    masked by the caller)."""
+    from llvmlite import ir
+    i64 = ir.IntType(64)
+    pairs = builder.and_(n, ir.Constant(i64, ~31))
+    k_loop(builder, pairs, [], lambda j, _: emit(j, 2) or [], step=32)
+    rest = builder.sub(n, pairs)
+    with builder.if_else(builder.icmp_signed(">", rest, ir.Constant(i64, 16))) as (two, one):
+        with two:
+            emit(pairs, 2)
+        with one:
+            with builder.if_then(builder.icmp_signed(">", rest, ir.Constant(i64, 0))):
+                emit(pairs, 1)
+
+
 @intrinsic
 def _scores(typingctx, q, qrows, kt, ko, lkp, d, lk, m, mrows, score_scale, out, oo):
     """out[oo + r * lkp + j] = score_scale * sum_t q[qrows[r] + t] kt[ko + t * lkp + j] + m[mrows[r] + j]
-    for the four rows r and j < lk."""
+    for the four rows r and j < lk (32 keys a step: _in_pairs)."""
     from llvmlite import ir
     sig = types.void(q, qrows, kt, types.intp, types.intp, types.intp, types.intp, m, mrows, types.float32,
                      out, types.intp)
@@ -93,19 +121,26 @@ def _scores(typingctx, q, qrows, kt, ko, lkp, d, lk, m, mrows, score_scale, out,
         scale = splat(builder, sc, f16)
         vec = lambda p, at: builder.bitcast(builder.gep(p, [at]), f16.as_pointer())  # noqa: E731
 
-        def block(j, _):
+        def block(j, halves):
+            cols = [builder.add(j, ir.Constant(j.type, 16 * h)) for h in range(halves)]
+
             def dims(t, accs):
-                kv = builder.load(vec(kp, builder.add(builder.mul(t, lkp_), j)), align=4)
-                return [builder.call(fma, [splat(builder, builder.load(builder.gep(qp, [builder.add(qrow[r], t)])), f16),
-                                           kv, accs[r]]) for r in range(ROWS)]
-            accs = k_loop(builder, d_, [zero] * ROWS, dims)
-            lane = first_lanes(builder, builder.sub(lk_, j))
-            for r in range(ROWS):
-                bias = builder.call(mload, [vec(mp, builder.add(mrow[r], j)), four, lane, zero])
-                at = builder.add(builder.mul(ir.Constant(lkp_.type, r), lkp_), j)
-                builder.call(mstore, [builder.fadd(builder.fmul(accs[r], scale), bias), vec(op, at), four, lane])
-            return []
-        k_loop(builder, lk_, [], block, step=16)
+                row = builder.mul(t, lkp_)
+                kvs = [builder.load(vec(kp, builder.add(row, c)), align=4) for c in cols]
+                new = []
+                for r in range(ROWS):
+                    qv = splat(builder, builder.load(builder.gep(qp, [builder.add(qrow[r], t)])), f16)
+                    new += [builder.call(fma, [qv, kv, accs[r * halves + h]]) for h, kv in enumerate(kvs)]
+                return new
+            accs = k_loop(builder, d_, [zero] * (ROWS * halves), dims)
+            for h, c in enumerate(cols):
+                lane = first_lanes(builder, builder.sub(lk_, c))
+                for r in range(ROWS):
+                    bias = builder.call(mload, [vec(mp, builder.add(mrow[r], c)), four, lane, zero])
+                    at = builder.add(builder.mul(ir.Constant(lkp_.type, r), lkp_), c)
+                    builder.call(mstore, [builder.fadd(builder.fmul(accs[r * halves + h], scale), bias), vec(op, at),
+                                          four, lane])
+        _in_pairs(builder, lkp_, block)
         return context.get_dummy_value()
     return sig, codegen
 
@@ -113,7 +148,7 @@ def _scores(typingctx, q, qrows, kt, ko, lkp, d, lk, m, mrows, score_scale, out,
 @intrinsic
 def _weighted(typingctx, p, po, lkp, lk, v, vo, vsj, d, o, orows):
     """o[orows[r] + t] = sum_j p[po + r * lkp + j] v[vo + j * vsj + t] for the four rows r and t < d
-    (v's dims, 16 a step, the last step masked)."""
+    (v's dims, 32 a step as two masked 16-lane blocks: _in_pairs_masked)."""
     from llvmlite import ir
     sig = types.void(p, types.intp, types.intp, types.intp, v, types.intp, types.intp, types.intp, o, orows)
 
@@ -129,18 +164,24 @@ def _weighted(typingctx, p, po, lkp, lk, v, vo, vsj, d, o, orows):
         prow = [builder.mul(ir.Constant(lkp_.type, r), lkp_) for r in range(ROWS)]
         vec = lambda ptr, at: builder.bitcast(builder.gep(ptr, [at]), f16.as_pointer())  # noqa: E731
 
-        def block(t, _):
-            lane = first_lanes(builder, builder.sub(d_, t))
+        def block(t, halves):
+            cols = [builder.add(t, ir.Constant(t.type, 16 * h)) for h in range(halves)]
+            lanes_ = [first_lanes(builder, builder.sub(d_, c)) for c in cols]
 
             def keys(j, accs):
-                vv = builder.call(mload, [vec(vp, builder.add(builder.mul(j, vsj_), t)), four, lane, zero])
-                return [builder.call(fma, [splat(builder, builder.load(builder.gep(pp, [builder.add(prow[r], j)])), f16),
-                                           vv, accs[r]]) for r in range(ROWS)]
-            accs = k_loop(builder, lk_, [zero] * ROWS, keys)
-            for r in range(ROWS):
-                builder.call(mstore, [accs[r], vec(op, builder.add(orow[r], t)), four, lane])
-            return []
-        k_loop(builder, d_, [], block, step=16)
+                row = builder.mul(j, vsj_)
+                vvs = [builder.call(mload, [vec(vp, builder.add(row, c)), four, lane, zero])
+                       for c, lane in zip(cols, lanes_)]
+                new = []
+                for r in range(ROWS):
+                    pv = splat(builder, builder.load(builder.gep(pp, [builder.add(prow[r], j)])), f16)
+                    new += [builder.call(fma, [pv, vv, accs[r * halves + h]]) for h, vv in enumerate(vvs)]
+                return new
+            accs = k_loop(builder, lk_, [zero] * (ROWS * halves), keys)
+            for h, (c, lane) in enumerate(zip(cols, lanes_)):
+                for r in range(ROWS):
+                    builder.call(mstore, [accs[r * halves + h], vec(op, builder.add(orow[r], c)), four, lane])
+        _in_pairs_masked(builder, d_, block)
         return context.get_dummy_value()
     return sig, codegen
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 from ...micro.llvm_ir import host_has
 from .base import Geometry, Layer, Strategy, trimmed, with_post
 from .dense import (BlasIm2col, BlasRows, GroupedTapsInPlace, Im2colChannelsInLanes, ImplicitIm2col, MatVecRows,
-                    PackedRows, Patchify, Pointwise, SparseTaps, TapsInPlace, Winograd3x3)
+                    PackedRows, Patchify, Pointwise, SparseTaps, TapsInPlace, WideTapsInPlace, Winograd3x3)
 from .depthwise import (BorderDepthwise3x3, ChannelsLastDepthwise, FlatDepthwise, GenericDepthwise,
                         PhasedDepthwise, PlaneDepthwise3x3, RowDepthwise3x3, StripDepthwise)
 
@@ -23,14 +23,16 @@ STRATEGIES: list[Strategy] = [
     FlatDepthwise(), RowDepthwise3x3(), PhasedDepthwise(), StripDepthwise(), PlaneDepthwise3x3(),
     ChannelsLastDepthwise(), BorderDepthwise3x3(), GenericDepthwise(),
     SparseTaps(), Winograd3x3(), MatVecRows(), PackedRows(), BlasRows(), Pointwise(), Patchify(),
-    Im2colChannelsInLanes(), TapsInPlace(), ImplicitIm2col(), GroupedTapsInPlace(), BlasIm2col(),
+    Im2colChannelsInLanes(), TapsInPlace(), WideTapsInPlace(), ImplicitIm2col(), GroupedTapsInPlace(), BlasIm2col(),
 ]
 
 
 def pick(g: Geometry, avx512: bool = HAS_AVX512, post: bool = False) -> Strategy:
     """The first strategy that suits the layer; with `post` (a fused activation past the ReLU bounds), not
-    the ones that run it poorly (Strategy.no_post)."""
-    return next(s for s in STRATEGIES if (avx512 or not s.avx512) and not (post and s.no_post) and s.suits(g))
+    the ones that run it poorly (Strategy.no_post), without one not those that pay only with one
+    (Strategy.post_only)."""
+    return next(s for s in STRATEGIES if (avx512 or not s.avx512) and not (post and s.no_post)
+                and not (s.post_only and not post) and s.suits(g))
 
 
 def build(g: Geometry, layer: Layer, avx512: bool = HAS_AVX512):

@@ -158,6 +158,7 @@ class Strategy:
     avx512 = False      # needs AVX-512
     fuses_post = False  # applies Layer.post in its own epilogue (else `with_post` runs it after the kernel)
     no_post = False     # not for layers with a fused activation past the ReLU bounds (a later strategy runs them)
+    post_only = False   # only for layers with such an activation (without one a later strategy runs them)
 
     def suits(self, g: Geometry) -> bool:
         raise NotImplementedError

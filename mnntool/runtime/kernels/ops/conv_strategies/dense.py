@@ -15,8 +15,9 @@ from .base import (COLS, Geometry, Layer, Strategy, on_wide_rows, padder, per_im
 # the multiplications they save.
 WINOGRAD_MIN_CHANNELS = 8
 # Implicit im2col reads its taps in place (no panel copy) for output rows from 32 wide whose packed
-# weights fit L2 (256 KB): MobileNetV2's stem 0.43 -> 0.28 ms, ResNet-18's 2.9 -> 2.5 ms.
-TAPS_IN_PLACE_MIN_WIDTH, L2_BYTES = 32, 256 * 1024
+# weights fit L2 (256 KB): MobileNetV2's stem 0.43 -> 0.28 ms, ResNet-18's 2.9 -> 2.5 ms; narrower rows
+# too up to WIDE_TAPS_MAX_K taps (WideTapsInPlace).
+TAPS_IN_PLACE_MIN_WIDTH, L2_BYTES, WIDE_TAPS_MAX_K = 32, 256 * 1024, 1152
 
 
 
@@ -223,14 +224,20 @@ def _phases(g: Geometry, layer: Layer):
     return packed, hq, wq, phase_splitter(g, layer.threads)
 
 
+def _packed_fits_l2(g: Geometry) -> bool:
+    from ...micro.float_gemm import OCB
+    return g.group == 1 and -(-g.cout // OCB) * OCB * g.cin * g.kh * g.kw * 4 <= L2_BYTES
+
+
 class TapsInPlace(Strategy):
-    """Implicit im2col whose tiles read the taps in place through an offset table (float_gemm.conv_rows)."""
+    """Implicit im2col whose tiles read the taps in place through an offset table (float_gemm.conv_rows),
+    tiles of up to 48 pixels inside one output row: rows from 32 wide whose last 16-lane vector is more
+    than half full (a 56-wide row's last tile of 8 lanes walked every tap for half a vector:
+    WideTapsInPlace takes those; SqueezeNet's 111-wide stem rows stay here: the model 1.4% faster so)."""
     name, avx512, fuses_post = "im2col-in-place", True, True
 
     def suits(self, g):
-        from ...micro.float_gemm import OCB
-        packed_bytes = -(-g.cout // OCB) * OCB * g.cin * g.kh * g.kw * 4
-        return g.group == 1 and g.ow >= TAPS_IN_PLACE_MIN_WIDTH and packed_bytes <= L2_BYTES
+        return _packed_fits_l2(g) and g.ow >= TAPS_IN_PLACE_MIN_WIDTH and (g.ow % 16 == 0 or g.ow % 16 > 8)
 
     def build(self, g, layer):
         from ...micro.float_gemm import conv_rows, tap_offsets
@@ -243,6 +250,27 @@ class TapsInPlace(Strategy):
             rows(phases, koff, g.oh, g.ow, wq, packed.wp, g.cin * g.kh * g.kw, g.cout, packed.bias, packed.epf,
                  packed.grid, y.reshape(-1))
         return per_image(g, one)
+
+
+class WideTapsInPlace(Strategy):
+    """Implicit im2col with the taps read in place on the phase planes' width (float_gemm.conv_grouped, one
+    group): tiles of 48 run across output rows, so a row's last pixels are not a part-empty tile of their
+    own and narrow rows fill whole tiles; the thrown-away columns (wq - ow a row) are cropped after. For
+    rows that end in a vector at most half full, and for rows under 32 wide up to WIDE_TAPS_MAX_K taps, where
+    conv_im2col copied a panel per tile. Measured (1 thread, ms): MobileNetV4's 32->32 3x3/2 to 56x56,
+    in the model, 0.78 -> 0.73 (conv_rows); against conv_im2col, the two kernels alone in turns: 3x3/2 to
+    28x28 128->32 0.96 -> 0.76, 64->64 0.73 -> 0.65, 128->64 1.49 -> 1.31, 128->128 (weights past L2)
+    2.64 -> 2.45, to 14x14 96->96 0.42 -> 0.38, 64->32 0.12 -> 0.09, 5x5 on 28x28 32->32 0.52 -> 0.42;
+    even at 2304 taps (256->256 to 14x14, 2.59 both), where conv_im2col's k blocks and its channel split
+    across threads stay. Not for rows of (nearly) whole vectors: the crop of a 3x3/2 stem's 32 x 112 x 113 output
+    cost more than conv_rows' tails (0.51 -> 0.57 ms in the model)."""
+    name, avx512, fuses_post = "im2col-wide", True, True
+
+    def suits(self, g):
+        return _packed_fits_l2(g) and (g.ow >= TAPS_IN_PLACE_MIN_WIDTH or g.cin * g.kh * g.kw <= WIDE_TAPS_MAX_K)
+
+    def build(self, g, layer):
+        return GroupedTapsInPlace().build(g, layer)
 
 
 class ImplicitIm2col(Strategy):
@@ -267,6 +295,14 @@ class ImplicitIm2col(Strategy):
         return per_image(g, one)
 
 
+def _pack_groups(weight: np.ndarray, group: int) -> np.ndarray:
+    """Each group's rows packed for float_gemm (pack_weights), one group after the other: read-only, shared
+    by the plans of every input shape (weight_cache)."""
+    from ...micro import float_gemm
+    og = weight.shape[0] // group
+    return np.concatenate([float_gemm.pack_weights(weight[k * og:(k + 1) * og]) for k in range(group)])
+
+
 class GroupedTapsInPlace(Strategy):
     """Grouped, not depthwise (RegNet, ResNeXt): each group's taps read in place from the phase planes
     on the planes' width (float_gemm.conv_grouped), every group's tiles in one parallel loop, then the
@@ -276,11 +312,12 @@ class GroupedTapsInPlace(Strategy):
     def suits(self, g):
         return g.group > 1 and not g.depthwise
 
-    def build(self, g, layer):
-        from ...micro.float_gemm import OCB, conv_grouped, epilogue_of, pack_weights, tap_offsets
+    def build(self, g, layer):      # also WideTapsInPlace's, at one group
+        from ...weight_cache import packed_once
+        from ...micro.float_gemm import OCB, conv_grouped, epilogue_of, tap_offsets
         cg, og = g.cin // g.group, g.cout // g.group
         nob = -(-og // OCB)
-        wp = np.concatenate([pack_weights(layer.weight[k * og:(k + 1) * og]) for k in range(g.group)])
+        wp = packed_once(_pack_groups, layer.weight, g.group)
         bias = np.zeros((g.group, nob * OCB), np.float32)
         bias[:, :og] = layer.bias.reshape(g.group, og)
         bias = bias.reshape(-1)

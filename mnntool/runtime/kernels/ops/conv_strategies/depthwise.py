@@ -23,7 +23,11 @@ PLANE_DW_MAX_PAD, PLANE_DW_MIN_WIDTH = 2, 7
 # from 28 wide the split costs more than it saves: 240 of 3x3 to 14x14 93 against 64, 144 of 5x5 to
 # 28x28 274 against 250). Not 3x3: strips are ahead there at every width (1 thread, to 7x7: 240
 # channels 21 against 32 us, with a sigmoid 33 against 35; 672 channels 51 against 78), as they are
-# for 5x5 without an activation (100 against 108 us) but not with one (152 against 124) or for 7x7
+# for 5x5 without an activation (100 against 108 us) but not with one (152 against 124) or for 7x7.
+# Measured again (the two kernels alone in turns, 1 thread, this host's AMD EPYC): without a fused
+# activation (ReLU or none) strips win at 5x5 and 7x7 too: 672 channels of 5x5 14x14 -> 7x7 102-105 us
+# against 127-160, 1152 channels 188 / 260, 256 of 7x7 75 / 102, 120 of 5x5 16 -> 8 23 / 31; with SiLU
+# phased stays ahead at 5x5 (158 / 177) and even at 7x7 (104 / 102): PhasedDepthwise.post_only.
 PHASED_DW_MAX_WIDTH = 8
 PHASED_DW_SIZES = (5, 7)
 # Strips go down blocks of this many output rows (their input rows stay in L1 across the strips).
@@ -53,7 +57,7 @@ class PhasedDepthwise(Strategy):
     """Stride 2, 5x5 or 7x7, on the input's four phase planes (float_gemm.phase_split, shared with the
     grouped convolutions of the geometry): each tap a flat shift, so a channel is one flat run
     (depthwise3x3.depthwise_flat_phased) over a wide output, cropped to its width."""
-    name, avx512, fuses_post = "dw-phased", True, True
+    name, avx512, fuses_post, post_only = "dw-phased", True, True, True
 
     def suits(self, g):
         return (g.depthwise and g.kh == g.kw and g.kh in PHASED_DW_SIZES and g.sh == g.sw == 2
@@ -92,11 +96,14 @@ class RowDepthwise3x3(Strategy):
 
 class StripDepthwise(Strategy):
     """3x3, 5x5 and 7x7 in strips of 16 columns down STRIP_ROWS rows, stride 1 (dilated or not)
-    or 2 (depthwise_strips.depthwise_strips)."""
+    or 2, and the bands 1 x k, k x 1 at stride 1 (depthwise_strips.depthwise_strips). Bands on maps to 16
+    wide too (channels-last ran GhostNetV2's 1x5 and 5x1 on 14x14 and 7x7 at 3-4 GFLOP/s)."""
     name, avx512, fuses_post = "dw-strips", True, True
 
     def suits(self, g):
         from ...micro import depthwise_strips
+        if g.depthwise and (g.kh, g.kw) in depthwise_strips.BANDS:
+            return g.sh == g.sw == 1 and g.dh == g.dw == 1
         return (g.depthwise and g.kh == g.kw and g.kh in depthwise_strips.SIZES and g.sh == g.sw and g.dh == g.dw
                 and (g.sh == 1 or (g.sh == 2 and g.dh == 1)))
 
@@ -105,7 +112,7 @@ class StripDepthwise(Strategy):
         from ...micro.float_gemm import epilogue_of
         wk, (epf, on_grid) = dw_weights(g, layer).reshape(-1), epilogue_of(layer.act, layer.grid, layer.post)
         strips, zrow = sized(depthwise_strips.depthwise_strips, g.out_size * g.kh * g.kw, layer.threads), np.zeros(g.w, np.float32)
-        return per_image(g, lambda x, y: strips(x, wk, layer.bias, g.kh, g.sh, g.dh, g.t, g.l, epf, on_grid, zrow,
+        return per_image(g, lambda x, y: strips(x, wk, layer.bias, g.kh, g.kw, g.sh, g.dh, g.t, g.l, epf, on_grid, zrow,
                                                  STRIP_ROWS, y))
 
 

@@ -1,0 +1,89 @@
+"""Channel slices and concats of NC4HW4 tensors stay in NC4HW4, as MNN's converter writes them (layout's
+`_moves_packed`): RexNet's partial residual (an ONNX Slice over channels, an add, a Concat) and a Split
+with a Concat, with no ConvertTensor around them. Their meaning is kept in fp32 (against onnxruntime:
+cosine >= 0.9999, max error <= 1e-3 of the output's scale, in mnntool's runtime and in MNN) and in int8
+(the two runtimes agree at cosine >= 0.9999, MNN's int8 output >= 0.99 of fp32)."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+from torch import nn  # noqa: E402
+
+from mnntool import api  # noqa: E402
+from mnntool.compare import metrics  # noqa: E402
+from mnntool.format import reader  # noqa: E402
+from mnntool.quant import QuantConfig, quantize_file  # noqa: E402
+from mnntool.runtime.session import Session  # noqa: E402
+from tests.conftest import assert_close, mnn_run, ort_run  # noqa: E402
+
+SHAPE = (1, 3, 36, 44)
+
+
+class PartialResidual(nn.Module):
+    """x (10 channels) -> y (22): cat(y[:, :10] + x, y[:, 10:]); then split 9/13 and concat the other way."""
+    def __init__(self):
+        super().__init__()
+        self.stem = nn.Sequential(nn.Conv2d(3, 10, 3, 2, 1), nn.BatchNorm2d(10), nn.ReLU6())
+        self.grow = nn.Sequential(nn.Conv2d(10, 22, 1), nn.BatchNorm2d(22))
+        self.dw = nn.Sequential(nn.Conv2d(22, 22, 3, 1, 1, groups=22), nn.ReLU())
+        self.head = nn.Conv2d(22, 4, 1)
+
+    def forward(self, x):
+        x = self.stem(x)
+        y = self.grow(x)
+        y = torch.cat([y[:, :10] + x, y[:, 10:]], 1)
+        a, b = self.dw(y).split([9, 13], 1)
+        return self.head(torch.cat([b, a], 1))
+
+
+@pytest.fixture(scope="module")
+def files(tmp_path_factory):
+    torch.manual_seed(0)
+    m = PartialResidual()
+    for mod in m.modules():         # batch norms measured on data, so activations keep their scale
+        if isinstance(mod, nn.BatchNorm2d):
+            mod.momentum = None
+            mod.reset_running_stats()
+    with torch.no_grad():
+        m.train()(torch.randn(8, *SHAPE[1:]))
+    d = tmp_path_factory.mktemp("packed_movement")
+    src, fp32 = d / "m.onnx", d / "m.mnn"
+    torch.onnx.export(m.eval(), (torch.randn(*SHAPE),), str(src), dynamo=False, opset_version=17,
+                      input_names=["x"], output_names=["y"])
+    api.convert(src, fp32)
+    return src, fp32, d
+
+
+def test_written_in_nc4hw4(files):
+    _, fp32, _ = files
+    g = reader.load(fp32)
+    ops = [n.op for n in g.nodes]
+    assert ops.count("Concat") == 2 and ops.count("StridedSlice") == 2 and ops.count("Slice") == 1, ops
+    assert ops.count("ConvertTensor") == 2, ops        # the input's and the output's only
+
+
+def test_fp32_means_the_same_in_both_runtimes(files):
+    src, fp32, _ = files
+    x = np.random.default_rng(1).standard_normal(SHAPE).astype(np.float32)
+    ref = ort_run(src, {"x": x})["y"]
+    assert_close(ref, Session(reader.load(fp32)).run({"x": x})["y"])
+    pytest.importorskip("MNN")
+    assert_close(ref, mnn_run(fp32, ["x"], ["y"], {"x": x})["y"])
+
+
+def test_int8_means_the_same_in_both_runtimes(files):
+    pytest.importorskip("MNN")
+    _, fp32, d = files
+    rng = np.random.default_rng(0)
+    int8 = d / "m8.mnn"
+    samples = [{"x": rng.standard_normal(SHAPE).astype(np.float32)} for _ in range(8)]
+    quantize_file(fp32, int8, QuantConfig(int8=True, calib=samples, method="mse"))
+    feeds = {"x": rng.standard_normal(SHAPE).astype(np.float32)}
+    ref = Session(reader.load(fp32)).run(feeds)["y"]
+    ours = Session(reader.load(int8)).run(feeds)["y"]
+    theirs = mnn_run(int8, ["x"], ["y"], feeds)["y"].reshape(ours.shape)
+    assert metrics(ref, theirs)["cosine"] >= 0.99
+    agree = metrics(theirs, ours)
+    assert agree["cosine"] >= 0.9999, agree
