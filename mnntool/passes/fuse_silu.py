@@ -19,9 +19,10 @@ class FuseSiluPass:
 
     def __call__(self, g: Graph) -> bool:
         changed = False
+        readers = g.consumers()     # once: a rewrite changes no reader of another Sigmoid's output
         for sig in [n for n in g.nodes if _is_sigmoid(n)]:
             x, s = sig.inputs[0], sig.outputs[0]
-            users = g.consumers().get(s, [])
+            users = readers.get(s, [])
             if s in g.outputs or len(users) != 1:
                 continue
             mul = users[0]

@@ -347,7 +347,7 @@ def calibrate(g: Graph, samples, method: str, nodes, progress=None,
     return dict(zip(cals, found)), stats.means()
 
 
-def _channel_max(chunk, g: Graph, names: list, threads: int) -> ChannelMax:
+def _channel_max(chunk, g: Graph, names: list, threads: int, progress=None) -> ChannelMax:
     """Per-channel max |x| of `names` over a chunk of the samples (in a worker process or a Ray task)."""
     stats, sess = ChannelMax(), Session(g, threads)
     for feeds in chunk:
@@ -355,10 +355,13 @@ def _channel_max(chunk, g: Graph, names: list, threads: int) -> ChannelMax:
         every = sess.run(feeds, keep_all=True)
         for t in names:
             stats.observe(t, every[t])
+        if progress:
+            progress(1)
     return stats
 
 
-def equalize_channels(q: Graph, samples, nodes, threads: int = 1, workers: int = 1, ray: str | None = None) -> int:
+def equalize_channels(q: Graph, samples, nodes, threads: int = 1, workers: int = 1, ray: str | None = None,
+                      progress=None) -> int:
     """Rescale per channel the int8 tensors of `nodes` whose writers and readers take it exactly
     (equalize.py), from one pass over the samples. Returns how many tensors were rescaled."""
     plan = plans(q, {n.inputs[0] for n in nodes} | {n.outputs[0] for n in nodes}, {n.name for n in nodes})
@@ -366,8 +369,8 @@ def equalize_channels(q: Graph, samples, nodes, threads: int = 1, workers: int =
         return 0
     names = sorted(plan)
     with shards.pool(workers, ray) as on:
-        stats = shards.merge_on(on, _channel_max, samples, (q, names, threads), ChannelMax()) if on is not None \
-            else _channel_max(samples, q, names, threads)
+        stats = shards.merge_on(on, _channel_max, samples, (q, names, threads), ChannelMax(), progress) \
+            if on is not None else _channel_max(samples, q, names, threads, progress)
     return equalize(q, plan, stats.values)
 
 
@@ -381,7 +384,7 @@ def equalize_channels(q: Graph, samples, nodes, threads: int = 1, workers: int =
 ROUNDED_MEANS = True
 
 
-def _collect_rounded(chunk, g: Graph, layers: list, threads: int) -> Statistics:
+def _collect_rounded(chunk, g: Graph, layers: list, threads: int, progress=None) -> Statistics:
     """Per-channel means of each layer's input as its grid rounds it (in a worker process or a Ray task)."""
     stats, sess = Statistics(), Session(g, threads)
     for feeds in chunk:
@@ -392,17 +395,19 @@ def _collect_rounded(chunk, g: Graph, layers: list, threads: int) -> Statistics:
             x = (x - zero) * scale
             m = x.mean(axis=(0, 2, 3)) if x.ndim == 4 else x.reshape(-1, x.shape[-1]).mean(0)
             stats.add_sum(name, _fixed(m))
+        if progress:
+            progress(1)
     return stats
 
 
 def rounded_means(g: Graph, samples, layers: list, threads: int = 1, workers: int = 1,
-                  ray: str | None = None) -> dict[str, np.ndarray]:
+                  ray: str | None = None, progress=None) -> dict[str, np.ndarray]:
     """layer -> per-channel mean of its input rounded to its grid; layers: (name, tensor, grid)."""
     if not layers:
         return {}
     with shards.pool(workers, ray) as on:
-        stats = shards.merge_on(on, _collect_rounded, samples, (g, layers, threads), Statistics()) \
-            if on is not None else _collect_rounded(samples, g, layers, threads)
+        stats = shards.merge_on(on, _collect_rounded, samples, (g, layers, threads), Statistics(), progress) \
+            if on is not None else _collect_rounded(samples, g, layers, threads, progress)
     return stats.means()
 
 
@@ -427,11 +432,11 @@ def quantize_int8(g: Graph, samples, method: str = "kl", per_channel: bool = Tru
     # per-tensor weights would round rescaled rows differently; statistics collected before (stats) would
     # be of the tensors unscaled
     if equalize and per_channel and stats is None:
-        equalize_channels(q, samples, nodes, threads, workers, ray)
+        equalize_channels(q, samples, nodes, threads, workers, ray, progress)     # every pass counts
     grids, means = calibrate(q, samples, method, nodes, progress, asymmetric, threads, workers, ray, stats)
     nodes = _unspread(q, [n for n in nodes if n.inputs[0] in grids and n.outputs[0] in grids])
     rounded = rounded_means(q, samples, [(n.name, n.inputs[0], grids[n.inputs[0]]) for n in nodes
-                                         if n.name in means], threads, workers, ray) \
+                                         if n.name in means], threads, workers, ray, progress) \
         if bias_correction and ROUNDED_MEANS else {}
     for n in nodes:
         if n.inputs[0] not in grids or n.outputs[0] not in grids:
