@@ -4,7 +4,9 @@ The source runs on its framework's runner (runners/: onnxruntime for ONNX and Op
 every intermediate tensor exposed, torch and TensorFlow for their final outputs); the .mnn on
 mnntool's runtime keeping every tensor (or, with backend "mnn", on the real MNN runtime, asked for the
 same tensors by name). Tensors are matched by name: passes
-keep the name of the last tensor of what they fuse, so fused-away tensors are listed as unmatched.
+keep the name of the last tensor of what they fuse, so fused-away tensors are listed as unmatched. Tensors
+int8 equalization divided per channel (quant/equalize.py) carry the suffix "/equalized": they count as
+paired for the same-model rule and are listed under "rescaled", not compared (their values differ by design).
 
 Verdict (`result["exit_code"]`, what `mnntool verify` exits with):
   0  every output and every compared layer meets the thresholds (outputs only with `outputs_only`);
@@ -279,12 +281,16 @@ def _verify_one(source, model, feeds, shapes, backend, min_cosine, max_abs, thre
     ours, _ = runner.run_all({k: feeds[k] for k in g.inputs}, [n for n, _ in order])
     used_backend = runner.name
     producer = {o: n.op for n in g.nodes for o in n.outputs}
-    layers, unmatched = [], []
+    layers, unmatched, rescaled = [], [], []
+    from .quant.equalize import EQUALIZED
     for name, op_type in order:
         if name not in ref:
             continue
         if name not in ours:
-            unmatched.append({"name": name, "op": op_type})
+            if name + EQUALIZED in producer:    # int8 equalization divided it per channel: paired, not compared
+                rescaled.append({"name": name, "op": op_type, "model_name": name + EQUALIZED})
+            else:
+                unmatched.append({"name": name, "op": op_type})
             continue
         a, b = np.asarray(ref[name]), np.asarray(ours[name])
         if a.size != b.size:
@@ -312,8 +318,10 @@ def _verify_one(source, model, feeds, shapes, backend, min_cosine, max_abs, thre
     computed = {o for n in g.nodes if n.op != "ConvertTensor" for o in n.outputs} - set(g.inputs)
     inner = [n for n, _ in order if n in ref and n not in g.outputs]
     need = min(SAME_MODEL_MIN_LAYERS, len(computed), len(inner) + len(g.outputs))
-    same = not inner or (len(layers) >= need and len(layers) >= SAME_MODEL_MIN_FRACTION * len(computed))
-    match = {"layers": len(layers), "mnn_tensors": len(computed), "source_tensors": len(inner) + len(outputs),
+    paired = len(layers) + len(rescaled)
+    same = not inner or (paired >= need and paired >= SAME_MODEL_MIN_FRACTION * len(computed))
+    match = {"layers": len(layers), "rescaled": len(rescaled), "mnn_tensors": len(computed),
+             "source_tensors": len(inner) + len(outputs),
              "same_model": same,
              "rule": f"the source exposes its layers, so at least min({SAME_MODEL_MIN_LAYERS}, N, S) and "
                      f"{SAME_MODEL_MIN_FRACTION:.0%} of the N tensors the .mnn's ops compute (layout "
@@ -321,6 +329,7 @@ def _verify_one(source, model, feeds, shapes, backend, min_cosine, max_abs, thre
                      if inner else "the source exposes its outputs only: outputs must match by name and size"}
     result = {"source": str(source), "model": str(model), "backend": used_backend, "min_cosine": min_cosine,
               "max_abs": max_abs, "samples": 1, "outputs": outputs, "layers": layers, "unmatched": unmatched,
+              "rescaled": rescaled,
               "match": match, "output_names": list(g.outputs),
               "first_failing": first["name"] if first else None, "pass": all(o["pass"] for o in outputs)}
     matched = {m["name"] for m in layers} | set(g.outputs)

@@ -206,13 +206,15 @@ def equalize(g: Graph, plan: dict, channel_max: dict) -> int:
     """Rescale each planned tensor by its factors (channel_max: tensor -> per-channel max |x|); returns
     how many were rescaled. Constants no node reads any more are dropped; the divisors of the convolution
     outputs rescaled are kept on the graph (divisors)."""
-    done, replaced = 0, set()
+    done, replaced, changed = 0, set(), []
     scaled = dict(divisors(g))
+    producers = g.producers()
     for t, (writers, readers) in plan.items():
         lossy = [a for a in readers if mixes(a)]
         k = factors(channel_max[t], column_max(lossy, channel_max[t].size) if lossy else None)
         if np.all(k == 1.0):
             continue
+        changed += _chain(g, t, producers)
         for f, actions in ((1.0 / k, writers), (k, readers)):
             for a in actions:
                 if a[0] == "const":
@@ -222,12 +224,58 @@ def equalize(g: Graph, plan: dict, channel_max: dict) -> int:
                     scaled[out] = scaled.get(out, 1.0) / f
                 _apply(g, a, f)
         done += 1
-    g.channel_divisors = scaled
+    g.channel_divisors = _renamed(g, changed, scaled)
     used = {i for n in g.nodes for i in n.inputs}
     for name in [c for c in replaced if c not in used and c not in g.outputs]:
         del g.constants[name]
         g.tensors.pop(name, None)
     return done
+
+
+def _chain(g: Graph, t: str, producers) -> list[str]:
+    """`t` and the tensors between it and its writers (through ReLU, ConvertTensor, constant Add/Sub):
+    every tensor whose values the rescaling divides."""
+    out, node = [t], producers.get(t)
+    while node is not None:
+        if node.op in (LAYOUT_CONVERSION, "ReLU"):
+            src = node.inputs[0]
+        elif _binary(node, "ADD", "SUB") and _const_operand(g, node, g.info(t).shape[1]) is not None:
+            src = node.inputs[1 - _const_operand(g, node, g.info(t).shape[1])]
+        else:
+            break
+        out.append(src)
+        node = producers.get(src)
+    return out
+
+
+EQUALIZED = "/equalized"
+
+
+def _renamed(g: Graph, changed: list, scaled: dict) -> dict:
+    """Rescaled tensors take new names: they no longer hold the source model's values, so `verify`
+    (which pairs tensors by name) leaves them unpaired instead of failing them; the report pairs them
+    through `equalized_from`. Returns `scaled` under the new names."""
+    names = {t: t + EQUALIZED for t in dict.fromkeys(changed) if t not in g.outputs and t not in g.inputs
+             and not t.endswith(EQUALIZED)}
+    if not names:
+        return scaled
+    for n in g.nodes:
+        n.inputs = [names.get(i, i) for i in n.inputs]
+        n.outputs = [names.get(o, o) for o in n.outputs]
+    for old, new in names.items():
+        if old in g.tensors:
+            g.tensors[new] = g.tensors.pop(old)
+            if hasattr(g.tensors[new], "name"):
+                g.tensors[new].name = new
+    origin = dict(getattr(g, "equalized_from", {}))
+    origin.update({new: origin.get(old, old) for old, new in names.items()})
+    g.equalized_from = origin
+    return {names.get(k, k): d for k, d in scaled.items()}
+
+
+def original_name(g: Graph, t: str) -> str:
+    """The source model's name of a tensor equalization renamed (else `t`)."""
+    return getattr(g, "equalized_from", {}).get(t, t)
 
 
 class ChannelMax:

@@ -10,7 +10,7 @@ from ..runtime.session import Session
 
 def _sample_sums(samples: list[dict], fp32: Graph, quant: Graph, threads: int = 1) -> list[dict]:
     """For each sample, {tensor: Sums} of every conv output and final output, fp32 against quantized."""
-    from .equalize import divisors
+    from .equalize import divisors, original_name
     names = [n.outputs[0] for n in quant.nodes if is_convolution(n.op)] + list(quant.outputs)
     ref_s, q_s = Session(fp32, threads), Session(quant, threads)
     scaled = divisors(quant)        # layers whose output int8 equalization rescaled per channel
@@ -18,8 +18,9 @@ def _sample_sums(samples: list[dict], fp32: Graph, quant: Graph, threads: int = 
     for feeds in samples:
         a, b = ref_s.run(feeds, keep_all=True), q_s.run(feeds, keep_all=True)
         for k, d in scaled.items():
-            if k in a:
-                a[k] = a[k] / d.reshape(1, -1, 1, 1).astype(a[k].dtype)
+            src = original_name(quant, k)       # equalization renamed the tensors it rescaled
+            if src in a:
+                a[k] = a[src] / d.reshape(1, -1, 1, 1).astype(a[src].dtype)
         out.append({k: Sums.of(a[k], b[k]) for k in names if k in a and k in b})
     return out
 
