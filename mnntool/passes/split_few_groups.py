@@ -9,6 +9,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..ir.graph import Graph, Node
+from .util import expand_each
 
 MAX_GROUPS = 4
 
@@ -59,13 +60,4 @@ class SplitFewGroupsPass:
     name = "split_few_groups"
 
     def __call__(self, g: Graph) -> bool:
-        out, changed = [], False
-        for node in g.nodes:
-            k = _groups(g, node)
-            if k:
-                out += _split(g, node, k)
-                changed = True
-            else:
-                out.append(node)
-        g.nodes = out
-        return changed
+        return expand_each(g, _groups, _split)

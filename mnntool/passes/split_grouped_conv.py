@@ -11,6 +11,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..ir.graph import Graph, Node
+from .util import expand_each
 
 
 def _multiplier(g: Graph, node: Node) -> int:
@@ -60,13 +61,4 @@ class SplitGroupedConvPass:
     name = "split_grouped_conv"
 
     def __call__(self, g: Graph) -> bool:
-        out, changed = [], False
-        for node in g.nodes:
-            m = _multiplier(g, node)
-            if m:
-                out += _split(g, node, m)
-                changed = True
-            else:
-                out.append(node)
-        g.nodes = out
-        return changed
+        return expand_each(g, _multiplier, _split)

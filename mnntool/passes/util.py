@@ -54,3 +54,18 @@ def per_channel(value: np.ndarray, channels: int, rank: int = 4):
     if padded[1] == channels and all(d == 1 for k, d in enumerate(padded) if k != 1):
         return v.reshape(-1).astype(np.float64)
     return None
+
+
+def expand_each(g: Graph, count_of, expand) -> bool:
+    """Each node for which count_of(g, node) is non-zero replaced, in place in the order, by the nodes
+    expand(g, node, count) returns (the split passes); whether any was."""
+    out, changed = [], False
+    for node in g.nodes:
+        k = count_of(g, node)
+        if k:
+            out += expand(g, node, k)
+            changed = True
+        else:
+            out.append(node)
+    g.nodes = out
+    return changed

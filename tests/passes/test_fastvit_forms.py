@@ -5,18 +5,14 @@ onnxruntime: cosine >= 0.9999, max error <= 1e-3 of the scale) and in int8 (the 
 cosine >= 0.9999, and MNN's int8 output is >= 0.99 of fp32), as tests/quant/test_int8_agreement.py asks."""
 from __future__ import annotations
 
-import numpy as np
 import pytest
 
 torch = pytest.importorskip("torch")
 from torch import nn  # noqa: E402
 
 from mnntool import api  # noqa: E402
-from mnntool.compare import metrics  # noqa: E402
 from mnntool.format import reader  # noqa: E402
-from mnntool.quant import QuantConfig, quantize_file  # noqa: E402
-from mnntool.runtime.session import Session  # noqa: E402
-from tests.conftest import assert_close, mnn_run, ort_run  # noqa: E402
+from tests.passes.both_runtimes import assert_fp32_same, assert_int8_same  # noqa: E402
 
 
 class RepMixerDown(nn.Module):
@@ -67,24 +63,9 @@ def test_written_in_the_fast_forms(files):
 
 def test_fp32_means_the_same_in_both_runtimes(files):
     src, fp32, _ = files
-    x = np.random.default_rng(1).standard_normal((1, 3, 48, 64)).astype(np.float32)
-    ref = ort_run(src, {"x": x})["y"]
-    assert_close(ref, Session(reader.load(fp32)).run({"x": x})["y"])
-    pytest.importorskip("MNN")
-    assert_close(ref, mnn_run(fp32, ["x"], ["y"], {"x": x})["y"])
+    assert_fp32_same(src, fp32, (1, 3, 48, 64))
 
 
 def test_int8_means_the_same_in_both_runtimes(files):
-    pytest.importorskip("MNN")
     _, fp32, d = files
-    rng = np.random.default_rng(0)
-    int8 = d / "m8.mnn"
-    samples = [{"x": rng.standard_normal((1, 3, 48, 64)).astype(np.float32)} for _ in range(8)]
-    quantize_file(fp32, int8, QuantConfig(int8=True, calib=samples, method="mse"))
-    feeds = {"x": rng.standard_normal((1, 3, 48, 64)).astype(np.float32)}
-    ref = Session(reader.load(fp32)).run(feeds)["y"]
-    ours = Session(reader.load(int8)).run(feeds)["y"]
-    theirs = mnn_run(int8, ["x"], ["y"], feeds)["y"].reshape(ours.shape)
-    assert metrics(ref, theirs)["cosine"] >= 0.99
-    agree = metrics(theirs, ours)
-    assert agree["cosine"] >= 0.9999, agree
+    assert_int8_same(fp32, d / "m8.mnn", (1, 3, 48, 64))

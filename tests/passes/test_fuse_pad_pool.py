@@ -4,7 +4,6 @@ window keeps the explicit padding (MNN's divisor differs there). Meaning kept: a
 cosine >= 0.9999 and max error <= 1e-3 of the output's scale, in mnntool's runtime and in MNN."""
 from __future__ import annotations
 
-import numpy as np
 import pytest
 
 torch = pytest.importorskip("torch")
@@ -12,8 +11,7 @@ from torch import nn  # noqa: E402
 
 from mnntool import api  # noqa: E402
 from mnntool.format import reader  # noqa: E402
-from mnntool.runtime.session import Session  # noqa: E402
-from tests.conftest import assert_close, mnn_run, ort_run  # noqa: E402
+from tests.passes.both_runtimes import assert_fp32_same, assert_int8_same  # noqa: E402
 
 SHAPE = (1, 8, 17, 22)
 
@@ -55,28 +53,10 @@ def test_padding_goes_into_the_pooling(files):
 
 def test_means_the_same_in_both_runtimes(files):
     src, dst = files
-    x = np.random.default_rng(1).standard_normal(SHAPE).astype(np.float32)
-    ref = ort_run(src, {"x": x})["y"]
-    assert_close(ref, Session(reader.load(dst)).run({"x": x})["y"])
-    pytest.importorskip("MNN")
-    assert_close(ref, mnn_run(dst, ["x"], ["y"], {"x": x})["y"])
+    assert_fp32_same(src, dst, SHAPE)
 
 
 def test_int8_means_the_same_in_both_runtimes(files, tmp_path):
     """The padded averages on int8 tensors: the two runtimes agree (cosine >= 0.9999), MNN's int8 output
     >= 0.99 of fp32."""
-    pytest.importorskip("MNN")
-    from mnntool.compare import metrics
-    from mnntool.quant import QuantConfig, quantize_file
-    _, fp32 = files
-    rng = np.random.default_rng(0)
-    int8 = tmp_path / "m8.mnn"
-    samples = [{"x": rng.standard_normal(SHAPE).astype(np.float32)} for _ in range(8)]
-    quantize_file(fp32, int8, QuantConfig(int8=True, calib=samples, method="mse"))
-    feeds = {"x": rng.standard_normal(SHAPE).astype(np.float32)}
-    ref = Session(reader.load(fp32)).run(feeds)["y"]
-    ours = Session(reader.load(int8)).run(feeds)["y"]
-    theirs = mnn_run(int8, ["x"], ["y"], feeds)["y"].reshape(ours.shape)
-    assert metrics(ref, theirs)["cosine"] >= 0.99
-    agree = metrics(theirs, ours)
-    assert agree["cosine"] >= 0.9999, agree
+    assert_int8_same(files[1], tmp_path / "m8.mnn", SHAPE)

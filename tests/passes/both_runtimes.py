@@ -1,0 +1,36 @@
+"""The checks every converter-form test of tests/passes makes on its file: the float file computes the
+source (onnxruntime) in mnntool's runtime and in MNN (conftest.assert_close: cosine >= 0.9999, max abs
+<= 1e-3 of the output's scale), and its int8 file (mse, 8 seeded N(0,1) samples) means the same in both
+runtimes (cosine >= 0.9999 between them) and stays >= 0.99 of fp32 in MNN. One input "x", one output "y"."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from mnntool.compare import metrics
+from mnntool.format import reader
+from mnntool.runtime.session import Session
+from tests.conftest import assert_close, mnn_run, ort_run
+
+
+def assert_fp32_same(src, mnn, shape) -> None:
+    x = np.random.default_rng(1).standard_normal(shape).astype(np.float32)
+    ref = ort_run(src, {"x": x})["y"]
+    assert_close(ref, Session(reader.load(mnn)).run({"x": x})["y"])
+    pytest.importorskip("MNN")
+    assert_close(ref, mnn_run(mnn, ["x"], ["y"], {"x": x})["y"])
+
+
+def assert_int8_same(fp32, int8, shape) -> None:
+    pytest.importorskip("MNN")
+    from mnntool.quant import QuantConfig, quantize_file
+    rng = np.random.default_rng(0)
+    samples = [{"x": rng.standard_normal(shape).astype(np.float32)} for _ in range(8)]
+    quantize_file(fp32, int8, QuantConfig(int8=True, calib=samples, method="mse"))
+    feeds = {"x": rng.standard_normal(shape).astype(np.float32)}
+    ref = Session(reader.load(fp32)).run(feeds)["y"]
+    ours = Session(reader.load(int8)).run(feeds)["y"]
+    theirs = mnn_run(int8, ["x"], ["y"], feeds)["y"].reshape(ours.shape)
+    assert metrics(ref, theirs)["cosine"] >= 0.99
+    agree = metrics(theirs, ours)
+    assert agree["cosine"] >= 0.9999, agree
