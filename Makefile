@@ -32,11 +32,15 @@ demo: $(STAMP)
 	$(BIN)/mnntool llm run demo/llama-q4 --prompt "def main(argv):" -n 48
 	$(BIN)/mnntool llm eval demo/llama-q4 --text build/llm/trained-test/heldout.txt --max-tokens 4096 --ctx 128 --ref build/llm/trained-test
 
+# two worker processes (pytest-xdist), whole test modules each: CI has 2 cores and the suite's CPU time is
+# ~1.4x its wall time run serially (`make test TEST_WORKERS=0` runs it in one process)
+TEST_WORKERS ?= 2
+
 # a native crash (no Python traceback) leaves its stack in build/test-crash.log: its first line and the
 # frames in tests/ and mnntool/ are printed last, where CI's excerpt of the output shows them
 test: $(STAMP)
-	@mkdir -p build
-	MNNTOOL_CRASH_LOG=build/test-crash.log $(BIN)/python -m pytest -p no:faulthandler tests || { rc=$$?; \
+	@mkdir -p build && rm -f build/test-crash.log
+	MNNTOOL_CRASH_LOG=build/test-crash.log $(BIN)/python -m pytest -p no:faulthandler -n $(TEST_WORKERS) --dist loadfile tests || { rc=$$?; \
 	  if [ -s build/test-crash.log ]; then echo "native crash, from build/test-crash.log:"; head -n 1 build/test-crash.log; \
 	    grep -m 16 -E '/(tests|mnntool|fixtures)/' build/test-crash.log; fi; exit $$rc; }
 

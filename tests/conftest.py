@@ -29,8 +29,21 @@ if os.environ.get("MNNTOOL_CRASH_LOG"):
     # `make test`: a native crash's Python stack goes to this file, whose test and mnntool frames the
     # Makefile prints after it (CI shows only the end of the output, where the stack's pytest frames were)
     import faulthandler  # noqa: E402
-    _CRASH_LOG = open(os.environ["MNNTOOL_CRASH_LOG"], "w")  # noqa: SIM115 - open while the session runs
+    # appended to: the suite's two worker processes (pytest-xdist) share it; the Makefile empties it first
+    _CRASH_LOG = open(os.environ["MNNTOOL_CRASH_LOG"], "a")  # noqa: SIM115 - open while the session runs
     faulthandler.enable(_CRASH_LOG, all_threads=False)
+
+
+# the modules that take longest (a wheel built and installed, the zoo's exports, LLM checkpoints): run first,
+# so that `make test`'s two workers (pytest-xdist, whole modules each: --dist loadfile) end together instead
+# of one of them starting the longest module when the other has nothing left
+_LONG_FIRST = ("test_wheel_smoke.py", "test_model_zoo.py", "test_verify.py", "test_tensorflow.py",
+               "test_quant_files.py", "test_torchscript.py")
+
+
+def pytest_collection_modifyitems(config, items):
+    rank = {name: k for k, name in enumerate(_LONG_FIRST)}
+    items.sort(key=lambda item: rank.get(item.path.name, len(rank)))      # stable: the rest keep their order
 
 
 @pytest.fixture(scope="session")
