@@ -6,7 +6,7 @@ Each layer is an ONNX model Conv (+ bias) -> ReLU -> GlobalAveragePool (the pool
 out of the timing; both runtimes pay for it alike), converted by mnntool. The two runtimes take turns,
 each timed on the calling thread's CPU time (time.thread_time: both run a 1-thread session in the calling
 thread), so a shared machine's other tenants do not move the ratio. A layer is `cin,cout,hw,k,stride[,group]`
-("same" padding k // 2); the default set is ResNet-50's layers, the stems and strided 3x3 layers of the
+with k a number or `KHxKW` (Inception's 1x7 and 7x1: "192,192,17,1x7,1"), "same" padding k // 2 per axis; the default set is ResNet-50's layers, the stems and strided 3x3 layers of the
 mobile networks, and the 7x7 and 14x14 maps of their last stages. Prints mnntool's strategy per layer
 (conv_strategies.pick), GFLOP/s of both, and the ratio; --json writes the rows with the CPU's name.
 """
@@ -35,6 +35,8 @@ LAYERS = [
     # mobile networks: 3x3/2 stems and downsampling, pointwise on 14x14 and 7x7, depthwise
     "3,16,224,3,2", "3,32,224,3,2", "32,32,112,3,2", "32,96,56,3,2", "96,576,14,1,1", "576,96,14,1,1",
     "160,960,7,1,1", "960,160,7,1,1", "144,144,56,3,1,144", "240,240,28,5,1,240", "672,672,14,5,2,672",
+    # Inception-v3: 1x1 and the 1x7 / 7x1 pairs on 17x17 maps, 5x5 on 35x35
+    "768,192,17,1,1", "192,192,17,1x7,1", "192,192,17,7x1,1", "160,160,17,1x7,1", "48,64,35,5,1",
 ]
 
 
@@ -43,15 +45,16 @@ def _model(spec: str, d: Path) -> tuple[Path, Path, tuple]:
     import onnx
     from onnx import TensorProto, helper, numpy_helper
     from mnntool import api
-    a = [int(v) for v in spec.split(",")]
-    cin, cout, hw, k, s = a[:5]
-    g = a[5] if len(a) > 5 else 1
+    a = spec.split(",")
+    cin, cout, hw, s = int(a[0]), int(a[1]), int(a[2]), int(a[4])
+    kh, kw = (int(v) for v in a[3].split("x")) if "x" in a[3] else (int(a[3]),) * 2
+    g = int(a[5]) if len(a) > 5 else 1
     src, dst = d / f"{spec.replace(',', '_')}.onnx", d / f"{spec.replace(',', '_')}.mnn"
     rng = np.random.default_rng(0)
-    w = (rng.standard_normal((cout, cin // g, k, k)) * 0.05).astype(np.float32)
+    w = (rng.standard_normal((cout, cin // g, kh, kw)) * 0.05).astype(np.float32)
     b = rng.standard_normal(cout).astype(np.float32)
-    nodes = [helper.make_node("Conv", ["x", "w", "b"], ["c"], kernel_shape=[k, k], strides=[s, s], pads=[k // 2] * 4,
-                              group=g),
+    nodes = [helper.make_node("Conv", ["x", "w", "b"], ["c"], kernel_shape=[kh, kw], strides=[s, s],
+                              pads=[kh // 2, kw // 2] * 2, group=g),
              helper.make_node("Relu", ["c"], ["r"]), helper.make_node("GlobalAveragePool", ["r"], ["y"])]
     graph = helper.make_graph(nodes, "layer", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, cin, hw, hw])],
                               [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, cout, 1, 1])],
@@ -60,25 +63,25 @@ def _model(spec: str, d: Path) -> tuple[Path, Path, tuple]:
     m.ir_version = 8
     onnx.save(m, str(src))
     api.convert(src, dst)
-    oh = (hw + 2 * (k // 2) - k) // s + 1
-    return src, dst, (cin, cout, hw, k, s, g, oh)
+    oh, ow = (hw + 2 * (kh // 2) - kh) // s + 1, (hw + 2 * (kw // 2) - kw) // s + 1
+    return src, dst, (cin, cout, hw, kh, kw, s, g, oh, ow)
 
 
-def _strategy(cin, cout, hw, k, s, g, oh) -> str:
+def _strategy(cin, cout, hw, kh, kw, s, g, oh, ow) -> str:
     from mnntool.runtime.kernels.ops.conv_strategies import Geometry, pick
-    p = k // 2
-    return pick(Geometry(1, cin, hw, hw, cout, oh, oh, k, k, s, s, 1, 1, p, p, p, p, g)).name
+    t, l = kh // 2, kw // 2
+    return pick(Geometry(1, cin, hw, hw, cout, oh, ow, kh, kw, s, s, 1, 1, t, l, t, l, g)).name
 
 
 def measure(spec: str, d: Path, runs: int) -> dict:
     import numpy as np
     from mnntool.runners import backend_runner
-    src, dst, (cin, cout, hw, k, s, g, oh) = _model(spec, d)
+    src, dst, (cin, cout, hw, kh, kw, s, g, oh, ow) = _model(spec, d)
     feeds = {"x": np.random.default_rng(1).standard_normal((1, cin, hw, hw)).astype(np.float32)}
     r = {"mnntool": backend_runner(dst, "numba", 1, None), "ort": backend_runner(src, "onnxruntime", 1, None)}
     for x in r.values():
         x.run(feeds)
-    flops = 2 * cout * oh * oh * (cin // g) * k * k
+    flops = 2 * cout * oh * ow * (cin // g) * kh * kw
     reps = max(1, int(2e7 / flops))         # ~20 MFLOP a turn: tiny layers are timed over several runs
     times = {n: [] for n in r}
     for i in range(runs):
@@ -88,7 +91,7 @@ def measure(spec: str, d: Path, runs: int) -> dict:
                 r[n].run(feeds)
             times[n].append((time.thread_time() - c0) / reps * 1e3)
     ms = {n: statistics.median(v) for n, v in times.items()}
-    return {"layer": spec, "strategy": _strategy(cin, cout, hw, k, s, g, oh), "mflop": flops / 1e6,
+    return {"layer": spec, "strategy": _strategy(cin, cout, hw, kh, kw, s, g, oh, ow), "mflop": flops / 1e6,
             "mnntool_ms": ms["mnntool"], "ort_ms": ms["ort"], "vs_ort": ms["mnntool"] / ms["ort"],
             "mnntool_gflops": flops / ms["mnntool"] / 1e6, "ort_gflops": flops / ms["ort"] / 1e6}
 

@@ -2,7 +2,7 @@
 run at that shape, paired with onnxruntime, and RSS after 20 and after 2,000 distinct shapes.
 
     python benchmarks/new_shapes.py [--shapes 40] [--repeats 5] [--rss-shapes 2000] [--threads 1] [--json]
-                                    [--onnx MODEL.onnx --low 128 --high 256]
+                                    [--onnx MODEL.onnx --low 128 --high 256 --multiple 32]
 
 The model is the issue's: two 3x3 convolutions (3 -> 16 -> 16 channels, a ReLU between) with open
 H/W, run at N distinct (H, W) between 200 and 400 pixels. For each shape, mnntool and onnxruntime
@@ -16,7 +16,8 @@ memory a first run touches), hold still where other tenants load the machine.
 The RSS phase runs in a child process of its own (nothing of the timing phase in its memory): mnntool
 alone, one run at each of `--rss-shapes` distinct shapes from the same range, RSS read after 20 and at
 the end (target: within 50 MB). `--json` prints one JSON object. `--onnx` runs an image model of
-your own instead (one input (N, C, H, W) with H and W open; run at batch 1), between --low and --high.
+your own instead (one input (N, C, H, W) with H and W open; run at batch 1), between --low and --high,
+multiples of --multiple (a text detector's 32).
 """
 from __future__ import annotations
 
@@ -46,11 +47,13 @@ from benchmarks.soak import open_model, rss_mb  # noqa: E402
 LOW, HIGH = 200, 400        # pixels: the issue's range of heights and widths
 
 
-def distinct_shapes(n: int, seed: int, low: int = LOW, high: int = HIGH) -> list[tuple[int, int]]:
+def distinct_shapes(n: int, seed: int, low: int = LOW, high: int = HIGH, multiple: int = 1) -> list[tuple[int, int]]:
+    """n distinct (H, W) between low and high, each a multiple of `multiple` (a detector's stride)."""
     rng = np.random.default_rng(seed)
     seen, out = set(), []
+    lo, hi = -(-low // multiple), high // multiple
     while len(out) < n:
-        hw = (int(rng.integers(low, high + 1)), int(rng.integers(low, high + 1)))
+        hw = (int(rng.integers(lo, hi + 1)) * multiple, int(rng.integers(lo, hi + 1)) * multiple)
         if hw not in seen:
             seen.add(hw)
             out.append(hw)
@@ -81,7 +84,8 @@ def timed(fn) -> tuple[float, float, int]:
     return t, c, resource.getrusage(resource.RUSAGE_THREAD).ru_minflt - f0
 
 
-def first_and_steady(n: int, repeats: int, threads: int, progress=None, onnx_path=None, low=LOW, high=HIGH) -> dict:
+def first_and_steady(n: int, repeats: int, threads: int, progress=None, onnx_path=None, low=LOW, high=HIGH,
+                     multiple=1) -> dict:
     """Per shape: each runtime's first run and the median of its next `repeats`, taking turns."""
     import onnxruntime as ort
     import mnntool
@@ -99,7 +103,7 @@ def first_and_steady(n: int, repeats: int, threads: int, progress=None, onnx_pat
         for _ in range(3):
             run(warm)
     rows = []
-    for k, (h, w) in enumerate(distinct_shapes(n, 0, low, high)):
+    for k, (h, w) in enumerate(distinct_shapes(n, 0, low, high, multiple)):
         x = rng.standard_normal((1, channels, h, w)).astype(np.float32)
         order = list(runs) if k % 2 == 0 else list(runs)[::-1]
         row = {"shape": [h, w]}
@@ -120,7 +124,8 @@ def first_and_steady(n: int, repeats: int, threads: int, progress=None, onnx_pat
         rows.append(row)
         if progress:
             progress(k + 1)
-    out = {"model": str(onnx_path or "two 3x3 convolutions, open H/W"), "range": [low, high], "shapes": n,
+    out = {"model": str(onnx_path or "two 3x3 convolutions, open H/W"), "range": [low, high], "multiple": multiple,
+           "shapes": n,
            "repeats": repeats, "threads": threads, "rows": rows}
     for name in runs:
         ratios = [r[f"{name}_ratio"] for r in rows]
@@ -134,7 +139,7 @@ def first_and_steady(n: int, repeats: int, threads: int, progress=None, onnx_pat
     return out
 
 
-def rss_over_shapes(n: int, threads: int, onnx_path=None, low=LOW, high=HIGH) -> dict:
+def rss_over_shapes(n: int, threads: int, onnx_path=None, low=LOW, high=HIGH, multiple=1) -> dict:
     """(In the child) one run at each of n distinct shapes; RSS after 20 and after n."""
     import mnntool
     tmp = Path(tempfile.mkdtemp())
@@ -144,7 +149,7 @@ def rss_over_shapes(n: int, threads: int, onnx_path=None, low=LOW, high=HIGH) ->
     rng = np.random.default_rng(2)
     at = {}
     t0 = time.perf_counter()
-    for k, (h, w) in enumerate(distinct_shapes(n, 3, low, high), 1):
+    for k, (h, w) in enumerate(distinct_shapes(n, 3, low, high, multiple), 1):
         sess.run({name: rng.standard_normal((1, channels, h, w)).astype(np.float32)})
         if k in (20, n):
             gc.collect()
@@ -162,24 +167,28 @@ def main() -> None:
     ap.add_argument("--onnx", default=None, help="an image model of your own (input N,C,H,W with H and W open)")
     ap.add_argument("--low", type=int, default=LOW, help="smallest height and width")
     ap.add_argument("--high", type=int, default=HIGH, help="largest height and width")
+    ap.add_argument("--multiple", type=int, default=1, help="heights and widths a multiple of this (a detector's stride)")
     ap.add_argument("--json", action="store_true", help="print one JSON object")
     ap.add_argument("--rss-child", action="store_true", help=argparse.SUPPRESS)
     a = ap.parse_args()
     if a.rss_child:
-        print(json.dumps(rss_over_shapes(a.rss_shapes, a.threads, a.onnx, a.low, a.high)))
+        print(json.dumps(rss_over_shapes(a.rss_shapes, a.threads, a.onnx, a.low, a.high, a.multiple)))
         return
-    if not 1 <= a.low <= a.high or (a.high - a.low + 1) ** 2 < max(a.shapes, a.rss_shapes):
-        ap.error("--low/--high: 1 <= low <= high, with at least as many (H, W) pairs as shapes asked for")
+    if a.multiple < 1 or not 1 <= a.low <= a.high or \
+            (a.high // a.multiple - -(-a.low // a.multiple) + 1) ** 2 < max(a.shapes, a.rss_shapes):
+        ap.error("--low/--high/--multiple: 1 <= low <= high, with at least as many (H, W) pairs (multiples of "
+                 "--multiple) as shapes asked for")
     if a.rss_shapes and a.rss_shapes < 20:
         ap.error("--rss-shapes: at least 20 (RSS is compared with its value after 20 shapes)")
     from rich.progress import Progress
     with Progress(disable=not sys.stderr.isatty(), transient=True) as bar:
         task = bar.add_task("new shapes", total=a.shapes)
         result = first_and_steady(a.shapes, a.repeats, a.threads, lambda k: bar.update(task, completed=k), a.onnx,
-                                  a.low, a.high)
+                                  a.low, a.high, a.multiple)
     if a.rss_shapes:
         child = subprocess.run([sys.executable, __file__, "--rss-child", "--rss-shapes", str(a.rss_shapes),
-                                "--threads", str(a.threads), "--low", str(a.low), "--high", str(a.high)]
+                                "--threads", str(a.threads), "--low", str(a.low), "--high", str(a.high),
+                                "--multiple", str(a.multiple)]
                                + (["--onnx", a.onnx] if a.onnx else []), capture_output=True, text=True, check=True)
         result.update(json.loads(child.stdout.strip().splitlines()[-1]))
     result["cpu"] = _cpu_name()

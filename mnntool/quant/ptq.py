@@ -100,6 +100,20 @@ def _averages(n) -> bool:
         (n.op == "Reduction" and p.get("operation") == "MEAN")
 
 
+LOCAL_AVERAGE = 9      # values a local average pooling takes at most to be rounded like any activation
+
+
+def _averages_many(n) -> bool:
+    """An average over more values than a local pooling window (a global pool, a mean, a window of more
+    than LOCAL_AVERAGE): its result has a finer resolution than its input's grid, which rounding it
+    back to that grid would lose (float_layers). A 2x2 or 3x3 average's result is rounded like any
+    other int8 activation (DenseNet-121's transitions: their three 1x1 convolutions before 2x2 pools,
+    5.8 ms of a 31.5 ms int8 run in float, one Zen 4 core; pooled_on_input_grid)."""
+    p = n.param or {}
+    return _averages(n) and (n.op == "Reduction" or bool(p.get("isGlobal"))
+                             or int(p.get("kernelX", 1)) * int(p.get("kernelY", 1)) > LOCAL_AVERAGE)
+
+
 def _reads_gelu(n, producers) -> bool:
     src = _computed_by(n.inputs[0], producers) if n.inputs else None
     return src is not None and src.op == "UnaryOp" and (src.param or {}).get("opType") in GELUS
@@ -112,7 +126,9 @@ def float_layers(g: Graph) -> set[str]:
     flatten the small logit differences that decide the top-1. Those whose result is averaged (an
     average pooling, a mean): MNN runs such a pool on its input's int8 grid and rounds each mean back
     to that grid, which costs a global pool most of its precision (MobileNetV2: output cosine 0.99989
-    in MNN, 0.9999993 with the last convolution float). And those that read a GELU's output (a
+    in MNN, 0.9999993 with the last convolution float; int8_before_average gives most of those an int8
+    layer with a float output instead, the same for the average; a local 2x2 or 3x3 average rounds as
+    any int8 activation, _averages_many). And those that read a GELU's output (a
     transformer MLP's second Linear): that input has a long one-sided tail a uniform int8 grid serves
     poorly (PTQ4ViT's post-GELU activations), and it is the model's widest tensor, so the grid's
     rounding there turns the ulp-sized differences of the float operators before it into the largest
@@ -134,7 +150,7 @@ def float_layers(g: Graph) -> set[str]:
 def _heads_and_averaged(g: Graph, producers) -> set[str]:
     """Convolutions whose result reaches a graph output or an average through data movement only."""
     heads = [_conv_before(out, producers) for out in g.outputs]
-    pooled = [_conv_before(n.inputs[0], producers) for n in g.nodes if _averages(n) and n.inputs]
+    pooled = [_conv_before(n.inputs[0], producers) for n in g.nodes if _averages_many(n) and n.inputs]
     return {name for name in heads + pooled if name}
 
 
@@ -236,8 +252,43 @@ def float_report(g: Graph, q: Graph, skip: set[str], auto_skipped: list) -> list
     return rows
 
 
+def int8_before_average(g: Graph, skip: set[str]) -> set[str]:
+    """Convolutions float_layers keeps float only because an average reads their result, that run int8
+    with a float output instead (float_outputs gives them DT_FLOAT): a group-1 convolution whose input
+    an int8 convolution (or depthwise one) writes, so int8 bytes already, and that reads no GELU and
+    gates nothing. The average then reads float values, as from a float layer, and the layer's multiply-adds are
+    integer ones: RepVGG-A0's last 3x3 (192 -> 1280 channels, 108M multiply-adds, before the global
+    mean) took 2.3 ms of 10.5 a run in float (one Zen 4 core), 0.7 in int8."""
+    producers = g.producers()
+    kept = float_layers(g)
+    other = {_conv_before(out, producers) for out in g.outputs} | set(_gates(g, producers))   # heads, gates
+    out = set()
+    for n in g.nodes:
+        if n.op != "Convolution" or n.name not in kept or n.name in other or n.name in skip or \
+                (n.param["common"].get("group", 1) or 1) != 1 or _reads_gelu(n, producers) or \
+                not any(_averages(r) for r in _readers_past_views(g, n.outputs[0])):
+            continue
+        src = _computed_by(n.inputs[0], producers) if n.inputs else None
+        if src is not None and src.op in ("Convolution", "ConvolutionDepthwise") and src.name not in kept \
+                and src.name not in skip and src.param.get("weight") is not None:
+            out.add(n.name)
+    return out
+
+
+def _readers_past_views(g: Graph, tensor: str) -> list:
+    """The operators that read `tensor`, looking through data movement."""
+    readers, todo, out = g.consumers(), [tensor], []
+    while todo:
+        for r in readers.get(todo.pop(), []):
+            if is_view(r.op):
+                todo.extend(r.outputs)
+            else:
+                out.append(r)
+    return out
+
+
 def targets(g: Graph, skip: set[str]) -> list:
-    keep_float = float_layers(g)
+    keep_float = float_layers(g) - int8_before_average(g, skip)
     out = []
     for n in g.nodes:
         if int8_weights(n.op) and n.name not in skip and n.outputs[0] not in skip and n.name not in keep_float \
@@ -464,7 +515,26 @@ def quantize_int8(g: Graph, samples, method: str = "kl", per_channel: bool = Tru
                 n.param["bias"] = (np.asarray(n.param["bias"], np.float64) + shift).astype(np.float32)
         set_int8(q, n, qp, grids[n.inputs[0]], grids[n.outputs[0]])
     float_outputs(q)
+    pooled_on_input_grid(q)
     return q
+
+
+def pooled_on_input_grid(g: Graph) -> int:
+    """Local average poolings (not global: _averages_many) of an int8 convolution's int8 output get their
+    input's grid for their output where the file gives it none. MNN pools int8 bytes in int8 and rounds
+    each mean to the input's grid whatever the output's type; with the grid in the file, mnntool's
+    runtime does the same (ops.pool.int8_average) instead of pooling in float (DenseNet-121's
+    transitions: agreement of the two runtimes 0.99996 without, on the same file). Returns how many."""
+    producers = g.producers()
+    done = 0
+    for n in g.nodes:
+        if not _averages(n) or _averages_many(n) or n.op != "Pooling" or not n.inputs or len(n.outputs) != 1:
+            continue
+        src, dst = g.info(n.inputs[0]).quant, g.info(n.outputs[0]).quant
+        if src and not dst and _written_int8(n.inputs[0], producers, g):
+            g.info(n.outputs[0]).quant = dict(src)
+            done += 1
+    return done
 
 
 def _read_on_grid(tensor: str, readers, int8_inputs: set, g: Graph) -> bool:

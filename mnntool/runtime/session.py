@@ -21,7 +21,7 @@ from .kernels.ops.control import run_bodies_in, shape_free
 from .plan import Plan, Planning, Step, build, check_off
 from .plan.int8_store import RAW, raw_reads, rounding, stored_grids, stored_on
 from .plan.kernels import generic_kernel, kernel_for
-from .plan.recycler import Recycler
+from .plan.arenas import Arenas
 from .plan.shapes import check_size
 from .plan.threads import ONE_THREAD_BELOW_FLOPS
 from .settings import Settings
@@ -71,7 +71,7 @@ class Session:
                 graph.constants[name] = value.copy()
         self.settings = Settings.of(threads, off)
         check_off(self.settings.off)
-        self._memory = Recycler()     # buffers of dropped plans, for new ones (runtime/plan/recycler.py)
+        self._arenas = Arenas()       # plan memory, shared by the plans of every shape (runtime/plan/arenas.py)
         self.plan: Plan | None = None       # the plan last prepared or run (a run uses its own, checked out)
         self._plan_key = None
         self._plans: dict = {}        # input-shape key -> its first plan (insertion order: oldest first)
@@ -91,9 +91,13 @@ class Session:
 
     # ------------------------------------------------------------------------------------- prepare
     def _shaped(self, shapes: dict | None) -> Graph:
-        """The graph with these input shapes, its tensor facts copied: prepare never writes into the
-        graph it was given."""
-        g = replace(self.graph, tensors={k: copy_info(v) for k, v in self.graph.tensors.items()})
+        """The graph with these input shapes, its inputs' tensor facts copied: prepare never writes into
+        the graph it was given (planning reads the other tensors' shapes from shape inference's Vals)."""
+        tensors = dict(self.graph.tensors)
+        for name in self.graph.inputs:
+            if name in tensors:
+                tensors[name] = copy_info(tensors[name])
+        g = replace(self.graph, tensors=tensors)
         for name, shape in (shapes or {}).items():
             check_input_shape(g, name, shape)
             g.tensors[name].shape = tuple(int(s) for s in shape)
@@ -110,6 +114,7 @@ class Session:
             plan = self._plans.get(key)
         if plan is None:
             plan = self._build(g, keep_all)
+            self._arenas.release(plan.arena)       # not run now: a run reserves it (_checkout)
             plan = self._remember(key, plan)
         self.plan, self._plan_key = plan, key
         return plan
@@ -119,11 +124,17 @@ class Session:
             return self._build_locked(g, keep_all)
 
     def _build_locked(self, g: Graph, keep_all: bool) -> Plan:
-        """A new plan of the shaped graph `g`: its own kernels and buffers, shared with no other plan."""
+        """A new plan of the shaped graph `g`: its own kernels, its buffers in an arena reserved for the
+        caller (the caller releases it)."""
         if not _CHECKED_COMPILED and (self.settings.threads > 1 or aot.library() is None):
             _CHECKED_COMPILED.append(True)      # once a process: the walk of the cache costs ~0.3 ms a plan
             announce_first_compile()
-        return build(Planning(g, keep_all, self.settings, self._stored, self._raw, self._memory))
+        p = Planning(g, keep_all, self.settings, self._stored, self._raw, self._arenas)
+        try:
+            return build(p)
+        except BaseException:
+            self._arenas.release(p.arena)      # a plan that failed after taking an arena holds it no more
+            raise
 
     def _remember(self, key, plan: Plan, idle: bool = True) -> Plan:
         """Keep `plan` as the plan of `key`, idle unless a run holds it (a run with these shapes uses it:
@@ -144,11 +155,13 @@ class Session:
         """(key, plan) for a run with these feeds: a plan no other run is using, prepared if none is."""
         key = (tuple((n, tuple(np.shape(feeds[n]))) for n in self.graph.inputs if n in feeds), keep_all)
         with self._lock:
-            idle = self._idle.get(key)
-            if idle:
-                plan = idle.pop()
-                self.plan, self._plan_key = plan, key
-                return key, plan
+            idle = self._idle.get(key) or ()
+            for k in range(len(idle) - 1, -1, -1):
+                # a plan whose arena another run (of another shape) holds waits; another plan serves
+                if self._arenas.reserve(idle[k].arena):
+                    plan = idle.pop(k)
+                    self.plan, self._plan_key = plan, key
+                    return key, plan
             known = key in self._plans
         for name in self.graph.inputs:
             if name not in feeds:
@@ -161,6 +174,7 @@ class Session:
         return key, plan
 
     def _checkin(self, key, plan: Plan) -> None:
+        self._arenas.release(plan.arena)
         with self._lock:
             idle = self._idle.get(key)
             if idle is not None and len(idle) < MAX_IDLE_PER_SHAPE and not any(p is plan for p in idle):

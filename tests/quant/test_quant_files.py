@@ -258,9 +258,10 @@ def test_mnn_quantizer_files_run_the_same_in_mnntool(tmp_path, method):
         assert metrics(theirs[k], ours[k])["cosine"] >= 0.9999
 
 
-def test_convolutions_before_an_average_pool_stay_float(tmp_path):
+def test_convolutions_before_an_average_pool_write_float(tmp_path):
     """MNN runs an average pool on its input's int8 grid and rounds each mean back to that grid, so the
-    convolution feeding a global pool keeps a float output (and the head stays float, as ever)."""
+    convolution feeding a global pool keeps a float output (and the head stays float, as ever): an int8
+    layer with a float output (ptq.int8_before_average) where an int8 convolution writes its input."""
     rng = np.random.default_rng(3)
     w = [rng.standard_normal(s).astype(np.float32) / 4 for s in ((16, 3, 3, 3), (32, 16, 1, 1), (10, 32))]
     nodes = [h.make_node("Conv", ["x", "w0"], ["c0"], pads=[1] * 4), h.make_node("Relu", ["c0"], ["r0"]),
@@ -279,14 +280,16 @@ def test_convolutions_before_an_average_pool_stay_float(tmp_path):
     r = quantize_file(tmp_path / "m.mnn", tmp_path / "q.mnn", QuantConfig(int8=True, calib=calib, samples=4))
     q = reader.load(tmp_path / "q.mnn")
     convs = [n for n in q.nodes if n.op == "Convolution"]
-    assert ["symmetricQuan" in n.param for n in convs] == [True, False, False]
+    assert ["symmetricQuan" in n.param for n in convs] == [True, True, False]
+    assert convs[1].param["symmetricQuan"]["outputDataType"] == "DT_FLOAT"
+    assert not q.tensors[convs[1].outputs[0]].quant           # no grid: the average reads float values
     # the float layers are reported with their reason, and store int8 weights (weight-only) by default
     assert [(f["name"], f["reason"], f["weights"]) for f in r["float_layers"]] == \
-        [(n.name, "feeds an output or an average", "int8") for n in convs[1:]]
-    assert all(n.param.get("weight") is None and n.param["quanParameter"] is not None for n in convs[1:])
+        [(n.name, "feeds an output or an average", "int8") for n in convs[2:]]
+    assert all(n.param.get("weight") is None and n.param["quanParameter"] is not None for n in convs[2:])
     kept = quantize_file(tmp_path / "m.mnn", tmp_path / "f.mnn",
                          QuantConfig(int8=True, calib=calib, samples=4, float_weights=True))
-    assert [f["weights"] for f in kept["float_layers"]] == ["fp32", "fp32"]
+    assert [f["weights"] for f in kept["float_layers"]] == ["fp32"]
     assert r["size_after"] < kept["size_after"]
     x = {"x": rng.standard_normal((1, 3, 16, 16)).astype(np.float32)}
     theirs = mnn_run(tmp_path / "q.mnn", q.inputs, q.outputs, x)["y"]

@@ -27,10 +27,10 @@ CASES = {
     "dw3 stride 2": (geo(2, 8, 40, 40, 8, 3, s=2, p=1, group=8), "dw-strips", "dw3-border"),
     "dw5 small map": (geo(1, 16, 14, 14, 16, 5, p=2, group=16), "dw-strips", "dw-channels-last"),
     "dw5 stride 2": (geo(1, 8, 37, 35, 8, 5, s=2, p=2, group=8), "dw-strips", "dw-generic"),
-    "dw5 stride 2 to 7x7, two images": (geo(2, 24, 14, 14, 24, 5, s=2, p=2, group=24), "dw-strips", "dw-channels-last"),
-    "dw3 stride 2 to 8x7, odd": (geo(1, 16, 15, 13, 16, 3, s=2, p=1, group=16), "dw-strips", "dw-channels-last"),
-    "dw7 stride 2 to 8x7, odd": (geo(1, 16, 15, 13, 16, 7, s=2, p=3, group=16), "dw-strips", "dw-channels-last"),
-    "dw7 stride 2 unpadded to 4x4": (geo(1, 16, 13, 13, 16, 7, s=2, group=16), "dw-strips", "dw-channels-last"),
+    "dw5 stride 2 to 7x7, two images": (geo(2, 24, 14, 14, 24, 5, s=2, p=2, group=24), "dw-pairs", "dw-channels-last"),
+    "dw3 stride 2 to 8x7, odd": (geo(1, 16, 15, 13, 16, 3, s=2, p=1, group=16), "dw-pairs", "dw-channels-last"),
+    "dw7 stride 2 to 8x7, odd": (geo(1, 16, 15, 13, 16, 7, s=2, p=3, group=16), "dw-pairs", "dw-channels-last"),
+    "dw7 stride 2 unpadded to 4x4": (geo(1, 16, 13, 13, 16, 7, s=2, group=16), "dw-pairs", "dw-channels-last"),
     "dw5 dilated": (geo(1, 8, 40, 40, 8, 5, p=4, group=8, d=2), "dw-strips", "dw-generic"),
     "dw7": (geo(1, 8, 23, 23, 8, 7, p=3, group=8), "dw-strips", "dw-generic"),
     "dw7 stride 2, unpadded": (geo(1, 8, 40, 40, 8, 7, s=2, group=8), "dw-strips", "dw-generic"),
@@ -51,25 +51,32 @@ CASES = {
     "3x3 s2 to 20 wide, few taps": (geo(1, 16, 40, 40, 24, 3, s=2, p=1), "im2col-wide", "blas-im2col"),
     "3x3 s2 to 56 wide": (geo(1, 8, 112, 112, 16, 3, s=2, p=1), "im2col-wide", "blas-im2col"),
     "5x5 dense": (geo(1, 32, 20, 20, 64, 5, p=2), "im2col-wide", "blas-im2col"),
-    "3x3 s2, many taps": (geo(1, 144, 20, 20, 64, 3, s=2, p=1), "im2col-implicit", "blas-im2col"),
+    "3x3 s2, many taps": (geo(1, 144, 20, 20, 136, 3, s=2, p=1), "im2col-implicit", "blas-im2col"),
+    # weights past L2, one thrown-away column of 11 against 8 channel blocks sharing a panel copy
+    "3x3 s2, many taps, few channel blocks": (geo(1, 144, 20, 20, 64, 3, s=2, p=1), "im2col-wide", "blas-im2col"),
+    # weights past L2 (104 x 672 floats): a kh x 1 window's planes are as wide as the output, so its taps are
+    # read in place and it writes the output directly (no crop); its 1 x kw twin copies panels
+    "7x1 past L2, two images": (Geometry(2, 96, 9, 11, 104, 9, 11, 7, 1, 1, 1, 1, 1, 3, 0, 3, 0, 1), "im2col-wide",
+                                "blas-im2col"),
+    "1x7 past L2": (Geometry(1, 96, 9, 11, 104, 9, 11, 1, 7, 1, 1, 1, 1, 0, 3, 0, 3, 1), "im2col-implicit",
+                    "blas-im2col"),
     "patches 4x4/4, edges left over": (geo(2, 3, 30, 34, 24, 4, s=4), "patchify", "blas-im2col"),
     "patches 8x8/8 to 4x4 (tiny ViT)": (geo(1, 3, 32, 32, 64, 8, s=8), "patchify", "blas-im2col"),
     "grouped": (geo(2, 16, 10, 10, 16, 3, p=1, group=4), "grouped-in-place", "blas-im2col"),
     "grouped, 4 outputs a group, stride 2": (geo(1, 64, 29, 27, 128, 3, s=2, p=1, group=32), "grouped-in-place",
                                              "blas-im2col"),
     "grouped 1x1": (geo(1, 24, 9, 9, 48, 1, group=3), "grouped-in-place", "blas-im2col"),
+    # 5 rows of the 29-wide planes: 145 pixels, the last one past whole tiles (channels in the lanes)
+    "grouped, a pixel past whole tiles": (Geometry(1, 16, 5, 27, 40, 5, 27, 3, 3, 1, 1, 1, 1, 1, 1, 1, 1, 4),
+                                          "grouped-in-place", "blas-im2col"),
     "3x3 rate 12 on 16x16 (ASPP)": (geo(2, 24, 16, 16, 16, 3, p=12, d=12), "sparse-taps", "sparse-taps"),
     "3x3 rate 6 on 11x13": (geo(1, 8, 11, 13, 8, 3, p=6, d=6), "sparse-taps", "sparse-taps"),
 }
 
 
 # geometry -> strategy with AVX-512 under a fused activation past the ReLU bounds (a SiLU): the ones only
-# such layers get (Strategy.post_only)
-POST_CASES = {
-    "dw5 stride 2 to 7x7 with SiLU, two images": (geo(2, 24, 14, 14, 24, 5, s=2, p=2, group=24), "dw-phased"),
-    "dw7 stride 2 to 8x7 with SiLU, odd": (geo(1, 16, 15, 13, 16, 7, s=2, p=3, group=16), "dw-phased"),
-    "dw7 stride 2 unpadded to 4x4 with SiLU": (geo(1, 16, 13, 13, 16, 7, s=2, group=16), "dw-phased"),
-}
+# such layers get (Strategy.post_only; none now: dw-pairs replaced dw-phased, at every activation)
+POST_CASES: dict = {}
 
 
 def test_every_strategy_has_a_case():
@@ -132,6 +139,18 @@ def test_strategy_matches_torch(case, avx512):
     if avx512 and not HAS_AVX512:
         pytest.skip("this host has no AVX-512")
     ref, got = _run(g, pick(g, avx512))
+    assert np.abs(got - ref).max() <= 5e-5 * np.abs(ref).max()
+
+
+@pytest.mark.parametrize("case", ["7x1 past L2, two images", "3x3 s2, many taps, few channel blocks"])
+@pytest.mark.parametrize("threads", [1, 4])
+def test_wide_taps_past_l2_at_one_and_more_threads(case, threads):
+    """At one thread these run in place (conv_grouped); with more threads than their tiles can keep busy,
+    conv_im2col, which also splits the channel blocks."""
+    g, fast, _ = CASES[case]
+    if not HAS_AVX512:
+        pytest.skip("this host has no AVX-512")
+    ref, got = _run(g, pick(g), threads=threads)
     assert np.abs(got - ref).max() <= 5e-5 * np.abs(ref).max()
 
 

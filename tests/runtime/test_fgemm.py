@@ -25,7 +25,10 @@ def close(ref, got, tol=2e-5):
 @needs_avx512
 @pytest.mark.parametrize("o, k, p", [(5, 7, 3), (13, 600, 50), (64, 147, 200), (96, 16, 12544 // 8), (24, 1200, 49),
                                      (40, 64, 64), (8, 9, 1), (512, 2304, 49),
-                                     (17, 64, 100), (3, 20, 37), (1, 30, 20), (10, 33, 16)])   # last blocks of 1-4 rows
+                                     (17, 64, 100), (3, 20, 37), (1, 30, 20), (10, 33, 16),   # last blocks of 1-4 rows
+                                     # 1-4 pixels past whole tiles (float_gemm._tail, channels in the lanes)
+                                     (70, 300, 289), (33, 50, 196), (200, 64, 98), (16, 40, 147), (24, 100, 197),
+                                     (20, 40, 104)])
 @pytest.mark.parametrize("act", [0, 1, 2])
 def test_packed_gemm_matches_numpy(o, k, p, act):
     rng = np.random.default_rng(o * k + p)
@@ -151,6 +154,28 @@ def test_convolution_without_im2col_matches_torch(cin, cout, h, k, stride, pads,
     b = rng.standard_normal(cout).astype(np.float32)
     ref, got = _conv(x, w, b, stride, pads, dilation, act=1)
     close(ref, got)
+
+
+@needs_avx512
+@pytest.mark.parametrize("h, w, kh, t", [(17, 17, 7, 3), (9, 5, 3, 1), (6, 40, 5, 0)])
+def test_conv_im2col_panels_of_planes_as_wide_as_the_output(h, w, kh, t):
+    """A kh x 1 window: the output rows of a tile continue each other in the phase planes, so `_panel` copies
+    one run per tap, across output rows (checked against torch, 1e-5 of the largest output)."""
+    from mnntool.runtime.kernels.micro import float_gemm as fg
+    rng = np.random.default_rng(h * w + kh)
+    cin, cout = 12, 20
+    x = rng.standard_normal((cin, h, w)).astype(np.float32)
+    wt = (rng.standard_normal((cout, cin, kh, 1)) / np.sqrt(cin * kh)).astype(np.float32)
+    b = rng.standard_normal(cout).astype(np.float32)
+    oh = h + 2 * t - kh + 1
+    xq = np.zeros((cin, h + 2 * t, w), np.float32)
+    fg.phase_split(x, t, 0, 1, 1, xq)
+    koff = fg.tap_offsets(cin, kh, 1, 1, 1, 1, 1, h + 2 * t, w)
+    pk = fg.PackedGemm(wt.reshape(cout, -1), b, 0, NO_GRID, oh * w, 1)
+    out = np.full(cout * oh * w, np.nan, np.float32)
+    fg.conv_im2col(xq, koff, koff.size, oh, w, pk.wp, 16, cout, 1, pk.bias, pk.epf, pk.grid, out)
+    ref = F.conv2d(torch.from_numpy(x[None]), torch.from_numpy(wt), torch.from_numpy(b), padding=(t, 0)).numpy()
+    assert np.abs(out.reshape(ref.shape) - ref).max() <= 1e-5 * np.abs(ref).max()
 
 
 @pytest.mark.parametrize("h, ceil, pad", [(112, False, 1), (9, True, 1), (10, False, 1), (15, True, 1),

@@ -35,7 +35,7 @@ def test_tile_matches_integer_product(oc, k, pixels):
     packed = np.ascontiguousarray(padded.reshape(blocks, 16, k4, 4).transpose(0, 2, 1, 3)).reshape(-1)
     f = np.float32
     ratio, s_out, z = f(0.7), f(0.05), -127          # ReLU (clamp at z), a one-sided 0.05 grid
-    epf = (f(z), f(np.inf), ratio, s_out, f(-127), f(127), f(z))
+    epf = (f(z), f(np.inf), ratio, s_out, f(-127), f(127), f(z), f(0), f(0), f(0))
     out = np.full((-(-oc // 8) * 8, pixels), np.nan, np.float32)
     int8_gemm.Int8Weights(w, scale, bias, oc * k * pixels, 2).matmul(packed, epf, out)
     acc = (x.astype(np.int64) @ w.astype(np.int64).T).T
@@ -43,7 +43,7 @@ def test_tile_matches_integer_product(oc, k, pixels):
     v = np.maximum((v + bias[:, None]).astype(f), f(z))
     q = np.clip(np.trunc((v + np.copysign(f(0.5), v)).astype(f)), -127, 127)
     np.testing.assert_array_equal(out[:oc], ((q - z) * s_out).astype(f))
-    float_epf = (f(-np.inf), f(np.inf), ratio, f(0), f(-np.inf), f(np.inf), f(0))   # a float output
+    float_epf = (f(-np.inf), f(np.inf), ratio, f(0), f(-np.inf), f(np.inf), f(0), f(0), f(0), f(0))   # a float output
     int8_gemm.Int8Weights(w, scale, bias, oc * k * pixels, 2).matmul(packed, float_epf, out)
     np.testing.assert_array_equal(out[:oc], (((acc.astype(f) * scale[:, None]).astype(f) * ratio).astype(f)
                                              + bias[:, None]).astype(f))

@@ -33,7 +33,7 @@ def test_pack_rows_layout(b, m, k, ones):
 
 
 @pytest.mark.parametrize("m, k, n", [(128, 256, 768), (128, 1024, 256), (5, 3, 17), (130, 33, 100), (1000, 64, 8),
-                                     (20, 40, 60), (17, 64, 256), (9, 64, 70), (11, 16, 33)])
+                                     (20, 40, 60), (17, 64, 256), (9, 64, 70), (11, 16, 33), (20, 40, 197)])
 @pytest.mark.parametrize("bias, act", [(True, 0), (False, 1), (True, 2)])
 def test_row_gemm_matches_numpy(m, k, n, bias, act):
     rng = np.random.default_rng(m * k + n)

@@ -110,3 +110,65 @@ def test_packed_weights_shared_across_shapes(tmp_path):
     del s
     gc.collect()
     assert weight_cache.cached_count() == before
+
+
+def _detector_like(path):
+    """A stride-2 3x3 convolution (phase planes shared per geometry: SharedZeros), a 3x3 16 -> 16 one
+    (Winograd where the host has AVX-512), a 1x1 (channels-in-lanes at few pixels), a stride-2
+    transposed convolution (its work buffers): what a text detector runs at every new image size."""
+    rng = np.random.RandomState(2)
+
+    def w(name, *shape, s=0.3):
+        return onnx.numpy_helper.from_array((rng.randn(*shape) * s).astype(np.float32), name)
+    inits = [w("w1", 16, 3, 3, 3), w("w2", 16, 16, 3, 3, s=0.1), w("w3", 24, 16, 1, 1, s=0.2),
+             w("wt", 24, 4, 2, 2, s=0.2), w("bt", 4)]
+    nodes = [h.make_node("Conv", ["x", "w1"], ["c1"], pads=[1, 1, 1, 1], strides=[2, 2]),
+             h.make_node("Relu", ["c1"], ["r1"]),
+             h.make_node("Conv", ["r1", "w2"], ["c2"], pads=[1, 1, 1, 1]), h.make_node("Relu", ["c2"], ["r2"]),
+             h.make_node("Conv", ["r2", "w3"], ["c3"]),
+             h.make_node("ConvTranspose", ["c3", "wt", "bt"], ["y"], strides=[2, 2])]
+    g = h.make_graph(nodes, "det", [h.make_tensor_value_info("x", TP.FLOAT, [1, 3, "H", "W"])],
+                     [h.make_tensor_value_info("y", TP.FLOAT, None)], inits)
+    m = h.make_model(g, opset_imports=[h.make_opsetid("", 17)])
+    m.ir_version = 8
+    onnx.save(m, str(path))
+
+
+def test_many_shapes_share_memory_and_packed_weights(tmp_path):
+    """More distinct shapes than a session keeps plans for (runtime/plan/arenas.py, SharedZeros' spare
+    buffers, the transposed convolution's thread buffers, packed weights of every strategy kept across
+    plans): every output is onnxruntime's (rtol 1e-4 + atol 1e-4: summation order), shapes seen before
+    give the same numbers again, the plans share one arena, no weights are packed twice, and the
+    thread's spare zero buffers stay bounded."""
+    from mnntool.runtime import kernels
+    from mnntool.runtime import session as session_mod
+    from mnntool.runtime.kernels.micro import float_gemm, winograd
+    _detector_like(tmp_path / "d.onnx")
+    api.convert(tmp_path / "d.onnx", tmp_path / "d.mnn")
+    packs = []
+    real_pack, real_wino = float_gemm.pack_weights, winograd.transform_packed
+
+    def counting(real):
+        def pack(w, *a):
+            packs.append((real.__name__, w.shape, a))
+            return real(w, *a)
+        return pack
+    float_gemm.pack_weights, winograd.transform_packed = counting(real_pack), counting(real_wino)
+    try:
+        s = Session(api.load_graph(tmp_path / "d.mnn"), threads=1)
+        ref = ort.InferenceSession(str(tmp_path / "d.onnx"))
+        rng = np.random.default_rng(0)
+        # the first: padded planes past 1 MB (mapped, kernels.MAPPED_FROM), and an arena the others fit
+        shapes = [(400, 360), (34, 50), (8, 10), (60, 22), (14, 14), (46, 38), (10, 30), (52, 52), (20, 44),
+                  (30, 16), (64, 40), (12, 12), (26, 58)]
+        assert len(shapes) > session_mod.MAX_PLANS
+        first = {}
+        for hw in shapes + shapes[:3]:
+            x = first.setdefault(hw, rng.standard_normal((1, 3) + hw).astype(np.float32))
+            got = s.run({"x": x})["y"]
+            np.testing.assert_allclose(got, ref.run(None, {"x": x})[0], rtol=1e-4, atol=1e-4, err_msg=str(hw))
+        assert len({id(p.arena) for p in s._plans.values()}) == 1 and s._arenas.count == 1
+        assert len(packs) == len(set(packs)), f"weights packed again for a new shape: {packs}"
+        assert len(kernels._SCRATCH.__dict__.get("spare", [])) <= kernels.SPARE_ZEROS
+    finally:
+        float_gemm.pack_weights, winograd.transform_packed = real_pack, real_wino

@@ -2,7 +2,7 @@
 every one of them, and switched off on its own (Session(off=...), MNNTOOL_PLAN_OFF) leaves outputs equal
 to onnxruntime's (abs and relative error 1e-4 over values up to ~5: the convolutions' sums differ in
 order) and to the plan with every stage on (the same: another kernel may sum in another order). Also:
-a plan's buffers go back to its session when the plan is dropped, and the next plan takes them."""
+the plans of every input shape share the session's arena (runtime/plan/arenas.py)."""
 import numpy as np
 import onnx
 import pytest
@@ -19,7 +19,7 @@ from mnntool.runtime.session import Session
 from mnntool.runtime.settings import cores
 
 ort = pytest.importorskip("onnxruntime")
-OUTPUTS = ("y_cat", "y_tok", "y_emb", "y_vec", "y_bn", "y_lab", "y_head")
+OUTPUTS = ("y_cat", "y_tok", "y_emb", "y_vec", "y_bn", "y_lab", "y_pool", "y_tdw", "y_head")
 
 
 def _every_stage_model(path):
@@ -28,12 +28,12 @@ def _every_stage_model(path):
     def w(name, *shape, s=0.2):
         return nh.from_array((rng.standard_normal(shape) * s).astype(np.float32), name)
     ints = {"split5": [1, 2, 16, 16, 16], "merge4": [1, 32, 16, 16], "minus1": [-1], "zero1": [0], "one1": [1],
-            "tok2": [6, 16]}
+            "tok2": [6, 16], "tok4": [1, 16, 2, 3], "tok3": [1, 16, 6]}
     inits = [w("w1", 16, 8, 3, 3), w("wse", 16, 16, 1, 1), w("w2", 16, 16, 1, 1), w("w3", 16, 16, 1, 1),
              w("w4", 8, 32, 3, 3), w("w5", 8, 32, 1, 1), w("wq", 16, 16), w("wk", 16, 16), w("wv", 16, 16),
              w("table", 10, 8, s=1.0), w("c", 1, 64), nh.from_array(np.ones(16, np.float32), "gamma"),
              nh.from_array(np.zeros(16, np.float32), "beta"), w("wl", 16, 16), w("bn_mu", 16),
-             nh.from_array(np.linspace(0.5, 2, 16, dtype=np.float32), "bn_var"), w("w6", 4, 8, 1, 1),
+             nh.from_array(np.linspace(0.5, 2, 16, dtype=np.float32), "bn_var"), w("w6", 4, 8, 1, 1), w("wdw", 16, 1, 3, 3),
              nh.from_array(np.array([1.5], np.float32), "s6"), nh.from_array(np.array([0.25], np.float32), "b6")] + \
         [nh.from_array(np.array(v, np.int64), k) for k, v in ints.items()]
     n = h.make_node
@@ -68,6 +68,13 @@ def _every_stage_model(path):
         # a scalar affine after a convolution and ReLU (fuse_scalar_affine)
         n("Conv", ["x", "w6"], ["c6"]), n("Relu", ["c6"], ["r6"]), n("Mul", ["r6", "s6"], ["m6"]),
         n("Add", ["m6", "b6"], ["y_lab"]),
+        # a pooling token mixer, pool(x) - x (fuse_pool_mixer)
+        n("AveragePool", ["x"], ["ap"], kernel_shape=[3, 3], pads=[1, 1, 1, 1], count_include_pad=0),
+        n("Sub", ["ap", "x"], ["y_pool"]),
+        # a depthwise convolution between token/plane transposes (fuse_token_depthwise)
+        n("Transpose", ["t"], ["tt"], perm=[0, 2, 1]), n("Reshape", ["tt", "tok4"], ["tp"]),
+        n("Conv", ["tp", "wdw"], ["tdw"], pads=[1, 1, 1, 1], group=16), n("Reshape", ["tdw", "tok3"], ["tf"]),
+        n("Transpose", ["tf"], ["y_tdw"], perm=[0, 2, 1]),
     ]
     inputs = [h.make_tensor_value_info("x", TP.FLOAT, [1, 8, 16, 16]),
               h.make_tensor_value_info("t", TP.FLOAT, [1, 6, 16]),
@@ -94,6 +101,8 @@ def _effects(s: Session) -> dict:
             "fuse_channel_scale": "ScaledPointwise" in ops,
             "fuse_linear_scale": "Scale" not in ops,
             "fuse_scalar_affine": any("(scaled by" in st.name for st in plan.steps),
+            "fuse_pool_mixer": "PoolMixer" in ops,
+            "fuse_token_depthwise": "TokenDepthwise" in ops,
             "fuse_transposed_weights": any(st.op == "MatMul" and plan.names[st.ins[1]] == "table" for st in plan.steps),
             "constants": "Shape" not in ops,
             "programs": "Program" in ops,
@@ -174,17 +183,44 @@ def test_required_or_unknown_stages_are_refused(model, off):
         Session(model[0], off=off)
 
 
-def test_dropped_plans_give_their_buffers_to_new_ones(model):
-    """Beyond MAX_PLANS input shapes, the plan dropped hands its pool to the next plan (warm memory: a
-    new shape's first run takes no page faults for it), and the free buffers stay bounded."""
+def test_plans_of_every_shape_share_one_arena(model, tmp_path):
+    """The plans of different input shapes lay their buffers out in the session's one arena (warm memory:
+    a new shape's first run takes no page faults for it), each plan still giving onnxruntime's outputs
+    (tolerances above) after the other shapes' runs overwrote the arena; a second arena only for runs at
+    the same time (two threads)."""
+    import threading
     g, feeds, _, _, _ = model
+    _every_stage_model(tmp_path / "e.onnx")     # the same model (seeded)
+    ref = ort.InferenceSession(str(tmp_path / "e.onnx"))
     s = Session(g, threads=1)
-    pools = []      # each plan's buffers (held here: no id is reused by a later allocation)
-    for n in range(1, session_mod.MAX_PLANS + 4):
+    for n in list(range(1, session_mod.MAX_PLANS + 3)) + [3, 1]:
         ids = np.arange(n, dtype=np.int64).reshape(1, n) % 10
-        s.run({**feeds, "ids": ids})
-        pools.append([v.base for st in s.plan.steps for v in st.out_views if v is not None])
-    earlier = lambda k: {id(b) for pool in pools[:k] for b in pool}      # noqa: E731
-    reused = [k for k in range(session_mod.MAX_PLANS, len(pools)) if {id(b) for b in pools[k]} & earlier(k)]
-    assert reused, "no buffer of a dropped plan was reused"
-    assert s._memory.free_bytes <= s._memory.KEEP_POOLS * s._memory.largest
+        got, want = s.run({**feeds, "ids": ids}), dict(zip(OUTPUTS[:-1], ref.run(list(OUTPUTS[:-1]), {**feeds, "ids": ids})))
+        want["y_head"] = want["y_emb"].reshape(1, -1, 8) @ g.constants["table"].T
+        for name in OUTPUTS:
+            np.testing.assert_allclose(got[name], want[name], rtol=1e-4, atol=1e-4, err_msg=f"{name} at {n} ids")
+    arenas = {id(p.arena) for p in s._plans.values()}
+    assert len(arenas) == 1 and s._arenas.count == 1, "plans of different shapes in different arenas"
+    # two runs at once (another shape each) hold two arenas; each answers as alone
+    held = s._arenas.take(1)        # as a run in another thread holds the arena
+    ids = np.arange(5, dtype=np.int64).reshape(1, 5) % 10
+    got = s.run({**feeds, "ids": ids})
+    assert s._arenas.count == 2
+    s._arenas.release(held)
+    errors = []
+
+    def one(n):
+        try:
+            x = np.arange(n, dtype=np.int64).reshape(1, n) % 10
+            for _ in range(5):
+                out = s.run({**feeds, "ids": x})
+                want = ref.run(["y_emb"], {**feeds, "ids": x})[0]
+                np.testing.assert_allclose(out["y_emb"], want, rtol=1e-4, atol=1e-4)
+        except Exception as e:      # noqa: BLE001 - reported below
+            errors.append(e)
+    threads = [threading.Thread(target=one, args=(n,)) for n in (2, 4, 6)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors, errors[0]

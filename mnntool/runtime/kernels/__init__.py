@@ -7,6 +7,7 @@ buffers that the planner owns (`writes_out`), or returns arrays (views, tiny sha
 """
 from __future__ import annotations
 
+import mmap
 import threading
 import weakref
 from dataclasses import dataclass
@@ -79,6 +80,7 @@ def direct(fn, *example):
 
 
 CACHE_LINE = 64
+MAPPED_FROM = 1 << 20      # bytes: aligned_empty maps buffers this large (page-aligned) rather than malloc them
 
 
 def aligned_empty(count: int, dtype=np.float32) -> np.ndarray:
@@ -86,6 +88,11 @@ def aligned_empty(count: int, dtype=np.float32) -> np.ndarray:
     every zmm access of a kernel would straddle two lines: the 16->96 pointwise layer at 112x112 ran
     0.61 ms on such buffers, 0.55 ms aligned)."""
     dtype = np.dtype(dtype)
+    if count * dtype.itemsize >= MAPPED_FROM:
+        # pages of its own, given back to the system when the array goes: large buffers from malloc's heap
+        # (plan arenas, padded planes of each new input shape) left holes there that kept the process
+        # growing over thousands of shapes (a text detector: +72 MB over 300 shapes, flat this way)
+        return np.frombuffer(mmap.mmap(-1, count * dtype.itemsize), np.uint8).view(dtype)
     raw = np.empty(count * dtype.itemsize + CACHE_LINE, np.uint8)
     start = -raw.ctypes.data % CACHE_LINE
     return raw[start:start + count * dtype.itemsize].view(dtype)
@@ -134,6 +141,7 @@ class Scratch:
 # (an open-shape model grew ~0.5 MB a shape: benchmarks/soak.py).
 _LIVE_ZEROS: dict = {}
 _LIVE_LOCK = threading.Lock()
+SPARE_ZEROS = 8      # dead SharedZeros buffers a thread keeps for new geometries
 
 
 def _release_zeros(key) -> None:
@@ -166,13 +174,24 @@ class SharedZeros:
         if buf is None:
             with _LIVE_LOCK:
                 dead = [k for k in table if k not in _LIVE_ZEROS]
+            # a dead key's buffer serves the next new geometry, zeroed again: its pages are warm, where a
+            # new one faults every 4 KB on the new shape's first run (a text detector's 3-channel 640 px
+            # stem: ~1,700 faults, 4 ms); the last SPARE_ZEROS kept (runtime/plan/arenas.py does the same
+            # for the plans' own buffers)
+            flat, spare = _SCRATCH.__dict__.setdefault("zeros_flat", {}), _SCRATCH.__dict__.setdefault("spare", [])
             for k in dead:
                 del table[k]
+                spare.append(flat.pop(k))
             n = 1
             for d in self.shape:
                 n *= d
-            buf = table[self.key] = aligned_empty(n).reshape(self.shape)
-            buf[...] = 0
+            fits = [b for b in spare if n <= b.size <= 2 * n + 65536]
+            whole = min(fits, key=lambda b: b.size) if fits else aligned_empty(n)
+            spare[:] = [b for b in spare if b is not whole][-SPARE_ZEROS:]
+            flat[self.key] = whole
+            buf = table[self.key] = whole[:n].reshape(self.shape)
+            if fits or n * 4 < MAPPED_FROM:     # (a new mapping reads as zeros already)
+                buf[...] = 0
         return buf
 
 
@@ -209,7 +228,7 @@ def views(fn) -> Kernel:
     return Kernel(fn, False, view=True)
 
 
-from .ops import attention, control, conv, elementwise, matmul, norm, pool, resize, scale, tensor  # noqa: E402,F401  (registration)
+from .ops import attention, control, conv, elementwise, matmul, norm, pool, pool_mixer, resize, scale, tensor, token_depthwise  # noqa: E402,F401  (registration)
 from . import thread_probe  # noqa: E402
 
 host_tuning.use_probe(thread_probe.measure)     # the thresholds' measurement: its kernels are these

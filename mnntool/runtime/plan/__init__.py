@@ -5,12 +5,15 @@ reads what the stages before it left in `p` and adds its part (state.py).
 A stage whose module says OPTIONAL = True can be switched off on its own, for a session
 (`Settings.of(threads, off=[...])`) or the process (MNNTOOL_PLAN_OFF=fuse_silu,programs): the plan
 then computes the same outputs, more slowly (tests/runtime/test_plan_stages.py checks each against
-onnxruntime). The required ones make a plan at all."""
+onnxruntime). The required ones make a plan at all. A stage whose module names STARTS (the ops its
+matches start from) is skipped for a plan without any of them: it is planned again at every new input
+shape, and most stages have nothing to do in most models."""
 from __future__ import annotations
 
 from ...errors import MnnToolError
 from . import (bind, bind_views, constants, fuse_activations, fuse_add_layer_norm, fuse_attention,
-               fuse_channel_scale, fuse_channel_shuffle, fuse_index_wrap, fuse_linear_scale, fuse_silu,
+               fuse_channel_scale, fuse_channel_shuffle, fuse_index_wrap, fuse_int8_tables, fuse_linear_scale, fuse_pool_mixer, fuse_silu,
+               fuse_token_depthwise,
                fuse_scalar_affine, fuse_transposed_weights, kernels, memory,
                place_concats, programs, shapes, small_kernels, threads)
 from .state import Plan, Planning, Step
@@ -19,12 +22,15 @@ STAGES = [
     shapes,                 # shape inference at the input shapes (or: run op by op)
     threads,                # one thread for a plan too small to share
     fuse_attention,         # chains of ops as one step each, in the order each needs
+    fuse_pool_mixer,
+    fuse_token_depthwise,
     fuse_index_wrap,
     fuse_channel_shuffle,
     fuse_add_layer_norm,
     fuse_silu,
     fuse_linear_scale,
     fuse_activations,
+    fuse_int8_tables,       # a table op (SiLU) in the epilogue of the int8 convolution it reads
     fuse_scalar_affine,
     fuse_channel_scale,
     fuse_transposed_weights,
@@ -58,11 +64,18 @@ def check_off(off) -> None:
 def build(p: Planning) -> Plan:
     """The plan of `p`, its stages run top to bottom (those in p.settings.off skipped)."""
     off = p.settings.off
+    ops, seen = None, None
     for stage in STAGES:
         if p.eager:
             break
         if off and name_of(stage) in off:
             continue
+        starts = getattr(stage, "STARTS", None)
+        if starts is not None:      # a stage that says which ops its matches start from runs only where one is
+            if seen is not p.nodes:     # (stages rewrite p.nodes as a new list)
+                ops, seen = {n.op for n in p.nodes}, p.nodes
+            if not starts & ops:
+                continue
         stage.run(p)
     return p.plan()
 

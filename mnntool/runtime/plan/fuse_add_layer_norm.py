@@ -9,6 +9,7 @@ from .match import fixed_shape, rewritten
 from .state import Planning
 
 OPTIONAL = True
+STARTS = frozenset({"LayerNorm"})      # ops a match starts from: without one the stage has nothing to do
 
 
 def run(p: Planning) -> None:

@@ -12,6 +12,7 @@ from .match import known
 from .state import Planning
 
 OPTIONAL = True
+STARTS = frozenset({"Softmax"})      # ops a match starts from: without one the stage has nothing to do
 FUSED_ATTENTION = "FusedAttention"
 
 

@@ -11,6 +11,7 @@ from .match import fixed_shape, rewritten
 from .state import Planning
 
 OPTIONAL = True
+STARTS = frozenset({"Concat"})      # ops a match starts from: without one the stage has nothing to do
 CHANNEL_SHUFFLE = "ChannelShuffle"
 
 

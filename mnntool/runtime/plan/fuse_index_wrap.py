@@ -10,6 +10,7 @@ from .match import rewritten, scalar
 from .state import Planning
 
 OPTIONAL = True
+STARTS = frozenset({"GatherV2"})      # ops a match starts from: without one the stage has nothing to do
 
 
 def run(p: Planning) -> None:

@@ -13,6 +13,7 @@ from ..kernels.micro.epilogue import POST
 from .state import Planning
 
 OPTIONAL = True
+STARTS = frozenset({"Scale"})      # ops a match starts from: without one the stage has nothing to do
 
 
 def _channels_only(shape) -> int | None:

@@ -13,6 +13,7 @@ from .match import rewritten
 from .state import Planning
 
 OPTIONAL = True
+STARTS = frozenset({"Permute"})      # ops a match starts from: without one the stage has nothing to do
 
 
 def _swaps_last_two(node: Node, rank: int) -> bool:

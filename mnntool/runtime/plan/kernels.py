@@ -5,8 +5,6 @@ that a program may run together (kernels/program.py) get their kernels later, in
 `small_kernels`."""
 from __future__ import annotations
 
-from dataclasses import replace
-
 from ...errors import InvalidModel, MnnToolError
 from ...ir.ops import REGISTRY, Val, keeps_values
 from ..concat_in_place import concat_layout
@@ -48,10 +46,18 @@ def read_as(p: Planning, node, i: str) -> str:
     return i + RAW if (node.name, i) in p.raw and i + RAW in p.index else i
 
 
+_UNKNOWN = Val(None)
+
+
+def _with_grid(v: Val, grid) -> Val:
+    """A copy of v with `grid` (as dataclasses.replace, at a fifth of its cost: planned at every new shape)."""
+    return Val(v.shape, v.dtype, v.value, grid, v.zero)
+
+
 def operands(p: Planning, node) -> tuple[list, list]:
     """What the op's kernel factory is told of its inputs (with their grids) and outputs (with the grid
     the file stores them on)."""
-    ins = [replace(p.vals.get(i, Val(None)), grid=None if read_as(p, node, i) != i else p.grids.get(i))
+    ins = [_with_grid(p.vals.get(i) or _UNKNOWN, None if read_as(p, node, i) != i else p.grids.get(i))
            for i in node.inputs]
     # an output some reader takes unrounded (raw_reads) is not the kernel's to round: no grid told
     outs = [stored_on(p.vals.get(o, Val(None)), None if any(t == o for _, t in p.raw) else p.stored.get(o))

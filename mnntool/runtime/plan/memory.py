@@ -1,7 +1,8 @@
 """The memory plan: every tensor a kernel writes gets a view into a pool of flat buffers, reused once the
 tensor (and every view of it) is dead, so steady-state runs allocate only where a kernel returns a
 fresh array (small shape tensors, gathers). The slots of the plan's constants and of those views are
-filled here, once. The buffers come from the session's Recycler (recycler.py) where it has one."""
+filled here, once. The buffers lie in one arena, the session's (arenas.py: shared by the plans of every
+input shape) where it has them."""
 from __future__ import annotations
 
 import math
@@ -9,6 +10,7 @@ import math
 import numpy as np
 
 from ..kernels import aligned_empty
+from .arenas import layout
 from .place_concats import nbytes_of
 from .state import Planning
 
@@ -93,8 +95,13 @@ def assign(p: Planning) -> tuple[list[int], list]:
 
 def run(p: Planning) -> None:
     sizes, views = assign(p)
-    take = p.memory.take if p.memory is not None else (lambda n: aligned_empty(n, np.uint8))
-    p.buffers = [take(size) for size in sizes]
+    offsets, total = layout(sizes)
+    if p.memory is not None and total:
+        p.arena = p.memory.take(total)
+        base = p.arena.buf
+    else:
+        base = aligned_empty(total, np.uint8)
+    p.buffers = [base[o:o + n] for o, n in zip(offsets, sizes)]
     p.pool_bytes = int(sum(sizes))
     for s in p.steps:
         s.out_views = [None] * len(s.outs)

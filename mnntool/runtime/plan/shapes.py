@@ -7,7 +7,7 @@ import numpy as np
 
 from ...errors import InvalidModel
 from ...ir.ops import Val
-from ...ir.shape_inference import infer_shapes
+from ...ir.shape_inference import infer_values
 from ...ir.validate import MAX_TENSOR_BYTES
 from .state import Planning
 
@@ -28,11 +28,19 @@ def check_size(name: str, v: Val) -> None:
 
 def run(p: Planning) -> None:
     g = p.graph
-    vals = infer_shapes(g)
-    for name, v in vals.items():
-        check_size(name, v)
+    # the Vals only: the graph's tensor facts are the session's, shared by its plans (Session._shaped)
+    vals = infer_values(g)
+    eager = False
+    for n in g.nodes:
+        for o in n.outputs:
+            v = vals.get(o) if o else None
+            if o and (v is None or v.shape is None or not all(isinstance(d, int) for d in v.shape)):
+                eager = True
+            elif o:
+                check_size(o, v)
+    for name in g.inputs:
+        check_size(name, vals[name])
     p.vals, p.nodes = vals, list(g.nodes)
     for name in list(g.inputs) + list(g.constants):
         p.slot(name)
-    p.eager = any(vals.get(o) is None or vals[o].shape is None or not all(isinstance(d, int) for d in vals[o].shape)
-                  for n in g.nodes for o in n.outputs if o)
+    p.eager = eager

@@ -2,7 +2,6 @@
 have decided so far), the Steps it makes and the Plan it becomes."""
 from __future__ import annotations
 
-import weakref
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -43,6 +42,7 @@ class Plan:
     settings: Settings | None = None            # the threads its kernels were built for (None: the session's)
     # an eager plan's kernels, by (node index, operand shapes/values): see Session._run_eager
     dynamic: dict = field(default_factory=dict)
+    arena: object = None        # the arena its buffers lie in (arenas.Arena: a run reserves it), or None
 
 
 @dataclass(eq=False)
@@ -53,7 +53,8 @@ class Planning:
     settings: Settings          # the session's; stage `threads` may lower them for this plan
     stored: dict                # tensor -> (int8 grid, zero) the file stores it on (int8_store.stored_grids)
     raw: set                    # (reader, tensor) pairs that read a stored tensor unrounded (int8_store.raw_reads)
-    memory: object = None       # the session's Recycler of plan buffers (recycler.py), or None
+    memory: object = None       # the session's Arenas (arenas.py), or None: buffers of the plan's own
+    arena: object = None        # the arena stage `memory` took (reserved for the caller of build)
     vals: dict = field(default_factory=dict)        # shape inference's facts, by tensor
     nodes: list = field(default_factory=list)       # the ops to plan; fusion stages rewrite the list
     eager: bool = False         # shapes depend on run-time values: run op by op (Session._run_eager)
@@ -84,8 +85,6 @@ class Planning:
                         None)
         plan = Plan(self.steps, self.slots, {n: self.index[n] for n in g.inputs}, dtypes,
                     {n: self.index[n] for n in g.outputs}, self.names, self.pool_bytes,
-                    {n: self.vals[n].shape for n in self.names if n in self.vals}, self.calls, self.ran, self.settings)
-        if self.memory is not None and self.buffers:
-            # the pool goes back to the session's recycler when the plan is gone (dropped and no run in it)
-            weakref.finalize(plan, self.memory.give_back, self.buffers)
+                    {n: self.vals[n].shape for n in self.names if n in self.vals}, self.calls, self.ran, self.settings,
+                    arena=self.arena)
         return plan

@@ -29,6 +29,11 @@ def _dtype_token(dt: np.dtype) -> str:
     return dt.str[1:]       # "f4", "i8", "u1": the byte order is the host's
 
 
+# tuple element types -> token, for tuples of floats and NumPy numbers (an epilogue's 9 float32s took ~10 us
+# a call: every kernel of every new plan binds by its arguments' types at its first run)
+_TUPLES: dict = {}
+
+
 def _token(a) -> str:
     t = type(a)
     if t is np.ndarray:
@@ -44,7 +49,13 @@ def _token(a) -> str:
     if t is float:
         return "d"
     if t is tuple:
-        return "(" + ",".join(_token(x) for x in a) + ")"
+        kinds = tuple(map(type, a))
+        token = _TUPLES.get(kinds)
+        if token is None:
+            token = "(" + ",".join(_token(x) for x in a) + ")"
+            if all(k is float or k is bool or issubclass(k, (np.number, np.bool_)) for k in kinds):
+                _TUPLES[kinds] = token      # these elements' tokens are their types'
+        return token
     if isinstance(a, np.generic) and not isinstance(a, (np.void, np.object_)):
         return "s" + _dtype_token(a.dtype)
     if a is None:

@@ -10,6 +10,8 @@ row kernel with max for FMA and -inf for the taps outside.
 """
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 from ..compile.jit import njit, prange, types, intrinsic
 
@@ -184,10 +186,8 @@ def depthwise3x3(x, w, b, s, t, l, epf, grid, out):
 FLAT_STEPS = 4
 
 
-def _make_flat(k: int, table: bool = True):
-    """The flat block of k x k taps; without `table`, no tap reads padding (phase planes): each step's
-    load mask is its lanes below `left`, made once, where the table costs a scalar load per tap and
-    step (the loads, not the FMAs, bound a tap on Zen 4)."""
+def _make_flat(k: int):
+    """The flat block of k x k taps, its lanes' masks from the table (`flat_masks`)."""
     @intrinsic
     def flat_block(typingctx, x, xo, masks, mo, offs, left, w, wo, bias, out, oo, epf, on_grid):
         """out[oo + i] for i < min(left, 16 * FLAT_STEPS) = finish(bias + sum_q w[wo + q] * x[xo + offs[q] + i])
@@ -213,14 +213,11 @@ def _make_flat(k: int, table: bool = True):
             S, kk = FLAT_STEPS, k * k
             # two chains a step (even and odd taps), 2S sums in flight
             accs = [[splat_(builder, bias_, f16), fzero] for _ in range(S)]
-            step_masks = None if table else \
-                [first_lanes(builder, builder.sub(left_, const(16 * st))) for st in range(S)]
             for q in range(kk):
                 wv = splat_(builder, builder.load(builder.gep(wp, [const(q)])), f16)
                 at = builder.gep(xp, [builder.load(builder.gep(op_, [const(q)]))])
                 for st in range(S):
-                    mask = step_masks[st] if step_masks else \
-                        lane_bits(builder, builder.load(builder.gep(mp, [const(st * kk + q)])))
+                    mask = lane_bits(builder, builder.load(builder.gep(mp, [const(st * kk + q)])))
                     ptr = builder.bitcast(builder.gep(at, [const(16 * st)]), f16.as_pointer())
                     v = builder.call(mload, [ptr, ir.Constant(i32, 4), mask, fzero])
                     accs[st][q % 2] = builder.call(fma, [v, wv, accs[st][q % 2]])
@@ -236,30 +233,23 @@ def _make_flat(k: int, table: bool = True):
 
 
 _flat3, _flat5, _flat7 = _make_flat(3), _make_flat(5), _make_flat(7)
-_open3, _open5, _open7 = _make_flat(3, False), _make_flat(5, False), _make_flat(7, False)
 
 
 @njit(cache=True, inline="always")
-def _flat_block(k, table, x, xo, masks, mo, offs, left, w, wo, bias, out, oo, epf, grid):
-    """The flat block of the k x k window, its lane masks from the table or (no table) its steps' own."""
-    if table:
-        if k == 3:
-            _flat3(x, xo, masks, mo, offs, left, w, wo, bias, out, oo, epf, grid)
-        elif k == 5:
-            _flat5(x, xo, masks, mo, offs, left, w, wo, bias, out, oo, epf, grid)
-        else:
-            _flat7(x, xo, masks, mo, offs, left, w, wo, bias, out, oo, epf, grid)
-    elif k == 3:
-        _open3(x, xo, masks, mo, offs, left, w, wo, bias, out, oo, epf, grid)
+def _flat_block(k, x, xo, masks, mo, offs, left, w, wo, bias, out, oo, epf, grid):
+    """The flat block of the k x k window."""
+    if k == 3:
+        _flat3(x, xo, masks, mo, offs, left, w, wo, bias, out, oo, epf, grid)
     elif k == 5:
-        _open5(x, xo, masks, mo, offs, left, w, wo, bias, out, oo, epf, grid)
+        _flat5(x, xo, masks, mo, offs, left, w, wo, bias, out, oo, epf, grid)
     else:
-        _open7(x, xo, masks, mo, offs, left, w, wo, bias, out, oo, epf, grid)
+        _flat7(x, xo, masks, mo, offs, left, w, wo, bias, out, oo, epf, grid)
 
 
 FLAT_SIZES = (3, 5, 7)
 
 
+@functools.lru_cache(maxsize=256)     # the plans of every input shape ask again for the same small maps
 def flat_masks(H: int, W: int, t: int, l: int, k: int = 3):
     """For the flat kernel (stride 1, output H x W, a k x k window): per 16-pixel step (their count rounded
     up to FLAT_STEPS; the steps past the map read nothing) and tap (i, j), the lanes whose input
@@ -276,7 +266,7 @@ def flat_masks(H: int, W: int, t: int, l: int, k: int = 3):
             ok = (p < n) & (yy >= 0) & (yy < H) & (xx >= 0) & (xx < W)
             masks[:, k * i + j] = (ok * (1 << np.arange(16))).sum(axis=1)
     offs = np.array([(i - t) * W + (j - l) for i in range(k) for j in range(k)], np.int64)
-    return masks.reshape(-1), offs
+    return masks.reshape(-1), offs      # shared by plans (cached above): kernels only read them
 
 
 @njit(parallel=True, cache=True)
@@ -293,24 +283,5 @@ def depthwise_flat(x, w, b, k, masks, offs, epf, grid, out):
     for c in prange(C):
         for j in range(blocks):
             at = c * n + span * j
-            _flat_block(k, True, xf, at, masks, kk * FLAT_STEPS * j, offs, n - span * j, w, c * kk, b[c], of, at,
+            _flat_block(k, xf, at, masks, kk * FLAT_STEPS * j, offs, n - span * j, w, c * kk, b[c], of, at,
                         epf, grid)
-
-
-@njit(parallel=True, cache=True)
-def depthwise_flat_phased(xq, w, b, k, offs, epf, grid, wide):
-    """A k x k depthwise of stride 2 on phase planes (float_gemm.phase_split: xq (C*4, hq+1, wq), the padding
-    in their zero border): every tap is a flat shift of the wide output (C, oh, wq), so each channel is
-    one flat run as in `depthwise_flat`; the columns past the output's width are thrown away
-    (float_gemm.crop_rows). offs from float_gemm.tap_offsets; no tap reads outside the planes (no mask table)."""
-    C = wide.shape[0]
-    n = wide.shape[1] * wide.shape[2]
-    cs = (xq.shape[0] // C) * xq.shape[1] * xq.shape[2]
-    span = 16 * FLAT_STEPS
-    blocks = (n + span - 1) // span
-    kk = k * k
-    xf, of = xq.reshape(-1), wide.reshape(-1)
-    for c in prange(C):
-        for j in range(blocks):     # no mask table: offs stands in for its (unread) array
-            _flat_block(k, False, xf, c * cs + span * j, offs, 0, offs, n - span * j, w, c * kk, b[c], of,
-                        c * n + span * j, epf, grid)

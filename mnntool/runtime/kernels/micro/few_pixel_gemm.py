@@ -188,7 +188,8 @@ class OcGemm:
         from .float_gemm import epilogue_of
         o, k = weight.shape
         self.o, self.k, self.pixels = o, k, pixels
-        self.wp = pack32(weight)
+        from ..weight_cache import packed_once
+        self.wp = packed_once(pack32, weight)      # shared by the plans of every input shape
         self.bias = np.zeros(self.wp.size // k, np.float32)
         self.bias[:o] = bias
         self.epf, self.grid = epilogue_of(act, grid, post)

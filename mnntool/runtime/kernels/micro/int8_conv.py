@@ -3,7 +3,8 @@
 The float input is quantized once to its int8 grid, in steps k = round(x / s) (half away from zero, as
 MNN; stored as the byte u8 = k + off with off = 128 + zero point, that is q + 128; four channels to a
 word and the words of a row side by side (`quantize_rows`), so the pixels of an output row are runs of
-words for every tap (`im2col_rows`), and the padding, real 0, is the byte off), multiplied by the int8
+words for every tap (`im2col_rows`; the GEMM of a stride-1 window reads them in place, int8_gemm.gemm_grid),
+and the padding, real 0, is the byte off), multiplied by the int8
 weights with 32-bit accumulation (`int8_gemm`), and the accumulator is rescaled in MNN's own float order
 with the offset folded into the bias (`int8_gemm.epilogue`), given the activation, and rounded to the
 output's int8 grid, or left float for an outputDataType DT_FLOAT layer. Between operators tensors stay
@@ -18,7 +19,7 @@ from ..compile.jit import njit, prange
 
 from .. import aligned_empty, sized
 from .epilogue import EXACT, act_bounds, activation, grid_of, mnn_cast, to_grid_z
-from .int8_gemm import Int8Weights, epilogue, pixel_blocks
+from .int8_gemm import NO_TABLE, Int8Weights, byte_table, epilogue, lut_chunk, pixel_blocks
 
 
 @njit(cache=True, fastmath=EXACT, inline="always")
@@ -114,10 +115,19 @@ def quantize_packed(x, inv_s, z, lo, hi, off, cols):
                     dst[k] = word
 
 
-def int8_convolution(geometry, q, alpha, bias, act, grids, in_shape, out_shape, threads: int):
+# the share of 16-pixel segments' lanes an output row fills, from which a stride-1 window runs from the
+# grid (Int8Weights.matmul_grid: 56, 28 and 14 pixels fill 7/8; 7 fills 7/16, where im2col's dense
+# blocks cost less than the idle lanes)
+GRID_FILL = 0.85
+
+
+def int8_convolution(geometry, q, alpha, bias, act, grids, in_shape, out_shape, threads: int, table=None):
     """The kernel function for one int8 convolution (group 1), or None when the geometry is not covered.
 
-    `q` (O, C*kh*kw) int8 in (c, i, j) order with per-channel `alpha`; `grids` a conv.Int8Grids.
+    `q` (O, C*kh*kw) int8 in (c, i, j) order with per-channel `alpha`; `grids` a conv.Int8Grids; `table`
+    (codes, zero point, scale) of a table op (a SiLU) that reads the output, by output step from the
+    grid's lowest (kernels.ops.int8_tables.codes_of): written instead of the output's own values, in
+    the GEMM's epilogue.
     """
     kh, kw, sh, sw, dh, dw, t, l, b, r = geometry
     (s_in, lo, hi) = grids.input
@@ -133,25 +143,36 @@ def int8_convolution(geometry, q, alpha, bias, act, grids, in_shape, out_shape, 
     wk[..., :cin] = q.reshape(cout, cin, kh, kw).transpose(0, 2, 3, 1)
     k4 = kh * kw * cp // 4
     out_grid = None if grids.output is None else (*grids.output, grids.zero_out)
-    rows, epf = epilogue(alpha, bias, q.astype(np.int64).sum(1), s_in, grids.zero_in, out_grid, act)
+    if table is not None and out_grid is None:
+        return None
+    rows, epf = epilogue(alpha, bias, q.astype(np.int64).sum(1), s_in, grids.zero_in, out_grid, act,
+                         None if table is None else table[1:])
+    tab = NO_TABLE if table is None else byte_table(table[0])
     # VNNI does 16 multiply-adds per element operation of kernels.sized's measure
     weights = Int8Weights(wk.reshape(cout, -1), *rows, cout * oh * ow * k4 * 4 // 16, threads)
     f32 = np.float32
     pixels = oh * ow
-    cols = np.full((pixel_blocks(pixels), k4, 16, 4), off, np.uint8)
     # a 1x1 window without padding: quantize straight into the blocks (strided: from a copy of the pixels it
     # reads, a quarter of the input at stride 2, not the whole map through the grid and im2col)
     direct = kh == kw == 1 and not (t or l or b or r)
     strided = direct and (sh, sw) != (1, 1)
     picked = np.empty((cin, oh, ow), np.float32) if strided else None
-    words, flat = cols.view(np.uint32).reshape(cols.shape[:3]), cols.reshape(-1)
+    # a stride-1 window whose rows fill 16-pixel segments well: the GEMM reads the grid (no im2col)
+    from_grid = not direct and sh == sw == 1 and ow / (16 * -(-ow // 16)) >= GRID_FILL
+    cols = None if from_grid else np.full((pixel_blocks(pixels), k4, 16, 4), off, np.uint8)
+    words, flat = (None, None) if from_grid else (cols.view(np.uint32).reshape(cols.shape[:3]), cols.reshape(-1))
     word = np.uint32(off * 0x01010101)
-    grid32 = None if direct else np.full((h + t + b, cp // 4, w + l + r), word, np.uint32)
+    c4, wg = cp // 4, w + l + r
+    # the grid's words, then 16 of slack: a row's last segment reads up to 15 words past its end
+    slack = None if direct else np.full((h + t + b) * c4 * wg + 16, word, np.uint32)
+    grid32 = None if direct else slack[:-16].reshape(h + t + b, c4, wg)
+    offs = np.array([i * dh * c4 * wg + c * wg + j * dw for i in range(kh) for j in range(kw) for c in range(c4)],
+                    np.int64) if from_grid else None
     inv_in = grid_of(*grids.input)[0]
     z_in = f32(grids.zero_in)
     q_lo, q_hi = f32(lo + grids.zero_in), f32(hi + grids.zero_in)
     quantize = sized(quantize_packed if direct else quantize_rows, cin * h * w, threads)
-    unfold = None if direct else sized(im2col_rows, words.size, threads)
+    unfold = None if direct or from_grid else sized(im2col_rows, words.size, threads)
 
     def run(inputs, outputs):
         x, y = inputs[0], outputs[0]
@@ -163,9 +184,12 @@ def int8_convolution(geometry, q, alpha, bias, act, grids, in_shape, out_shape, 
                 quantize(x[i].reshape(cin, pixels), inv_in, z_in, q_lo, q_hi, off, words)
             else:
                 quantize(x[i], inv_in, z_in, q_lo, q_hi, off, t, l, grid32)
+                if from_grid:
+                    weights.matmul_grid(slack, offs, epf, y[i].reshape(cout, pixels), ow, c4 * wg, tab)
+                    continue
                 unfold(grid32, kh, kw, sh, sw, dh, dw, oh, ow, words)
             dst = y[i].reshape(cout, pixels)
-            weights.matmul(flat, epf, dst)
+            weights.matmul(flat, epf, dst, tab)
     return run
 
 
@@ -190,13 +214,34 @@ def requantize_rows(v, inv_in, acc_bias, scale, lo, hi, q_lo, q_hi, z, s_out, ou
             out[c, i] = (min(max(r, q_lo), q_hi) - z) * s_out
 
 
+@njit(parallel=True, cache=True, fastmath=EXACT)
+def requantize_rows_table(v, inv_in, acc_bias, scale, lo, hi, q_lo, q_hi, tab, z_t, s_t, out):
+    """requantize_rows with a table op's codes for the output bytes (int8_gemm.byte_table, on a grid of
+    zero point z_t and scale s_t): out = (tab[q - q_lo] - z_t) * s_t, looked up 64 at a time while
+    the row is in cache (int8_gemm.lut_chunk). A SiLU after an int8 depthwise convolution in its pass,
+    where a lookup pass of its own cost ~0.8 ns an output (one Zen 4 core)."""
+    C, P = v.shape
+    half = np.float32(0.5)
+    for c in prange(C):
+        sc, b = scale[c], acc_bias[c]
+        row = out[c]
+        for i in range(P):
+            a = v[c, i] * inv_in
+            t = (np.trunc(a + np.copysign(half, a)) + b) * sc
+            t = min(max(t, lo), hi)
+            r = np.trunc(t + np.copysign(half, t))
+            row[i] = min(max(r, q_lo), q_hi) - q_lo
+        for i in range(0, P, 64):
+            lut_chunk(row, i, P - i, tab, z_t, s_t)
+
+
 # taps up to which a float32 sum of real on-grid inputs times integer weights stays within 0.4 of the
 # integer sum in steps, in the worst case ((K + 1) 2^-24 K 127^2 < 0.4): rounding recovers it exactly
 EXACT_TAPS = 16
 FLT_MAX = np.finfo(np.float32).max
 
 
-def depthwise_int8(node, ins, outs, bias, grids, threads: int, float_kernel):
+def depthwise_int8(node, ins, outs, bias, grids, threads: int, float_kernel, table=None):
     """An int8 depthwise convolution computed as MNN 3.6's x86 kernel does (read from its binary and
     checked byte for byte): the 32-bit accumulator sum(k w) + B over the input steps k, with
     B = trunc(b / (s_in alpha)) + trunc(z_out / scale) the bias and output zero point in accumulator
@@ -204,7 +249,8 @@ def depthwise_int8(node, ins, outs, bias, grids, threads: int, float_kernel):
     depthwise convolution with the integer weights (`float_kernel`, no bias, activation or grid): over
     the real input when it is already on its grid and the window small (EXACT_TAPS), the sum / s_in
     rounded back to the integer; else over the input cast to steps first, exact in float32. The rest
-    follows in `requantize_rows`. None when the layer has no 8-bit per-channel weights or a float output."""
+    follows in `requantize_rows` (`requantize_rows_table` with a table op's values: see int8_convolution).
+    None when the layer has no 8-bit per-channel weights or a float output."""
     from ....format.idst import int8_values
     c = node.param["common"]
     cout = c["outputCount"]
@@ -224,7 +270,8 @@ def depthwise_int8(node, ins, outs, bias, grids, threads: int, float_kernel):
     fn = float_kernel(plain, np.asarray(q, np.float32).reshape(cout, -1), np.zeros(cout, f32))
     lo, hi = (np.clip(b, -FLT_MAX, FLT_MAX) for b in act_bounds(activation(c), s_out, z))
     q_lo, q_hi = f32(out_lo) + z, f32(out_hi) + z
-    requant = sized(requantize_rows, int(np.prod(outs[0].shape)), threads)
+    requant = sized(requantize_rows if table is None else requantize_rows_table, int(np.prod(outs[0].shape)), threads)
+    tab = None if table is None else byte_table(table[0])
     n = ins[0].shape[0]
     grid_in = grid_of(*grids.input)
     on_grid = ins[0].grid == grid_in and q.shape[1] <= EXACT_TAPS
@@ -248,6 +295,10 @@ def depthwise_int8(node, ins, outs, bias, grids, threads: int, float_kernel):
             to_steps(x.reshape(rows.shape), steps_grid, z_in, rows)
             fn([xk] + list(inputs[1:]), [acc])
         for i in range(n):
-            requant(acc[i].reshape(cout, -1), inv_in, acc_bias, scale, lo, hi, q_lo, q_hi, z, s_out,
-                    outputs[0][i].reshape(cout, -1))
+            if tab is None:
+                requant(acc[i].reshape(cout, -1), inv_in, acc_bias, scale, lo, hi, q_lo, q_hi, z, s_out,
+                        outputs[0][i].reshape(cout, -1))
+            else:
+                requant(acc[i].reshape(cout, -1), inv_in, acc_bias, scale, lo, hi, q_lo, q_hi, tab, table[1], table[2],
+                        outputs[0][i].reshape(cout, -1))
     return run

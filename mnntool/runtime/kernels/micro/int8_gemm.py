@@ -5,7 +5,8 @@ rate), so on CPUs with AVX-512 VNNI the micro-kernel is LLVM IR: a tile of 32 pi
 channels in 16 zmm accumulators, one VPDPBUSD per (16 pixels, channel, 4 k); its epilogue rescales the
 accumulator in MNN's own float order (`epilogue`), so each byte is MNN's, applies the activation and
 rounds to the output grid, and stores float rows of the NCHW output (masked at the row end and past
-the last channel). Several times OpenBLAS's sgemm rate here.
+the last channel), or a table op's values (a SiLU's) at the output bytes (`lut_bytes`). Several
+times OpenBLAS's sgemm rate here.
 Without VNNI, int8 layers run on the float kernels on the int8 grid (`conv._grid_input`).
 
 Layouts: activations packed as [P/16][K/4][16 pixels][4 bytes] uint8 (`pixel_blocks`), weights as
@@ -23,6 +24,9 @@ PIX, OCB = 32, 8          # tile: pixels x output channels
 
 
 HAS_VNNI = host_has("avx512vnni")
+HAS_VBMI = host_has("avx512vbmi")       # the byte permutes of a table op's lookup (lut_bytes)
+TABLE_SIZE = 256        # the table argument's length in floats: a table op's codes (byte_table)
+NO_TABLE = np.zeros(TABLE_SIZE, np.float32)     # the table argument of an epilogue without one (never read)
 
 
 def pixel_blocks(pixels: int) -> int:
@@ -30,78 +34,231 @@ def pixel_blocks(pixels: int) -> int:
     return -(-pixels // PIX) * (PIX // 16)
 
 
-@intrinsic
-def _tile(typingctx, x, xoff, w, woff, k4, out, ooff, ostride, left, rows, ep, epf):
-    """out[o, p] for 32 pixels x 8 channels; ep = (scale, bias) rows at the tile's channel, epf = the
-    `Epilogue` floats; `left` = valid pixels from the tile start, `rows` = valid channels (out has no
-    rows past them)."""
+def byte_table(codes) -> np.ndarray:
+    """At most 256 int8 codes as the epilogue reads them (`lut_bytes`): their bytes in a float32 array
+    of 256 (the kernels' argument type; 1 KB, the codes in its first 256 bytes, zeros past them)."""
+    codes = np.asarray(codes, np.int8).reshape(-1)
+    if codes.size > TABLE_SIZE:
+        raise ValueError(f"a table of {codes.size} values (at most {TABLE_SIZE})")
+    out = np.zeros(TABLE_SIZE, np.float32)
+    out.view(np.int8)[:codes.size] = codes
+    return out
+
+
+def lut_bytes(builder, tp, idx, z, s):
+    """(float(tab[i]) - z) * s for four <16 x i32> index vectors `idx` (0..255) into the 256 int8 codes
+    at tp (byte_table), as four <16 x float>: the indices packed to 64 bytes, two byte permutes over
+    128-byte halves of the table (vpermi2b, AVX-512 VBMI) and a select on bit 7, then widened: 0.11 ns
+    an output on Zen 4. A float table (eight two-register permutes per 16 lanes) or a gather (~24
+    cycles per 16 lanes there; LLVM's generic masked gather, scalarized on AMD targets, more) cost
+    about what a lookup pass of its own costs (0.8 ns an output)."""
     from llvmlite import ir
-    sig = types.void(x, types.intp, w, types.intp, types.intp, out, types.intp, types.intp, types.intp, types.intp,
-                     ep, epf)
+    i8, i32, f32 = ir.IntType(8), ir.IntType(32), ir.FloatType()
+    b16, b64 = ir.VectorType(i8, 16), ir.VectorType(i8, 64)
+    perm = declare(builder, "llvm.x86.avx512.vpermi2var.qi.512", b64, b64, b64, b64)
+    sel = lambda n: ir.Constant(ir.VectorType(i32, n), list(range(n)))  # noqa: E731
+    small = [builder.trunc(v, b16) for v in idx]
+    packed = builder.shuffle_vector(builder.shuffle_vector(small[0], small[1], sel(32)),
+                                    builder.shuffle_vector(small[2], small[3], sel(32)), sel(64))
+    base = builder.bitcast(tp, i8.as_pointer())
+    at = lambda k: builder.gep(base, [ir.Constant(ir.IntType(64), 64 * k)])  # noqa: E731
+    part = lambda k: builder.load(builder.bitcast(at(k), b64.as_pointer()), align=4)  # noqa: E731
+    lo = builder.call(perm, [part(0), packed, part(1)])
+    hi = builder.call(perm, [part(2), packed, part(3)])
+    codes = builder.select(builder.icmp_signed("<", packed, ir.Constant(b64, [0] * 64)), hi, lo)
+    f16 = ir.VectorType(f32, 16)
+    out = []
+    for k in range(4):
+        c = builder.shuffle_vector(codes, ir.Constant(b64, ir.Undefined),
+                                   ir.Constant(ir.VectorType(i32, 16), list(range(16 * k, 16 * k + 16))))
+        out.append(builder.fmul(builder.fsub(builder.sitofp(c, f16), z), s))
+    return out
+
+
+@intrinsic
+def lut_chunk(typingctx, x, xo, n, tab, z, s):
+    """x[xo + i] = (tab[int(x[xo + i])] - z) * s for i < min(n, 64), in place: x holds indices 0..255
+    as floats (`lut_bytes`). For loops in Numba (the int8 depthwise convolution's epilogue)."""
+    from llvmlite import ir
+    sig = types.void(x, types.intp, types.intp, tab, z, s)
 
     def codegen(context, builder, sig, args):
-        xa, xo, wa, wo, nk, oa, oo, os_, left_, rows_, epa, epfa = args
-        i1, i32, i64, f32 = ir.IntType(1), ir.IntType(32), ir.IntType(64), ir.FloatType()
-        v16, f16 = ir.VectorType(i32, 16), ir.VectorType(f32, 16)
-        a = sig.args
-        xp = data_of(context, builder, a[0], xa, xo)
-        wp = data_of(context, builder, a[2], wa, wo)
-        op = data_of(context, builder, a[5], oa, oo)
-        const = lambda v: ir.Constant(i64, v)   # noqa: E731
-        fn = lambda name, ret, *t: declare(builder, name, ret, *t)  # noqa: E731
-        dpbusd = fn("llvm.x86.avx512.vpdpbusd.512", v16, v16, v16, v16)
-        mstore = fn("llvm.masked.store.v16f32.p0", ir.VoidType(), f16, f16.as_pointer(), i32, ir.VectorType(i1, 16))
-        splat = lambda value, vt: splat_(builder, value, vt)  # noqa: E731
+        xa, xo_, n_, ta, za, sa = args
+        i32, i64, f32 = ir.IntType(32), ir.IntType(64), ir.FloatType()
+        f16, v16, m16 = ir.VectorType(f32, 16), ir.VectorType(i32, 16), ir.VectorType(ir.IntType(1), 16)
+        xp = data_of(context, builder, sig.args[0], xa, xo_)
+        tp = data_of(context, builder, sig.args[3], ta)
+        mload = declare(builder, "llvm.masked.load.v16f32.p0", f16, f16.as_pointer(), i32, m16, f16)
+        mstore = declare(builder, "llvm.masked.store.v16f32.p0", ir.VoidType(), f16, f16.as_pointer(), i32, m16)
+        zero = ir.Constant(f16, [0.0] * 16)
+        ptrs = [builder.bitcast(builder.gep(xp, [ir.Constant(i64, 16 * k)]), f16.as_pointer()) for k in range(4)]
+        masks = [first_lanes(builder, builder.sub(n_, ir.Constant(i64, 16 * k))) for k in range(4)]
+        idx = [builder.fptosi(builder.call(mload, [p, ir.Constant(i32, 4), m, zero]), v16) for p, m in zip(ptrs, masks)]
+        vals = lut_bytes(builder, tp, idx, splat_(builder, za, f16), splat_(builder, sa, f16))
+        for v, p, m in zip(vals, ptrs, masks):
+            builder.call(mstore, [v, p, ir.Constant(i32, 4), m])
+        return context.get_dummy_value()
+    return sig, codegen
 
-        def step(kk, accs):
-            xv = []
-            for v in range(2):      # the two 16-pixel blocks: block b starts at b * k4 * 64 bytes
-                at = builder.add(builder.mul(const(v), builder.mul(nk, const(64))), builder.mul(kk, const(64)))
-                xv.append(builder.load(builder.bitcast(builder.gep(xp, [at]), v16.as_pointer()), align=1))
-            wrow = builder.bitcast(builder.gep(wp, [builder.mul(kk, const(4 * OCB))]), i32.as_pointer())
-            new = []
-            for o in range(OCB):
-                wb = splat(builder.load(builder.gep(wrow, [const(o)]), align=1), v16)
-                for v in range(2):
-                    new.append(builder.call(dpbusd, [accs[2 * o + v], xv[v], wb]))
-            return new
-        new = k_loop(builder, nk, [ir.Constant(v16, [0] * 16)] * (2 * OCB), step)
 
-        ept = [builder.extract_value(epa, k) for k in range(2)]
-        rows = [data_of(context, builder, sig.args[10].types[k], ept[k]) for k in range(2)]
-        lo, hi, ratio, s_out, q_lo, q_hi, z_out = (splat(builder.extract_value(epfa, k), f16) for k in range(7))
-        on_grid = builder.fcmp_ordered("!=", builder.extract_value(epfa, 3), ir.Constant(f32, 0))
-        trunc = fn("llvm.trunc.v16f32", f16, f16)
-        copysign = fn("llvm.copysign.v16f32", f16, f16, f16)
-        half = ir.Constant(f16, [0.5] * 16)
+def _store_ir(context, builder, new, op, os_, blocks, rows_, ep_ty, epa, epfa, tp):
+    """The tile's epilogue: the 16 accumulators (channel o, block v at new[2 * o + v]) rescaled in MNN's
+    order and stored to op[o * os_ + at_v], lanes < n_v of block v (`blocks` = [(at_v, n_v)]) and
+    channels < rows_, as floats on the output grid, or a table op's values (epf[7] != 0)."""
+    from llvmlite import ir
+    i1, i32, i64, f32 = ir.IntType(1), ir.IntType(32), ir.IntType(64), ir.FloatType()
+    v16, f16 = ir.VectorType(i32, 16), ir.VectorType(f32, 16)
+    const = lambda v: ir.Constant(i64, v)   # noqa: E731
+    fn = lambda name, ret, *t: declare(builder, name, ret, *t)  # noqa: E731
+    mstore = fn("llvm.masked.store.v16f32.p0", ir.VoidType(), f16, f16.as_pointer(), i32, ir.VectorType(i1, 16))
+    splat = lambda value, vt: splat_(builder, value, vt)  # noqa: E731
+    ept = [builder.extract_value(epa, k) for k in range(2)]
+    rows = [data_of(context, builder, ep_ty.types[k], ept[k]) for k in range(2)]
+    lo, hi, ratio, s_out, q_lo, q_hi, z_out = (splat(builder.extract_value(epfa, k), f16) for k in range(7))
+    on_grid = builder.fcmp_ordered("!=", builder.extract_value(epfa, 3), ir.Constant(f32, 0))
+    trunc = fn("llvm.trunc.v16f32", f16, f16)
+    copysign = fn("llvm.copysign.v16f32", f16, f16, f16)
+    half = ir.Constant(f16, [0.5] * 16)
 
-        def clamp(v, low, high):     # compare and select, as MNN's vminps/vmaxps on finite values
-            v = builder.select(builder.fcmp_ordered("<", v, low), low, v)
-            return builder.select(builder.fcmp_ordered(">", v, high), high, v)
-        none = ir.Constant(ir.VectorType(i1, 16), [0] * 16)
-        for v in range(2):
-            mask = first_lanes(builder, builder.sub(left_, const(16 * v)))
-            for o in range(OCB):
+    def clamp(v, low, high):     # compare and select, as MNN's vminps/vmaxps on finite values
+        v = builder.select(builder.fcmp_ordered("<", v, low), low, v)
+        return builder.select(builder.fcmp_ordered(">", v, high), high, v)
+    none = ir.Constant(ir.VectorType(i1, 16), [0] * 16)
+    z_t, s_t = (splat(builder.extract_value(epfa, k), f16) for k in (8, 9))
+
+    def store(looked_up):
+        done = []
+        for o in range(OCB):
+            for v, (at_v, n_v) in enumerate(blocks):
+                mask = first_lanes(builder, n_v)
                 sc = builder.load(builder.gep(rows[0], [const(o)]))
                 bi = builder.load(builder.gep(rows[1], [const(o)]))
                 # MNN's order, each step rounded to float32 (no FMA): D * alpha * (s_in/s_out) + bias
                 val = builder.sitofp(new[2 * o + v], f16)
                 val = builder.fmul(builder.fmul(val, splat(sc, f16)), ratio)
                 val = clamp(builder.fadd(val, splat(bi, f16)), lo, hi)
-                q = builder.call(trunc, [builder.fadd(val, builder.call(copysign, [half, val]))])
-                q = builder.fmul(builder.fsub(clamp(q, q_lo, q_hi), z_out), s_out)
-                val = builder.select(on_grid, q, val)
-                at = builder.add(builder.mul(const(o), os_), const(16 * v))
+                q = clamp(builder.call(trunc, [builder.fadd(val, builder.call(copysign, [half, val]))]), q_lo, q_hi)
+                live = builder.select(builder.icmp_signed("<", const(o), rows_), mask, none)
+                at = builder.add(builder.mul(const(o), os_), at_v)
                 dst = builder.bitcast(builder.gep(op, [at]), f16.as_pointer())
-                live = builder.icmp_signed("<", const(o), rows_)
-                builder.call(mstore, [val, dst, ir.Constant(i32, 4), builder.select(live, mask, none)])
+                if looked_up:       # the table op's value at the byte, four vectors at a time
+                    done.append((builder.fptosi(builder.fsub(q, q_lo), v16), dst, live))
+                    continue
+                val = builder.select(on_grid, builder.fmul(builder.fsub(q, z_out), s_out), val)
+                builder.call(mstore, [val, dst, ir.Constant(i32, 4), live])
+        for k in range(0, len(done), 4):
+            group = done[k:k + 4]
+            for val, (_, dst, live) in zip(lut_bytes(builder, tp, [g[0] for g in group], z_t, s_t), group):
+                builder.call(mstore, [val, dst, ir.Constant(i32, 4), live])
+    table = builder.fcmp_ordered("!=", builder.extract_value(epfa, 7), ir.Constant(f32, 0))
+    with builder.if_else(table) as (then, otherwise):
+        with then:
+            store(True)
+        with otherwise:
+            store(False)
+
+
+def _products_ir(builder, nk, wp, x_at):
+    """The K loop: 16 accumulators (channel o, block v at [2 * o + v]) of VPDPBUSD over the 8 channels'
+    weight words at wp and the two blocks' 16 pixel words at x_at(kk, v) (an i32 pointer)."""
+    from llvmlite import ir
+    i32, i64 = ir.IntType(32), ir.IntType(64)
+    v16 = ir.VectorType(i32, 16)
+    dpbusd = declare(builder, "llvm.x86.avx512.vpdpbusd.512", v16, v16, v16, v16)
+
+    def step(kk, accs):
+        xv = [builder.load(builder.bitcast(x_at(kk, v), v16.as_pointer()), align=1) for v in range(2)]
+        wrow = builder.bitcast(builder.gep(wp, [builder.mul(kk, ir.Constant(i64, 4 * OCB))]), i32.as_pointer())
+        new = []
+        for o in range(OCB):
+            wb = splat_(builder, builder.load(builder.gep(wrow, [ir.Constant(i64, o)]), align=1), v16)
+            for v in range(2):
+                new.append(builder.call(dpbusd, [accs[2 * o + v], xv[v], wb]))
+        return new
+    return k_loop(builder, nk, [ir.Constant(v16, [0] * 16)] * (2 * OCB), step)
+
+
+@intrinsic
+def _tile(typingctx, x, xoff, w, woff, k4, out, ooff, ostride, left, rows, ep, epf, tab):
+    """out[o, p] for 32 pixels x 8 channels; ep = (scale, bias) rows at the tile's channel, epf = the
+    `Epilogue` floats; `left` = valid pixels from the tile start, `rows` = valid channels (out has no
+    rows past them); `tab` the codes of a table op reading the output grid (epf[7] != 0: out = (tab[q -
+    q_lo] - epf[8]) * epf[9], `lut_bytes`; `byte_table`), else unread."""
+    from llvmlite import ir
+    sig = types.void(x, types.intp, w, types.intp, types.intp, out, types.intp, types.intp, types.intp, types.intp,
+                     ep, epf, tab)
+
+    def codegen(context, builder, sig, args):
+        xa, xo, wa, wo, nk, oa, oo, os_, left_, rows_, epa, epfa, taba = args
+        i64 = ir.IntType(64)
+        a = sig.args
+        xp = data_of(context, builder, a[0], xa, xo)
+        wp = data_of(context, builder, a[2], wa, wo)
+        op = data_of(context, builder, a[5], oa, oo)
+        const = lambda v: ir.Constant(i64, v)   # noqa: E731
+        # the two 16-pixel blocks: block v starts at v * k4 * 64 bytes, then 64 bytes a k step
+        new = _products_ir(builder, nk, wp, lambda kk, v: builder.gep(
+            xp, [builder.add(builder.mul(const(v), builder.mul(nk, const(64))), builder.mul(kk, const(64)))]))
+        blocks = [(const(16 * v), builder.sub(left_, const(16 * v))) for v in range(2)]
+        tp = data_of(context, builder, a[12], taba)
+        _store_ir(context, builder, new, op, os_, blocks, rows_, a[10], epa, epfa, tp)
+        return context.get_dummy_value()
+    return sig, codegen
+
+
+@intrinsic
+def _tile_grid(typingctx, g, g0, g1, offs, w, woff, k4, out, o0, o1, ostride, n0, n1, rows, ep, epf, tab):
+    """_tile reading its pixels from the quantized grid in rows of words (int8_conv.quantize_rows)
+    instead of im2col's blocks: for a stride-1 window, 16 output pixels of one row are 16 consecutive
+    words of the grid for every (tap, word) k, at g[g_v + offs[k]] for block v. Its output at
+    out[o * ostride + o_v], lanes < n_v. No im2col pass: 0.2 ms of a 0.8 ms 3x3 layer at 56x56x64."""
+    sig = types.void(g, types.intp, types.intp, offs, w, types.intp, types.intp, out, types.intp, types.intp,
+                     types.intp, types.intp, types.intp, types.intp, ep, epf, tab)
+
+    def codegen(context, builder, sig, args):
+        ga, g0_, g1_, fa, wa, wo, nk, oa, o0_, o1_, os_, n0_, n1_, rows_, epa, epfa, taba = args
+        a = sig.args
+        gp = data_of(context, builder, a[0], ga)
+        fp = data_of(context, builder, a[3], fa)
+        wp = data_of(context, builder, a[4], wa, wo)
+        op = data_of(context, builder, a[7], oa)
+        starts = [g0_, g1_]
+
+        def x_at(kk, v):
+            return builder.gep(gp, [builder.add(starts[v], builder.load(builder.gep(fp, [kk])))])
+        new = _products_ir(builder, nk, wp, x_at)
+        _store_ir(context, builder, new, op, os_, [(o0_, n0_), (o1_, n1_)], rows_, a[14], epa, epfa,
+                  data_of(context, builder, a[16], taba))
         return context.get_dummy_value()
     return sig, codegen
 
 
 @njit(parallel=True, cache=True)
-def gemm_vnni(x, wp, k4, oc, ep, epf, out):
-    """out (OC, P) float from packed activations and weights; ep = (scale, bias) rows."""
+def gemm_grid(g, offs, wp, k4, oc, ep, epf, out, tab, ow, row_words):
+    """out (OC, oh * ow) from the grid g (flat words, rows of row_words) of a stride-1 window: output
+    rows in segments of 16 pixels, two segments a tile (_tile_grid); offs[k] the word offset of k."""
+    P = out.shape[1]
+    nseg = (ow + 15) // 16
+    segs = (P // ow) * nseg
+    npt, nob = (segs + 1) // 2, (oc + OCB - 1) // OCB
+    of = out.reshape(-1)
+    scale, bias = ep
+    for t in prange(nob * npt):
+        ob, pt = t // npt, t % npt
+        o0 = ob * OCB
+        s0 = 2 * pt
+        s1 = min(s0 + 1, segs - 1)
+        y0, x0 = s0 // nseg, (s0 % nseg) * 16
+        y1, x1 = s1 // nseg, (s1 % nseg) * 16
+        n1 = min(16, ow - x1) if s0 + 1 < segs else 0
+        _tile_grid(g, y0 * row_words + x0, y1 * row_words + x1, offs, wp, ob * k4 * 4 * OCB, k4, of,
+                   o0 * P + y0 * ow + x0, o0 * P + y1 * ow + x1, P, min(16, ow - x0), n1, oc - o0,
+                   (scale[o0:], bias[o0:]), epf, tab)
+
+
+@njit(parallel=True, cache=True)
+def gemm_vnni(x, wp, k4, oc, ep, epf, out, tab):
+    """out (OC, P) float from packed activations and weights; ep = (scale, bias) rows; tab: see _tile."""
     P = out.shape[1]
     npb, nob = (P + PIX - 1) // PIX, (oc + OCB - 1) // OCB
     of = out.reshape(-1)
@@ -110,10 +267,10 @@ def gemm_vnni(x, wp, k4, oc, ep, epf, out):
         ob, pb = t // npb, t % npb
         o0 = ob * OCB
         _tile(x, pb * 2 * k4 * 64, wp, ob * k4 * 4 * OCB, k4, of, o0 * P + pb * PIX, P, P - pb * PIX, oc - o0,
-              (scale[o0:], bias[o0:]), epf)
+              (scale[o0:], bias[o0:]), epf, tab)
 
 
-def epilogue(alpha, bias, weight_sums, s_in: float, zero_in: int, out_grid, act: int):
+def epilogue(alpha, bias, weight_sums, s_in: float, zero_in: int, out_grid, act: int, table=None):
     """The tile's (scale, bias) rows and epilogue floats for the rescale MNN 3.6's x86 int8 GEMM does
     (its AVX2 kernel, read from the binary and checked on the values it was handed; the pip wheel has
     no AVX-512 int8 code): from the accumulator D over the stored bytes u = q + 128,
@@ -123,7 +280,9 @@ def epilogue(alpha, bias, weight_sums, s_in: float, zero_in: int, out_grid, act:
     s_out = 1 and z_out = 0 and stops before the rounding. `out_grid` = (s_out, lo, hi, z_out) in steps
     of the scale from real 0 (conv.Int8Grids), or None for a float output; act 0, 1 (ReLU) or 2 (ReLU6).
 
-    epf = (lo, hi, s_in/s_out, s_out (0 = float output), q_lo, q_hi, z_out), in output steps."""
+    epf = (lo, hi, s_in/s_out, s_out (0 = float output), q_lo, q_hi, z_out, then 1, z_t, s_t where a
+    table op's codes on its grid (zero point z_t, scale s_t) replace the output's (`table` = (z_t, s_t),
+    on an output grid only), else 0, 0, 0), in output steps."""
     f32 = np.float32
     a = np.asarray(alpha, f32)
     s_in = f32(s_in)
@@ -138,9 +297,10 @@ def epilogue(alpha, bias, weight_sums, s_in: float, zero_in: int, out_grid, act:
     z = f32(z_out)
     lo, hi = act_bounds(act, s_out, z)
     if out_grid is None:
-        epf = (lo, hi, s_in, f32(0), f32(-np.inf), f32(np.inf), f32(0))
+        epf = (lo, hi, s_in, f32(0), f32(-np.inf), f32(np.inf), f32(0), f32(0), f32(0), f32(0))
     else:
-        epf = (lo, hi, f32(s_in / s_out), s_out, f32(out_grid[1] + z_out), f32(out_grid[2] + z_out), z)
+        t = (f32(0), f32(0), f32(0)) if table is None else (f32(1), f32(table[0]), f32(table[1]))
+        epf = (lo, hi, f32(s_in / s_out), s_out, f32(out_grid[1] + z_out), f32(out_grid[2] + z_out), z, *t)
     return (a, b), epf
 
 
@@ -159,7 +319,13 @@ class Int8Weights:
         self.ep = (pad(scale, np.float32), pad(bias, np.float32))
         from .. import sized
         self.gemm = sized(gemm_vnni, work, threads)
+        self.grid_gemm = sized(gemm_grid, work, threads)
 
-    def matmul(self, x: np.ndarray, epf: tuple, out: np.ndarray) -> None:
-        """out (OC, P) float32."""
-        self.gemm(x, self.data, self.k4, self.oc, self.ep, epf, out)
+    def matmul(self, x: np.ndarray, epf: tuple, out: np.ndarray, tab: np.ndarray = NO_TABLE) -> None:
+        """out (OC, P) float32; tab: a table op's values by output byte from the lowest (epf[7] set)."""
+        self.gemm(x, self.data, self.k4, self.oc, self.ep, epf, out, tab)
+
+    def matmul_grid(self, g: np.ndarray, offs: np.ndarray, epf: tuple, out: np.ndarray, ow: int, row_words: int,
+                    tab: np.ndarray = NO_TABLE) -> None:
+        """out (OC, P) float32 of a stride-1 window straight from the quantized grid (gemm_grid)."""
+        self.grid_gemm(g, offs, self.data, self.k4, self.oc, self.ep, epf, out, tab, ow, row_words)

@@ -167,7 +167,8 @@ class Winograd:
         self.th, self.tw = -(-oh // m), -(-ow // m)
         # few tiles per position (a 28x28 map has 49): output channels in the vector lanes
         self.oc = suits(self.th * self.tw, cin * cout * 4)
-        self.wp = transform_packed(weight.reshape(cout, cin, 3, 3), m, OC_BLOCK if self.oc else OCB)
+        from ..weight_cache import packed_once      # shared by the plans of every input shape
+        self.wp = packed_once(transform_packed, weight.reshape(cout, cin, 3, 3), m, OC_BLOCK if self.oc else OCB)
         tiles = self.th * self.tw
         self.t, self.l, self.cin = t, l, cin
         if m == 2:      # gathers and scatters through index tables, 16 tiles a step

@@ -8,10 +8,11 @@ import numpy as np
 from ..compile.jit import Bound, njit
 
 from ....errors import InvalidModel, MnnToolError
-from .. import PLAN_ONLY, Kernel, aligned_copy, kernel, sized, writes
+from .. import PLAN_ONLY, Kernel, Scratch, aligned_copy, kernel, sized, writes
 from ..micro.conv_loops import col2im
 from .conv_strategies import Geometry, Layer, build, trimmed
 from ..micro.epilogue import NO_GRID, NO_POST, POST, activation, apply_act, grid_of, to_grid
+from .int8_tables import codes_of, looked_up, values_of
 
 
 @kernel("Convolution", "ConvolutionDepthwise")
@@ -28,19 +29,26 @@ def convolution(node, ins, outs, settings):
     if int8 is not None:     # an int8 convolution: same arithmetic as MNN on the quantized grid
         grid_in = grid_of(*int8.input)
         grid_out = NO_GRID if int8.output is None else grid_of(*int8.output)
+        # a table op fused in (plan stage fuse_int8_tables): its values, and as codes on its grid for the
+        # kernels that look them up in their epilogue
+        table = None if int8.output is None else values_of(node, grid_out, outs[0])
+        codes = None if table is None else codes_of(table, outs[0])
+        done = None if int8.output is None else outs[0].grid if table is not None else grid_out
+        fn = None
         if node.op == "ConvolutionDepthwise":
             from ..micro.int8_conv import depthwise_int8
             fn = depthwise_int8(node, ins, outs, bias, int8, settings.threads,
-                                lambda plain, w, b: convolution_float(plain, ins, outs, w, b, settings).fn)
-            if fn is not None:
-                return Kernel(fn, True, grid_out)
-            bias = depthwise_int8_bias(node, bias, int8)
-        fn = _integer(node, ins, outs, bias, int8, settings.threads)
+                                lambda plain, w, b: convolution_float(plain, ins, outs, w, b, settings).fn, codes)
+            bias = bias if fn is not None else depthwise_int8_bias(node, bias, int8)
+        fn = fn or _integer(node, ins, outs, bias, int8, settings.threads, codes)
         if fn is None:
             k = convolution_float(node, ins, outs, weight, bias, settings, grid_out)
             # an input that an int8 kernel already rounded to this grid is used as it is
             fn = k.fn if ins[0].grid == grid_in else _grid_input(k.fn, ins[0].shape, grid_in, settings.threads)
-        return Kernel(fn, True, None if int8.output is None else grid_out)
+            codes = None
+        if table is not None and codes is None:      # the op's lookup after the convolution
+            fn = looked_up(fn, table, grid_out, outs[0].shape, settings.threads)
+        return Kernel(fn, True, done)
     return convolution_float(node, ins, outs, weight, bias, settings)
 
 
@@ -64,7 +72,7 @@ def _weight_only_matvec(node, g: Geometry, bias, settings) -> Kernel | None:
     return with_post(writes(run), node.param.get(POST, NO_POST), g.cout, settings.threads)
 
 
-def _integer(node, ins, outs, bias, grids, threads: int):
+def _integer(node, ins, outs, bias, grids, threads: int, table=None):
     """The integer kernel for a group-1 int8 convolution with 8-bit per-channel weights on a VNNI CPU,
     else None (elsewhere BLAS's sgemm on the int8 grid beats integer loops)."""
     from ....format.idst import int8_values
@@ -78,7 +86,8 @@ def _integer(node, ins, outs, bias, grids, threads: int):
     if values is None or (c.get("group", 1) or 1) != 1 or len(ins[0].shape) != 4:
         return None
     geometry = Geometry.of(c, ins[0].shape, outs[0].shape).window
-    return int8_convolution(geometry, *values, bias, activation(c), grids, ins[0].shape, outs[0].shape, threads)
+    return int8_convolution(geometry, *values, bias, activation(c), grids, ins[0].shape, outs[0].shape, threads,
+                            table)
 
 
 def conv_weight(param: dict, rows: int) -> np.ndarray:
@@ -189,12 +198,14 @@ def deconvolution(node, ins, outs, settings):
     bias = np.asarray(node.param.get("bias", np.zeros(cout)), np.float32).reshape(cout, 1, 1)
     ch = max((h - 1) * sh + dh * (kh - 1) + 1, t + oh)
     cw = max((w - 1) * sw + dw * (kw - 1) + 1, l + ow)
-    canvas = np.zeros((cout, ch, cw), np.float32)
-    cols = np.empty((cout * kh * kw, h * w), np.float32)
+    # work buffers of the thread, not the plan's: a plan per input shape allocated its own (a text
+    # detector's head: ~3 MB a shape, page faults on the first run and holes in malloc's heap)
+    canvas_of, cols_of = Scratch("deconv_canvas", (cout, ch, cw)), Scratch("deconv_cols", (cout * kh * kw, h * w))
 
     def run(inputs, outputs):
         x, y = inputs[0], outputs[0]
         rows = og * kh * kw
+        canvas, cols = canvas_of(), cols_of()
         for i in range(n):
             xi = x[i].reshape(cin, h * w)
             for k in range(group):

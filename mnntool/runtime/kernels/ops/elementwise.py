@@ -4,7 +4,7 @@ from __future__ import annotations
 import math
 
 import numpy as np
-from ..compile.jit import njit, prange
+from ..compile.jit import Bound, njit, prange
 
 from ....ir.ops import params
 from .. import PLAN_ONLY, by_definition, kernel, returns, sized, writes
@@ -164,11 +164,45 @@ def _unsupported(node, what):
     return MnnToolError(f"{node.op} '{node.name}': {what} is not supported by the runtime")
 
 
+@njit(parallel=True, cache=True)
+def clip_rows(x, lo, hi, out):
+    """out = min(max(x, lo), hi) over (rows, n) arrays, x in any layout (a split's strided view), NaN kept
+    (as np.maximum / np.clip). One compiled call: in a run, where the kernels before have pushed NumPy's
+    and the interpreter's code out of the caches and TLB, a ufunc call on 25K floats cost ~50 us
+    (EfficientViT-B0's ReLUs on its attention's q/k splits; 3-20 us warm)."""
+    for r in prange(x.shape[0]):
+        src, dst = x[r], out[r]
+        for j in range(src.shape[0]):
+            v = src[j]
+            v = lo if v < lo else v
+            dst[j] = hi if v > hi else v
+
+
+def _clip_kernel(ins, outs, lo: float, hi: float, threads: int):
+    """clip_rows over the last axis, or None for shapes/types it does not take."""
+    shape = ins[0].shape
+    if shape is None or len(shape) < 1 or not all(isinstance(d, int) for d in shape) or \
+            ins[0].dtype != "float32" or outs[0].dtype != "float32" or not int(np.prod(shape)):
+        return None
+    last = shape[-1]
+    fn = sized(clip_rows, int(np.prod(shape)), threads)
+    lo, hi = np.float32(lo), np.float32(hi)
+
+    def run(i, o):
+        y = o[0]
+        if y.flags.c_contiguous:    # (a strided input view whose leading axes merge stays a view)
+            fn(i[0].reshape(-1, last), lo, hi, y.reshape(-1, last))
+        else:                       # an output placed in a concat's slice
+            np.clip(i[0], lo, hi, out=y)
+    return writes(run)
+
+
 @kernel("ReLU")
 def relu(node, ins, outs, settings):
     slope = float(node.param.get("slope", 0.0))
     if slope == 0.0:
-        return writes(lambda i, o: np.maximum(i[0], 0, out=o[0]))
+        return _clip_kernel(ins, outs, 0.0, np.inf, settings.threads) or \
+            writes(lambda i, o: np.maximum(i[0], 0, out=o[0]))
 
     def leaky(i, o):
         np.multiply(i[0], slope, out=o[0])
@@ -179,7 +213,7 @@ def relu(node, ins, outs, settings):
 @kernel("ReLU6")
 def relu6(node, ins, outs, settings):
     lo, hi = float(node.param.get("minValue", 0.0)), float(node.param.get("maxValue", 6.0))
-    return writes(lambda i, o: np.clip(i[0], lo, hi, out=o[0]))
+    return _clip_kernel(ins, outs, lo, hi, settings.threads) or writes(lambda i, o: np.clip(i[0], lo, hi, out=o[0]))
 
 
 @njit(cache=True, fastmath=True)
@@ -236,7 +270,8 @@ PLAN_ONLY["FusedSiLU"] = fused_silu
 
 def _sigmoid_kernel(size: int | None = None, threads: int = 1):
     if size is None or size < 4 * SIGMOID_BLOCK:
-        return writes(lambda i, o: sigmoid_flat(i[0].reshape(-1), o[0].reshape(-1)))
+        flat = Bound(sigmoid_flat)
+        return writes(lambda i, o: flat(np.ascontiguousarray(i[0]).reshape(-1), o[0].reshape(-1)))
     blocks = sized(sigmoid_blocks, size * 4, threads)
     return writes(lambda i, o: blocks(np.ascontiguousarray(i[0]).reshape(-1), o[0].reshape(-1), False))
 
@@ -297,6 +332,17 @@ def unary(node, ins, outs, settings):
         return _erf_kernel(int(np.prod(outs[0].shape)), op == "GELU_STANDARD", settings.threads)
     if ins[0].dtype != "float32" and op not in ("ABS", "NEG", "SQUARE", "SIGN"):
         return returns(lambda i: [fn(i[0].astype(np.float32)).astype(i[0].dtype)])
+    if op in ACTIVATION_KINDS and outs[0].dtype == "float32":
+        # one bound compiled call (the apply wrapper's dispatch through the kernel library, cold in a run:
+        # ~60 us for EfficientViT-B0's head hard-swish on 1280 floats)
+        flat, kind = Bound(activation_flat), ACTIVATION_KINDS[op]
+
+        def run(i, o):
+            if o[0].flags.c_contiguous:
+                flat(np.ascontiguousarray(i[0]).reshape(-1), o[0].reshape(-1), kind)
+            else:
+                fn(i[0], out=o[0])
+        return writes(run)
     return writes(lambda i, o: fn(i[0], out=o[0]))
 
 
@@ -358,6 +404,59 @@ def _per_channel(op, ins, outs, fused_relu, threads):
     return writes(run)
 
 
+ROW_OPS = {"ADD": 0, "SUB": 1, "MUL": 2, "REALDIV": 3, "DIV": 3}
+
+
+@njit(parallel=True, cache=True, error_model="numpy")
+def by_row_value(x, s, kind, relu, out):
+    """out[r, j] = x[r, j] (+ - * /) s[r] over (rows, n) arrays (no fastmath: the division stays a division,
+    as NumPy's; NumPy's error model: x / 0 is inf or nan, not an exception), then max(., 0) when relu: an operand broadcast along the last axis, as EfficientViT's
+    linear attention divides each row of its (8, 196, 16) output by its (8, 196, 1) normaliser (a NumPy
+    broadcast ufunc, ~30 us a call in the run)."""
+    for r in prange(x.shape[0]):
+        a, z, v = x[r], out[r], s[r]
+        if kind == 0:
+            for j in range(z.shape[0]):
+                z[j] = a[j] + v
+        elif kind == 1:
+            for j in range(z.shape[0]):
+                z[j] = a[j] - v
+        elif kind == 2:
+            for j in range(z.shape[0]):
+                z[j] = a[j] * v
+        else:
+            for j in range(z.shape[0]):
+                z[j] = a[j] / v
+        if relu:
+            for j in range(z.shape[0]):
+                z[j] = max(z[j], np.float32(0))
+
+
+def _last_axis_broadcast(op, ins, outs, fused_relu, threads):
+    """The kernel for x (op) s where s is x's shape with a last axis of 1 (the same leading axes), or None."""
+    if op not in ROW_OPS or len(ins) != 2 or any(np.dtype(v.dtype) != np.float32 for v in ins + outs):
+        return None
+    xs, ss, ys = ins[0].shape, ins[1].shape, outs[0].shape
+    if xs is None or ss is None or ys is None or len(xs) < 2 or len(ss) != len(xs) or \
+            not all(isinstance(d, int) for d in xs + ss) or tuple(ys) != tuple(xs) or \
+            tuple(ss) != tuple(xs[:-1]) + (1,) or xs[-1] < 2:
+        return None
+    n = xs[-1]
+    rows = int(np.prod(xs)) // n
+    fn, kind = sized(by_row_value, rows * n, threads), ROW_OPS[op]
+
+    def run(i, o):
+        y = o[0]
+        if y.flags.c_contiguous:
+            fn(np.ascontiguousarray(i[0]).reshape(rows, n), np.ascontiguousarray(i[1]).reshape(rows), kind, fused_relu,
+               y.reshape(rows, n))
+        else:
+            FLOAT_BINARY[op](i[0], i[1], out=y)
+            if fused_relu:
+                np.maximum(y, 0, out=y)
+    return writes(run)
+
+
 def _small_power(op, ins, shapes):
     """x ** e for a constant e of 2, 3 or 0.5 as products or a square root: numpy's float32 power is a
     general pow (GPT-2's GELU cubes 64 x 256 values: 180 -> 3 us)."""
@@ -391,6 +490,9 @@ def binary(node, ins, outs, settings):
             and shapes[0] is not None and len(shapes[0]) >= 2 and all(isinstance(d, int) for d in shapes[0])
             and all(sh == shapes[0] for sh in shapes) and int(np.prod(shapes[0])) >= SMALL):
         rows = int(np.prod(shapes[0][:2]))
+        from .int8_add import rounded_add      # an output stored on an int8 grid: rounded in the same pass
+        if (rounded := rounded_add(rows, outs, fused_relu, settings.threads)) is not None:
+            return rounded
         fused = sized(add_relu, int(np.prod(shapes[0])), settings.threads)
 
         def run_add(i, o):
@@ -401,6 +503,9 @@ def binary(node, ins, outs, settings):
     channel = _per_channel(op, ins, outs, fused_relu, settings.threads)
     if channel is not None:
         return channel
+    rowwise = _last_axis_broadcast(op, ins, outs, fused_relu, settings.threads)
+    if rowwise is not None:
+        return rowwise
     power = _small_power(op, ins, shapes)
     if power is not None:
         return writes(power)

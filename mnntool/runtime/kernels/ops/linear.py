@@ -94,7 +94,12 @@ class RowGemm:
         # 48 layers: 7 MB of them)
         self.packed = Scratch("rowgemm_rows", (nob * self.kp * OCB,))
         self.zero = np.zeros(nob * OCB, np.float32)
-        self.kc = k_block(self.kp, nob * OCB, tile_count(n))
+        # all of k in one pass: k blocks kept the packed rows in L2 but read and wrote the whole output again
+        # per block, which cost more (gemm_panels alone, 1 thread, GFLOP/s k-blocked -> one pass: ViT-base's
+        # 197 x 768 x 3072 101 -> 107, 197 x 3072 x 768 104 -> 105, Whisper-tiny's 1500 x 384 x 1536 (5
+        # blocks) 93 -> 110, 1500 x 1536 x 384 101 -> 106, 512 x 1024 x 4096 102 -> 112; 64 x 4096 x 4096
+        # 102 / 100; tmp_dev/gemm/panels.py)
+        self.kc = self.kp
         self.epf, self.grid = epilogue_of(act, grid, post)     # a fused activation in the IR epilogue
         packed = self.packed()
         self.pack = direct(sized(pack_rows, m * self.kp, threads), np.empty((1, m, k), np.float32), self.ones, packed)

@@ -18,6 +18,12 @@ def pool_rows(xp, kh, kw, sh, sw, is_max, inv_count, out):
         b, ch = nc // c, nc % c
         for y in range(oh):
             row = out[b, ch, y]
+            if is_max and kh == 2 and kw == 2 and sw == 1:
+                # one pass (HGNetV2's 2x2/1 stem pool: five passes over the row took 3x onnxruntime's time)
+                r0, r1 = xp[b, ch, y * sh], xp[b, ch, y * sh + 1]
+                for x in range(ow):
+                    row[x] = _mx(_mx(r0[x], r0[x + 1]), _mx(r1[x], r1[x + 1]))
+                continue
             for x in range(ow):
                 row[x] = -np.inf if is_max else 0.0
             for i in range(kh):
@@ -192,9 +198,19 @@ def pooling(node, ins, outs, settings):
         inv = (1.0 / np.maximum(np.outer(hy, wx), 1)).astype(np.float32)
 
     if is_max and kh == kw == 3 and sh == sw == 2:
-        from ..micro import depthwise3x3
+        from ..micro import depthwise3x3, depthwise_pairs
+        from ..micro.float_gemm import IDENTITY
+        if depthwise3x3.HAS_AVX512 and ow <= depthwise_pairs.ROW_MAX_WIDTH:     # a channel a call
+            pairs, idx = sized(depthwise_pairs.max_pool3x3_s2_pairs, c * oh * ow * 9, settings.threads), \
+                depthwise_pairs.pick_index(ow, 2)
+            fill = np.full(w, -np.inf, np.float32)
+
+            def run_pairs(i, o):
+                x = np.ascontiguousarray(i[0])
+                for b in range(n):
+                    pairs(x[b], pt, pl, idx, IDENTITY, fill, o[0][b])
+            return writes(run_pairs)
         if depthwise3x3.HAS_AVX512:      # the IR row kernel with max for FMA
-            from ..micro.float_gemm import IDENTITY
             rows = sized(depthwise3x3.max_pool3x3_s2, c * oh * ow * 9, settings.threads)
 
             def run_ir(i, o):

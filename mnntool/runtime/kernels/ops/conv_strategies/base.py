@@ -222,6 +222,8 @@ def on_wide_rows(g: Geometry, threads: int, fill):
     which is then cropped to the output's width (float_gemm.crop_rows)."""
     from ...micro.float_gemm import crop_rows
     split = phase_splitter(g, threads, spare_row=True)
+    if g.phase_planes[1] == g.ow:       # no thrown-away columns (a kh x 1 window): written in place
+        return per_image(g, lambda x, y: fill(split(x), y))
     wide_of = Scratch(COLS, (g.cout, g.oh, g.phase_planes[1]))
     crop = sized(crop_rows, g.out_size, threads)
 

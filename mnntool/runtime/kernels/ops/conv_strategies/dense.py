@@ -18,6 +18,10 @@ WINOGRAD_MIN_CHANNELS = 8
 # weights fit L2 (256 KB): MobileNetV2's stem 0.43 -> 0.28 ms, ResNet-18's 2.9 -> 2.5 ms; narrower rows
 # too up to WIDE_TAPS_MAX_K taps (WideTapsInPlace).
 TAPS_IN_PLACE_MIN_WIDTH, L2_BYTES, WIDE_TAPS_MAX_K = 32, 256 * 1024, 1152
+# conv_im2col's panel copy costs about this many channel blocks' (8 output channels) share of the multiply
+# per tile (fitted on five layers, WideTapsInPlace): the in-place taps win when the thrown-away columns,
+# (wq - ow) / ow of the work, cost less than WIDE_COPY_BLOCKS / (channel blocks)
+WIDE_COPY_BLOCKS = 1.5
 
 
 
@@ -263,13 +267,33 @@ class WideTapsInPlace(Strategy):
     2.64 -> 2.45, to 14x14 96->96 0.42 -> 0.38, 64->32 0.12 -> 0.09, 5x5 on 28x28 32->32 0.52 -> 0.42;
     even at 2304 taps (256->256 to 14x14, 2.59 both), where conv_im2col's k blocks and its channel split
     across threads stay. Not for rows of (nearly) whole vectors: the crop of a 3x3/2 stem's 32 x 112 x 113 output
-    cost more than conv_rows' tails (0.51 -> 0.57 ms in the model)."""
+    cost more than conv_rows' tails (0.51 -> 0.57 ms in the model).
+    At any weight size where the thrown-away columns cost less than conv_im2col's panel copies, which every
+    channel block of a tile shares (WIDE_COPY_BLOCKS); planes as wide as the output (a kh x 1 window) throw
+    nothing away and write the output in place. Kernels alone, 1 thread, ms conv_im2col -> here: 7x1 on
+    17x17 192->192 1.67 -> 1.56, 128->128 0.74 -> 0.66, 3x1 on 8x8 384->384 0.60 -> 0.55, 3x3/2 56 -> 28
+    128->128 2.68 -> 2.34, 5x5 on 35x35 48->64 2.15 -> 2.03; conv_im2col kept: 3x3/2 to 14x14 256->256 2.70 /
+    2.74, 288->384 to 17x17 6.26 / 6.65, 1x7 on 17x17 (6 of 23 columns thrown away) 1.70 / 2.04."""
     name, avx512, fuses_post = "im2col-wide", True, True
 
     def suits(self, g):
+        return self._cheaper_than_copies(g) or self._small(g)
+
+    @staticmethod
+    def _cheaper_than_copies(g):
+        return g.group == 1 and (g.phase_planes[1] - g.ow) * -(-g.cout // 8) <= WIDE_COPY_BLOCKS * g.ow
+
+    @staticmethod
+    def _small(g):
         return _packed_fits_l2(g) and (g.ow >= TAPS_IN_PLACE_MIN_WIDTH or g.cin * g.kh * g.kw <= WIDE_TAPS_MAX_K)
 
     def build(self, g, layer):
+        # conv_grouped splits only the pixel tiles across threads; conv_im2col also splits the channel blocks
+        # when the tiles leave threads idle: there, the layers this strategy takes for the copies it saves
+        # (measured at one thread) stay with conv_im2col
+        tiles = -(-g.oh * g.phase_planes[1] // 48)
+        if layer.threads > 1 and tiles < 2 * layer.threads and not self._small(g):
+            return ImplicitIm2col().build(g, layer)
         return GroupedTapsInPlace().build(g, layer)
 
 

@@ -6,7 +6,7 @@ import numpy as np
 
 from ... import sized, writes
 from ...micro.conv_loops import depthwise, depthwise3x3, depthwise3x3_s1, depthwise_hwc
-from .base import Geometry, Layer, Strategy, on_wide_rows, padder, per_image, regrid_of
+from .base import Geometry, Layer, Strategy, padder, per_image, regrid_of
 
 # Maps up to this wide run the depthwise as one flat pass per channel: a 7-wide row strip leaves
 # 9 of the 16 lanes idle.
@@ -18,18 +18,10 @@ CHANNELS_LAST_MAX_WIDTH = 16
 # padded by 1 and maps from 7 wide; narrower maps and wider pads were left to the other kernels
 # without a measurement of their own.
 PLANE_DW_MAX_PAD, PLANE_DW_MIN_WIDTH = 2, 7
-# Stride-2 depthwise layers up to this output width run on phase planes, where strips leave half their
-# lanes idle (1 thread, with SiLU: 672 channels of 5x5 from 14x14 to 7x7 126 us against 153 in strips;
-# from 28 wide the split costs more than it saves: 240 of 3x3 to 14x14 93 against 64, 144 of 5x5 to
-# 28x28 274 against 250). Not 3x3: strips are ahead there at every width (1 thread, to 7x7: 240
-# channels 21 against 32 us, with a sigmoid 33 against 35; 672 channels 51 against 78), as they are
-# for 5x5 without an activation (100 against 108 us) but not with one (152 against 124) or for 7x7.
-# Measured again (the two kernels alone in turns, 1 thread, this host's AMD EPYC): without a fused
-# activation (ReLU or none) strips win at 5x5 and 7x7 too: 672 channels of 5x5 14x14 -> 7x7 102-105 us
-# against 127-160, 1152 channels 188 / 260, 256 of 7x7 75 / 102, 120 of 5x5 16 -> 8 23 / 31; with SiLU
-# phased stays ahead at 5x5 (158 / 177) and even at 7x7 (104 / 102): PhasedDepthwise.post_only.
-PHASED_DW_MAX_WIDTH = 8
-PHASED_DW_SIZES = (5, 7)
+# Stride-2 depthwise layers to maps at most 8 wide run in row pairs (PairedRowsDepthwise), which replaced the
+# phase-plane kernel (dw-phased, 5x5/7x7 under a fused activation): kernels alone in turns, 1 thread, AMD EPYC,
+# with SiLU 672 channels 5x5 14->7 63 us against 79 phased and 83 strips, 256 of 7x7 48 / 82 / 57; without
+# 45 / 59 / 53.
 # Strips go down blocks of this many output rows (their input rows stay in L1 across the strips).
 STRIP_ROWS = 8
 
@@ -53,25 +45,25 @@ class FlatDepthwise(Strategy):
         return per_image(g, lambda x, y: flat(x, wk, layer.bias, g.kh, masks, offs, epf, on_grid, y))
 
 
-class PhasedDepthwise(Strategy):
-    """Stride 2, 5x5 or 7x7, on the input's four phase planes (float_gemm.phase_split, shared with the
-    grouped convolutions of the geometry): each tap a flat shift, so a channel is one flat run
-    (depthwise3x3.depthwise_flat_phased) over a wide output, cropped to its width."""
-    name, avx512, fuses_post, post_only = "dw-phased", True, True, True
+class PairedRowsDepthwise(Strategy):
+    """Stride 2 to maps at most 8 wide, 3x3/5x5/7x7, two output rows a vector (depthwise_pairs): kernels
+    alone in turns, 1 thread, AMD EPYC: 576 channels 3x3 14->7 34.5 us against 43.3 in strips, 672 of 5x5
+    72 / 95 (with SiLU 106 / 139), 240 of 5x5 16->8 28.5 / 39; at stride 1 flat stays ahead (7x7: 82 / 106)."""
+    name, avx512, fuses_post = "dw-pairs", True, True
 
     def suits(self, g):
-        return (g.depthwise and g.kh == g.kw and g.kh in PHASED_DW_SIZES and g.sh == g.sw == 2
-                and g.dh == g.dw == 1 and g.ow <= PHASED_DW_MAX_WIDTH)
+        from ...micro import depthwise_pairs
+        return (g.depthwise and g.kh == g.kw and g.kh in depthwise_pairs.SIZES and g.sh == g.sw == 2
+                and g.dh == g.dw == 1 and g.ow <= depthwise_pairs.MAX_WIDTH)
 
     def build(self, g, layer):
-        from ...micro import depthwise3x3
-        from ...micro.float_gemm import epilogue_of, tap_offsets
+        from ...micro import depthwise_pairs
+        from ...micro.float_gemm import epilogue_of
         wk, (epf, on_grid) = dw_weights(g, layer).reshape(-1), epilogue_of(layer.act, layer.grid, layer.post)
-        hq, wq = g.phase_planes
-        offs = tap_offsets(1, g.kh, g.kw, 2, 2, 1, 1, hq + 1, wq)      # planes with the spare row
-        flat = sized(depthwise3x3.depthwise_flat_phased, g.cout * g.oh * wq * g.kh * g.kw, layer.threads)
-        return on_wide_rows(g, layer.threads,
-                            lambda phases, wide: flat(phases, wk, layer.bias, g.kh, offs, epf, on_grid, wide))
+        pairs = sized(depthwise_pairs.depthwise_pairs, g.out_size * g.kh * g.kw, layer.threads)
+        zrow = np.zeros(g.w, np.float32)
+        idx = depthwise_pairs.pick_index(g.ow, 2)
+        return per_image(g, lambda x, y: pairs(x, wk, layer.bias, g.kh, 2, g.t, g.l, idx, epf, on_grid, zrow, y))
 
 
 class RowDepthwise3x3(Strategy):
