@@ -62,7 +62,9 @@ def test_depthwise_requantize_looks_up_the_codes(p):
     sized(int8_conv.requantize_rows, 1, 1)(*args, f(0), f(1), plain)      # the byte values, as floats
     codes = r.integers(-128, 128, 256).astype(np.int8)
     out = np.full((c, p), np.nan, f)
-    sized(int8_conv.requantize_rows_table, 1, 1)(*args, int8_gemm.byte_table(codes), f(7), f(0.5), out)
+    lo, hi = int8_conv.merged_bounds(*args[4:8])
+    sized(int8_conv.requantize_acc_table, 1, 1)(*args[:4], lo, hi, args[6], int8_gemm.byte_table(codes), f(7), f(0.5),
+                                                 out)
     np.testing.assert_array_equal(out, ((codes[(plain + 128).astype(np.int64)].astype(f) - f(7)) * f(0.5)).astype(f))
 
 

@@ -19,7 +19,7 @@ from mnntool.runtime.session import Session
 from mnntool.runtime.settings import cores
 
 ort = pytest.importorskip("onnxruntime")
-OUTPUTS = ("y_cat", "y_tok", "y_emb", "y_vec", "y_bn", "y_lab", "y_pool", "y_tdw", "y_head")
+OUTPUTS = ("y_cat", "y_tok", "y_emb", "y_vec", "y_bn", "y_lab", "y_pool", "y_tdw", "y_res", "y_head")
 
 
 def _every_stage_model(path):
@@ -34,7 +34,8 @@ def _every_stage_model(path):
              w("table", 10, 8, s=1.0), w("c", 1, 64), nh.from_array(np.ones(16, np.float32), "gamma"),
              nh.from_array(np.zeros(16, np.float32), "beta"), w("wl", 16, 16), w("bn_mu", 16),
              nh.from_array(np.linspace(0.5, 2, 16, dtype=np.float32), "bn_var"), w("w6", 4, 8, 1, 1), w("wdw", 16, 1, 3, 3),
-             nh.from_array(np.array([1.5], np.float32), "s6"), nh.from_array(np.array([0.25], np.float32), "b6")] + \
+             nh.from_array(np.array([1.5], np.float32), "s6"), nh.from_array(np.array([0.25], np.float32), "b6"),
+             w("w7", 8, 8, 3, 3), w("w8", 8, 8, 1, 1)] + \
         [nh.from_array(np.array(v, np.int64), k) for k, v in ints.items()]
     n = h.make_node
     nodes = [
@@ -75,6 +76,9 @@ def _every_stage_model(path):
         n("Transpose", ["t"], ["tt"], perm=[0, 2, 1]), n("Reshape", ["tt", "tok4"], ["tp"]),
         n("Conv", ["tp", "wdw"], ["tdw"], pads=[1, 1, 1, 1], group=16), n("Reshape", ["tdw", "tok3"], ["tf"]),
         n("Transpose", ["tf"], ["y_tdw"], perm=[0, 2, 1]),
+        # a convolution and the residual Add after it (fuse_residual_add)
+        n("Relu", ["x"], ["xr"]), n("Conv", ["xr", "w7"], ["c7"], pads=[1, 1, 1, 1]), n("Conv", ["x", "w8"], ["c8"]),
+        n("Add", ["c7", "c8"], ["y_res"]),
     ]
     inputs = [h.make_tensor_value_info("x", TP.FLOAT, [1, 8, 16, 16]),
               h.make_tensor_value_info("t", TP.FLOAT, [1, 6, 16]),
@@ -99,6 +103,7 @@ def _effects(s: Session) -> dict:
             "fuse_silu": "FusedSiLU" in ops,
             "fuse_activations": any(st.op == "Convolution" and "(+" in st.name for st in plan.steps),
             "fuse_channel_scale": "ScaledPointwise" in ops,
+            "fuse_residual_add": "ResidualConvolution" in ops,
             "fuse_linear_scale": "Scale" not in ops,
             "fuse_scalar_affine": any("(scaled by" in st.name for st in plan.steps),
             "fuse_pool_mixer": "PoolMixer" in ops,

@@ -12,7 +12,8 @@ from __future__ import annotations
 
 from ...errors import MnnToolError
 from . import (bind, bind_views, constants, fuse_activations, fuse_add_layer_norm, fuse_attention,
-               fuse_channel_scale, fuse_channel_shuffle, fuse_index_wrap, fuse_int8_tables, fuse_linear_scale, fuse_pool_mixer, fuse_silu,
+               fuse_channel_scale, fuse_channel_shuffle, fuse_index_wrap, fuse_int8_tables, fuse_linear_scale, fuse_pool_mixer, fuse_residual_add,
+               fuse_silu,
                fuse_token_depthwise,
                fuse_scalar_affine, fuse_transposed_weights, kernels, memory,
                place_concats, programs, shapes, small_kernels, threads)
@@ -33,6 +34,7 @@ STAGES = [
     fuse_int8_tables,       # a table op (SiLU) in the epilogue of the int8 convolution it reads
     fuse_scalar_affine,
     fuse_channel_scale,
+    fuse_residual_add,      # a residual Add (and ReLU) after the convolution that feeds it
     fuse_transposed_weights,
     constants,              # shape arithmetic computed now, not at run time
     kernels,                # a step and kernel per op, int8 stores rounded

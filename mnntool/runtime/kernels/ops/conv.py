@@ -34,11 +34,13 @@ def convolution(node, ins, outs, settings):
         table = None if int8.output is None else values_of(node, grid_out, outs[0])
         codes = None if table is None else codes_of(table, outs[0])
         done = None if int8.output is None else outs[0].grid if table is not None else grid_out
-        fn = None
+        fn, looks_up = None, False
         if node.op == "ConvolutionDepthwise":
             from ..micro.int8_conv import depthwise_int8
             fn = depthwise_int8(node, ins, outs, bias, int8, settings.threads,
-                                lambda plain, w, b: convolution_float(plain, ins, outs, w, b, settings).fn, codes)
+                                lambda plain, w, b: convolution_float(plain, ins, outs, w, b, settings).fn, codes,
+                                table if codes is None else None)
+            looks_up = fn is not None and table is not None      # the table in its epilogue, codes or values
             bias = bias if fn is not None else depthwise_int8_bias(node, bias, int8)
         fn = fn or _integer(node, ins, outs, bias, int8, settings.threads, codes)
         if fn is None:
@@ -46,7 +48,7 @@ def convolution(node, ins, outs, settings):
             # an input that an int8 kernel already rounded to this grid is used as it is
             fn = k.fn if ins[0].grid == grid_in else _grid_input(k.fn, ins[0].shape, grid_in, settings.threads)
             codes = None
-        if table is not None and codes is None:      # the op's lookup after the convolution
+        if table is not None and codes is None and not looks_up:      # the op's lookup after the convolution
             fn = looked_up(fn, table, grid_out, outs[0].shape, settings.threads)
         return Kernel(fn, True, done)
     return convolution_float(node, ins, outs, weight, bias, settings)
@@ -250,3 +252,45 @@ def scaled_pointwise(node, ins, outs, settings):
 
 
 PLAN_ONLY["ScaledPointwise"] = scaled_pointwise
+
+
+def residual_convolution(node, ins, outs, settings):
+    """plan.fuse_residual_add's node: a float convolution (inputs: x, the residual r) whose output is
+    conv(x) + r, then the clip (ReLU, ReLU6) that followed the Add (its POST). The convolution runs on its
+    strategy without that post (its own ReLU, if any, stays before the add, as in the graph), then one
+    pass adds r and clips in place: the Add's step and its output tensor are gone."""
+    from ....ir.graph import Node
+    from ..micro.residual import add_clamped, bounds_of
+    post = node.param.get(POST, NO_POST)
+    plain = Node("Convolution", node.inputs[:1], list(node.outputs), node.name,
+                 {k: v for k, v in node.param.items() if k != POST}, node.param_type, node.fmt)
+    try:
+        k = convolution(plain, ins[:1], outs, settings)
+    except InvalidModel:
+        raise
+    except MnnToolError as e:       # declined: the op's definition, counted as plan.kernels counts it
+        from ...fallbacks import fell_back
+        from .. import by_definition
+        fell_back(plain, e, declined=True)
+        k = by_definition(plain)
+    if k.out_grid:
+        raise MnnToolError(f"ResidualConvolution '{node.name}': its convolution rounds to an int8 grid")
+    fn, size, into = k.fn, int(np.prod(outs[0].shape)), k.writes_out
+    lo, hi = bounds_of(post)
+    add = sized(add_clamped, size, settings.threads)
+
+    def run(inputs, outputs):
+        if into:
+            fn(inputs[:1], outputs)
+        else:       # a kernel returning its output (the op's definition)
+            np.copyto(outputs[0], fn(inputs[:1])[0])
+        y, r = outputs[0], np.ascontiguousarray(inputs[1], np.float32)
+        if y.flags.c_contiguous:
+            add(y.reshape(-1), r.reshape(-1), lo, hi)
+        else:       # a view into a Concat's buffer along a later axis
+            np.add(y, r.reshape(y.shape), out=y)
+            np.clip(y, lo, hi, out=y)
+    return writes(run)
+
+
+PLAN_ONLY["ResidualConvolution"] = residual_convolution

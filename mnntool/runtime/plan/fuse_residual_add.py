@@ -1,0 +1,77 @@
+"""A float convolution whose only reader is a residual Add (x + r, r of the same shape, computed before
+the convolution: a ResNet block's shortcut) as one ResidualConvolution node that adds r after the
+convolution, then the ReLU/ReLU6 that follows the Add (the Add's own activationType, or a ReLU node
+reading it alone), in one pass over its output (kernels.micro.residual): the Add's step, and the tensor
+it wrote, are gone (ResNet-50: 16 such Adds on maps up to 56x56x256; HRNet-w18-small ~40). onnxruntime
+fuses the same pattern (its FusedConv's "sum" input).
+
+Not where the convolution carries a fused activation of its own (the add would come after it), nor where
+the convolution (int8), its output, the Add's or the ReLU's is stored on an int8 grid (MNN rounds there),
+nor where r is broadcast, constant or computed after the convolution. After `fuse_activations` (the
+convolution's post must be known to be none) and `fuse_channel_scale` (a squeeze-excite's scaled 1x1
+convolution stays that)."""
+from __future__ import annotations
+
+from ...ir.graph import Node, consumers_of
+from ..kernels.micro.epilogue import POST, POST_CLIP
+from .fuse_activations import post_of
+from .match import rewritten
+from .state import Planning
+
+OPTIONAL = True
+STARTS = frozenset({"Convolution"})      # ops a match starts from: without one the stage has nothing to do
+RESIDUAL_CONVOLUTION = "ResidualConvolution"
+
+
+def run(p: Planning) -> None:
+    if not p.keep_all:
+        p.nodes = fuse(p)
+
+
+def _float(v) -> bool:
+    return v is not None and v.dtype == "float32" and v.shape is not None and v.value is None and \
+        len(v.shape) == 4 and all(isinstance(d, int) for d in v.shape)
+
+
+def fuse(p: Planning) -> list[Node]:
+    nodes, vals, stored = p.nodes, p.vals, p.stored
+    users = consumers_of(nodes)
+    outputs = set(p.graph.outputs)
+    made_at = {o: k for k, n in enumerate(nodes) for o in n.outputs}
+    fused, drop = {}, set()
+    for at, conv in enumerate(nodes):
+        if conv.op != "Convolution" or len(conv.inputs) != 1 or len(conv.outputs) != 1 or POST in conv.param or \
+                (conv.param.get("quanParameter") or {}).get("scaleIn") or conv.param.get("symmetricQuan"):
+            continue
+        y = conv.outputs[0]
+        us = users.get(y, [])
+        if len(us) != 1 or y in outputs or y in stored:
+            continue
+        add = us[0]
+        if add.op != "BinaryOp" or add.param.get("opType") != "ADD" or len(add.inputs) != 2 or \
+                len(add.outputs) != 1 or add.outputs[0] in stored or y not in add.inputs:
+            continue
+        r = add.inputs[1] if add.inputs[0] == y else add.inputs[0]
+        act_type = int(add.param.get("activationType", 0) or 0)
+        v, u, z = vals.get(y), vals.get(r), vals.get(add.outputs[0])
+        # r the same shape (no broadcast), and ready before the convolution runs (not its own output)
+        if r == y or act_type not in (0, 1) or not (_float(v) and _float(u) and _float(z)) or \
+                not v.shape == u.shape == z.shape or made_at.get(r, -1) >= at or r in stored:
+            continue
+        out, post, act = add.outputs[0], (POST_CLIP, 0.0, float("inf")) if act_type else None, None
+        if post is None:        # a ReLU/ReLU6 reading the Add alone: the add's post
+            after = users.get(out, [])
+            if len(after) == 1 and out not in outputs and after[0].inputs[:1] == [out] and \
+                    len(after[0].outputs) == 1 and (pa := post_of(after[0])) is not None and pa[0] == POST_CLIP \
+                    and _float(vals.get(after[0].outputs[0])) and after[0].outputs[0] not in stored:
+                act, post, out = after[0], pa, after[0].outputs[0]
+        param = {k: val for k, val in conv.param.items()}
+        if post is not None:
+            param[POST] = post
+        name = f"{conv.name} (+{add.name})" + (f" (+{act.name})" if act is not None else "")
+        fused[id(conv)] = Node(RESIDUAL_CONVOLUTION, [conv.inputs[0], r], [out], name, param, conv.param_type,
+                               conv.fmt)
+        drop.add(id(add))
+        if act is not None:
+            drop.add(id(act))
+    return rewritten(nodes, fused, drop)
