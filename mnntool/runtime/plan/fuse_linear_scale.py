@@ -10,6 +10,7 @@ import numpy as np
 from ...ir.graph import Node, consumers_of, producers_of
 from ...ir.ops import is_convolution, is_view
 from ..kernels.micro.epilogue import POST
+from .match import sole_reader
 from .state import Planning
 
 OPTIONAL = True
@@ -61,7 +62,7 @@ def fuse(p: Planning) -> list[Node]:
         # back through views, each tensor read by the next node only
         t, conv = sc.inputs[0], None
         while True:
-            if len(users.get(t, [])) != 1 or t in outputs or t in stored:
+            if sole_reader(users, t, outputs, stored) is None:
                 break
             n = producer.get(t)
             if n is None:

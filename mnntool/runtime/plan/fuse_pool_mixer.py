@@ -12,7 +12,7 @@ import numpy as np
 
 from ...ir.graph import Node, consumers_of
 from ...ir.ops.nn import pads_of
-from .match import fixed_shape, rewritten
+from .match import fixed_shape, rewritten, sole_reader
 from .state import Planning
 
 OPTIONAL = True
@@ -61,10 +61,6 @@ def fuse(p: Planning) -> list[Node]:
     outputs = set(p.graph.outputs)
     consts = p.graph.constants
 
-    def sole_reader(t: str) -> Node | None:
-        us = users.get(t, [])
-        return us[0] if len(us) == 1 and t not in outputs and t not in stored else None
-
     def float_map(t: str, shape) -> bool:
         return fixed_shape(vals, t) == shape and vals[t].dtype == "float32" and t not in stored
 
@@ -76,10 +72,10 @@ def fuse(p: Planning) -> list[Node]:
             continue
         y = _root(pool.inputs[0], producers)
         chain, t = [pool], pool.outputs[0]
-        while (n := sole_reader(t)) is not None and n.op == "ConvertTensor":
+        while (n := sole_reader(users, t, outputs, stored)) is not None and n.op == "ConvertTensor":
             chain.append(n)
             t = n.outputs[0]
-        sub = sole_reader(t)
+        sub = sole_reader(users, t, outputs, stored)
         if not _binary(sub, "SUB") or not float_map(sub.outputs[0], shape):
             continue
         other = sub.inputs[1] if sub.inputs[0] == t else sub.inputs[0]
@@ -89,7 +85,7 @@ def fuse(p: Planning) -> list[Node]:
         chain.append(sub)
         t = sub.outputs[0]
         scale = np.full(shape[1], sign, np.float32)
-        mul = sole_reader(t)
+        mul = sole_reader(users, t, outputs, stored)
         if _binary(mul, "MUL") and float_map(mul.outputs[0], shape):
             c = consts.get(mul.inputs[1] if mul.inputs[0] == t else mul.inputs[0])
             per = _per_channel(c, shape)
@@ -98,7 +94,7 @@ def fuse(p: Planning) -> list[Node]:
                 chain.append(mul)
                 t = mul.outputs[0]
         ins, res = [pool.inputs[0]], False
-        add = sole_reader(t)
+        add = sole_reader(users, t, outputs, stored)
         if _binary(add, "ADD") and float_map(add.outputs[0], shape) and add.inputs[0] != add.inputs[1]:
             r = add.inputs[1] if add.inputs[0] == t else add.inputs[0]
             if float_map(r, shape):

@@ -15,7 +15,7 @@ from __future__ import annotations
 from ...ir.graph import Node, consumers_of
 from ..kernels.micro.epilogue import POST, POST_CLIP
 from .fuse_activations import post_of
-from .match import rewritten
+from .match import rewritten, sole_reader
 from .state import Planning
 
 OPTIONAL = True
@@ -44,11 +44,8 @@ def fuse(p: Planning) -> list[Node]:
                 (conv.param.get("quanParameter") or {}).get("scaleIn") or conv.param.get("symmetricQuan"):
             continue
         y = conv.outputs[0]
-        us = users.get(y, [])
-        if len(us) != 1 or y in outputs or y in stored:
-            continue
-        add = us[0]
-        if add.op != "BinaryOp" or add.param.get("opType") != "ADD" or len(add.inputs) != 2 or \
+        add = sole_reader(users, y, outputs, stored)
+        if add is None or add.op != "BinaryOp" or add.param.get("opType") != "ADD" or len(add.inputs) != 2 or \
                 len(add.outputs) != 1 or add.outputs[0] in stored or y not in add.inputs:
             continue
         r = add.inputs[1] if add.inputs[0] == y else add.inputs[0]

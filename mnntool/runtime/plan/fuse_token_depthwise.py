@@ -18,7 +18,7 @@ from ...ir.ops.nn import pads_of
 from ..kernels.micro.epilogue import POST
 from ..kernels.ops.token_depthwise import ACTIVATIONS
 from .fuse_activations import post_of
-from .match import fixed_shape, rewritten
+from .match import fixed_shape, rewritten, sole_reader
 from .state import Planning
 
 OPTIONAL = True
@@ -63,10 +63,6 @@ def fuse(p: Planning) -> list[Node]:
     producers = {o: n for n in nodes for o in n.outputs}
     outputs = set(p.graph.outputs)
 
-    def sole_reader(t: str) -> Node | None:
-        us = users.get(t, [])
-        return us[0] if len(us) == 1 and t not in outputs and t not in stored else None
-
     def floats(t: str) -> bool:
         return fixed_shape(vals, t) is not None and vals[t].dtype == "float32" and t not in stored
 
@@ -80,21 +76,22 @@ def fuse(p: Planning) -> list[Node]:
             continue
         # back from the convolution's input through views to the first transpose
         before, t = [], conv.inputs[0]
-        while (n := producers.get(t)) is not None and is_view(n.op) and sole_reader(n.outputs[0]) is not None:
+        while (n := producers.get(t)) is not None and is_view(n.op) and \
+                sole_reader(users, n.outputs[0], outputs, stored) is not None:
             before.append(n)
             t = n.inputs[0]
         first = producers.get(t)
-        if not _swap(first) or sole_reader(t) is None or not floats(first.inputs[0]):
+        if not _swap(first) or sole_reader(users, t, outputs, stored) is None or not floats(first.inputs[0]):
             continue
         tokens = fixed_shape(vals, first.inputs[0])
         if len(tokens) != 3 or tokens != (shape[0], shape[2] * shape[3], shape[1]):
             continue
         # forward from its output through views to the transpose back
         after, t = [], conv.outputs[0]
-        while (n := sole_reader(t)) is not None and is_view(n.op):
+        while (n := sole_reader(users, t, outputs, stored)) is not None and is_view(n.op):
             after.append(n)
             t = n.outputs[0]
-        last = sole_reader(t)
+        last = sole_reader(users, t, outputs, stored)
         if not _swap(last) or not floats(last.outputs[0]) or \
                 fixed_shape(vals, last.outputs[0]) != (oshape[0], oshape[2] * oshape[3], oshape[1]):
             continue
@@ -103,7 +100,7 @@ def fuse(p: Planning) -> list[Node]:
             continue
         geo["out_hw"] = (int(oshape[2]), int(oshape[3]))
         out, taken = last.outputs[0], [first, last] + before + after
-        act = sole_reader(out)
+        act = sole_reader(users, out, outputs, stored)
         post = post_of(act) if act is not None and len(act.inputs) == 1 and len(act.outputs) == 1 else None
         if post is not None and post[0] in ACTIVATIONS and floats(act.outputs[0]) and \
                 fixed_shape(vals, act.outputs[0]) == fixed_shape(vals, out):

@@ -1,6 +1,7 @@
 """What the fusion stages ask of the ops being planned beyond the graph's own queries (ir.graph:
 consumers_of, producers_of, Graph.sole_consumer): a tensor's shape when every dim is known, a
-constant's value, a walk through data-movement ops, the rewritten node list."""
+constant's value, a tensor's one reader where a fusion may drop the tensor, a walk through data-movement
+ops, the rewritten node list."""
 from __future__ import annotations
 
 import numpy as np
@@ -26,6 +27,13 @@ def scalar(vals: dict, name: str):
     return None if v is None or v.value is None or np.size(v.value) != 1 else np.asarray(v.value).reshape(-1)[0]
 
 
+def sole_reader(users: dict, t: str, outputs: set, stored: dict) -> Node | None:
+    """t's one reader where t has exactly one and is neither a graph output nor stored on a grid (a fusion
+    may then compute t inside its reader and never write it), else None."""
+    us = users.get(t, [])
+    return us[0] if len(us) == 1 and t not in outputs and t not in stored else None
+
+
 def past_moves(users: dict, t: str, outputs: set, stored: dict, moves, limit: int = 1 << 30) -> tuple:
     """t followed through up to `limit` nodes whose op `moves(op)` holds for (ops that only move data, as
     ir.ops.is_view; one tensor in, one out) while each tensor on the
@@ -33,10 +41,9 @@ def past_moves(users: dict, t: str, outputs: set, stored: dict, moves, limit: in
     tensor, its one reader), the reader None where that condition or the limit stops the walk."""
     chain = []
     while len(chain) < limit:
-        us = users.get(t, [])
-        if len(us) != 1 or t in outputs or t in stored:
+        n = sole_reader(users, t, outputs, stored)
+        if n is None:
             break
-        n = us[0]
         if not moves(n.op) or n.inputs[0] != t or len(n.outputs) != 1:
             return chain, t, n
         chain.append(n)
