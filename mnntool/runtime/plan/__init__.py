@@ -1,6 +1,7 @@
 """Planning: a shaped graph becomes a Plan (steps, kernels, memory, bound arguments) through the stages
 below, in order, each a module of this package with one function `run(p: Planning) -> None` that
-reads what the stages before it left in `p` and adds its part (state.py).
+reads what the stages before it left in `p` and adds its part (state.py). The fuse_* stages only rewrite
+the node list (chains of ops as one node): their run is match.rewriting(fuse).
 
 A stage whose module says OPTIONAL = True can be switched off on its own, for a session
 (`Settings.of(threads, off=[...])`) or the process (MNNTOOL_PLAN_OFF=fuse_silu,programs): the plan
@@ -11,12 +12,10 @@ shape, and most stages have nothing to do in most models."""
 from __future__ import annotations
 
 from ...errors import MnnToolError
-from . import (bind, bind_views, constants, fuse_activations, fuse_add_layer_norm, fuse_attention,
-               fuse_channel_scale, fuse_channel_shuffle, fuse_index_wrap, fuse_int8_tables, fuse_linear_scale, fuse_pool_mixer, fuse_residual_add,
-               fuse_silu,
-               fuse_token_depthwise,
-               fuse_scalar_affine, fuse_transposed_weights, kernels, memory,
-               place_concats, programs, shapes, small_kernels, threads)
+from . import (bind, bind_views, constants, fuse_activations, fuse_add_layer_norm, fuse_attention, fuse_channel_scale,
+               fuse_channel_shuffle, fuse_index_wrap, fuse_int8_tables, fuse_linear_scale, fuse_pool_mixer,
+               fuse_residual_add, fuse_scalar_affine, fuse_silu, fuse_token_depthwise, fuse_transposed_weights, kernels,
+               memory, place_concats, programs, shapes, small_kernels, threads)
 from .state import Plan, Planning, Step
 
 STAGES = [

@@ -12,7 +12,7 @@ from ...ir.ops import is_view
 from ..kernels.micro.epilogue import (POST, POST_CLIP, POST_GELU, POST_GELU_TANH, POST_HARDSWISH, POST_LEAKY,
                                       POST_SIGMOID, POST_SILU, POST_TANH)
 from .fuse_silu import FUSED_SILU
-from .match import past_moves, rewritten
+from .match import past_moves, rewriting, rewritten
 from .state import Planning
 
 OPTIONAL = True
@@ -36,11 +36,6 @@ def post_of(n: Node) -> tuple | None:
     if n.op == "ReLU6":
         return (POST_CLIP, float(n.param.get("minValue", 0.0)), float(n.param.get("maxValue", 6.0)))
     return None
-
-
-def run(p: Planning) -> None:
-    if not p.keep_all:
-        p.nodes = fuse(p)
 
 
 def fuse(p: Planning) -> list[Node]:
@@ -76,3 +71,6 @@ def fuse(p: Planning) -> list[Node]:
                                    last.param_type, last.fmt)
         drop.add(id(act))
     return rewritten(nodes, fused, drop)
+
+
+run = rewriting(fuse)

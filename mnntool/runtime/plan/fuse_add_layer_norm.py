@@ -5,16 +5,11 @@ the activation stages: an Add followed by an activation stays an Add."""
 from __future__ import annotations
 
 from ...ir.graph import Node, consumers_of
-from .match import fixed_shape, rewritten
+from .match import fixed_shape, rewriting, rewritten
 from .state import Planning
 
 OPTIONAL = True
 STARTS = frozenset({"LayerNorm"})      # ops a match starts from: without one the stage has nothing to do
-
-
-def run(p: Planning) -> None:
-    if not p.keep_all:
-        p.nodes = fuse(p)
 
 
 def fuse(p: Planning) -> list[Node]:
@@ -39,3 +34,6 @@ def fuse(p: Planning) -> list[Node]:
         replace[id(add)] = Node("AddLayerNorm", list(add.inputs), [add.outputs[0], norm.outputs[0]],
                                 f"{add.name} (+{norm.name})", dict(norm.param))
     return rewritten(nodes, replace, drop)
+
+
+run = rewriting(fuse)

@@ -8,17 +8,12 @@ from __future__ import annotations
 
 from ...ir.graph import Node, consumers_of, producers_of
 from ...ir.ops import params as read_params
-from .match import known
+from .match import known, rewriting
 from .state import Planning
 
 OPTIONAL = True
 STARTS = frozenset({"Softmax"})      # ops a match starts from: without one the stage has nothing to do
 FUSED_ATTENTION = "FusedAttention"
-
-
-def run(p: Planning) -> None:
-    if not p.keep_all:
-        p.nodes = fuse(p)
 
 
 def fuse(p: Planning) -> list[Node]:
@@ -180,3 +175,6 @@ def _view_chain(name: str, producer: dict, only_user, reader: Node, vals: dict):
         ops.pop(0)
         cur = nodes.pop(0).outputs[0]
     return (cur, ops, nodes) if ops else (name, [], [])
+
+
+run = rewriting(fuse)

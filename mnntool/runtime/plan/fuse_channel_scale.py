@@ -8,7 +8,7 @@ from __future__ import annotations
 import numpy as np
 
 from ...ir.graph import Node, consumers_of
-from .match import past_moves, rewritten
+from .match import past_moves, rewriting, rewritten
 from .state import Planning
 
 OPTIONAL = True
@@ -25,11 +25,6 @@ def _pointwise_reading(conv: Node, y: str, channels: int) -> bool:
     return (c.get("kernelX", 1) == c.get("kernelY", 1) == 1 and c.get("strideX", 1) == c.get("strideY", 1) == 1
             and (c.get("group", 1) or 1) == 1 and not c.get("padX", 0) and not c.get("padY", 0) and not any(pads)
             and c.get("padMode", "CAFFE") != "SAME" and c.get("inputCount", channels) in (0, channels))
-
-
-def run(p: Planning) -> None:
-    if not p.keep_all:
-        p.nodes = fuse(p)
 
 
 def fuse(p: Planning) -> list[Node]:
@@ -59,3 +54,6 @@ def fuse(p: Planning) -> list[Node]:
                                conv.param, conv.param_type, conv.fmt)
         drop.update([id(m)] + [id(n) for n in chain])
     return rewritten(nodes, fused, drop)
+
+
+run = rewriting(fuse)

@@ -7,17 +7,12 @@ from __future__ import annotations
 import numpy as np
 
 from ...ir.graph import Node, consumers_of
-from .match import fixed_shape, rewritten
+from .match import fixed_shape, rewriting, rewritten
 from .state import Planning
 
 OPTIONAL = True
 STARTS = frozenset({"Concat"})      # ops a match starts from: without one the stage has nothing to do
 CHANNEL_SHUFFLE = "ChannelShuffle"
-
-
-def run(p: Planning) -> None:
-    if not p.keep_all:
-        p.nodes = fuse(p)
 
 
 def fuse(p: Planning) -> list[Node]:
@@ -51,3 +46,6 @@ def fuse(p: Planning) -> list[Node]:
         drop.update((id(split), id(perm), id(merge)) + ((id(convert),) if convert is not None else ()))
         replace[id(cat)] = Node(CHANNEL_SHUFFLE, list(cat.inputs), list(merge.outputs), f"{cat.name} (+3 ops)", {})
     return rewritten(nodes, replace, drop)
+
+
+run = rewriting(fuse)

@@ -6,16 +6,11 @@ gathered axis's size."""
 from __future__ import annotations
 
 from ...ir.graph import Node, consumers_of, producers_of
-from .match import rewritten, scalar
+from .match import rewriting, rewritten, scalar
 from .state import Planning
 
 OPTIONAL = True
 STARTS = frozenset({"GatherV2"})      # ops a match starts from: without one the stage has nothing to do
-
-
-def run(p: Planning) -> None:
-    if not p.keep_all:
-        p.nodes = fuse(p)
 
 
 def fuse(p: Planning) -> list[Node]:
@@ -48,3 +43,6 @@ def fuse(p: Planning) -> list[Node]:
         replace[id(gather)] = Node("GatherV2", [gather.inputs[0], idx] + list(gather.inputs[2:]), list(gather.outputs),
                                    gather.name, dict(gather.param))
     return rewritten(nodes, replace, drop)
+
+
+run = rewriting(fuse)

@@ -13,7 +13,7 @@ from ..kernels.micro.epilogue import POST, grid_of
 from ..kernels.ops.conv import int8_scales
 from ..kernels.ops.int8_tables import TABLE
 from ..kernels.ops.mnn_math import ON_GRID
-from .match import rewritten
+from .match import rewriting, rewritten
 from .state import Planning
 
 OPTIONAL = False
@@ -25,11 +25,6 @@ def table_key(n: Node) -> str | None:
     if n.op == "UnaryOp":
         key = n.param.get("opType")
     return key if key in ON_GRID else None
-
-
-def run(p: Planning) -> None:
-    if not p.keep_all:
-        p.nodes = fuse(p)
 
 
 def fuse(p: Planning) -> list[Node]:
@@ -60,3 +55,6 @@ def fuse(p: Planning) -> list[Node]:
                                {**conv.param, TABLE: key}, conv.param_type, conv.fmt)
         drop.add(id(act))
     return rewritten(nodes, fused, drop)
+
+
+run = rewriting(fuse)

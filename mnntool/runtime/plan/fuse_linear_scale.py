@@ -10,7 +10,7 @@ import numpy as np
 from ...ir.graph import Node, consumers_of, producers_of
 from ...ir.ops import is_convolution, is_view
 from ..kernels.micro.epilogue import POST
-from .match import sole_reader
+from .match import rewriting, sole_reader
 from .state import Planning
 
 OPTIONAL = True
@@ -40,11 +40,6 @@ def _scale_of(node: Node, cout: int):
     t = node.param.get("biasData")
     t = np.asarray(t, np.float32).reshape(-1) if t is not None and len(t) else np.zeros_like(s)
     return (s, t) if s.size == cout and t.size == cout else None
-
-
-def run(p: Planning) -> None:
-    if not p.keep_all:
-        p.nodes = fuse(p)
 
 
 def fuse(p: Planning) -> list[Node]:
@@ -102,3 +97,6 @@ def fuse(p: Planning) -> list[Node]:
                      n.graphs)
         out.append(n)
     return out
+
+
+run = rewriting(fuse)

@@ -12,7 +12,7 @@ import numpy as np
 
 from ...ir.graph import Node, consumers_of
 from ...ir.ops.nn import pads_of
-from .match import fixed_shape, rewritten, sole_reader
+from .match import fixed_shape, rewriting, rewritten, sole_reader
 from .state import Planning
 
 OPTIONAL = True
@@ -47,11 +47,6 @@ def _root(t: str, producers: dict) -> str:
 def _binary(n: Node | None, op: str) -> bool:
     return n is not None and n.op == "BinaryOp" and n.param.get("opType") == op and len(n.inputs) == 2 and \
         len(n.outputs) == 1 and not int(n.param.get("activationType", 0) or 0)
-
-
-def run(p: Planning) -> None:
-    if not p.keep_all:
-        p.nodes = fuse(p)
 
 
 def fuse(p: Planning) -> list[Node]:
@@ -122,3 +117,6 @@ def _per_channel(c, shape) -> np.ndarray | None:
     if full != (1, shape[1], 1, 1):
         return None
     return a.reshape(-1).astype(np.float32)
+
+
+run = rewriting(fuse)

@@ -15,17 +15,12 @@ from __future__ import annotations
 from ...ir.graph import Node, consumers_of
 from ..kernels.micro.epilogue import POST, POST_CLIP
 from .fuse_activations import post_of
-from .match import rewritten, sole_reader
+from .match import rewriting, rewritten, sole_reader
 from .state import Planning
 
 OPTIONAL = True
 STARTS = frozenset({"Convolution"})      # ops a match starts from: without one the stage has nothing to do
 RESIDUAL_CONVOLUTION = "ResidualConvolution"
-
-
-def run(p: Planning) -> None:
-    if not p.keep_all:
-        p.nodes = fuse(p)
 
 
 def _float(v) -> bool:
@@ -72,3 +67,6 @@ def fuse(p: Planning) -> list[Node]:
         if act is not None:
             drop.add(id(act))
     return rewritten(nodes, fused, drop)
+
+
+run = rewriting(fuse)

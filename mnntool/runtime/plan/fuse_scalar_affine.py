@@ -10,7 +10,7 @@ import numpy as np
 
 from ...ir.graph import Node, consumers_of
 from ..kernels.micro.epilogue import POST, POST_CLIP
-from .match import rewritten
+from .match import rewriting, rewritten
 from .state import Planning
 
 OPTIONAL = True
@@ -37,11 +37,6 @@ def _scalar_step(n: Node, t: str, p: Planning) -> tuple | None:
             vt.shape != vo.shape or vo.dtype != "float32":
         return None
     return n.param["opType"], float(np.asarray(c).reshape(-1)[0])
-
-
-def run(p: Planning) -> None:
-    if not p.keep_all:
-        p.nodes = fuse(p)
 
 
 def fuse(p: Planning) -> list[Node]:
@@ -80,3 +75,6 @@ def fuse(p: Planning) -> list[Node]:
         fused[id(conv)] = Node(conv.op, list(conv.inputs), [t], name, param, conv.param_type, conv.fmt)
         drop.update(id(n) for n in folded)
     return rewritten(nodes, fused, drop)
+
+
+run = rewriting(fuse)

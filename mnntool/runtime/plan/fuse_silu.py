@@ -4,6 +4,7 @@ a FusedSiLU into the convolution before it."""
 from __future__ import annotations
 
 from ...ir.graph import Node, consumers_of
+from .match import rewriting
 from .state import Planning
 
 OPTIONAL = True
@@ -12,11 +13,6 @@ FUSED_SILU = "FusedSiLU"
 
 def is_sigmoid(n) -> bool:
     return n.op == "Sigmoid" or (n.op == "UnaryOp" and n.param.get("opType") == "SIGMOID")
-
-
-def run(p: Planning) -> None:
-    if not p.keep_all:
-        p.nodes = fuse(p)
 
 
 def fuse(p: Planning) -> list[Node]:
@@ -42,3 +38,6 @@ def fuse(p: Planning) -> list[Node]:
         drop.add(k)
         replace[id(mul)] = Node(FUSED_SILU, [x], list(mul.outputs), f"{sig.name} (+1 op)", {})
     return [replace.get(id(n), n) for k, n in enumerate(nodes) if k not in drop]
+
+
+run = rewriting(fuse)

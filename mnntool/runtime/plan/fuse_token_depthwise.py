@@ -18,7 +18,7 @@ from ...ir.ops.nn import pads_of
 from ..kernels.micro.epilogue import POST
 from ..kernels.ops.token_depthwise import ACTIVATIONS
 from .fuse_activations import post_of
-from .match import fixed_shape, rewritten, sole_reader
+from .match import fixed_shape, rewriting, rewritten, sole_reader
 from .state import Planning
 
 OPTIONAL = True
@@ -50,11 +50,6 @@ def _geometry(conv: Node, shape) -> dict | None:
             "hw": (int(shape[2]), int(shape[3])), "kernel": (kh, kw),
             "stride": (int(c.get("strideY", 1)), int(c.get("strideX", 1))), "pad": (pads[0], pads[1]),
             "dilation": (int(c.get("dilateY", 1)), int(c.get("dilateX", 1))), "clip": clip}
-
-
-def run(p: Planning) -> None:
-    if not p.keep_all:
-        p.nodes = fuse(p)
 
 
 def fuse(p: Planning) -> list[Node]:
@@ -110,3 +105,6 @@ def fuse(p: Planning) -> list[Node]:
                                f"{conv.name} (on tokens: {', '.join(n.name for n in taken[:2] + taken[-1:])})", geo)
         drop.update(id(n) for n in taken)
     return rewritten(nodes, fused, drop)
+
+
+run = rewriting(fuse)

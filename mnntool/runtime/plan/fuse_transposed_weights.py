@@ -9,7 +9,7 @@ import numpy as np
 
 from ...ir.graph import Node, consumers_of
 from ...ir.ops import kind_of, params
-from .match import rewritten
+from .match import rewriting, rewritten
 from .state import Planning
 
 OPTIONAL = True
@@ -28,11 +28,6 @@ def _reads_as_right(mm: Node, t: str) -> bool:
     """A matmul reading t as its right operand only."""
     return kind_of(mm.op) == "matmul" and _right_flag(mm) is not None and len(mm.inputs) >= 2 and \
         mm.inputs.count(t) == 1 and mm.inputs[1] == t
-
-
-def run(p: Planning) -> None:
-    if not p.keep_all:
-        p.nodes = fuse(p)
 
 
 def _right_flag(mm: Node) -> str | None:
@@ -68,3 +63,6 @@ def fuse(p: Planning) -> list[Node]:
             fused[id(r)] = _flipped(r, w)
         drop.add(id(perm))
     return rewritten(nodes, fused, drop)
+
+
+run = rewriting(fuse)

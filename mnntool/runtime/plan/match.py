@@ -51,6 +51,15 @@ def past_moves(users: dict, t: str, outputs: set, stored: dict, moves, limit: in
     return chain, t, None
 
 
+def rewriting(fuse):
+    """The `run` of a stage that only rewrites the node list, `fuse(p)` giving the new list: not where the
+    plan keeps every tensor of the graph (p.keep_all: verify's per-layer runs), which no fusion may drop."""
+    def run(p) -> None:
+        if not p.keep_all:
+            p.nodes = fuse(p)
+    return run
+
+
 def rewritten(nodes: list[Node], replace: dict, drop: set) -> list[Node]:
     """`nodes` with the nodes whose id is in `replace` replaced and those in `drop` left out."""
     return [replace.get(id(n), n) for n in nodes if id(n) not in drop]
