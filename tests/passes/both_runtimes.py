@@ -1,7 +1,8 @@
 """The checks every converter-form test of tests/passes makes on its file: the float file computes the
 source (onnxruntime) in mnntool's runtime and in MNN (conftest.assert_close: cosine >= 0.9999, max abs
 <= 1e-3 of the output's scale), and its int8 file (mse, 8 seeded N(0,1) samples) means the same in both
-runtimes (cosine >= 0.9999 between them) and stays >= 0.99 of fp32 in MNN. One input "x", one output "y"."""
+runtimes (cosine >= 0.9999 between them) and stays >= 0.99 of fp32 in MNN. One input "x", one output "y".
+`exported` makes the files those tests start from."""
 from __future__ import annotations
 
 import numpy as np
@@ -11,6 +12,22 @@ from mnntool.compare import metrics
 from mnntool.format import reader
 from mnntool.runtime.session import Session
 from tests.conftest import assert_close, mnn_run, ort_run
+
+
+def exported(model, shape, folder):
+    """`model` with its batch norms measured on 8 inputs drawn from torch's generator
+    (fixtures.trained_stats, so activations keep their scale), exported by torch's legacy exporter (opset
+    17, input "x" of `shape`, output "y") and converted by mnntool: (the .onnx, the .mnn) in `folder`."""
+    import torch
+
+    from fixtures.trained_stats import measure_batchnorm
+    from mnntool import api
+    measure_batchnorm(model, torch.randn(8, *shape[1:]))
+    src, fp32 = folder / "m.onnx", folder / "m.mnn"
+    torch.onnx.export(model, (torch.randn(*shape),), str(src), dynamo=False, opset_version=17, input_names=["x"],
+                      output_names=["y"])
+    api.convert(src, fp32)
+    return src, fp32
 
 
 def assert_fp32_same(src, mnn, shape) -> None:

@@ -10,9 +10,8 @@ import pytest
 torch = pytest.importorskip("torch")
 from torch import nn  # noqa: E402
 
-from mnntool import api  # noqa: E402
 from mnntool.format import reader  # noqa: E402
-from tests.passes.both_runtimes import assert_fp32_same, assert_int8_same  # noqa: E402
+from tests.passes.both_runtimes import assert_fp32_same, assert_int8_same, exported  # noqa: E402
 
 
 class RepMixerDown(nn.Module):
@@ -35,19 +34,8 @@ class RepMixerDown(nn.Module):
 @pytest.fixture(scope="module")
 def files(tmp_path_factory):
     torch.manual_seed(0)
-    m = RepMixerDown()
-    for mod in m.modules():         # batch norms measured on data, so activations keep their scale
-        if isinstance(mod, nn.BatchNorm2d):
-            mod.momentum = None
-            mod.reset_running_stats()
-    with torch.no_grad():
-        m.train()(torch.randn(8, 3, 48, 64))
     d = tmp_path_factory.mktemp("fastvit")
-    src, fp32 = d / "m.onnx", d / "m.mnn"
-    torch.onnx.export(m.eval(), (torch.randn(1, 3, 48, 64),), str(src), dynamo=False, opset_version=17,
-                      input_names=["x"], output_names=["y"])
-    api.convert(src, fp32)
-    return src, fp32, d
+    return (*exported(RepMixerDown(), (1, 3, 48, 64), d), d)
 
 
 def test_written_in_the_fast_forms(files):
