@@ -27,6 +27,7 @@ pytest.importorskip("PIL")
 from torch import nn  # noqa: E402
 
 from fixtures.textpages import pages  # noqa: E402
+from fixtures.trained_stats import measure_batchnorm  # noqa: E402
 from mnntool import api  # noqa: E402
 from mnntool.compare import metrics  # noqa: E402
 from mnntool.format import reader  # noqa: E402
@@ -72,12 +73,8 @@ class LcnetStem(nn.Module):
 def _model(calib: list) -> nn.Module:
     torch.manual_seed(0)
     m = LcnetStem()
-    for mod in m.modules():
-        if isinstance(mod, nn.BatchNorm2d):
-            mod.momentum = None
-            mod.reset_running_stats()
+    measure_batchnorm(m, torch.from_numpy(np.concatenate(calib)))
     with torch.no_grad():
-        m.train()(torch.from_numpy(np.concatenate(calib)))
         rng = np.random.default_rng(0)
         for mod in m.modules():
             if isinstance(mod, nn.BatchNorm2d):

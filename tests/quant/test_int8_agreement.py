@@ -14,6 +14,7 @@ torch = pytest.importorskip("torch")
 from torch import nn  # noqa: E402
 from torch.nn import functional as F  # noqa: E402
 
+from fixtures.trained_stats import measure_batchnorm  # noqa: E402
 from mnntool import api  # noqa: E402
 from mnntool.compare import metrics  # noqa: E402
 from mnntool.format import reader  # noqa: E402
@@ -107,22 +108,11 @@ MODELS = {"relu_maxpool": lambda: StemPool(nn.ReLU), "silu_maxpool": lambda: Ste
           "sigmoid_convtranspose_concat": SigmoidTranspose}
 
 
-def _trained_statistics(m, x):
-    """Batch norms measured on data, so activations keep their scale through the layers."""
-    for mod in m.modules():
-        if isinstance(mod, nn.BatchNorm2d):
-            mod.momentum = None
-            mod.reset_running_stats()
-    with torch.no_grad():
-        m.train()(x)
-    return m.eval()
-
-
 def _exported(tmp_path, model, shape):
     """The model (seeded, batch norms measured) exported with torch.onnx and converted: (fp32 file, int8
     file path to write)."""
     torch.manual_seed(0)
-    m = _trained_statistics(model(), torch.randn(8, *shape[1:]))
+    m = measure_batchnorm(model(), torch.randn(8, *shape[1:]))
     onnx_path, fp32, int8 = tmp_path / "m.onnx", tmp_path / "m.mnn", tmp_path / "m8.mnn"
     torch.onnx.export(m, (torch.randn(*shape),), str(onnx_path), dynamo=False, opset_version=17,
                       input_names=["x"], output_names=["y"])

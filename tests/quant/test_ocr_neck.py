@@ -23,6 +23,7 @@ from torch import nn  # noqa: E402
 from torch.nn import functional as F  # noqa: E402
 
 from fixtures.textpages import pages  # noqa: E402
+from fixtures.trained_stats import measure_batchnorm  # noqa: E402
 from mnntool import api  # noqa: E402
 from mnntool.compare import metrics  # noqa: E402
 from mnntool.format import reader  # noqa: E402
@@ -79,13 +80,7 @@ def _model(calib: list) -> nn.Module:
     """Seeded, batch norms measured on text pages (a trained network's activation scales)."""
     torch.manual_seed(0)
     m = RseNeckDetector()
-    for mod in m.modules():
-        if isinstance(mod, nn.BatchNorm2d):
-            mod.momentum = None
-            mod.reset_running_stats()
-    with torch.no_grad():
-        m.train()(torch.from_numpy(np.concatenate(calib)))
-    return m.eval()
+    return measure_batchnorm(m, torch.from_numpy(np.concatenate(calib)))
 
 
 @pytest.fixture(scope="module")
@@ -145,12 +140,7 @@ def test_int8_classifier_head_means_the_same_in_both_runtimes(tmp_path):
     calib = [line(k) for k in range(8)]
     torch.manual_seed(0)
     m = ClsHead()
-    for mod in m.modules():
-        if isinstance(mod, nn.BatchNorm2d):
-            mod.momentum = None
-            mod.reset_running_stats()
-    with torch.no_grad():
-        m.train()(torch.from_numpy(np.concatenate(calib)))
+    measure_batchnorm(m, torch.from_numpy(np.concatenate(calib)))
     onnx_path, fp32, int8 = tmp_path / "cls.onnx", tmp_path / "cls.mnn", tmp_path / "cls8.mnn"
     torch.onnx.export(m.eval(), (torch.from_numpy(calib[0]),), str(onnx_path), dynamo=False, opset_version=17,
                       input_names=["x"], output_names=["y"])
