@@ -9,6 +9,7 @@ from collections import Counter
 from ..errors import MnnToolError
 from ..ir.graph import Graph
 from ..ir.shape_inference import infer_shapes
+from .activation_before_reshape import ActivationBeforeReshapePass
 from .approximate_gelu import ApproximateGeluPass
 from .constant_fold import ConstantFoldPass
 from .dead_code import DeadCodePass
@@ -32,6 +33,7 @@ STAGES = {
     "optimizing": [RemoveNoopsPass, ConstantFoldPass, FuseGeluPass, FuseGeluTanhPass, FuseLayerNormPass,
                    FuseSiluPass, FusePadIntoConvPass, FusePadIntoAvgPoolPass,
                    FoldAffineIntoConvPass, MergeParallelConvsPass, FuseReluIntoConvPass, FuseReluIntoBinaryPass, MatMulToConvPass,
+                   ActivationBeforeReshapePass,
                    SplitGroupedConvPass, SplitFewGroupsPass, ApproximateGeluPass,
                    DeadCodePass],            # -O1 once, -O2 to a fixed point
     "required": [MnnWorkaroundsPass, LayoutPass],   # what every written file needs: last, at every level

@@ -16,7 +16,9 @@ from ..ir.graph import Graph
 from ..ir.ops import Val
 from ..ir.shape_inference import infer_node
 from . import announce_first_compile
+from .kernels import next_run
 from .kernels.compile import aot
+from .kernels.weight_cache import parts_of
 from .kernels.ops.control import run_bodies_in, shape_free
 from .plan import Plan, Planning, Step, build, check_off
 from .plan.int8_store import RAW, raw_reads, rounding, stored_grids, stored_on
@@ -72,6 +74,7 @@ class Session:
         self.settings = Settings.of(threads, off)
         check_off(self.settings.off)
         self._arenas = Arenas()       # plan memory, shared by the plans of every shape (runtime/plan/arenas.py)
+        self._parts: dict = {}        # the kernels' shape-free parts, kept across shapes (kernels/weight_cache.py)
         self.plan: Plan | None = None       # the plan last prepared or run (a run uses its own, checked out)
         self._plan_key = None
         self._plans: dict = {}        # input-shape key -> its first plan (insertion order: oldest first)
@@ -131,7 +134,8 @@ class Session:
             announce_first_compile()
         p = Planning(g, keep_all, self.settings, self._stored, self._raw, self._arenas)
         try:
-            return build(p)
+            with parts_of(self._parts):
+                return build(p)
         except BaseException:
             self._arenas.release(p.arena)      # a plan that failed after taking an arena holds it no more
             raise
@@ -259,6 +263,7 @@ class Session:
 
     def _run_plan(self, plan: Plan, feeds, keep_all: bool, profile) -> dict:
         (plan.settings or self.settings).apply()
+        next_run()      # (SharedZeros: which padded planes this run uses)
         if plan.calls is None:
             return self._run_eager(plan, feeds, keep_all)
         self._feed(plan, feeds)

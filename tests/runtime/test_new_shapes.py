@@ -172,3 +172,122 @@ def test_many_shapes_share_memory_and_packed_weights(tmp_path):
         assert len(kernels._SCRATCH.__dict__.get("spare", [])) <= kernels.SPARE_ZEROS
     finally:
         float_gemm.pack_weights, winograd.transform_packed = real_pack, real_wino
+
+
+def _squeeze_excite(path):
+    """A stem, a depthwise 3x3, a squeeze-excite branch (global pool, 1x1 convolutions on a 1x1 map: the
+    same operands at every input shape), the channel scale, a 1x1 projection and a residual add."""
+    rng = np.random.RandomState(3)
+
+    def w(name, *shape, s=0.3):
+        return onnx.numpy_helper.from_array((rng.randn(*shape) * s).astype(np.float32), name)
+    inits = [w("w1", 16, 3, 3, 3), w("wd", 16, 1, 3, 3), w("ws1", 4, 16, 1, 1), w("bs1", 4),
+             w("ws2", 16, 4, 1, 1), w("bs2", 16), w("wp", 16, 16, 1, 1, s=0.2)]
+    nodes = [h.make_node("Conv", ["x", "w1"], ["c1"], pads=[1, 1, 1, 1], strides=[2, 2]),
+             h.make_node("Relu", ["c1"], ["r1"]),
+             h.make_node("Conv", ["r1", "wd"], ["d"], pads=[1, 1, 1, 1], group=16),
+             h.make_node("Relu", ["d"], ["rd"]),
+             h.make_node("GlobalAveragePool", ["rd"], ["g"]),
+             h.make_node("Conv", ["g", "ws1", "bs1"], ["s1"]), h.make_node("Relu", ["s1"], ["rs1"]),
+             h.make_node("Conv", ["rs1", "ws2", "bs2"], ["s2"]), h.make_node("Sigmoid", ["s2"], ["gate"]),
+             h.make_node("Mul", ["rd", "gate"], ["m"]),
+             h.make_node("Conv", ["m", "wp"], ["p"]), h.make_node("Add", ["p", "r1"], ["y"])]
+    g = h.make_graph(nodes, "se", [h.make_tensor_value_info("x", TP.FLOAT, [1, 3, "H", "W"])],
+                     [h.make_tensor_value_info("y", TP.FLOAT, None)], inits)
+    m = h.make_model(g, opset_imports=[h.make_opsetid("", 17)])
+    m.ir_version = 8
+    onnx.save(m, str(path))
+
+
+SE_SHAPES = [(40, 56), (57, 33), (96, 71), (40, 56), (23, 130), (64, 64), (81, 45), (57, 33), (33, 97), (120, 30),
+             (9, 200), (64, 66), (40, 56)]
+
+
+def test_new_shapes_equal_a_fresh_session_bit_for_bit(tmp_path):
+    """What a session keeps across input shapes (kernels shared by the plans of its arena where an op's
+    operands are the same: plan/reuse.py; the kernels' shape-free parts: weight_cache.node_part; shape
+    inference's memo: plan/shapes.py) changes no output bit: at each shape, in an order that revisits
+    shapes after more than MAX_PLANS others, the outputs equal those of a session that never saw another
+    shape; onnxruntime's within rtol 1e-4 + atol 1e-4 (summation order). The squeeze-excite convolutions'
+    kernels are shared by the plans (the same kernel object in two plans of different shapes)."""
+    _squeeze_excite(tmp_path / "se.onnx")
+    api.convert(tmp_path / "se.onnx", tmp_path / "se.mnn")
+    g = api.load_graph(tmp_path / "se.mnn")
+    s = Session(g, threads=1)
+    ref = ort.InferenceSession(str(tmp_path / "se.onnx"))
+    rng = np.random.default_rng(5)
+    xs = {hw: rng.standard_normal((1, 3) + hw).astype(np.float32) for hw in SE_SHAPES}
+    kernels_of = []
+    for hw in SE_SHAPES:
+        got = s.run({"x": xs[hw]})["y"]
+        kernels_of.append({st.name: st.kernel for st in s.plan.steps if st.kernel is not None})
+        fresh = Session(api.load_graph(tmp_path / "se.mnn"), threads=1).run({"x": xs[hw]})["y"]
+        assert np.array_equal(got, fresh), hw
+        np.testing.assert_allclose(got, ref.run(None, {"x": xs[hw]})[0], rtol=1e-4, atol=1e-4, err_msg=str(hw))
+    shared = [name for name, k in kernels_of[-1].items() if any(k is ks.get(name) for ks in kernels_of[1:-1])]
+    assert shared, "no kernel shared across the plans of different shapes"
+
+
+def test_plans_sharing_kernels_run_at_once_in_threads(tmp_path):
+    """Three threads, each at its own shapes, on one session: plans of one arena share kernels, plans that
+    run at once are in different arenas (plan/arenas.py), so every output equals a one-thread session's."""
+    import threading
+    _squeeze_excite(tmp_path / "se.onnx")
+    api.convert(tmp_path / "se.onnx", tmp_path / "se.mnn")
+    s = Session(api.load_graph(tmp_path / "se.mnn"), threads=1)
+    rng = np.random.default_rng(6)
+    xs = {hw: rng.standard_normal((1, 3) + hw).astype(np.float32) for hw in SE_SHAPES}
+    want = {hw: Session(api.load_graph(tmp_path / "se.mnn"), threads=1).run({"x": xs[hw]})["y"] for hw in xs}
+    bad = []
+
+    def work(k):
+        for r in range(4):
+            for hw in SE_SHAPES[k::3]:
+                if not np.array_equal(s.run({"x": xs[hw]})["y"], want[hw]):
+                    bad.append((k, r, hw))
+    threads = [threading.Thread(target=work, args=(k,)) for k in range(3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not bad, bad
+
+
+def test_shared_kernel_rebuilt_where_argument_types_differ():
+    """A plan that takes over a shared kernel keeps it only where its step's arguments have the types the
+    kernel was bound to (plan/reuse.check): a strided input (another argument type) gets a kernel of its own."""
+    from mnntool.runtime.plan import reuse
+    from mnntool.runtime.plan.state import Step
+    x, y = np.zeros((4, 8), np.float32), np.zeros((4, 8), np.float32)
+    kernel, own = object(), object()
+    entry = reuse.Entry(kernel, [])
+    builder = Step("a", "Op", kernel, [0], [1], shared=entry, source=(None, [], [], True))
+    reuse.check(builder, [x], [y], lambda: own)
+    assert builder.kernel is kernel and entry.sig is not None
+    same = Step("a", "Op", kernel, [0], [1], shared=entry, source=(None, [], [], False))
+    reuse.check(same, [x.copy()], [y.copy()], lambda: own)
+    assert same.kernel is kernel
+    strided = Step("a", "Op", kernel, [0], [1], shared=entry, source=(None, [], [], False))
+    reuse.check(strided, [np.zeros((4, 16), np.float32)[:, ::2]], [y], lambda: own)
+    assert strided.kernel is own and strided.shared is None
+    unfixed = Step("a", "Op", kernel, [0], [1], shared=entry, source=(None, [], [], False))
+    reuse.check(unfixed, None, [y], lambda: own)
+    assert unfixed.kernel is own
+
+
+def test_padded_planes_taken_over_past_the_budget(tmp_path, monkeypatch):
+    """With SharedZeros' budget at nothing, every new geometry takes over the zero buffer of a key the run
+    does not use (kernels.ZEROS_BUDGET): shapes taken in turns, each run re-zeroes what it took, and every
+    output equals a fresh session's, bit for bit."""
+    from mnntool.runtime import kernels
+    monkeypatch.setattr(kernels, "ZEROS_BUDGET", 0)
+    _detector_like(tmp_path / "d.onnx")
+    api.convert(tmp_path / "d.onnx", tmp_path / "d.mnn")
+    s = Session(api.load_graph(tmp_path / "d.mnn"), threads=1)
+    rng = np.random.default_rng(7)
+    shapes = [(34, 50), (60, 22), (46, 38), (52, 52)]
+    xs = {hw: rng.standard_normal((1, 3) + hw).astype(np.float32) for hw in shapes}
+    want = {hw: Session(api.load_graph(tmp_path / "d.mnn"), threads=1).run({"x": xs[hw]})["y"] for hw in shapes}
+    for _ in range(3):
+        for hw in shapes:
+            assert np.array_equal(s.run({"x": xs[hw]})["y"], want[hw]), hw

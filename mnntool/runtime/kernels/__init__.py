@@ -142,6 +142,16 @@ class Scratch:
 _LIVE_ZEROS: dict = {}
 _LIVE_LOCK = threading.Lock()
 SPARE_ZEROS = 8      # dead SharedZeros buffers a thread keeps for new geometries
+# Past this many bytes of SharedZeros buffers on a thread, a new geometry takes over the buffer of a key no call
+# of the current run used (a plan of another shape, kept by its session): new pages fault every 4 KB on a new
+# shape's first run (~3 us each on a VM: a text detector's stride-2 stem at 800 px, ~3,500 faults), a warm
+# buffer is re-zeroed (~0.06 ms a MB); that key's next call takes a buffer again
+ZEROS_BUDGET = 64 << 20
+
+
+def next_run() -> None:
+    """A run starts on this thread (Session._run_plan): SharedZeros counts which keys this run used."""
+    _SCRATCH.run = getattr(_SCRATCH, "run", 0) + 1
 
 
 def _release_zeros(key) -> None:
@@ -171,6 +181,7 @@ class SharedZeros:
     def __call__(self) -> np.ndarray:
         table = _SCRATCH.__dict__.setdefault("zeros", {})
         buf = table.get(self.key)
+        _SCRATCH.__dict__.setdefault("zeros_used", {})[self.key] = _SCRATCH.__dict__.get("run", 0)
         if buf is None:
             with _LIVE_LOCK:
                 dead = [k for k in table if k not in _LIVE_ZEROS]
@@ -182,10 +193,19 @@ class SharedZeros:
             for k in dead:
                 del table[k]
                 spare.append(flat.pop(k))
+                _SCRATCH.__dict__["zeros_used"].pop(k, None)
             n = 1
             for d in self.shape:
                 n *= d
             fits = [b for b in spare if n <= b.size <= 2 * n + 65536]
+            if not fits and 4 * (n + sum(b.size for b in list(flat.values()) + spare)) > ZEROS_BUDGET:
+                used, run = _SCRATCH.__dict__["zeros_used"], _SCRATCH.__dict__.get("run", 0)
+                idle = [k for k, b in flat.items() if b.size >= n and used.get(k, -1) != run]
+                if idle:        # (that key's next call takes another buffer)
+                    k = min(idle, key=lambda k: flat[k].size)
+                    del table[k]
+                    fits = [flat.pop(k)]
+                    spare.append(fits[0])
             whole = min(fits, key=lambda b: b.size) if fits else aligned_empty(n)
             spare[:] = [b for b in spare if b is not whole][-SPARE_ZEROS:]
             flat[self.key] = whole

@@ -66,6 +66,8 @@ def build(p: Planning) -> Plan:
     """The plan of `p`, its stages run top to bottom (those in p.settings.off skipped)."""
     off = p.settings.off
     ops, seen = None, None
+    if p.memory is not None and p.arena is None:
+        p.arena = p.memory.take(0)      # the arena its buffers will lie in: its kernels may be shared (reuse.py)
     for stage in STAGES:
         if p.eager:
             break
@@ -78,6 +80,9 @@ def build(p: Planning) -> Plan:
             if not starts & ops:
                 continue
         stage.run(p)
+    if p.eager and p.arena is not None:      # a plan run op by op has no buffers
+        p.memory.release(p.arena)
+        p.arena = None
     return p.plan()
 
 

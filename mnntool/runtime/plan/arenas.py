@@ -10,7 +10,11 @@ An arena serves one run at a time: a run reserves its plan's arena (Session._che
 after; a run whose plan's arena another run holds (another thread, at another shape) plans anew into
 a free arena, or a new one: so a session has as many arenas as it has had runs at once. A new plan
 takes the largest free arena (every shape comes to plan into the same warm one); where that is too
-small, a new arena GROWTH times the need. An arena goes when no plan uses it (plans hold it)."""
+small, its buffer is replaced by one GROWTH times the need (the plans before keep the old one while they
+live). An arena goes when no plan uses it (plans hold it).
+
+A plan takes its arena when its planning starts, so the plans of one arena, which never run at once, may
+share kernels (plan/reuse.py keeps them in `Arena.kernels`)."""
 from __future__ import annotations
 
 import threading
@@ -24,10 +28,11 @@ from ..kernels import CACHE_LINE, aligned_empty
 class Arena:
     """One flat buffer, and whether a run (or a plan being built for one) holds it."""
 
-    __slots__ = ("buf", "busy", "__weakref__")
+    __slots__ = ("buf", "busy", "kernels", "__weakref__")
 
     def __init__(self, nbytes: int):
         self.buf, self.busy = aligned_empty(nbytes, np.uint8), False
+        self.kernels = None     # what plan/reuse.py keeps for the plans of this arena
 
     @property
     def size(self) -> int:
@@ -68,6 +73,12 @@ class Arenas:
                 self._refs.append(weakref.ref(best))
             best.busy = True
             return best
+
+    def fit(self, arena: Arena, nbytes: int) -> None:
+        """Make `arena` (reserved by the caller) hold `nbytes`: a new buffer GROWTH times that where it is
+        smaller (the plans laid out in the old one keep it)."""
+        if arena.size < nbytes:
+            arena.buf = aligned_empty(max(int(self.GROWTH * nbytes), CACHE_LINE), np.uint8)
 
     def reserve(self, arena: Arena | None) -> bool:
         """Hold `arena` for a run, if no other run holds it (None: a plan without one, always)."""

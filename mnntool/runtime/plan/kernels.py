@@ -13,6 +13,7 @@ from ..kernels import KERNELS, PLAN_ONLY, Kernel, by_definition
 from ..kernels.ops.small_op_program import accepts
 from ..settings import Settings
 from .int8_store import RAW, quantized_by_readers, rounding, stored_on
+from . import reuse
 from .state import Planning, Step
 
 OPTIONAL = False
@@ -68,7 +69,7 @@ def operands(p: Planning, node) -> tuple[list, list]:
 def steps_of(p: Planning, node, ins, outs) -> list[Step]:
     """The op's step, and a rounding step for each output the file stores on a grid its kernel does not
     round to; records the grids of its outputs."""
-    k = kernel_for(node, ins, outs, p.settings)
+    k, entry, built = reuse.kernel(p, node, ins, outs, lambda: kernel_for(node, ins, outs, p.settings))
     if k.writes_out and any(v.shape is None or not all(isinstance(d, int) for d in v.shape) for v in outs):
         raise MnnToolError(f"{node.op} '{node.name}': output shape unknown at prepare time")
     if k.out_grid:
@@ -88,7 +89,7 @@ def steps_of(p: Planning, node, ins, outs) -> list[Step]:
     steps = [Step(node.name, node.op, k, [p.slot(read_as(p, node, i)) if i else -1 for i in node.inputs],
                   [p.slot(o + RAW if o in rounded else o) for o in node.outputs],
                   concat=concat_layout(node, ins, outs) if node.op == "Concat" and k.writes_out and
-                  not p.keep_all else None)]
+                  not p.keep_all else None, shared=entry, source=None if entry is None else (node, ins, outs, built))]
     for o in rounded:
         p.grids[o] = grid = p.stored[o][0]
         steps.append(Step(node.name + " (int8 store)", "Int8Store", rounding(grid, p.settings.threads, p.stored[o][1]),

@@ -26,6 +26,7 @@ class _Buffers:
         self.size: list[int] = []
         self.end: dict[int, int] = {}       # buffer -> the last step reading what it holds
         self.free: list[int] = []
+        self.next_end = math.inf        # at most the least of `end` (release_dead has nothing to do before)
 
     def allocate(self, nbytes: int, end: int) -> int:
         fits = [b for b in self.free if self.size[b] >= nbytes]
@@ -40,14 +41,18 @@ class _Buffers:
             b = len(self.size)
             self.size.append(nbytes)
         self.end[b] = end
+        self.next_end = min(self.next_end, end)
         return b
 
     def release_dead(self, k: int) -> None:
         """Free the buffers whose contents no step after step k reads."""
+        if k < self.next_end:       # (planned at every new input shape: most steps free nothing)
+            return
         for b, end in list(self.end.items()):
             if end <= k and b not in self.free:
                 self.free.append(b)
                 del self.end[b]
+        self.next_end = min(self.end.values(), default=math.inf)
 
 
 def last_reads(p: Planning) -> dict[int, int]:
@@ -96,8 +101,8 @@ def assign(p: Planning) -> tuple[list[int], list]:
 def run(p: Planning) -> None:
     sizes, views = assign(p)
     offsets, total = layout(sizes)
-    if p.memory is not None and total:
-        p.arena = p.memory.take(total)
+    if p.arena is not None and total:     # (taken when planning began: plan/__init__.build)
+        p.memory.fit(p.arena, total)
         base = p.arena.buf
     else:
         base = aligned_empty(total, np.uint8)

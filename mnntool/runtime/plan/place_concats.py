@@ -13,9 +13,15 @@ from .state import Planning
 OPTIONAL = True
 
 
+_ITEMSIZE: dict = {}
+
+
 def nbytes_of(p: Planning, slot: int) -> int:
     v = p.vals[p.names[slot]]
-    return max(math.prod(int(d) for d in v.shape) * np.dtype(v.dtype).itemsize, 1)
+    size = _ITEMSIZE.get(v.dtype)
+    if size is None:
+        size = _ITEMSIZE[v.dtype] = np.dtype(v.dtype).itemsize
+    return max(math.prod(v.shape) * size, 1)
 
 
 def run(p: Planning) -> None:

@@ -23,6 +23,8 @@ class Step:
     elided: bool = False            # its output written in place by its inputs' producers
     pending: tuple | None = None    # (node, ins, outs) of a step whose kernel is not built yet
     bound: bool = False             # a view step whose outputs sit in their slots from prepare on
+    shared: object = None           # its kernel's reuse.Entry where plans of its arena may share it (reuse.py)
+    source: tuple | None = None     # (node, ins, outs) its kernel was built from, for such a step
 
 
 @dataclass(eq=False)     # compared by identity (a plan holds arrays)
@@ -43,6 +45,7 @@ class Plan:
     # an eager plan's kernels, by (node index, operand shapes/values): see Session._run_eager
     dynamic: dict = field(default_factory=dict)
     arena: object = None        # the arena its buffers lie in (arenas.Arena: a run reserves it), or None
+    shared: list = field(default_factory=list)      # the reuse.Entry objects of its kernels (held: reuse.py)
 
 
 @dataclass(eq=False)
@@ -54,7 +57,8 @@ class Planning:
     stored: dict                # tensor -> (int8 grid, zero) the file stores it on (int8_store.stored_grids)
     raw: set                    # (reader, tensor) pairs that read a stored tensor unrounded (int8_store.raw_reads)
     memory: object = None       # the session's Arenas (arenas.py), or None: buffers of the plan's own
-    arena: object = None        # the arena stage `memory` took (reserved for the caller of build)
+    arena: object = None        # the arena taken when planning began (reserved for the caller of build)
+    shared: list = field(default_factory=list)      # reuse.Entry objects its steps use
     vals: dict = field(default_factory=dict)        # shape inference's facts, by tensor
     nodes: list = field(default_factory=list)       # the ops to plan; fusion stages rewrite the list
     eager: bool = False         # shapes depend on run-time values: run op by op (Session._run_eager)
@@ -86,5 +90,5 @@ class Planning:
         plan = Plan(self.steps, self.slots, {n: self.index[n] for n in g.inputs}, dtypes,
                     {n: self.index[n] for n in g.outputs}, self.names, self.pool_bytes,
                     {n: self.vals[n].shape for n in self.names if n in self.vals}, self.calls, self.ran, self.settings,
-                    arena=self.arena)
+                    arena=self.arena, shared=self.shared)
         return plan

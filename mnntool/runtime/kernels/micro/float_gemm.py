@@ -25,6 +25,20 @@ WEIGHT_BLOCK = 128 * 1024   # floats: the weights one pass over the output strea
 BY_BLOCK_X = 256 * 1024     # floats: an activation matrix this small is re-read from L2 per channel block
 
 
+# At one thread the serial twins of this module's parallel kernels, as the kernel library (compile-kernels)
+# runs them: Numba's parallel build of the same loop ran slower at one thread (Xeon, ms parallel / twin:
+# 1x1 64->256 on 56x56 1.05 / 0.86, 256->128 1.92 / 1.83, 128->512 on 28x28 0.88 / 0.82, conv_im2col 3x3/2
+# 128->128 to 28x28 2.42 / 2.15; EPYC 1x1 64->256 1.41 / 1.17; tmp_dev/xgemm/diag.py). Overridable (a
+# benchmark flips it before building a session to compare).
+SERIAL_AT_ONE = True
+
+
+def fitted(fn, work: int, threads: int):
+    """`sized(fn, work, threads)`, the serial twin at one thread when SERIAL_AT_ONE."""
+    from .. import serial, sized
+    return sized(serial(fn) if threads <= 1 and SERIAL_AT_ONE else fn, work, threads)
+
+
 def k_block(k: int, rows: int, tiles: int) -> int:
     """k per pass over the output: all of it when one tile reads the weights once, else balanced blocks
     whose weights (rows x kc) stay in L2 while every tile uses them."""
@@ -38,8 +52,20 @@ def k_block(k: int, rows: int, tiles: int) -> int:
 HAS_AVX512 = host_has("avx512f")
 
 
-def _make_tile(nv: int, ocb: int = OCB):
-    """The micro-kernel for nv x 16 pixels x ocb channels (ocb <= 8: the first ocb of a packed block of 8)."""
+def _asm_parser() -> None:
+    """The tiles' inline asm needs LLVM's native asm parser, which Numba does not initialize."""
+    import llvmlite.binding as llvm
+    llvm.initialize_native_asmparser()
+
+
+_asm_parser()
+
+
+def _make_tile(nv: int, ocb: int = OCB, in_register: bool = True):
+    """The micro-kernel for nv x 16 pixels x ocb channels (ocb <= 8: the first ocb of a packed block of 8).
+    `in_register`: each weight broadcast once into a register (inline asm) for its nv FMAs; LLVM otherwise
+    folds the broadcast into every FMA ({1to16}), nv + 1 loads per weight where Intel's two FMA ports
+    need fewer loads than FMAs."""
     @intrinsic
     def tile(typingctx, x, xoff, xs, w, woff, nk, out, ooff, os_, left, rows, bias, epf, flags):
         """out[o0 + o, p0 + j] for 8 channels x nv*16 pixels. x row k at xoff + k*xs, or at xoff + xs[k]
@@ -112,7 +138,11 @@ def _make_tile(nv: int, ocb: int = OCB):
                 wrow = builder.gep(wp, [builder.mul(kk, const(OCB))])
                 new = []
                 for o in range(ocb):
-                    wb = splat(builder.load(builder.gep(wrow, [const(o)]), align=4), f16)
+                    if in_register:
+                        wb = builder.asm(ir.FunctionType(f16, [wrow.type]), f"vbroadcastss {4 * o}($1), $0", "=v,r",
+                                         [wrow], False)
+                    else:
+                        wb = splat(builder.load(builder.gep(wrow, [const(o)]), align=4), f16)
                     for v in range(nv):
                         new.append(builder.call(fma, [xv[v], wb, accs[o * nv + v]]))
                 return new
@@ -152,6 +182,9 @@ _tile1_1, _tile2_1, _tile3_1 = _make_tile(1, 1), _make_tile(2, 1), _make_tile(3,
 
 
 TAIL_MAX = 8        # pixels a tail tile takes: a last tile of 1..8 pixels (17x17 and 14x14 maps, 197 tokens)
+# from 49 pixels: a 7x7 map as one 48-pixel tile and a 1-pixel tail, where one 64-pixel tile of 4 channels
+# (16 accumulators) read the activations twice per block of 8 channels
+TAIL_FROM = 48
 
 
 def _make_tail(np_: int, blocks: int):
@@ -291,7 +324,7 @@ def _tiles(P):
 def tail_pixels(P):
     """The last pixels `_tail` takes (channels in the lanes): 1..TAIL_MAX past whole 48-pixel tiles, else 0."""
     rest = P % 48
-    return rest if P > 64 and rest <= TAIL_MAX else 0
+    return rest if P > TAIL_FROM and rest <= TAIL_MAX else 0
 
 
 @njit(cache=True, inline="always")
@@ -306,6 +339,47 @@ def _gemm_body(x, xo, xs, P, wp, wo, K, O, nob, bias, epf, out, oo, os_, idx, k0
     o0 = ob * OCB
     _tile(nv, x, xo + k0 * xs + p0, xs, wp, wo + ob * K * OCB + k0 * OCB, kn, out, oo + o0 * os_ + p0, os_,
           P - p0, O - o0, bias[o0:], epf, flags)
+
+
+@njit(cache=True, inline="always")
+def _packed_tile(x, xs, P, wp, K, O, nob, bias, epf, out, os_, t, k0, kn, flags):
+    """Tile t's (kn x 48) rows copied once into a contiguous panel, then every channel block on it."""
+    ntile, full, tail_nv = _tiles(P)
+    p0 = t * 48
+    nv = 3 if t < full else tail_nv
+    width = 16 * nv
+    lanes = min(width, P - p0)
+    panel = np.empty(kn * width, np.float32)
+    for k in range(kn):
+        _copy_run(x, (k0 + k) * xs + p0, panel, k * width, lanes)
+    for ob in range(nob):
+        o0 = ob * OCB
+        _tile(nv, panel, 0, width, wp, ob * K * OCB + k0 * OCB, kn, out, o0 * os_ + p0, os_, lanes, O - o0,
+              bias[o0:], epf, flags)
+
+
+@njit(parallel=True, cache=True)
+def gemm_walk(x, xs, P, wp, K, kc, O, bias, epf, grid, out, os_, walk):
+    """`gemm` by walk: 0 a tile's channel blocks in a row on its rows in place, 1 a channel block's tiles
+    in a row, 2 as 0 on a packed copy of the tile's rows."""
+    nob = (O + OCB - 1) // OCB
+    nt = tail_pixels(P)
+    main = P - nt
+    ntile = _tiles(main)[0]
+    for k0 in range(0, K, kc):
+        kn = min(kc, K - k0)
+        flags = (1 if k0 > 0 else 0, 1 if k0 + kn >= K else 0, grid)
+        if walk == 2:
+            for t in prange(ntile):
+                _packed_tile(x, xs, main, wp, K, O, nob, bias, epf, out, os_, t, k0, kn, flags)
+        else:
+            for idx in prange(ntile * nob):
+                _gemm_body(x, 0, xs, main, wp, 0, K, O, nob, bias, epf, out, 0, os_, idx, k0, kn, flags, walk == 1)
+    if nt:
+        tb = tail_blocks(nt)
+        for j in prange((nob + tb - 1) // tb):
+            o0 = j * tb * OCB
+            _tail(nt, x, main, xs, wp, o0 * K, K * OCB, K, out, o0 * os_ + main, os_, O - o0, bias[o0:], epf, grid)
 
 
 @njit(parallel=True, cache=True)
@@ -734,8 +808,7 @@ class PackedGemm:
         self.tiles = tile_count(pixels)
         self.kc = k_block(k, self.rows(), self.tiles)
         self.by_block = k * pixels <= BY_BLOCK_X
-        from .. import sized
-        self.fn = sized(gemm, self.rows() * pixels * k // 16, threads)
+        self.fn = fitted(gemm, self.rows() * pixels * k // 16, threads)
 
     def rows(self) -> int:
         return self.nob * OCB

@@ -3,7 +3,8 @@
 The float input is quantized once to its int8 grid, in steps k = round(x / s) (half away from zero, as
 MNN; stored as the byte u8 = k + off with off = 128 + zero point, that is q + 128; four channels to a
 word and the words of a row side by side (`quantize_rows`), so the pixels of an output row are runs of
-words for every tap (`im2col_rows`; the GEMM of a stride-1 window reads them in place, int8_gemm.gemm_grid),
+words for every tap (`im2col_rows`; the GEMM of a stride-1 window reads a grid in planes of words in place,
+`quantize_planes`, int8_gemm.gemm_planes),
 and the padding, real 0, is the byte off), multiplied by the int8
 weights with 32-bit accumulation (`int8_gemm`), and the accumulator is rescaled in MNN's own float order
 with the offset folded into the bias (`int8_gemm.epilogue`), given the activation, and rounded to the
@@ -20,6 +21,7 @@ from ..compile.jit import njit, prange
 from .. import aligned_empty, sized
 from .epilogue import EXACT, act_bounds, activation, grid_of, mnn_cast, to_grid_z
 from .int8_gemm import NO_TABLE, Int8Weights, byte_table, epilogue, lut_chunk, pixel_blocks
+from .int8_lanes_oc import lane_fill
 
 
 @njit(cache=True, fastmath=EXACT, inline="always")
@@ -53,6 +55,61 @@ def quantize_rows(x, inv_s, z, lo, hi, off, t, l, g32):
                         q = _byte(x[c + j, y, i], inv_s, z, lo, hi) if c + j < C else np.uint32(off)
                         word |= q << (8 * j)
                     dst[l + i] = word
+
+
+@njit(parallel=True, cache=True, fastmath=EXACT)
+def quantize_planes(x, inv_s, z, lo, hi, off, t, l, sh, sw, g32):
+    """x (C, H, W) float -> the grid a window's GEMM reads in place (int8_gemm.gemm_planes): planes of
+    words (4 channels' bytes, `_byte`; the byte `off` past the last channel), one a (row phase, column
+    phase, channel word), the padded pixel (Y, X) = (y + t, x + l) in plane ((Y % sh) * sw + X % sw) * C/4
+    + k at row Y // sh, column X // sw. At stride 1 one phase (the padded map at the planes' pitch, see
+    plane_pitch); at stride 2 four, so each tap of the window is again a run of words for consecutive
+    output pixels (no im2col pass: 0.29 ms of a 7x7 stride-2 stem's 1.2 ms). Padding (real 0) is
+    left as written."""
+    C, H, W = x.shape
+    c4 = -(-C // 4)
+    for y in prange(H):
+        yy = y + t
+        a, row = yy % sh, yy // sh
+        words = np.empty(W, np.uint32)
+        for k in range(c4):
+            c = 4 * k
+            # the row's words in one vectorized pass (in place at stride 1), then each column phase's
+            # share copied out: quantizing with strided reads ran 5x slower (0.31 ms for a 3x224x224 stem)
+            dst = g32[a * sw * c4 + k, row, l:l + W] if sw == 1 else words
+            if c + 4 <= C:
+                r0, r1, r2, r3 = x[c, y], x[c + 1, y], x[c + 2, y], x[c + 3, y]
+                for i in range(W):
+                    dst[i] = (_byte(r0[i], inv_s, z, lo, hi) | _byte(r1[i], inv_s, z, lo, hi) << 8
+                              | _byte(r2[i], inv_s, z, lo, hi) << 16 | _byte(r3[i], inv_s, z, lo, hi) << 24)
+            else:
+                for i in range(W):
+                    word = np.uint32(0)
+                    for j in range(4):
+                        q = _byte(x[c + j, y, i], inv_s, z, lo, hi) if c + j < C else np.uint32(off)
+                        word |= q << (8 * j)
+                    dst[i] = word
+            if sw > 1:
+                for ph in range(sw):
+                    out = g32[(a * sw + ph) * c4 + k, row]
+                    x0 = (ph - l) % sw
+                    d0 = (x0 + l) // sw
+                    for m in range((W - x0 + sw - 1) // sw):
+                        out[d0 + m] = words[x0 + m * sw]
+
+
+def plane_pitch(w: int, l: int, r: int, sw: int) -> int:
+    """The row pitch of quantize_planes' grid: at stride 1 W + max(l, r) words, the left and right
+    padding of consecutive rows shared (row y's right padding runs on into row y + 1's left padding, real
+    0 both), so fewer of gemm_planes' lanes fall past the output rows (56-pixel rows with padding 1: a
+    pitch of 57, not 58); at a larger stride a phase's whole padded row."""
+    return w + max(l, r) if sw == 1 else -(-(w + l + r) // sw)
+
+
+def plane_fill(oh: int, ow: int, pitch: int) -> float:
+    """The share of gemm_planes' lanes (tiles of 32 virtual pixels) that are output pixels."""
+    virtual = (oh - 1) * pitch + ow
+    return oh * ow / (32 * -(-virtual // 32))
 
 
 @njit(parallel=True, cache=True)
@@ -115,10 +172,15 @@ def quantize_packed(x, inv_s, z, lo, hi, off, cols):
                     dst[k] = word
 
 
-# the share of 16-pixel segments' lanes an output row fills, from which a stride-1 window runs from the
-# grid (Int8Weights.matmul_grid: 56, 28 and 14 pixels fill 7/8; 7 fills 7/16, where im2col's dense
-# blocks cost less than the idle lanes)
-GRID_FILL = 0.85
+# a stride-1 window runs from the grid (Int8Weights.matmul_grid, no im2col pass) where its lanes' fill
+# (plane_fill: 56x56 and padding 1: 0.98, 28x28: 0.96, 14x14: 0.93, 7x7: 0.77) is at least this share
+# of im2col's dense blocks' (0.77 for 7x7 too)
+GRID_FILL = 0.9
+# the channels go in the lanes (int8_lanes_oc) where that fills this much more of the lanes, counting
+# the two tiles' epilogues as this many K steps (int8_gemm's, int8_lanes_oc's: fitted on 1x1 layers of
+# K = 32..384 at 7x7 and 14x14, where the second tile fills every lane and still lost on K = 64 by 11%)
+OC_LANES = 1.03
+EPILOGUE_K = (12, 19)
 
 
 def int8_convolution(geometry, q, alpha, bias, act, grids, in_shape, out_shape, threads: int, table=None):
@@ -148,8 +210,6 @@ def int8_convolution(geometry, q, alpha, bias, act, grids, in_shape, out_shape, 
     rows, epf = epilogue(alpha, bias, q.astype(np.int64).sum(1), s_in, grids.zero_in, out_grid, act,
                          None if table is None else table[1:])
     tab = NO_TABLE if table is None else byte_table(table[0])
-    # VNNI does 16 multiply-adds per element operation of kernels.sized's measure
-    weights = Int8Weights(wk.reshape(cout, -1), *rows, cout * oh * ow * k4 * 4 // 16, threads)
     f32 = np.float32
     pixels = oh * ow
     # a 1x1 window without padding: quantize straight into the blocks (strided: from a copy of the pixels it
@@ -157,21 +217,46 @@ def int8_convolution(geometry, q, alpha, bias, act, grids, in_shape, out_shape, 
     direct = kh == kw == 1 and not (t or l or b or r)
     strided = direct and (sh, sw) != (1, 1)
     picked = np.empty((cin, oh, ow), np.float32) if strided else None
-    # a stride-1 window whose rows fill 16-pixel segments well: the GEMM reads the grid (no im2col)
-    from_grid = not direct and sh == sw == 1 and ow / (16 * -(-ow // 16)) >= GRID_FILL
+    # a window whose rows fill the 16-pixel blocks well: the GEMM reads the grid (no im2col)
+    pitch = plane_pitch(w, l, r, sw)
+    dense = pixels / (32 * -(-pixels // 32))
+    from_grid = not direct and plane_fill(oh, ow, pitch) >= GRID_FILL * dense
+    # channels in the lanes (int8_lanes_oc) where that fills the lanes better (7x7 and 14x14 maps), read
+    # from the grid or the direct blocks; its epilogue (a transpose) costs more, so a short K gains less
+    filled = (plane_fill(oh, ow, pitch) if from_grid else dense) * cout / (8 * -(-cout // 8))
+    oc_lanes = lane_fill(pixels, cout) * (k4 + EPILOGUE_K[0]) / (k4 + EPILOGUE_K[1]) >= OC_LANES * filled
+    from_grid = from_grid or (oc_lanes and not direct)
+    # VNNI does 16 multiply-adds per element operation of kernels.sized's measure
+    weights = Int8Weights(wk.reshape(cout, -1), *rows, cout * oh * ow * k4 * 4 // 16, threads, oc_lanes)
     cols = None if from_grid else np.full((pixel_blocks(pixels), k4, 16, 4), off, np.uint8)
     words, flat = (None, None) if from_grid else (cols.view(np.uint32).reshape(cols.shape[:3]), cols.reshape(-1))
     word = np.uint32(off * 0x01010101)
-    c4, wg = cp // 4, w + l + r
-    # the grid's words, then 16 of slack: a row's last segment reads up to 15 words past its end
-    slack = None if direct else np.full((h + t + b) * c4 * wg + 16, word, np.uint32)
-    grid32 = None if direct else slack[:-16].reshape(h + t + b, c4, wg)
-    offs = np.array([i * dh * c4 * wg + c * wg + j * dw for i in range(kh) for j in range(kw) for c in range(c4)],
-                    np.int64) if from_grid else None
+    c4, wg, hg = cp // 4, w + l + r, h + t + b
+    if from_grid:
+        # planes of words at the shared-padding pitch, then slack: the last block reads up to 15 words past
+        # the last row, a right-edge tap into the next row's left padding (or, after the last plane, here)
+        rows_g = -(-hg // sh)
+        plane, planes = rows_g * pitch, sh * sw * c4
+        slack = np.full(planes * plane + 2 * pitch + 32, word, np.uint32)
+        grid32 = slack[:planes * plane].reshape(planes, rows_g, pitch)
+        offs = np.array([((i * dh % sh * sw + j * dw % sw) * c4 + c) * plane + i * dh // sh * pitch + j * dw // sw
+                         for i in range(kh) for j in range(kw) for c in range(c4)], np.int64)
+        from .int8_gemm import plane_blocks
+        blk = plane_blocks(oh, ow, pitch)
+        p = np.arange(pixels, dtype=np.int64)
+        pix = (p // ow) * pitch + p % ow
+    elif not direct:
+        grid32 = np.full((hg, c4, wg), word, np.uint32)
+    if direct and oc_lanes:         # pixel p's word k in the blocks: block p // 16, row k, lane p % 16
+        p = np.arange(pixels, dtype=np.int64)
+        pix = (p // 16) * k4 * 16 + p % 16
+        offs = np.arange(k4, dtype=np.int64) * 16
+        flat_words = words.reshape(-1)
     inv_in = grid_of(*grids.input)[0]
     z_in = f32(grids.zero_in)
     q_lo, q_hi = f32(lo + grids.zero_in), f32(hi + grids.zero_in)
-    quantize = sized(quantize_packed if direct else quantize_rows, cin * h * w, threads)
+    quantize = sized(quantize_packed if direct else quantize_planes if from_grid else quantize_rows, cin * h * w,
+                     threads)
     unfold = None if direct or from_grid else sized(im2col_rows, words.size, threads)
 
     def run(inputs, outputs):
@@ -183,13 +268,20 @@ def int8_convolution(geometry, q, alpha, bias, act, grids, in_shape, out_shape, 
             elif direct:
                 quantize(x[i].reshape(cin, pixels), inv_in, z_in, q_lo, q_hi, off, words)
             else:
-                quantize(x[i], inv_in, z_in, q_lo, q_hi, off, t, l, grid32)
                 if from_grid:
-                    weights.matmul_grid(slack, offs, epf, y[i].reshape(cout, pixels), ow, c4 * wg, tab)
+                    quantize(x[i], inv_in, z_in, q_lo, q_hi, off, t, l, sh, sw, grid32)
+                    if oc_lanes:
+                        weights.matmul_oc(slack, pix, offs, epf, y[i].reshape(cout, pixels), tab)
+                    else:
+                        weights.matmul_grid(slack, offs, epf, y[i].reshape(cout, pixels), blk, tab)
                     continue
+                quantize(x[i], inv_in, z_in, q_lo, q_hi, off, t, l, grid32)
                 unfold(grid32, kh, kw, sh, sw, dh, dw, oh, ow, words)
             dst = y[i].reshape(cout, pixels)
-            weights.matmul(flat, epf, dst, tab)
+            if oc_lanes:
+                weights.matmul_oc(flat_words, pix, offs, epf, dst, tab)
+            else:
+                weights.matmul(flat, epf, dst, tab)
     return run
 
 

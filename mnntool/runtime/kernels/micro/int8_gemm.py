@@ -18,7 +18,7 @@ import numpy as np
 from ..compile.jit import njit, prange, types, intrinsic
 
 from .epilogue import act_bounds
-from .llvm_ir import data_of, declare, first_lanes, host_has, k_loop, splat as splat_
+from .llvm_ir import data_of, declare, first_lanes, host_has, k_loop, lane_bits, splat as splat_
 
 PIX, OCB = 32, 8          # tile: pixels x output channels
 
@@ -101,10 +101,12 @@ def lut_chunk(typingctx, x, xo, n, tab, z, s):
     return sig, codegen
 
 
-def _store_ir(context, builder, new, op, os_, blocks, rows_, ep_ty, epa, epfa, tp):
+def _store_ir(context, builder, new, op, os_, blocks, rows_, ep_ty, epa, epfa, tp, bits=None):
     """The tile's epilogue: the 16 accumulators (channel o, block v at new[2 * o + v]) rescaled in MNN's
     order and stored to op[o * os_ + at_v], lanes < n_v of block v (`blocks` = [(at_v, n_v)]) and
-    channels < rows_, as floats on the output grid, or a table op's values (epf[7] != 0)."""
+    channels < rows_, as floats on the output grid, or a table op's values (epf[7] != 0). `bits`: per
+    block the i64 mask of the lanes that are output pixels, packed to the low lanes first (a register
+    VCOMPRESS; its memory form is microcoded on Zen 4), n_v then their count (gemm_planes)."""
     from llvmlite import ir
     i1, i32, i64, f32 = ir.IntType(1), ir.IntType(32), ir.IntType(64), ir.FloatType()
     v16, f16 = ir.VectorType(i32, 16), ir.VectorType(f32, 16)
@@ -124,6 +126,7 @@ def _store_ir(context, builder, new, op, os_, blocks, rows_, ep_ty, epa, epfa, t
         v = builder.select(builder.fcmp_ordered("<", v, low), low, v)
         return builder.select(builder.fcmp_ordered(">", v, high), high, v)
     none = ir.Constant(ir.VectorType(i1, 16), [0] * 16)
+    compress = fn("llvm.x86.avx512.mask.compress.v16i32", v16, v16, v16, ir.VectorType(i1, 16))
     z_t, s_t = (splat(builder.extract_value(epfa, k), f16) for k in (8, 9))
 
     def store(looked_up):
@@ -134,7 +137,10 @@ def _store_ir(context, builder, new, op, os_, blocks, rows_, ep_ty, epa, epfa, t
                 sc = builder.load(builder.gep(rows[0], [const(o)]))
                 bi = builder.load(builder.gep(rows[1], [const(o)]))
                 # MNN's order, each step rounded to float32 (no FMA): D * alpha * (s_in/s_out) + bias
-                val = builder.sitofp(new[2 * o + v], f16)
+                acc = new[2 * o + v]
+                if bits is not None:
+                    acc = builder.call(compress, [acc, ir.Constant(v16, [0] * 16), lane_bits(builder, bits[v])])
+                val = builder.sitofp(acc, f16)
                 val = builder.fmul(builder.fmul(val, splat(sc, f16)), ratio)
                 val = clamp(builder.fadd(val, splat(bi, f16)), lo, hi)
                 q = clamp(builder.call(trunc, [builder.fadd(val, builder.call(copysign, [half, val]))]), q_lo, q_hi)
@@ -151,11 +157,26 @@ def _store_ir(context, builder, new, op, os_, blocks, rows_, ep_ty, epa, epfa, t
             for val, (_, dst, live) in zip(lut_bytes(builder, tp, [g[0] for g in group], z_t, s_t), group):
                 builder.call(mstore, [val, dst, ir.Constant(i32, 4), live])
     table = builder.fcmp_ordered("!=", builder.extract_value(epfa, 7), ir.Constant(f32, 0))
-    with builder.if_else(table) as (then, otherwise):
+
+    def stores():
+        with builder.if_else(table) as (then, otherwise):
+            with then:
+                store(True)
+            with otherwise:
+                store(False)
+    if bits is None:
+        stores()
+        return
+    # blocks all of whose lanes are output pixels (most of them) store without the compress
+    full = builder.icmp_signed("==", builder.and_(bits[0], bits[1]), const(0xFFFF))
+    packed = bits
+    with builder.if_else(full) as (then, otherwise):
         with then:
-            store(True)
+            bits = None
+            stores()
         with otherwise:
-            store(False)
+            bits = packed
+            stores()
 
 
 def _products_ir(builder, nk, wp, x_at):
@@ -207,16 +228,19 @@ def _tile(typingctx, x, xoff, w, woff, k4, out, ooff, ostride, left, rows, ep, e
 
 
 @intrinsic
-def _tile_grid(typingctx, g, g0, g1, offs, w, woff, k4, out, o0, o1, ostride, n0, n1, rows, ep, epf, tab):
-    """_tile reading its pixels from the quantized grid in rows of words (int8_conv.quantize_rows)
-    instead of im2col's blocks: for a stride-1 window, 16 output pixels of one row are 16 consecutive
-    words of the grid for every (tap, word) k, at g[g_v + offs[k]] for block v. Its output at
-    out[o * ostride + o_v], lanes < n_v. No im2col pass: 0.2 ms of a 0.8 ms 3x3 layer at 56x56x64."""
+def _tile_planes(typingctx, g, g0, g1, offs, w, woff, k4, out, o0, o1, ostride, n0, n1, b0, b1, rows, ep, epf,
+                 tab):
+    """_tile reading its pixels from the quantized grid in planes of words (int8_conv.quantize_planes)
+    instead of im2col's blocks: for a stride-1 window, 16 consecutive virtual pixels (output rows at the
+    grid's row pitch, the pitch's last columns not output pixels) are 16 consecutive words of the grid for
+    every (tap, word) k, at g[g_v + offs[k]] for block v. Its output pixels (lanes in the mask b_v, n_v of
+    them) packed and stored from out[o * ostride + o_v]. No im2col pass: 0.2 ms of a 0.8 ms 3x3 layer at
+    56x56x64."""
     sig = types.void(g, types.intp, types.intp, offs, w, types.intp, types.intp, out, types.intp, types.intp,
-                     types.intp, types.intp, types.intp, types.intp, ep, epf, tab)
+                     types.intp, types.intp, types.intp, types.intp, types.intp, types.intp, ep, epf, tab)
 
     def codegen(context, builder, sig, args):
-        ga, g0_, g1_, fa, wa, wo, nk, oa, o0_, o1_, os_, n0_, n1_, rows_, epa, epfa, taba = args
+        ga, g0_, g1_, fa, wa, wo, nk, oa, o0_, o1_, os_, n0_, n1_, b0_, b1_, rows_, epa, epfa, taba = args
         a = sig.args
         gp = data_of(context, builder, a[0], ga)
         fp = data_of(context, builder, a[3], fa)
@@ -227,33 +251,52 @@ def _tile_grid(typingctx, g, g0, g1, offs, w, woff, k4, out, o0, o1, ostride, n0
         def x_at(kk, v):
             return builder.gep(gp, [builder.add(starts[v], builder.load(builder.gep(fp, [kk])))])
         new = _products_ir(builder, nk, wp, x_at)
-        _store_ir(context, builder, new, op, os_, [(o0_, n0_), (o1_, n1_)], rows_, a[14], epa, epfa,
-                  data_of(context, builder, a[16], taba))
+        _store_ir(context, builder, new, op, os_, [(o0_, n0_), (o1_, n1_)], rows_, a[16], epa, epfa,
+                  data_of(context, builder, a[18], taba), bits=[b0_, b1_])
         return context.get_dummy_value()
     return sig, codegen
 
 
+def plane_blocks(oh: int, ow: int, pitch: int) -> np.ndarray:
+    """(blocks, 4) int64 for gemm_planes: per 16 virtual pixels v = y * pitch + x (the output rows at the
+    grid's pitch; x >= ow is no output pixel), the first v, the output index of its first output pixel,
+    the mask of its lanes that are output pixels and their count. The output pixels of a block are
+    consecutive in the output (a row's end, then the next row's start)."""
+    virtual = (oh - 1) * pitch + ow
+    n = -(-virtual // 16)
+    v = np.arange(n * 16, dtype=np.int64).reshape(n, 16)
+    live = (v < virtual) & (v % pitch < ow)
+    out = np.zeros((n, 4), np.int64)
+    out[:, 0] = v[:, 0]
+    first = np.argmax(live, axis=1)
+    vf = v[np.arange(n), first]
+    out[:, 1] = np.where(live.any(axis=1), (vf // pitch) * ow + vf % pitch, 0)
+    out[:, 2] = (live.astype(np.int64) << np.arange(16, dtype=np.int64)).sum(axis=1)
+    out[:, 3] = live.sum(axis=1)
+    return out
+
+
 @njit(parallel=True, cache=True)
-def gemm_grid(g, offs, wp, k4, oc, ep, epf, out, tab, ow, row_words):
-    """out (OC, oh * ow) from the grid g (flat words, rows of row_words) of a stride-1 window: output
-    rows in segments of 16 pixels, two segments a tile (_tile_grid); offs[k] the word offset of k."""
+def gemm_planes(g, offs, wp, k4, oc, ep, epf, out, tab, blk):
+    """out (OC, oh * ow) from the grid g (flat words, int8_conv.quantize_planes) of a stride-1 window: the
+    virtual pixels in blocks of 16 (`plane_blocks`), two blocks a tile (_tile_planes); offs[k] the word
+    offset of k. Rows at the grid's pitch (W + the wider side padding) fill the 16-lane blocks better
+    than 16-pixel segments of each output row: 56-pixel rows 56/57 of the lanes (was 56/64), 28: 28/29,
+    14: 14/15, 7: 49 of 64 (as im2col's)."""
     P = out.shape[1]
-    nseg = (ow + 15) // 16
-    segs = (P // ow) * nseg
-    npt, nob = (segs + 1) // 2, (oc + OCB - 1) // OCB
+    nb = blk.shape[0]
+    npt, nob = (nb + 1) // 2, (oc + OCB - 1) // OCB
     of = out.reshape(-1)
     scale, bias = ep
     for t in prange(nob * npt):
         ob, pt = t // npt, t % npt
         o0 = ob * OCB
         s0 = 2 * pt
-        s1 = min(s0 + 1, segs - 1)
-        y0, x0 = s0 // nseg, (s0 % nseg) * 16
-        y1, x1 = s1 // nseg, (s1 % nseg) * 16
-        n1 = min(16, ow - x1) if s0 + 1 < segs else 0
-        _tile_grid(g, y0 * row_words + x0, y1 * row_words + x1, offs, wp, ob * k4 * 4 * OCB, k4, of,
-                   o0 * P + y0 * ow + x0, o0 * P + y1 * ow + x1, P, min(16, ow - x0), n1, oc - o0,
-                   (scale[o0:], bias[o0:]), epf, tab)
+        s1 = min(s0 + 1, nb - 1)
+        n1 = blk[s1, 3] if s0 + 1 < nb else 0
+        _tile_planes(g, blk[s0, 0], blk[s1, 0], offs, wp, ob * k4 * 4 * OCB, k4, of,
+                     o0 * P + blk[s0, 1], o0 * P + blk[s1, 1], P, blk[s0, 3], n1, blk[s0, 2], blk[s1, 2],
+                     oc - o0, (scale[o0:], bias[o0:]), epf, tab)
 
 
 @njit(parallel=True, cache=True)
@@ -307,25 +350,36 @@ def epilogue(alpha, bias, weight_sums, s_in: float, zero_in: int, out_grid, act:
 class Int8Weights:
     """An (OC, K) int8 weight packed for the tile, with its epilogue rows padded to whole tiles."""
 
-    def __init__(self, wq: np.ndarray, scale, bias, work: int, threads: int):
-        """`work`: element operations per call, to run serially when small (see kernels.sized)."""
+    def __init__(self, wq: np.ndarray, scale, bias, work: int, threads: int, oc_lanes: bool = False):
+        """`work`: element operations per call, to run serially when small (see kernels.sized); `oc_lanes`:
+        also packed for int8_lanes_oc's tile (channels in the lanes), `matmul_oc`."""
+        from .int8_lanes_oc import OCT, gemm_oc, pack_weights
         oc, k = wq.shape
         self.oc, self.k4 = oc, -(-k // 4)
         rows = -(-oc // OCB) * OCB
         full = np.zeros((rows, self.k4 * 4), np.int8)
         full[:oc, :k] = wq
         self.data = np.ascontiguousarray(full.reshape(rows // OCB, OCB, self.k4, 4).transpose(0, 2, 1, 3)).reshape(-1)
-        pad = lambda a, dt: np.concatenate([np.asarray(a, dt), np.zeros(rows - oc, dt)])  # noqa: E731
+        self.data_oc = pack_weights(full[:oc]) if oc_lanes else None
+        # epilogue rows padded to whole tiles of either kernel (int8_lanes_oc reads vectors of 16)
+        pad = lambda a, dt: np.concatenate([np.asarray(a, dt), np.zeros(-(-oc // OCT) * OCT - oc, dt)])  # noqa: E731
         self.ep = (pad(scale, np.float32), pad(bias, np.float32))
         from .. import sized
         self.gemm = sized(gemm_vnni, work, threads)
-        self.grid_gemm = sized(gemm_grid, work, threads)
+        self.grid_gemm = sized(gemm_planes, work, threads)
+        self.oc_gemm = sized(gemm_oc, work, threads) if oc_lanes else None
 
     def matmul(self, x: np.ndarray, epf: tuple, out: np.ndarray, tab: np.ndarray = NO_TABLE) -> None:
         """out (OC, P) float32; tab: a table op's values by output byte from the lowest (epf[7] set)."""
         self.gemm(x, self.data, self.k4, self.oc, self.ep, epf, out, tab)
 
-    def matmul_grid(self, g: np.ndarray, offs: np.ndarray, epf: tuple, out: np.ndarray, ow: int, row_words: int,
+    def matmul_grid(self, g: np.ndarray, offs: np.ndarray, epf: tuple, out: np.ndarray, blk: np.ndarray,
                     tab: np.ndarray = NO_TABLE) -> None:
-        """out (OC, P) float32 of a stride-1 window straight from the quantized grid (gemm_grid)."""
-        self.grid_gemm(g, offs, self.data, self.k4, self.oc, self.ep, epf, out, tab, ow, row_words)
+        """out (OC, P) float32 of a stride-1 window straight from the quantized grid (gemm_planes)."""
+        self.grid_gemm(g, offs, self.data, self.k4, self.oc, self.ep, epf, out, tab, blk)
+
+    def matmul_oc(self, x: np.ndarray, pix: np.ndarray, offs: np.ndarray, epf: tuple, out: np.ndarray,
+                  tab: np.ndarray = NO_TABLE) -> None:
+        """out (OC, P) float32 with the channels in the lanes (int8_lanes_oc.gemm_oc): pixel p's word k at
+        x[pix[p] + offs[k]]."""
+        self.oc_gemm(x, pix, offs, self.data_oc, self.k4, self.oc, self.ep, epf, out, tab)

@@ -8,23 +8,79 @@ import numpy as np
 from ..compile.jit import Bound, njit
 
 from ....errors import InvalidModel, MnnToolError
-from .. import PLAN_ONLY, Kernel, Scratch, aligned_copy, kernel, sized, writes
+from .. import PLAN_ONLY, Kernel, Scratch, kernel, sized, writes
 from ..micro.conv_loops import col2im
 from .conv_strategies import Geometry, Layer, build, trimmed
 from ..micro.epilogue import NO_GRID, NO_POST, POST, activation, apply_act, grid_of, to_grid
 from .int8_tables import codes_of, looked_up, values_of
+from ..weight_cache import node_part
+from ....ir.ops.nn import pads_of, same_pads
+
+
+class _Part(NamedTuple):
+    """What a convolution's kernel is built from besides the input shape (kept per node: weight_cache.node_part)."""
+    cout: int
+    bias: np.ndarray        # float32, (cout,): the kernels' own (read-only to them)
+    int8: object            # Int8Grids or None
+    window: tuple           # (kh, kw, sh, sw, dh, dw, group, padMode, (t, l, b, r))
+    act: int
+
+
+def _part_of(node) -> _Part:
+    param = node.param
+    c = param["common"]
+
+    def make():
+        cout = c["outputCount"]
+        window = (c.get("kernelY", 1), c.get("kernelX", 1), c.get("strideY", 1), c.get("strideX", 1),
+                  c.get("dilateY", 1), c.get("dilateX", 1), c.get("group", 1) or 1, c.get("padMode"),
+                  (0, 0, 0, 0) if c.get("padMode") in ("SAME", "VALID") else pads_of(c))
+        return _Part(cout, np.array(_bias(param, cout), np.float32), int8_scales(node), window, activation(c))
+    return node_part("conv", (c, param.get("bias"), param.get("quanParameter"), param.get("symmetricQuan")), make)
+
+
+def _weight_of(node, cout: int) -> np.ndarray:
+    """conv_weight, C-contiguous, kept per node while a session plans (a quantized file's are dequantized once)."""
+    param = node.param
+    return node_part("conv_weight", (param["common"], param.get("weight"), param.get("quanParameter")),
+                     lambda: np.ascontiguousarray(conv_weight(param, cout)))
+
+
+def _geometry(part: _Part, in_shape, out_shape) -> Geometry:
+    """Geometry.of from the part's window: arithmetic only."""
+    n, cin, h, w = (int(d) for d in in_shape)
+    _, cout, oh, ow = (int(d) for d in out_shape)
+    kh, kw, sh, sw, dh, dw, group, mode, (t, l, b, r) = part.window
+    if mode == "SAME":      # from the output size shape inference gave
+        (t, b), (l, r) = same_pads(h, oh, kh, sh, dh), same_pads(w, ow, kw, sw, dw)
+    return Geometry(n, cin, h, w, cout, oh, ow, kh, kw, sh, sw, dh, dw, t, l, b, r, group)
+
+
+def _tap_live(i: int, k: int, d: int, s: int, pad: int, size: int, out: int) -> bool:
+    """Whether some output pixel reads tap i of the axis inside the input (conv_strategies' _live_taps)."""
+    lo = pad - i * d
+    y0 = max(0, -(-lo // s))
+    return y0 < out and y0 * s <= lo + size - 1
+
+
+def _untrimmed(g: Geometry) -> bool:
+    """True where `trimmed` keeps every tap (its first and last taps read the input somewhere), in O(1)."""
+    return (_tap_live(g.kh - 1, g.kh, g.dh, g.sh, g.t, g.h, g.oh) and
+            (g.t // g.dh == 0 or _tap_live(0, g.kh, g.dh, g.sh, g.t, g.h, g.oh)) and
+            _tap_live(g.kw - 1, g.kw, g.dw, g.sw, g.l, g.w, g.ow) and
+            (g.l // g.dw == 0 or _tap_live(0, g.kw, g.dw, g.sw, g.l, g.w, g.ow)))
 
 
 @kernel("Convolution", "ConvolutionDepthwise")
 def convolution(node, ins, outs, settings):
-    cout = node.param["common"]["outputCount"]
-    geometry = Geometry.of(node.param["common"], ins[0].shape, outs[0].shape)
-    bias = _bias(node.param, cout)
-    int8 = int8_scales(node)
+    part = _part_of(node)
+    cout = part.cout
+    geometry = _geometry(part, ins[0].shape, outs[0].shape)
+    bias, int8 = part.bias, part.int8
     if int8 is None and node.param.get("quanParameter") is not None and geometry.fully_connected and \
             geometry.n == 1 and (k := _weight_only_matvec(node, geometry, bias, settings)) is not None:
         return k
-    weight = np.ascontiguousarray(conv_weight(node.param, cout))
+    weight = _weight_of(node, cout)
     geometry.check(weight.size, f"{node.op} '{node.name}'")
     if int8 is not None:     # an int8 convolution: same arithmetic as MNN on the quantized grid
         grid_in = grid_of(*int8.input)
@@ -51,7 +107,7 @@ def convolution(node, ins, outs, settings):
         if table is not None and codes is None and not looks_up:      # the op's lookup after the convolution
             fn = looked_up(fn, table, grid_out, outs[0].shape, settings.threads)
         return Kernel(fn, True, done)
-    return convolution_float(node, ins, outs, weight, bias, settings)
+    return convolution_float(node, ins, outs, weight, bias, settings, geometry=geometry, act=part.act)
 
 
 def _bias(param: dict, cout: int) -> np.ndarray:
@@ -154,14 +210,19 @@ def depthwise_int8_bias(node, bias: np.ndarray, grids: Int8Grids) -> np.ndarray:
     return (steps * np.float64(s_out)).astype(f32)
 
 
-def convolution_float(node, ins, outs, weight, bias, settings, grid=NO_GRID) -> Kernel:
-    """Float convolution on the first strategy that suits it; `grid` rounds its output to an int8 grid."""
+def convolution_float(node, ins, outs, weight, bias, settings, grid=NO_GRID, geometry=None, act=None) -> Kernel:
+    """Float convolution on the first strategy that suits it; `grid` rounds its output to an int8 grid.
+    `geometry`, `act`: the layer's, where the caller has them (else read from the node)."""
     c = node.param["common"]
-    g, weight = trimmed(Geometry.of(c, ins[0].shape, outs[0].shape), weight)
-    # a bias of its own: a read-only one (an ONNX initializer's) is another argument type for the kernels
-    # that read it in place, one the ahead-of-time library does not hold
-    bias = np.array(bias, np.float32)
-    return build(g, Layer(weight, bias, activation(c), grid, settings.threads, node.param.get(POST, NO_POST)))
+    g = Geometry.of(c, ins[0].shape, outs[0].shape) if geometry is None else geometry
+    if not _untrimmed(g):
+        g, weight = trimmed(g, weight)
+    if geometry is None:
+        # a bias of its own: a read-only one (an ONNX initializer's) is another argument type for the kernels
+        # that read it in place, one the ahead-of-time library does not hold (_Part.bias is one already)
+        bias = np.array(bias, np.float32)
+    return build(g, Layer(weight, bias, activation(c) if act is None else act, grid, settings.threads,
+                          node.param.get(POST, NO_POST)))
 
 
 def _grid_input(fn, shape, grid, threads: int):
@@ -236,17 +297,20 @@ def scaled_pointwise(node, ins, outs, settings):
     """fusion.fuse_channel_scale's node: a 1x1 convolution of x * s, s one scale per input channel, as
     the convolution with its packed weights scaled by s on each run ([O/8][C][8]: a broadcast multiply)."""
     from ..micro.float_gemm import OCB, PackedGemm
-    c = node.param["common"]
-    cout = c["outputCount"]
+    part = _part_of(node)
+    cout = part.cout
     _, cin, h, w = ins[0].shape
-    pg = PackedGemm(conv_weight(node.param, cout).reshape(cout, cin), _bias(node.param, cout), activation(c), NO_GRID, h * w,
+    pg = PackedGemm(_weight_of(node, cout).reshape(cout, cin), part.bias, part.act, NO_GRID, h * w,
                     settings.threads, node.param.get(POST, NO_POST))
     base = pg.wp.reshape(pg.nob, cin, OCB)      # the packed weights, shared with other plans (weight_cache)
-    pg.wp = aligned_copy(pg.wp)                 # this node's own, scaled on each run
-    scaled, scale = pg.wp.reshape(pg.nob, cin, OCB), Bound(scale_packed)
+    # the scaled copy, rewritten on each run: a buffer of the thread's (a copy per plan was ~1 MB and ~30 us of
+    # planning at each new input shape of EfficientNet-B0)
+    scaled_of, shape, scale = Scratch("scaled_pointwise", pg.wp.shape), (pg.nob, cin, OCB), Bound(scale_packed)
 
     def run(i, o):
-        scale(base, np.ascontiguousarray(i[1], np.float32).reshape(cin), scaled)
+        scaled = scaled_of()
+        scale(base, np.ascontiguousarray(i[1], np.float32).reshape(cin), scaled.reshape(shape))
+        pg.wp = scaled
         pg(np.ascontiguousarray(i[0], np.float32).reshape(-1), h * w, o[0].reshape(-1), h * w)
     return writes(run)
 

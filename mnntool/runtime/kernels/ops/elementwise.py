@@ -204,6 +204,10 @@ def relu(node, ins, outs, settings):
         return _clip_kernel(ins, outs, 0.0, np.inf, settings.threads) or \
             writes(lambda i, o: np.maximum(i[0], 0, out=o[0]))
 
+    from .parallel_steps import leaky as parallel_leaky      # threads, with the work for them
+    if (par := parallel_leaky(ins[0].shape, slope, ins[0].dtype, settings.threads)) is not None:
+        return writes(par)
+
     def leaky(i, o):
         np.multiply(i[0], slope, out=o[0])
         np.maximum(i[0], o[0], out=o[0]) if slope < 1 else np.minimum(i[0], o[0], out=o[0])
@@ -509,6 +513,9 @@ def binary(node, ins, outs, settings):
     power = _small_power(op, ins, shapes)
     if power is not None:
         return writes(power)
+    from .parallel_steps import binary as parallel_binary   # a broadcast: threads, with the work for them
+    if not fused_relu and (par := parallel_binary(op, ins, outs, settings.threads)) is not None:
+        return writes(par)
 
     def run(i, o):
         a, b = i

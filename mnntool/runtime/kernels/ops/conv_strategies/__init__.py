@@ -11,7 +11,7 @@ from ...micro.llvm_ir import host_has
 from .base import Geometry, Layer, Strategy, trimmed, with_post
 from .dense import (BlasIm2col, BlasRows, GroupedTapsInPlace, Im2colChannelsInLanes, ImplicitIm2col, MatVecRows,
                     PackedRows, Patchify, Pointwise, SparseTaps, TapsInPlace, WideTapsInPlace, Winograd3x3)
-from .depthwise import (BorderDepthwise3x3, ChannelsLastDepthwise, FlatDepthwise, GenericDepthwise,
+from .depthwise import (BorderDepthwise3x3, ChannelsLastDepthwise, FlatDepthwise, GenericDepthwise, LanesDepthwise,
                         PairedRowsDepthwise, PlaneDepthwise3x3, RowDepthwise3x3, StripDepthwise)
 
 __all__ = ["Geometry", "Layer", "Strategy", "trimmed", "with_post", "build", "STRATEGIES", "pick", "HAS_AVX512"]
@@ -20,7 +20,7 @@ HAS_AVX512 = host_has("avx512f")
 
 # In order of preference: the first that suits a layer runs it.
 STRATEGIES: list[Strategy] = [
-    FlatDepthwise(), RowDepthwise3x3(), PairedRowsDepthwise(), StripDepthwise(), PlaneDepthwise3x3(),
+    LanesDepthwise(), FlatDepthwise(), RowDepthwise3x3(), PairedRowsDepthwise(), StripDepthwise(), PlaneDepthwise3x3(),
     ChannelsLastDepthwise(), BorderDepthwise3x3(), GenericDepthwise(),
     SparseTaps(), Winograd3x3(), MatVecRows(), PackedRows(), BlasRows(), Pointwise(), Patchify(),
     Im2colChannelsInLanes(), TapsInPlace(), WideTapsInPlace(), ImplicitIm2col(), GroupedTapsInPlace(), BlasIm2col(),

@@ -244,10 +244,10 @@ class TapsInPlace(Strategy):
         return _packed_fits_l2(g) and g.ow >= TAPS_IN_PLACE_MIN_WIDTH and (g.ow % 16 == 0 or g.ow % 16 > 8)
 
     def build(self, g, layer):
-        from ...micro.float_gemm import conv_rows, tap_offsets
+        from ...micro.float_gemm import conv_rows, fitted, tap_offsets
         packed, hq, wq, split = _phases(g, layer)
         koff = tap_offsets(g.cin, g.kh, g.kw, g.sh, g.sw, g.dh, g.dw, hq, wq)
-        rows = sized(conv_rows, packed.rows() * g.oh * g.ow * g.cin * g.kh * g.kw // 16, layer.threads)
+        rows = fitted(conv_rows, packed.rows() * g.oh * g.ow * g.cin * g.kh * g.kw // 16, layer.threads)
 
         def one(x, y):
             phases = split(x)
@@ -305,12 +305,12 @@ class ImplicitIm2col(Strategy):
         return g.group == 1
 
     def build(self, g, layer):
-        from ...micro.float_gemm import conv_im2col, tap_offsets
+        from ...micro.float_gemm import conv_im2col, fitted, tap_offsets
         packed, hq, wq, split_phases = _phases(g, layer)
         koff = tap_offsets(g.cin, g.kh, g.kw, g.sh, g.sw, g.dh, g.dw, hq, wq)
         # output-channel blocks split across threads when the pixel tiles alone leave threads idle
         split = min(packed.nob, -(-2 * layer.threads // packed.tiles)) if layer.threads > 1 else 1
-        implicit = sized(conv_im2col, packed.rows() * g.oh * g.ow * g.cin * g.kh * g.kw // 16, layer.threads)
+        implicit = fitted(conv_im2col, packed.rows() * g.oh * g.ow * g.cin * g.kh * g.kw // 16, layer.threads)
 
         def one(x, y):
             phases = split_phases(x)
@@ -338,7 +338,7 @@ class GroupedTapsInPlace(Strategy):
 
     def build(self, g, layer):      # also WideTapsInPlace's, at one group
         from ...weight_cache import packed_once
-        from ...micro.float_gemm import OCB, conv_grouped, epilogue_of, tap_offsets
+        from ...micro.float_gemm import OCB, conv_grouped, epilogue_of, fitted, tap_offsets
         cg, og = g.cin // g.group, g.cout // g.group
         nob = -(-og // OCB)
         wp = packed_once(_pack_groups, layer.weight, g.group)
@@ -349,7 +349,7 @@ class GroupedTapsInPlace(Strategy):
         hq, wq = g.phase_planes
         koff = tap_offsets(cg, g.kh, g.kw, g.sh, g.sw, g.dh, g.dw, hq + 1, wq)     # planes with the spare row
         k = cg * g.kh * g.kw
-        fn = sized(conv_grouped, g.cout * g.oh * wq * k, layer.threads)
+        fn = fitted(conv_grouped, g.cout * g.oh * wq * k, layer.threads)
         planes = cg * g.sh * g.sw * (hq + 1) * wq
         return on_wide_rows(g, layer.threads, lambda phases, wide: fn(phases, koff, g.group, planes, g.oh * wq, wp, k,
                                                                       og, bias, epf, on_grid, wide.reshape(-1)))

@@ -22,8 +22,40 @@ PLANE_DW_MAX_PAD, PLANE_DW_MIN_WIDTH = 2, 7
 # phase-plane kernel (dw-phased, 5x5/7x7 under a fused activation): kernels alone in turns, 1 thread, AMD EPYC,
 # with SiLU 672 channels 5x5 14->7 63 us against 79 phased and 83 strips, 256 of 7x7 48 / 82 / 57; without
 # 45 / 59 / 53.
+# Channels in the lanes (LanesDepthwise) to output rows this wide, from this many channels: kernels alone in
+# turns, 1 thread, AMD EPYC (Zen 4), us, lanes / the kernel it replaced: 768 channels 3x3 on 14x14 70 / 84
+# (strips), with SiLU 113 / 156; 672 5x5 on 14x14 99 / 137 (strips); 1248 3x3 on 7x7 34 / 40 (flat); 1152 5x5
+# on 7x7 49 / 86 (flat); 576 3x3 14->7 27 / 39 (pairs); 672 5x5 14->7 46 / 75 (pairs); 256 7x7 14->7 26 / 62
+# (pairs); 1280 3x3 on 4x4 16 / 39 (flat). 240 3x3 28->14 54 / 57 (strips): equal there, so no wider. With 8
+# channels (half the lanes idle) flat and pairs stay ahead by ~0.3 us.
+LANES_MAX_WIDTH, LANES_MIN_CHANNELS = 14, 16
 # Strips go down blocks of this many output rows (their input rows stay in L1 across the strips).
 STRIP_ROWS = 8
+
+class LanesDepthwise(Strategy):
+    """Small maps with 16 channels in the vector lanes (depthwise_lanes): each block of 16 channels
+    transposed into an L1 scratch, whole-vector FMAs, transposed back; 3x3/5x5/7x7, stride 1 or 2, output
+    rows at most LANES_MAX_WIDTH wide."""
+    name, avx512, fuses_post = "dw-lanes", True, True
+
+    def suits(self, g):
+        from ...micro import depthwise_lanes
+        return (g.depthwise and g.kh == g.kw and g.kh in depthwise_lanes.SIZES and g.sh == g.sw
+                and g.sh in depthwise_lanes.STRIDES and g.dh == g.dw == 1 and g.ow <= LANES_MAX_WIDTH
+                and g.cin >= LANES_MIN_CHANNELS)
+
+    def build(self, g, layer):
+        from ...micro import depthwise_lanes as L
+        from ...micro.float_gemm import epilogue_of
+        k, s = g.kh, g.sh
+        epf, on_grid = epilogue_of(layer.act, layer.grid, layer.post)
+        wl, bt = L.lanes_weights(dw_weights(g, layer).reshape(g.cout, k * k), layer.bias, k)
+        inpos, pw = L.tables(g.h, g.w, k, s, g.t, g.l, g.oh, g.ow)[:2]
+        chunks = max(1, min(len(bt), layer.threads))
+        xt, yt = L.scratch(g.h, g.w, k, s, g.t, g.l, g.oh, g.ow, chunks)
+        fn = sized(L.depthwise_lanes, g.out_size * k * k, layer.threads)
+        return per_image(g, lambda x, y: fn(x, wl, bt, k, s, inpos, pw, epf, on_grid, xt, yt, y))
+
 
 class FlatDepthwise(Strategy):
     """Tiny stride-1 maps as one flat run per channel (depthwise3x3.depthwise_flat), 3x3, 5x5 or 7x7: a 7-wide row

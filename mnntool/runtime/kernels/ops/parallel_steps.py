@@ -1,0 +1,254 @@
+"""The parallel form of steps whose one-thread code is NumPy (Permute, StridedSlice, Concat, broadcast
+BinaryOps, LeakyReLU, a SUM over one middle axis): micro.parallel_rows's kernels, chosen at prepare where
+the session has threads and the step has the work to pay for waking them (host_tuning.parallel_min_work);
+otherwise None and the op keeps its NumPy code, which one thread and small work run as before. The
+kernels' output is bit-identical to that code's (the same IEEE operations in the same order), so a model
+gives the same numbers at any thread count. Each run function takes C-contiguous operands as they come
+from the planner's buffers and falls back to the NumPy code for any other (a strided view, an output
+placed in a concat's slice)."""
+from __future__ import annotations
+
+import numpy as np
+
+from ... import host_tuning
+from .. import direct
+from ..micro import parallel_rows as pr
+
+# work units (kernels.sized: the host's threshold is measured on a logistic function of 4 units an element,
+# ~0.35 ns an element on the 2-core EPYC VM) an element counts: a unit-stride copy or LeakyReLU runs ~0.1 ns
+# an element, a copy whose rows are strided or a broadcast binary op ~0.2-1 ns
+COPY_WORK = 1
+STRIDED_COPY_WORK = 2
+BINARY_WORK = 2
+LEAKY_WORK = 1
+
+
+def pays(work: int, threads: int) -> bool:
+    """Whether `work` runs in parallel at `threads` (below: the op's one-thread code)."""
+    return threads > 1 and work >= host_tuning.parallel_min_work(threads)
+
+
+def _known(*shapes) -> bool:
+    return all(s is not None and all(isinstance(d, int) and d >= 0 for d in s) for s in shapes)
+
+
+class _Flat:
+    """The flat view (as `dtype`) of the array of the run before, kept while the planner hands the same
+    buffer: a reshape and a view cost ~0.5 us a call."""
+
+    def __init__(self, dtype):
+        self.dtype, self.src, self.flat = np.dtype(dtype), None, None
+
+    def __call__(self, x):
+        if x is not self.src:
+            self.src, self.flat = x, x.reshape(-1).view(self.dtype)
+        return self.flat
+
+
+def _copy_kernel(shape, src_strides, dst_strides, itemsize: int, threads: int):
+    """copy_strided bound for one geometry: (call(src_flat, dst_flat, dst_offset), kernel dtype), or None."""
+    merged = pr.merge_axes(list(shape), [list(src_strides), list(dst_strides)])
+    kind = pr.COPY_TYPES.get(itemsize)
+    if merged is None or kind is None:
+        return None
+    dims, (ss, ds) = merged
+    size = int(np.prod(dims))
+    if not pays(size * (COPY_WORK if ss[-1] == 1 and ds[-1] == 1 else STRIDED_COPY_WORK), threads):
+        return None
+    shape4 = np.array(dims, np.int64)
+    example = np.empty(1, kind)
+    fn = direct(pr.copy_strided, example, pr.geometry(0, ss), example, pr.geometry(0, ds), shape4, threads)
+    return fn, shape4, ss, ds
+
+
+def permute(shape, perm, dtype, threads: int):
+    """A run(i, o) for a Permute of a C-contiguous input, or None."""
+    if threads <= 1 or not _known(shape) or dtype is None:
+        return None
+    dtype = np.dtype(dtype)
+    st = pr.c_strides(shape)
+    out_shape = [shape[a] for a in perm]
+    k = _copy_kernel(out_shape, [st[a] for a in perm], pr.c_strides(out_shape), dtype.itemsize, threads)
+    if k is None:
+        return None
+    fn, shape4, ss, ds = k
+    sg, dg = pr.geometry(0, ss), pr.geometry(0, ds)
+    kind = pr.COPY_TYPES[dtype.itemsize]
+    src, dst = _Flat(kind), _Flat(kind)
+
+    def run(i, o):
+        x, y = i[0], o[0]
+        if x.dtype != dtype or y.dtype != dtype or not x.flags.c_contiguous or not y.flags.c_contiguous:
+            np.copyto(y, x.transpose(perm))
+            return
+        fn(src(x), sg, dst(y), dg, shape4, threads)
+    return run
+
+
+def strided_slice(shape, index, out_shape, dtype, threads: int):
+    """A run(i, o) for x[index] of a C-contiguous x into the output, or None."""
+    if threads <= 1 or not _known(shape, out_shape) or dtype is None:
+        return None
+    dtype = np.dtype(dtype)
+    st = pr.c_strides(shape)
+    probe = np.lib.stride_tricks.as_strided(np.zeros(1, np.int8), shape=tuple(shape), strides=tuple(st))
+    view = probe[index]
+    if tuple(view.shape) != tuple(out_shape) or view.size == 0:
+        return None
+    offset = view.__array_interface__["data"][0] - probe.__array_interface__["data"][0]
+    k = _copy_kernel(view.shape, view.strides, pr.c_strides(out_shape), dtype.itemsize, threads)
+    if k is None:
+        return None
+    fn, shape4, ss, ds = k
+    sg, dg = pr.geometry(offset, ss), pr.geometry(0, ds)
+    kind = pr.COPY_TYPES[dtype.itemsize]
+    src, dst = _Flat(kind), _Flat(kind)
+
+    def run(i, o):
+        x, y = i[0], o[0]
+        if x.dtype != dtype or y.dtype != dtype or not x.flags.c_contiguous or not y.flags.c_contiguous:
+            np.copyto(y, x[index])
+            return
+        fn(src(x), sg, dst(y), dg, shape4, threads)
+    return run
+
+
+def concat(in_shapes, axis: int, out_shape, dtype, threads: int):
+    """A run(i, o) for a Concat of C-contiguous inputs of one dtype into a C-contiguous output, or None."""
+    if threads <= 1 or not _known(out_shape, *in_shapes) or dtype is None or not in_shapes:
+        return None
+    dtype = np.dtype(dtype)
+    if not pays(int(np.prod(out_shape)) * COPY_WORK, threads):
+        return None
+    ost = pr.c_strides(out_shape)
+    pieces, at = [], 0
+    for s in in_shapes:
+        if len(s) != len(out_shape):
+            return None
+        if int(np.prod(s)):
+            merged = pr.merge_axes(list(s), [pr.c_strides(s), ost])
+            if merged is None or pr.COPY_TYPES.get(dtype.itemsize) is None:
+                return None
+            dims, (ss, ds) = merged
+            pieces.append((np.array(dims, np.int64), pr.geometry(0, ss), pr.geometry(at * ost[axis], ds)))
+        else:
+            pieces.append(None)
+        at += s[axis]
+    if at != out_shape[axis]:
+        return None
+    kind = pr.COPY_TYPES[dtype.itemsize]
+    example = np.empty(1, kind)
+    live = [p for p in pieces if p is not None]
+    if not live:
+        return None
+    fn = direct(pr.copy_strided, example, live[0][1], example, live[0][2], live[0][0], threads)
+    flats = [_Flat(kind) for _ in pieces]
+    dst = _Flat(kind)
+
+    def run(i, o):
+        y = o[0]
+        if y.dtype != dtype or not y.flags.c_contiguous or \
+                any(a.dtype != dtype or not a.flags.c_contiguous for a in i):
+            np.concatenate([np.asarray(a).astype(y.dtype, copy=False) for a in i], axis=axis, out=y)
+            return
+        yf = dst(y)
+        for a, p, f in zip(i, pieces, flats):
+            if p is not None:
+                fn(f(a), p[1], yf, p[2], p[0], threads)
+    return run
+
+
+def binary(op: str, ins, outs, threads: int):
+    """A run(i, o) for a float32 ADD/SUB/MUL/DIV with NumPy broadcasting (no fused activation), or None."""
+    if threads <= 1 or op not in pr.BINARY_KINDS or len(ins) != 2 or \
+            any(np.dtype(v.dtype) != np.float32 for v in list(ins) + list(outs)):
+        return None
+    shapes = [tuple(v.shape) if v.shape is not None else None for v in ins]
+    out_shape = tuple(outs[0].shape) if outs[0].shape is not None else None
+    if not _known(out_shape, *shapes) or any(len(s) > len(out_shape) for s in shapes):
+        return None
+    try:
+        if np.broadcast_shapes(*shapes) != out_shape:
+            return None
+    except ValueError:
+        return None
+    size = int(np.prod(out_shape))
+    if not size or not pays(size * BINARY_WORK, threads):
+        return None
+    strides = []
+    for s in shapes:
+        full = (1,) * (len(out_shape) - len(s)) + s
+        st = pr.c_strides(full)
+        strides.append([0 if d == 1 and od != 1 else x for d, od, x in zip(full, out_shape, st)])
+    merged = pr.merge_axes(list(out_shape), strides + [pr.c_strides(out_shape)])
+    if merged is None:
+        return None
+    dims, (sa, sb, so) = merged
+    shape4, ag, bg, og = np.array(dims, np.int64), pr.geometry(0, sa), pr.geometry(0, sb), pr.geometry(0, so)
+    kind = pr.BINARY_KINDS[op]
+    example = np.empty(1, np.float32)
+    fn = direct(pr.binary_strided, example, ag, example, bg, example, og, shape4, kind, threads)
+    fa, fb, fo = _Flat(np.float32), _Flat(np.float32), _Flat(np.float32)
+    ufunc = {0: np.add, 1: np.subtract, 2: np.multiply, 3: np.true_divide}[kind]
+
+    def run(i, o):
+        a, b, y = i[0], i[1], o[0]
+        if a.dtype != np.float32 or b.dtype != np.float32 or not (a.flags.c_contiguous and b.flags.c_contiguous
+                                                                   and y.flags.c_contiguous):
+            ufunc(a, b, out=y)
+            return
+        fn(fa(a), ag, fb(b), bg, fo(y), og, shape4, kind, threads)
+    return run
+
+
+def leaky(shape, slope: float, dtype, threads: int):
+    """A run(i, o) for LeakyReLU (0 < slope < 1) of a float32 tensor, or None."""
+    if threads <= 1 or not _known(shape) or np.dtype(dtype) != np.float32 or not 0 < slope < 1:
+        return None
+    size = int(np.prod(shape))
+    if not pays(size * LEAKY_WORK, threads):
+        return None
+    s32 = np.float32(slope)
+    example = np.empty(size, np.float32)
+    fn = direct(pr.leaky_flat, example, example, s32, threads)
+    fx, fy = _Flat(np.float32), _Flat(np.float32)
+
+    def run(i, o):
+        x, y = i[0], o[0]
+        if x.dtype != np.float32 or not x.flags.c_contiguous or not y.flags.c_contiguous:
+            np.multiply(x, slope, out=y)
+            np.maximum(x, y, out=y)
+            return
+        fn(fx(x), fy(y), s32, threads)
+    return run
+
+
+def sum_middle(shape, axes, op: str, out_shape, dtype, threads: int):
+    """A run(i, o) for a float32 SUM over one axis that is neither first-only nor last, or None."""
+    if threads <= 1 or op != "SUM" or len(axes) != 1 or not _known(shape, out_shape) or \
+            np.dtype(dtype) != np.float32:
+        return None
+    ax = axes[0]
+    outer, k, inner = int(np.prod(shape[:ax])), shape[ax], int(np.prod(shape[ax + 1:]))
+    if inner < 16 or k < 2 or int(np.prod(out_shape)) != outer * inner or not pays(outer * k * inner, threads):
+        return None
+    fn = direct(pr.sum_middle, np.empty((outer, k, inner), np.float32), np.empty((outer, inner), np.float32),
+                threads)
+
+    def run(i, o):
+        x, y = i[0], o[0]
+        if x.dtype != np.float32 or not x.flags.c_contiguous or not y.flags.c_contiguous:
+            y[...] = np.sum(x, axis=ax).reshape(y.shape)
+            return
+        fn(x.reshape(outer, k, inner), y.reshape(outer, inner), threads)
+    return run
+
+
+def pad(b: int, h: int, w: int, oh: int, ow: int, threads: int):
+    """A call(x (B, H, W), t, l, value, out (B, OH, OW)) for a constant pad of the last two axes split by
+    output rows (pad_rows), or None."""
+    if threads <= 1 or not b * oh * ow or not pays(b * oh * ow * COPY_WORK, threads):
+        return None
+    fn = direct(pr.pad_rows, np.empty((b, h, w), np.float32), 0, 0, np.float32(0), np.empty((b, oh, ow), np.float32),
+                threads)
+    return lambda x, t, l, value, out: fn(x, t, l, value, out, threads)
