@@ -1,6 +1,6 @@
 """The channels-in-lanes depthwise kernel (micro/depthwise_lanes.py, strategy dw-lanes) against torch's conv2d:
 k 3/5/7, stride 1 and 2, odd and non-square maps, asymmetric pads, channel counts off a multiple of 16, rows
-narrower than its 8-pixel tile and rows that end in an overlapping tile, the fused epilogue (ReLU6 bounds,
+narrower than its 7-pixel tile and rows that end in an overlapping tile, the fused epilogue (ReLU6 bounds,
 SiLU, the int8 grid), one and two workers, nothing written past the output; and converted ONNX models
 against onnxruntime.
 
@@ -46,7 +46,7 @@ def _run(c, h, w, k, s, pads, act=0, post=NO_POST, grid=NO_GRID, threads=1, n=1,
 
 @pytest.mark.parametrize("k", [3, 5, 7])
 @pytest.mark.parametrize("s", [1, 2])
-@pytest.mark.parametrize("c, h, w", [(16, 7, 7), (40, 14, 14), (17, 9, 13), (33, 4, 6)])
+@pytest.mark.parametrize("c, h, w", [(16, 7, 7), (40, 14, 14), (17, 9, 13), (33, 4, 6), (20, 28, 27)])
 def test_matches_torch(c, h, w, k, s):
     p = k // 2
     y, ref = _run(c, h, w, k, s, (p, p, p, p))
@@ -77,7 +77,8 @@ def test_int8_grid():
 
 @pytest.mark.parametrize("c, h, k, s, want", [(16, 7, 3, 1, "dw-lanes"), (8, 7, 3, 1, "dw-flat"),
                                               (576, 14, 3, 2, "dw-lanes"), (8, 14, 5, 2, "dw-pairs"),
-                                              (480, 14, 5, 1, "dw-lanes"), (240, 28, 3, 1, "dw-strips")])
+                                              (480, 14, 5, 1, "dw-lanes"), (240, 28, 3, 1, "dw-lanes"),
+                                              (144, 56, 5, 2, "dw-lanes"), (72, 56, 3, 1, "dw-strips")])
 def test_pick(c, h, k, s, want):
     p = k // 2
     o = (h + 2 * p - k) // s + 1

@@ -28,7 +28,9 @@ def close(ref, got, tol=2e-5):
                                      (17, 64, 100), (3, 20, 37), (1, 30, 20), (10, 33, 16),   # last blocks of 1-4 rows
                                      # 1-4 pixels past whole tiles (float_gemm._tail, channels in the lanes)
                                      (70, 300, 289), (33, 50, 196), (200, 64, 98), (16, 40, 147), (24, 100, 197),
-                                     (20, 40, 104)])
+                                     (20, 40, 104),
+                                     # 49..56 pixels: one 48-pixel tile and a tail (TAIL_FROM); 57: one 64 x 4 tile
+                                     (9, 70, 56), (130, 40, 51), (20, 33, 57)])
 @pytest.mark.parametrize("act", [0, 1, 2])
 def test_packed_gemm_matches_numpy(o, k, p, act):
     rng = np.random.default_rng(o * k + p)
@@ -48,6 +50,23 @@ def test_packed_gemm_matches_numpy(o, k, p, act):
         out[:] = np.nan
         g(x.reshape(-1), p, out.reshape(-1), p)
         close(ref, out[:o])
+
+
+@needs_avx512
+def test_one_thread_runs_the_serial_twin_with_the_same_sums():
+    """At one thread PackedGemm calls gemm's serial twin (float_gemm.fitted, as the kernel library does): the
+    same tiles in the same k order, so the same floats as the parallel kernel at two threads."""
+    from mnntool.runtime.kernels.micro import float_gemm
+    rng = np.random.default_rng(7)
+    o, k, p = 40, 300, 49 * 3
+    w, x, b = (rng.standard_normal(s).astype(np.float32) for s in ((o, k), (k, p), (o,)))
+    one, two = PackedGemm(w, b, 1, NO_GRID, p, 1), PackedGemm(w, b, 1, NO_GRID, p, 2)
+    assert one.fn.kernel is float_gemm.gemm.serial()
+    outs = [np.full((g.rows(), p), np.nan, np.float32) for g in (one, two)]
+    for g, out in zip((one, two), outs):
+        g(x.reshape(-1), p, out.reshape(-1), p)
+    assert np.array_equal(outs[0][:o], outs[1][:o])
+    close(np.maximum(w.astype(np.float64) @ x + b[:, None], 0), outs[0][:o])
 
 
 @needs_avx512

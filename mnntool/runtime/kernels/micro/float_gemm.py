@@ -341,47 +341,6 @@ def _gemm_body(x, xo, xs, P, wp, wo, K, O, nob, bias, epf, out, oo, os_, idx, k0
           P - p0, O - o0, bias[o0:], epf, flags)
 
 
-@njit(cache=True, inline="always")
-def _packed_tile(x, xs, P, wp, K, O, nob, bias, epf, out, os_, t, k0, kn, flags):
-    """Tile t's (kn x 48) rows copied once into a contiguous panel, then every channel block on it."""
-    ntile, full, tail_nv = _tiles(P)
-    p0 = t * 48
-    nv = 3 if t < full else tail_nv
-    width = 16 * nv
-    lanes = min(width, P - p0)
-    panel = np.empty(kn * width, np.float32)
-    for k in range(kn):
-        _copy_run(x, (k0 + k) * xs + p0, panel, k * width, lanes)
-    for ob in range(nob):
-        o0 = ob * OCB
-        _tile(nv, panel, 0, width, wp, ob * K * OCB + k0 * OCB, kn, out, o0 * os_ + p0, os_, lanes, O - o0,
-              bias[o0:], epf, flags)
-
-
-@njit(parallel=True, cache=True)
-def gemm_walk(x, xs, P, wp, K, kc, O, bias, epf, grid, out, os_, walk):
-    """`gemm` by walk: 0 a tile's channel blocks in a row on its rows in place, 1 a channel block's tiles
-    in a row, 2 as 0 on a packed copy of the tile's rows."""
-    nob = (O + OCB - 1) // OCB
-    nt = tail_pixels(P)
-    main = P - nt
-    ntile = _tiles(main)[0]
-    for k0 in range(0, K, kc):
-        kn = min(kc, K - k0)
-        flags = (1 if k0 > 0 else 0, 1 if k0 + kn >= K else 0, grid)
-        if walk == 2:
-            for t in prange(ntile):
-                _packed_tile(x, xs, main, wp, K, O, nob, bias, epf, out, os_, t, k0, kn, flags)
-        else:
-            for idx in prange(ntile * nob):
-                _gemm_body(x, 0, xs, main, wp, 0, K, O, nob, bias, epf, out, 0, os_, idx, k0, kn, flags, walk == 1)
-    if nt:
-        tb = tail_blocks(nt)
-        for j in prange((nob + tb - 1) // tb):
-            o0 = j * tb * OCB
-            _tail(nt, x, main, xs, wp, o0 * K, K * OCB, K, out, o0 * os_ + main, os_, O - o0, bias[o0:], epf, grid)
-
-
 @njit(parallel=True, cache=True)
 def gemm(x, xs, P, wp, K, kc, O, bias, epf, grid, out, os_, by_block):
     """out[:O, :P] (row stride os_) from x (row k at k * xs) and packed weights; the epilogue adds the

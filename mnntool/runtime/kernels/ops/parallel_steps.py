@@ -37,12 +37,14 @@ class _Flat:
     buffer: a reshape and a view cost ~0.5 us a call."""
 
     def __init__(self, dtype):
-        self.dtype, self.src, self.flat = np.dtype(dtype), None, None
+        self.dtype, self.pair = np.dtype(dtype), (None, None)
 
     def __call__(self, x):
-        if x is not self.src:
-            self.src, self.flat = x, x.reshape(-1).view(self.dtype)
-        return self.flat
+        src, flat = self.pair       # one read: another thread may replace the pair meanwhile
+        if src is not x:
+            flat = x.reshape(-1).view(self.dtype)
+            self.pair = (x, flat)
+        return flat
 
 
 def _copy_kernel(shape, src_strides, dst_strides, itemsize: int, threads: int):
@@ -245,9 +247,9 @@ def sum_middle(shape, axes, op: str, out_shape, dtype, threads: int):
 
 
 def pad(b: int, h: int, w: int, oh: int, ow: int, threads: int):
-    """A call(x (B, H, W), t, l, value, out (B, OH, OW)) for a constant pad of the last two axes split by
-    output rows (pad_rows), or None."""
-    if threads <= 1 or not b * oh * ow or not pays(b * oh * ow * COPY_WORK, threads):
+    """A call(x (B, H, W), t, l, value, out (B, OH, OW)) for a constant pad of the last two axes of a map of
+    fewer planes than 2 a thread, split by output rows (pad_rows), or None (pad_planes splits planes)."""
+    if threads <= 1 or not b * oh * ow or b >= 2 * threads or not pays(b * oh * ow * COPY_WORK, threads):
         return None
     fn = direct(pr.pad_rows, np.empty((b, h, w), np.float32), 0, 0, np.float32(0), np.empty((b, oh, ow), np.float32),
                 threads)

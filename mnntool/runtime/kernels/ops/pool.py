@@ -170,6 +170,10 @@ def pooling(node, ins, outs, settings):
             kh, kw, sh, sw = p["kernelY"], p["kernelX"], p["strideY"], p["strideX"]
             pt, pl = pool_pads(p, h, w, oh, ow, kh, kw, sh, sw)[:2]
         grid, offset = outs[0].grid, int(outs[0].zero) + 128
+        from .int8_pool import covers, int8_average_2x2
+        if covers(kh, kw, sh, sw, pt, pl, ins[0].shape, outs[0].shape):     # DenseNet's transitions
+            return Kernel(lambda i, o: int8_average_2x2(np.ascontiguousarray(i[0], np.float32), grid, offset, o[0]),
+                          True, grid)
         return Kernel(lambda i, o: int8_average(np.ascontiguousarray(i[0], np.float32), grid, offset,
                                                 kh, kw, sh, sw, pt, pl, o[0]), True, grid)
     if p.get("isGlobal"):

@@ -13,6 +13,7 @@ from .dense import (BlasIm2col, BlasRows, GroupedTapsInPlace, Im2colChannelsInLa
                     PackedRows, Patchify, Pointwise, SparseTaps, TapsInPlace, WideTapsInPlace, Winograd3x3)
 from .depthwise import (BorderDepthwise3x3, ChannelsLastDepthwise, FlatDepthwise, GenericDepthwise, LanesDepthwise,
                         PairedRowsDepthwise, PlaneDepthwise3x3, RowDepthwise3x3, StripDepthwise)
+from .matvec import LanesMatVec
 
 __all__ = ["Geometry", "Layer", "Strategy", "trimmed", "with_post", "build", "STRATEGIES", "pick", "HAS_AVX512"]
 
@@ -22,7 +23,7 @@ HAS_AVX512 = host_has("avx512f")
 STRATEGIES: list[Strategy] = [
     LanesDepthwise(), FlatDepthwise(), RowDepthwise3x3(), PairedRowsDepthwise(), StripDepthwise(), PlaneDepthwise3x3(),
     ChannelsLastDepthwise(), BorderDepthwise3x3(), GenericDepthwise(),
-    SparseTaps(), Winograd3x3(), MatVecRows(), PackedRows(), BlasRows(), Pointwise(), Patchify(),
+    SparseTaps(), Winograd3x3(), LanesMatVec(), MatVecRows(), PackedRows(), BlasRows(), Pointwise(), Patchify(),
     Im2colChannelsInLanes(), TapsInPlace(), WideTapsInPlace(), ImplicitIm2col(), GroupedTapsInPlace(), BlasIm2col(),
 ]
 

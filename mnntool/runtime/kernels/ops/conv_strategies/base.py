@@ -204,10 +204,10 @@ def phase_splitter(g: Geometry, threads: int, spare_row: bool = False):
     """fn(x) -> x's phase planes (float_gemm.phase_split: big enough for every tap of every output pixel,
     their zero border the padding), in a buffer the layers of the geometry share; with `spare_row`, one
     zero row past each plane, for kernels whose thrown-away columns of the last rows read into it."""
-    from ...micro.float_gemm import phase_split
+    from ...micro.float_gemm import fitted, phase_split
     hq, wq = g.phase_planes
     phases_of = SharedZeros((g.h, g.w, g.t, g.l, g.sh, g.sw), (g.cin * g.sh * g.sw, hq + spare_row, wq))
-    split = sized(phase_split, g.cin * g.h * g.w, threads)
+    split = fitted(phase_split, g.cin * g.h * g.w, threads)
 
     def split_phases(x):
         phases = phases_of()
@@ -220,12 +220,12 @@ def on_wide_rows(g: Geometry, threads: int, fill):
     """A kernel for the kernels that read the phase planes (with their spare row) on the planes' width:
     fill(phases, wide) writes every column of the wide output (cout, oh, wq), the thrown-away ones too,
     which is then cropped to the output's width (float_gemm.crop_rows)."""
-    from ...micro.float_gemm import crop_rows
+    from ...micro.float_gemm import crop_rows, fitted
     split = phase_splitter(g, threads, spare_row=True)
     if g.phase_planes[1] == g.ow:       # no thrown-away columns (a kh x 1 window): written in place
         return per_image(g, lambda x, y: fill(split(x), y))
     wide_of = Scratch(COLS, (g.cout, g.oh, g.phase_planes[1]))
-    crop = sized(crop_rows, g.out_size, threads)
+    crop = fitted(crop_rows, g.out_size, threads)
 
     def one(x, y):
         wide = wide_of()

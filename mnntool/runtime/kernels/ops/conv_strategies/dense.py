@@ -143,6 +143,24 @@ class BlasRows(Strategy):
         return writes(run)
 
 
+# A 3x3/2 (or any im2col) layer to a 7x7 map (49..56 pixels) that the in-place taps do not take (weights past
+# L2 and more than 80 output channels) runs conv_im2col, on
+# float_gemm's 48-pixel tile and its tail (float_gemm.TAIL_FROM), not an im2col matrix and few_pixel_gemm's
+# channels-in-lanes GEMM. 1 thread, ms im2col-oc -> im2col-implicit: whole layer models, Intel Xeon
+# (tmp_dev/xgemm/abs.py AB=tails) 512->512 14->7 2.711 -> 2.567, 256->512 1.913 -> 1.613; strategies alone,
+# AMD EPYC (exp2.py) 512->512 2.971 -> 2.713, 160->160 0.381 -> 0.280. A 1x1 on a 7x7 map stays on
+# few_pixel_gemm: float_gemm's tail tied it there on the Xeon (kernels alone 1.174 / 1.140 ms at 2048->512,
+# 1.125 / 1.130 at 512->2048) and lost 10% in the whole-layer models (won 3-16% on the EPYC).
+# Overridable (benchmarks flip it).
+TAILED_TILES = True
+
+
+def _tailed(pixels: int) -> bool:
+    """float_gemm runs this many pixels as whole 48-pixel tiles and a tail (7x7 maps)."""
+    from ...micro.float_gemm import tail_pixels
+    return TAILED_TILES and 48 < pixels <= 64 and tail_pixels.py_func(pixels) > 0
+
+
 def _one_gemm(g: Geometry, layer: Layer, pixels: int):
     """The layer's weights packed for one GEMM over `pixels` columns: channels-in-lanes (few_pixel_gemm) where the
     pixel count suits it, else float_gemm's packed tiles."""
@@ -204,7 +222,11 @@ class Im2colChannelsInLanes(Strategy):
 
     def suits(self, g):
         from ...micro.few_pixel_gemm import suits
-        return g.group == 1 and suits(g.oh * g.ow, g.weight_bytes)
+        if g.group != 1 or not suits(g.oh * g.ow, g.weight_bytes):
+            return False
+        # 7x7 maps go to conv_im2col (TAILED_TILES) unless the in-place taps would take them (not measured
+        # against this: they stay)
+        return not _tailed(g.oh * g.ow) or WideTapsInPlace().suits(g)
 
     def build(self, g, layer):
         from ...micro.few_pixel_gemm import OcGemm

@@ -23,12 +23,13 @@ PLANE_DW_MAX_PAD, PLANE_DW_MIN_WIDTH = 2, 7
 # with SiLU 672 channels 5x5 14->7 63 us against 79 phased and 83 strips, 256 of 7x7 48 / 82 / 57; without
 # 45 / 59 / 53.
 # Channels in the lanes (LanesDepthwise) to output rows this wide, from this many channels: kernels alone in
-# turns, 1 thread, AMD EPYC (Zen 4), us, lanes / the kernel it replaced: 768 channels 3x3 on 14x14 70 / 84
-# (strips), with SiLU 113 / 156; 672 5x5 on 14x14 99 / 137 (strips); 1248 3x3 on 7x7 34 / 40 (flat); 1152 5x5
-# on 7x7 49 / 86 (flat); 576 3x3 14->7 27 / 39 (pairs); 672 5x5 14->7 46 / 75 (pairs); 256 7x7 14->7 26 / 62
-# (pairs); 1280 3x3 on 4x4 16 / 39 (flat). 240 3x3 28->14 54 / 57 (strips): equal there, so no wider. With 8
-# channels (half the lanes idle) flat and pairs stay ahead by ~0.3 us.
-LANES_MAX_WIDTH, LANES_MIN_CHANNELS = 14, 16
+# turns, 1 thread, AMD EPYC (Zen 4), us, lanes / the kernel it replaced: 768 channels 3x3 on 14x14 62-70 / 84
+# (strips), with SiLU 113 / 156; 672 5x5 on 14x14 92 / 136 (strips); 1248 3x3 on 7x7 34 / 40 (flat); 1152 5x5
+# on 7x7 43 / 86 (flat); 576 3x3 14->7 25 / 39 (pairs); 672 5x5 14->7 46 / 75 (pairs); 256 7x7 14->7 21 / 62
+# (pairs); 1280 3x3 on 4x4 16 / 39 (flat); on 28x28 (strips): 240 5x5 127 / 167, 128 7x7 114 / 153, 72 3x3
+# 28 / 35, 32 3x3 13 / 18; 144 5x5 56->28 123 / 162, 144 3x3 56->28 96 / 100. At 56 wide strips win (72 3x3
+# 97 / 88, 48 3x3 112->56 141 / 115). With 8 channels (half the lanes idle) flat and pairs stay ahead by ~0.3 us.
+LANES_MAX_WIDTH, LANES_MIN_CHANNELS = 28, 16
 # Strips go down blocks of this many output rows (their input rows stay in L1 across the strips).
 STRIP_ROWS = 8
 

@@ -1,0 +1,39 @@
+"""Padding kernel (ops/tensor.pad_planes) on rows only (CoaT's class-token pad before its convolutional
+position encoding: one row of zeros on top of each head's tokens x dims plane, walked as one fill and one
+copy a plane) and with columns (flat indices), against onnxruntime: exact (a copy)."""
+import numpy as np
+import onnx
+import pytest
+
+from mnntool.api import convert, load_session
+from tests.runtime.test_padding_kernel import _pad_model
+
+ort = pytest.importorskip("onnxruntime")
+
+
+@pytest.mark.parametrize("shape, pads, value", [
+    ((1, 8, 50, 8), [0, 0, 1, 0, 0, 0, 0, 0], None),            # rows on top only
+    ((2, 3, 7, 5), [0, 0, 2, 0, 0, 0, 3, 0], -1.5),             # rows on top and bottom
+    ((1, 4, 9, 6), [0, 0, 0, 2, 0, 0, 0, 1], 0.25),             # columns only
+    ((1, 2, 5, 5), [0, 0, 1, 1, 0, 0, 2, 3], None),             # both
+])
+@pytest.mark.parametrize("threads", [1, 2])
+def test_row_and_column_pads_match_onnxruntime(tmp_path, shape, pads, value, threads):
+    m = _pad_model(shape, pads, "constant", value)
+    onnx.save(m, tmp_path / "m.onnx")
+    convert(tmp_path / "m.onnx", tmp_path / "m.mnn")
+    sess = load_session(tmp_path / "m.mnn", threads=threads)
+    x = np.random.default_rng(sum(pads)).standard_normal(shape).astype(np.float32)
+    ref = ort.InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
+    for _ in range(2):      # the second run into the same (now dirty) buffers
+        np.testing.assert_array_equal(sess.run({"x": x})["y"], ref)
+    assert [s.kernel.writes_out for s in sess.plan.steps if s.op == "Padding"] == [True]
+
+
+def test_pad_planes_alone_matches_numpy_pad():
+    from mnntool.runtime.kernels.ops.tensor import pad_planes
+    x = np.random.default_rng(0).standard_normal((3, 40, 8)).astype(np.float32)
+    for t, b, l, r in [(1, 0, 0, 0), (0, 2, 0, 0), (2, 1, 3, 0), (0, 0, 1, 1)]:
+        out = np.full((3, 40 + t + b, 8 + l + r), np.nan, np.float32)
+        pad_planes(x, t, l, np.float32(0.5), out)
+        np.testing.assert_array_equal(out, np.pad(x, ((0, 0), (t, b), (l, r)), constant_values=0.5))
