@@ -18,7 +18,7 @@ from ..ir.shape_inference import infer_node
 from . import announce_first_compile
 from .kernels import next_run
 from .kernels.compile import aot
-from .kernels.weight_cache import parts_of
+from .kernels.weight_cache import Parts, parts_of
 from .kernels.ops.control import run_bodies_in, shape_free
 from .plan import Plan, Planning, Step, build, check_off
 from .plan.int8_store import RAW, raw_reads, rounding, stored_grids, stored_on
@@ -74,7 +74,7 @@ class Session:
         self.settings = Settings.of(threads, off)
         check_off(self.settings.off)
         self._arenas = Arenas()       # plan memory, shared by the plans of every shape (runtime/plan/arenas.py)
-        self._parts: dict = {}        # the kernels' shape-free parts, kept across shapes (kernels/weight_cache.py)
+        self._parts = Parts()         # the kernels' shape-free parts, kept across shapes (kernels/weight_cache.py)
         self.plan: Plan | None = None       # the plan last prepared or run (a run uses its own, checked out)
         self._plan_key = None
         self._plans: dict = {}        # input-shape key -> its first plan (insertion order: oldest first)

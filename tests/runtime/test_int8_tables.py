@@ -3,7 +3,7 @@ kernels.ops.int8_tables): the VNNI tile's epilogue and the depthwise requantize 
 codes up with byte permutes (int8_gemm.lut_bytes). References: numpy's lookup of the same codes for
 the kernels (bit-exact), the same session unfused (keep_all plans fuse nothing: bit-exact) and the
 real MNN runtime on the same int8 file (cosine >= 0.9999, as tests/runtime/test_int8_kernels.py); its
-first 3x3 convolution (30 pixels a row) runs from the grid (int8_gemm.gemm_grid)."""
+first 3x3 convolution (30 pixels a row) runs from the grid (int8_gemm.gemm_planes)."""
 import numpy as np
 import onnx
 import pytest

@@ -291,3 +291,20 @@ def test_padded_planes_taken_over_past_the_budget(tmp_path, monkeypatch):
     for _ in range(3):
         for hw in shapes:
             assert np.array_equal(s.run({"x": xs[hw]})["y"], want[hw]), hw
+
+
+def test_session_parts_of_plan_own_objects_do_not_pile_up():
+    """weight_cache.Parts keeps a part while some recent plan uses it: parts of objects a plan made for itself
+    (weights a fusion computes at every plan) go after Parts.KEEP_PLANS plans, with the arrays kept for
+    packing; a part every plan uses stays, made once."""
+    from mnntool.runtime.kernels import weight_cache
+    parts, made = weight_cache.Parts(), []
+    shared = np.ones(8, np.float32)
+    for k in range(5 * weight_cache.Parts.KEEP_PLANS):
+        with weight_cache.parts_of(parts):
+            own = np.full(8, k, np.float32)         # this plan's own weights
+            got = weight_cache.node_part("w", (own,), lambda: own * 2)
+            assert got[0] == 2 * k
+            weight_cache.node_part("s", (shared,), lambda: made.append(1) or shared + 1)
+    assert len(made) == 1
+    assert len(parts.entries) <= 2 * weight_cache.Parts.KEEP_PLANS + 1 and len(parts.kept) <= len(parts.entries)

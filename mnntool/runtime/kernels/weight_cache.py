@@ -77,74 +77,82 @@ def cached_count() -> int:
 # entry holds, so an id names the same object while the entry lives); a factory called outside a session's
 # planning (tests, the eager path) computes them every time.
 _ACTIVE = threading.local()
-MAX_PARTS = 8192        # entries a session keeps (cleared when full: planning recomputes them)
+
+
+class Parts:
+    """A session's shape-free parts: key -> [value, the objects the key names by id (held), the plan that last
+    used it]. An entry no plan used among the last KEEP_PLANS goes (a fusion that computes its weights at
+    every plan, fuse_scalar_affine's, makes parameter objects of that plan's own: their parts must not pile up)."""
+
+    KEEP_PLANS = 16
+
+    def __init__(self):
+        self.entries: dict = {}
+        self.kept: dict = {}        # id -> array: the arrays node parts hold (their packs are kept too)
+        self.memos: dict = {}       # name -> dict: plan stages' memos (session_memo)
+        self.plan = 0
+
+    def get(self, key, objects, make):
+        hit = self.entries.get(key)
+        if hit is None:
+            hit = self.entries[key] = [make(), objects, self.plan]
+            if isinstance(hit[0], np.ndarray):     # weights a node part holds: packed once too (packed_once)
+                root = _root(hit[0])
+                self.kept[id(root)] = root
+        hit[2] = self.plan
+        return hit[0]
+
+    def planned(self) -> None:
+        """A plan is done: every KEEP_PLANS plans, entries older than that go."""
+        self.plan += 1
+        if self.plan % self.KEEP_PLANS == 0:
+            old = self.plan - self.KEEP_PLANS
+            self.entries = {k: e for k, e in self.entries.items() if e[2] >= old}
+            self.kept = {}
+            for e in self.entries.values():
+                if isinstance(e[0], np.ndarray):
+                    root = _root(e[0])
+                    self.kept[id(root)] = root
 
 
 class parts_of:
-    """`with parts_of(cache): ...`: factories called inside keep their shape-free parts in `cache` (a dict)."""
+    """`with parts_of(parts): ...`: factories called inside keep their shape-free parts in `parts` (a Parts)."""
 
-    def __init__(self, cache: dict):
-        self.cache = cache
+    def __init__(self, parts: Parts):
+        self.parts = parts
 
     def __enter__(self):
-        self.before = getattr(_ACTIVE, "cache", None)
-        _ACTIVE.cache = self.cache
-        return self.cache
+        self.before = getattr(_ACTIVE, "parts", None)
+        _ACTIVE.parts = self.parts
+        return self.parts
 
     def __exit__(self, *exc):
-        _ACTIVE.cache = self.before
+        _ACTIVE.parts = self.before
+        self.parts.planned()
 
 
 def node_part(tag: str, objects: tuple, make):
     """make(), or the value it gave for the same `tag` and the same (identical) parameter `objects` while this
     session plans. `objects` must be everything make() reads."""
-    cache = getattr(_ACTIVE, "cache", None)
-    if cache is None:
+    parts = getattr(_ACTIVE, "parts", None)
+    if parts is None:
         return make()
-    key = (tag,) + tuple(map(id, objects))
-    hit = cache.get(key)
-    if hit is not None:
-        return hit[0]
-    value = make()
-    if len(cache) >= MAX_PARTS:
-        cache.clear()
-    cache[key] = (value, objects)       # the objects held: their ids stay theirs
-    if isinstance(value, np.ndarray):   # weights a node part holds: packed once too (packed_once)
-        root = _root(value)
-        cache.setdefault(_KEPT, {})[id(root)] = root
-    return value
+    return parts.get((tag,) + tuple(map(id, objects)), objects, make)
 
 
 def session_memo(name: str) -> dict | None:
     """A dict kept across the plans of the session planning now (None outside its planning): plan stages'
-    memos (plan/shapes.py)."""
-    cache = getattr(_ACTIVE, "cache", None)
-    if cache is None:
-        return None
-    key = ("memo", name)
-    hit = cache.get(key)
-    if hit is None:
-        if len(cache) >= MAX_PARTS:
-            cache.clear()
-        hit = cache[key] = ({}, None)
-    return hit[0]
-
-
-_KEPT = "kept arrays"      # in a session's parts: id -> array of the arrays its node parts hold
+    memos (plan/shapes.py: its size is the graph's, not the number of plans)."""
+    parts = getattr(_ACTIVE, "parts", None)
+    return None if parts is None else parts.memos.setdefault(name, {})
 
 
 def _packed_in_session(pack, w: np.ndarray, root, args):
     """pack(w, *args) for weights that own their data (a file's float16 weights made float32, weights a pass
-    computed): kept in the planning session's parts where a node part holds the array (weights of a plan's
-    own, trimmed for its shape, say, are packed every time)."""
-    cache = getattr(_ACTIVE, "cache", None)
-    kept = cache.get(_KEPT) if cache is not None else None
-    if not kept or id(root) not in kept:
+    computed) or whose buffer takes no weak reference: kept in the planning session's parts where a node part
+    holds the array (weights of a plan's own, trimmed for its shape, say, are packed every time)."""
+    parts = getattr(_ACTIVE, "parts", None)
+    if parts is None or id(root) not in parts.kept:
         return pack(w, *args)
     key = ("packed", id(root), w.__array_interface__["data"][0], w.shape, w.strides, w.dtype.str, pack, args)
-    hit = cache.get(key)
-    if hit is None:
-        if len(cache) >= MAX_PARTS:
-            cache.clear()
-        hit = cache[key] = (pack(w, *args), root)
-    return hit[0]
+    return parts.get(key, (root,), lambda: pack(w, *args))

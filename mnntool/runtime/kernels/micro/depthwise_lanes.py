@@ -176,9 +176,10 @@ def _block(k, s, x, xo, nc, hw, inpos, xt, wt, wo, bt, bo, yt, pw, oh, ow, out, 
 @njit(parallel=True, cache=True)
 def depthwise_lanes(x, wt, bt, k, s, inpos, pw, epf, grid, xt, yt, out):
     """x (C, H, W) -> out (C, oh, ow) by blocks of 16 channels; wt (ceil(C/16), k*k, 16) and bt (ceil(C/16), 16)
-    the weights and bias with channels last (`lanes_weights`), k in SIZES, s in STRIDES; inpos and pw
-    from `tables`; xt (chunks, ...) zeroed once and yt (chunks, ...) the scratch of each of `chunks`
-    workers (`scratch`; a chunk runs a contiguous run of blocks)."""
+    the weights and bias with channels last (`lanes_weights`, `lanes_bias`), k in SIZES, s in STRIDES; inpos and pw
+    from `tables`; xt (chunks, input scratch vectors * 16: zero where no input pixel is written) and yt
+    (chunks, output scratch vectors * 16) the scratch of each of `chunks` workers (a chunk runs a
+    contiguous run of blocks)."""
     C, H, W = x.shape
     oh, ow = out.shape[1], out.shape[2]
     hw, ohw = H * W, oh * ow
@@ -193,20 +194,26 @@ def depthwise_lanes(x, wt, bt, k, s, inpos, pw, epf, grid, xt, yt, out):
                    yt[ch], pw, oh, ow, of, c0 * ohw, epf, grid)
 
 
-def lanes_weights(w: np.ndarray, b: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
-    """(C, k*k) weights and (C,) bias -> (ceil(C/16), k*k, 16) and (ceil(C/16), 16), channels in the lanes
-    (zeros past C)."""
+def lanes_weights(w: np.ndarray, k: int) -> np.ndarray:
+    """(C, k*k) weights -> (ceil(C/16), k*k, 16) on a cache line, channels in the lanes (zeros past C)."""
     from .. import aligned_empty
     c = w.shape[0]
     nb = (c + 15) // 16
     wt = np.zeros((nb * 16, k * k), np.float32)
     wt[:c] = w.reshape(c, k * k)
-    bt = aligned_empty(nb * 16).reshape(nb, 16)
-    bt[:] = 0
-    bt.reshape(-1)[:c] = b
     wl = aligned_empty(nb * k * k * 16).reshape(nb, k * k, 16)
     wl[:] = wt.reshape(nb, 16, k * k).transpose(0, 2, 1)
-    return wl, bt
+    return wl
+
+
+def lanes_bias(b: np.ndarray) -> np.ndarray:
+    """(C,) bias -> (ceil(C/16), 16) on a cache line (zeros past C)."""
+    from .. import aligned_empty
+    c = b.shape[0]
+    bt = aligned_empty(-(-c // 16) * 16)
+    bt[:] = 0
+    bt[:c] = b
+    return bt.reshape(-1, 16)
 
 
 @functools.lru_cache(maxsize=64)
@@ -224,13 +231,3 @@ def tables(h: int, w: int, k: int, s: int, t: int, l: int, oh: int, ow: int):
     inpos = np.where(p < h * w, (p // w + t) * pw + p % w + l, spare).astype(np.int64)
     inpos.setflags(write=False)
     return inpos, pw, spare + 1, -(-oh * ow // 16) * 16 + TILE
-
-
-def scratch(h: int, w: int, k: int, s: int, t: int, l: int, oh: int, ow: int, chunks: int):
-    """The zeroed input and output scratch of `chunks` workers, (chunks, vectors*16) each, on cache lines (its
-    vectors are whole lines)."""
-    from .. import aligned_empty
-    _, _, nin, nout = tables(h, w, k, s, t, l, oh, ow)
-    xt, yt = aligned_empty(chunks * nin * 16), aligned_empty(chunks * nout * 16)
-    xt[:], yt[:] = 0, 0
-    return xt.reshape(chunks, nin * 16), yt.reshape(chunks, nout * 16)

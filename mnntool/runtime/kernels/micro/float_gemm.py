@@ -8,7 +8,7 @@ plane, an im2col matrix or a Winograd position: row k at x + k * xs), so nothing
 
 The micro-kernel is LLVM IR for AVX-512 (Numba does not keep a register tile of accumulators): a tile
 of NV x 16 pixels x 8 output channels in NV * 8 zmm accumulators, one FMA per (16 pixels, channel, k)
-with the weight broadcast from memory; masked loads and stores handle the tile at the row end and
+with the weight broadcast into a register; masked loads and stores handle the tile at the row end and
 the channels past O, so the output needs no padding rows.
 """
 from __future__ import annotations
@@ -26,10 +26,11 @@ BY_BLOCK_X = 256 * 1024     # floats: an activation matrix this small is re-read
 
 
 # At one thread the serial twins of this module's parallel kernels, as the kernel library (compile-kernels)
-# runs them: Numba's parallel build of the same loop ran slower at one thread (Xeon, ms parallel / twin:
-# 1x1 64->256 on 56x56 1.05 / 0.86, 256->128 1.92 / 1.83, 128->512 on 28x28 0.88 / 0.82, conv_im2col 3x3/2
-# 128->128 to 28x28 2.42 / 2.15; EPYC 1x1 64->256 1.41 / 1.17; tmp_dev/xgemm/diag.py). Overridable (a
-# benchmark flips it before building a session to compare).
+# runs them: Numba's parallel build of the same loop ran slower at one thread (Intel Xeon, ms parallel /
+# twin: 1x1 64->256 on 56x56 1.05 / 0.86, 256->128 1.92 / 1.83, 128->512 on 28x28 0.88 / 0.82, conv_im2col
+# 3x3/2 128->128 to 28x28 2.42 / 2.15, phase_split 512 x 14 x 14 0.138 / 0.041; AMD EPYC phase_split 0.075 /
+# 0.038; tmp_dev/xgemm/diag.py, exp2.py). Whole layer models on a noisier Xeon: 0.93-0.96 on 8 of 20
+# layers, 1.08-1.12 on 3 (abs.py). Overridable (a benchmark flips it before building a session).
 SERIAL_AT_ONE = True
 
 
@@ -53,19 +54,18 @@ HAS_AVX512 = host_has("avx512f")
 
 
 def _asm_parser() -> None:
-    """The tiles' inline asm needs LLVM's native asm parser, which Numba does not initialize."""
+    """The tiles' inline asm needs LLVM's native asm parser, which Numba does not initialize: called where a
+    tile is generated (not at import: a session on the kernel library imports no llvmlite)."""
     import llvmlite.binding as llvm
     llvm.initialize_native_asmparser()
-
-
-_asm_parser()
 
 
 def _make_tile(nv: int, ocb: int = OCB, in_register: bool = True):
     """The micro-kernel for nv x 16 pixels x ocb channels (ocb <= 8: the first ocb of a packed block of 8).
     `in_register`: each weight broadcast once into a register (inline asm) for its nv FMAs; LLVM otherwise
-    folds the broadcast into every FMA ({1to16}), nv + 1 loads per weight where Intel's two FMA ports
-    need fewer loads than FMAs."""
+    folds the broadcast into every FMA ({1to16}): 27 loads a k for 24 FMAs, where Intel's two FMA ports
+    want fewer loads than FMAs. Serial kernels alone, Intel Xeon (tmp_dev/xgemm/exp1.py): 1x1 on 7x7 maps
+    x0.84-0.88, on 14x14 to 56x56 x0.95-1.03; AMD EPYC within its noise (x0.89-1.06)."""
     @intrinsic
     def tile(typingctx, x, xoff, xs, w, woff, nk, out, ooff, os_, left, rows, bias, epf, flags):
         """out[o0 + o, p0 + j] for 8 channels x nv*16 pixels. x row k at xoff + k*xs, or at xoff + xs[k]
@@ -79,6 +79,8 @@ def _make_tile(nv: int, ocb: int = OCB, in_register: bool = True):
                          types.intp, types.intp, types.intp, bias, epf, flags)
 
         def codegen(context, builder, sig, args):
+            if in_register:
+                _asm_parser()
             xa, xo, xs_, wa, wo, nk_, oa, oo, ostride, left_, rows_, ba, epfa, fla = args
             i1, i32, i64, f32 = ir.IntType(1), ir.IntType(32), ir.IntType(64), ir.FloatType()
             f16, m16 = ir.VectorType(f32, 16), ir.VectorType(i1, 16)

@@ -21,7 +21,7 @@ from ..compile.jit import njit, prange
 from .. import aligned_empty, sized
 from .epilogue import EXACT, act_bounds, activation, grid_of, mnn_cast, to_grid_z
 from .int8_gemm import NO_TABLE, Int8Weights, byte_table, epilogue, lut_chunk, pixel_blocks
-from .int8_lanes_oc import lane_fill
+from .int8_lanes_oc import OcLanesWeights, lane_fill
 
 
 @njit(cache=True, fastmath=EXACT, inline="always")
@@ -244,7 +244,9 @@ def int8_convolution(geometry, q, alpha, bias, act, grids, in_shape, out_shape, 
     oc_lanes = lane_fill(pixels, cout) * (k4 + EPILOGUE_K[0]) / (k4 + EPILOGUE_K[1]) >= OC_LANES * filled
     from_grid = from_grid or (oc_lanes and not direct)
     # VNNI does 16 multiply-adds per element operation of kernels.sized's measure
-    weights = Int8Weights(wk.reshape(cout, -1), *rows, cout * oh * ow * k4 * 4 // 16, threads, oc_lanes)
+    weights = Int8Weights(wk.reshape(cout, -1), *rows, cout * oh * ow * k4 * 4 // 16, threads)
+    lanes_oc = OcLanesWeights(weights, wk.reshape(cout, -1), cout * oh * ow * k4 * 4 // 16, threads) \
+        if oc_lanes else None
     cols = None if from_grid else np.full((pixel_blocks(pixels), k4, 16, 4), off, np.uint8)
     words, flat = (None, None) if from_grid else (cols.view(np.uint32).reshape(cols.shape[:3]), cols.reshape(-1))
     word = np.uint32(off * 0x01010101)
@@ -288,7 +290,7 @@ def int8_convolution(geometry, q, alpha, bias, act, grids, in_shape, out_shape, 
                 if from_grid:
                     quantize(x[i], inv_in, z_in, q_lo, q_hi, off, t, l, sh, sw, grid32)
                     if oc_lanes:
-                        weights.matmul_oc(slack, pix, offs, epf, y[i].reshape(cout, pixels), tab)
+                        lanes_oc.matmul(slack, pix, offs, epf, y[i].reshape(cout, pixels), tab)
                     else:
                         weights.matmul_grid(slack, offs, epf, y[i].reshape(cout, pixels), blk, tab)
                     continue
@@ -296,7 +298,7 @@ def int8_convolution(geometry, q, alpha, bias, act, grids, in_shape, out_shape, 
                 unfold(grid32, kh, kw, sh, sw, dh, dw, oh, ow, words)
             dst = y[i].reshape(cout, pixels)
             if oc_lanes:
-                weights.matmul_oc(flat_words, pix, offs, epf, dst, tab)
+                lanes_oc.matmul(flat_words, pix, offs, epf, dst, tab)
             else:
                 weights.matmul(flat, epf, dst, tab)
     return run

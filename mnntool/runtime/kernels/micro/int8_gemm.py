@@ -21,6 +21,7 @@ from .epilogue import act_bounds
 from .llvm_ir import data_of, declare, first_lanes, host_has, k_loop, lane_bits, splat as splat_
 
 PIX, OCB = 32, 8          # tile: pixels x output channels
+EP_ROWS = 32            # the epilogue rows padded to a multiple of this (int8_lanes_oc's tile: 32 channels)
 
 
 HAS_VNNI = host_has("avx512vnni")
@@ -159,6 +160,9 @@ def _store_ir(context, builder, new, op, os_, blocks, rows_, ep_ty, epa, epfa, t
     table = builder.fcmp_ordered("!=", builder.extract_value(epfa, 7), ir.Constant(f32, 0))
 
     def stores():
+        if not HAS_VBMI:        # no byte permutes to select (Cascade Lake has VNNI, not VBMI): never a table
+            store(False)
+            return
         with builder.if_else(table) as (then, otherwise):
             with then:
                 store(True)
@@ -350,24 +354,21 @@ def epilogue(alpha, bias, weight_sums, s_in: float, zero_in: int, out_grid, act:
 class Int8Weights:
     """An (OC, K) int8 weight packed for the tile, with its epilogue rows padded to whole tiles."""
 
-    def __init__(self, wq: np.ndarray, scale, bias, work: int, threads: int, oc_lanes: bool = False):
-        """`work`: element operations per call, to run serially when small (see kernels.sized); `oc_lanes`:
-        also packed for int8_lanes_oc's tile (channels in the lanes), `matmul_oc`."""
-        from .int8_lanes_oc import OCT, gemm_oc, pack_weights
+    def __init__(self, wq: np.ndarray, scale, bias, work: int, threads: int):
+        """`work`: element operations per call, to run serially when small (see kernels.sized)."""
         oc, k = wq.shape
         self.oc, self.k4 = oc, -(-k // 4)
         rows = -(-oc // OCB) * OCB
         full = np.zeros((rows, self.k4 * 4), np.int8)
         full[:oc, :k] = wq
         self.data = np.ascontiguousarray(full.reshape(rows // OCB, OCB, self.k4, 4).transpose(0, 2, 1, 3)).reshape(-1)
-        self.data_oc = pack_weights(full[:oc]) if oc_lanes else None
-        # epilogue rows padded to whole tiles of either kernel (int8_lanes_oc reads vectors of 16)
-        pad = lambda a, dt: np.concatenate([np.asarray(a, dt), np.zeros(-(-oc // OCT) * OCT - oc, dt)])  # noqa: E731
+        # epilogue rows padded to whole tiles of either kernel (int8_lanes_oc reads vectors of 16, 32 a tile)
+        extra = -(-oc // EP_ROWS) * EP_ROWS - oc
+        pad = lambda a, dt: np.concatenate([np.asarray(a, dt), np.zeros(extra, dt)])  # noqa: E731
         self.ep = (pad(scale, np.float32), pad(bias, np.float32))
         from .. import sized
         self.gemm = sized(gemm_vnni, work, threads)
         self.grid_gemm = sized(gemm_planes, work, threads)
-        self.oc_gemm = sized(gemm_oc, work, threads) if oc_lanes else None
 
     def matmul(self, x: np.ndarray, epf: tuple, out: np.ndarray, tab: np.ndarray = NO_TABLE) -> None:
         """out (OC, P) float32; tab: a table op's values by output byte from the lowest (epf[7] set)."""
@@ -377,9 +378,3 @@ class Int8Weights:
                     tab: np.ndarray = NO_TABLE) -> None:
         """out (OC, P) float32 of a stride-1 window straight from the quantized grid (gemm_planes)."""
         self.grid_gemm(g, offs, self.data, self.k4, self.oc, self.ep, epf, out, tab, blk)
-
-    def matmul_oc(self, x: np.ndarray, pix: np.ndarray, offs: np.ndarray, epf: tuple, out: np.ndarray,
-                  tab: np.ndarray = NO_TABLE) -> None:
-        """out (OC, P) float32 with the channels in the lanes (int8_lanes_oc.gemm_oc): pixel p's word k at
-        x[pix[p] + offs[k]]."""
-        self.oc_gemm(x, pix, offs, self.data_oc, self.k4, self.oc, self.ep, epf, out, tab)

@@ -16,10 +16,11 @@ from __future__ import annotations
 import numpy as np
 from ..compile.jit import njit, prange, types, intrinsic
 
-from .int8_gemm import lut_bytes
+from .int8_gemm import EP_ROWS, HAS_VBMI, NO_TABLE, lut_bytes
 from .llvm_ir import data_of, declare, k_loop, splat as splat_
 
 PIXT, OCT = 7, 32           # tile: pixels x output channels (two vectors of 16)
+assert EP_ROWS % OCT == 0       # int8_gemm.Int8Weights' epilogue rows hold whole tiles of this kernel
 
 
 def lane_fill(pixels: int, oc: int) -> float:
@@ -155,6 +156,9 @@ def _tile_oc(typingctx, x, pix, p0, offs, w, woff, k4, out, ooff, ostride, npix,
                     live = builder.select(builder.icmp_signed("<", const(o), rows_), pmask, none)
                     dst = builder.bitcast(builder.gep(op, [builder.mul(const(o), os_)]), f8.as_pointer())
                     builder.call(mstore, [row, dst, ir.Constant(i32, 4), live])
+        if not HAS_VBMI:        # as int8_gemm._store_ir: no table op's codes without VBMI
+            store(False)
+            return context.get_dummy_value()
         with builder.if_else(table) as (then, otherwise):
             with then:
                 store(True)
@@ -177,3 +181,18 @@ def gemm_oc(x, pix, offs, wt, k4, oc, ep, epf, out, tab):
         o0, p0 = ob * OCT, pt * PIXT
         _tile_oc(x, pix, p0, offs, wt, ob * 2 * k4 * 64, k4, of, o0 * P + p0, P, min(PIXT, P - p0), oc - o0,
                  (scale[o0:], bias[o0:]), epf, tab)
+
+
+class OcLanesWeights:
+    """An int8_gemm.Int8Weights' weights packed for this tile too (pack_weights), sharing its epilogue rows."""
+
+    def __init__(self, base, wq: np.ndarray, work: int, threads: int):
+        from .. import sized
+        self.base, self.data = base, pack_weights(wq)
+        self.gemm = sized(gemm_oc, work, threads)
+
+    def matmul(self, x: np.ndarray, pix: np.ndarray, offs: np.ndarray, epf: tuple, out: np.ndarray,
+               tab: np.ndarray = NO_TABLE) -> None:
+        """out (OC, P) float32: pixel p's word k at x[pix[p] + offs[k]]."""
+        b = self.base
+        self.gemm(x, pix, offs, self.data, b.k4, b.oc, b.ep, epf, out, tab)

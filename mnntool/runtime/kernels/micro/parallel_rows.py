@@ -3,10 +3,12 @@
 LeakyReLU, a sum over a middle axis and PoolFormer's one-row LayerNorm ran x0.7-1.0 their one-thread
 time, the data they read sitting in the other cores' caches after a parallel convolution).
 
-Each kernel splits its output into `chunks` contiguous pieces (one per thread, edges on 16-element
-boundaries: no cache line written by two threads) and walks its operands through at most four merged
-axes (`geometry`: offset and element strides of each operand over a common shape), so one kernel serves
-every permutation, slice, concat piece and broadcast that merges to four axes. The ops' one-thread code
+Each kernel splits its output into `chunks` contiguous pieces, one a thread: runs of elements with edges
+on 16-element boundaries (no cache line written by two threads), or runs of whole rows where there are
+many (a row's bookkeeping stays out of the inner loop; a line may be shared at the one edge between two
+threads). The copy and the binary op walk their operands through at most four merged axes (`geometry`:
+offset and element strides of each operand over a common shape), so one kernel serves every
+permutation, slice, concat piece and broadcast that merges to four axes. The ops' one-thread code
 (NumPy) stays what one thread and small work run: these kernels compute the same IEEE operations in the
 same order (a copy, one add/sub/mul/div an element, a sum in order over the middle axis), so their
 output is bit-identical to it. The long-row LayerNorm is the exception: it is the kernel at every thread
@@ -73,10 +75,13 @@ def _copy_rows(src, dst, s0, s1, s2, s3, t0, t1, t2, t3, d1, d2, n, r, rows):
     i0 = r // d1
     sb = s0 + i0 * s1 + i1 * s2 + i2 * s3
     db = t0 + i0 * t1 + i1 * t2 + i2 * t3
+    un = np.uint64(n)
     for _ in range(rows):
-        sr, dr = src[sb:sb + n], dst[db:db + n]
-        for j in range(n):
-            dr[j] = sr[j]
+        # unsigned flat indices: no negative-index wrap to test (slices of a row cost ~40% more on rows
+        # of 8 floats)
+        us, ud = np.uint64(sb), np.uint64(db)
+        for j in range(un):
+            dst[ud + j] = src[us + j]
         i2 += 1
         sb += s3
         db += t3

@@ -85,7 +85,7 @@ def layer_norm(node, ins, outs, settings):
         r = int(np.prod(ins[0].shape)) // n
         example = np.empty((r, n), np.float32)
         from ..micro.parallel_rows import LONG_BLOCK, layer_norm_long     # a few long rows: blocks in parallel
-        kern = layer_norm_long if r <= 4 and n >= 8 * LONG_BLOCK else layer_norm_rows
+        kern = layer_norm_long if r <= 4 and n >= 4 * LONG_BLOCK else layer_norm_rows
         rows = direct(sized(kern, r * n * 4, settings.threads), example, gv, bv, np.float32(eps), rms,
                       example)
         eps32 = np.float32(eps)

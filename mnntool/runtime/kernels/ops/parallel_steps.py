@@ -15,17 +15,36 @@ from .. import direct
 from ..micro import parallel_rows as pr
 
 # work units (kernels.sized: the host's threshold is measured on a logistic function of 4 units an element,
-# ~0.35 ns an element on the 2-core EPYC VM) an element counts: a unit-stride copy or LeakyReLU runs ~0.1 ns
-# an element, a copy whose rows are strided or a broadcast binary op ~0.2-1 ns
+# ~0.35 ns an element on the 2-core EPYC VM, ~0.09 ns a unit) an element counts. One thread's cost there:
+# a copy of unit-stride rows ~0.1 ns an element plus ~2 ns a row (CoaT's qkv permute, rows of 8 floats:
+# 200 us for 602K elements; Swin's window permute, rows of 672: 35 us for 301K), LeakyReLU and the middle
+# sum ~0.1 ns an element, a broadcast binary op 0.11-0.14
 COPY_WORK = 1
 STRIDED_COPY_WORK = 2
+ROW_WORK = 24
 BINARY_WORK = 2
 LEAKY_WORK = 1
+
+
+def copy_work(dims, unit: bool) -> int:
+    """Work units of a copy over merged `dims` (four axes), its rows unit-stride or not."""
+    size = int(np.prod(dims))
+    return size * (COPY_WORK if unit else STRIDED_COPY_WORK) + ROW_WORK * (size // max(1, dims[-1]))
 
 
 def pays(work: int, threads: int) -> bool:
     """Whether `work` runs in parallel at `threads` (below: the op's one-thread code)."""
     return threads > 1 and work >= host_tuning.parallel_min_work(threads)
+
+
+def _dtype(d):
+    """NumPy's dtype for a tensor's dtype, or None (unknown, or a type NumPy does not name: MNN's strings)."""
+    if d is None:
+        return None
+    try:
+        return np.dtype(d)
+    except TypeError:
+        return None
 
 
 def _known(*shapes) -> bool:
@@ -54,8 +73,7 @@ def _copy_kernel(shape, src_strides, dst_strides, itemsize: int, threads: int):
     if merged is None or kind is None:
         return None
     dims, (ss, ds) = merged
-    size = int(np.prod(dims))
-    if not pays(size * (COPY_WORK if ss[-1] == 1 and ds[-1] == 1 else STRIDED_COPY_WORK), threads):
+    if not pays(copy_work(dims, ss[-1] == 1 and ds[-1] == 1), threads):
         return None
     shape4 = np.array(dims, np.int64)
     example = np.empty(1, kind)
@@ -67,7 +85,9 @@ def permute(shape, perm, dtype, threads: int):
     """A run(i, o) for a Permute of a C-contiguous input, or None."""
     if threads <= 1 or not _known(shape) or dtype is None:
         return None
-    dtype = np.dtype(dtype)
+    dtype = _dtype(dtype)
+    if dtype is None:
+        return None
     st = pr.c_strides(shape)
     out_shape = [shape[a] for a in perm]
     k = _copy_kernel(out_shape, [st[a] for a in perm], pr.c_strides(out_shape), dtype.itemsize, threads)
@@ -91,7 +111,9 @@ def strided_slice(shape, index, out_shape, dtype, threads: int):
     """A run(i, o) for x[index] of a C-contiguous x into the output, or None."""
     if threads <= 1 or not _known(shape, out_shape) or dtype is None:
         return None
-    dtype = np.dtype(dtype)
+    dtype = _dtype(dtype)
+    if dtype is None:
+        return None
     st = pr.c_strides(shape)
     probe = np.lib.stride_tricks.as_strided(np.zeros(1, np.int8), shape=tuple(shape), strides=tuple(st))
     view = probe[index]
@@ -119,8 +141,8 @@ def concat(in_shapes, axis: int, out_shape, dtype, threads: int):
     """A run(i, o) for a Concat of C-contiguous inputs of one dtype into a C-contiguous output, or None."""
     if threads <= 1 or not _known(out_shape, *in_shapes) or dtype is None or not in_shapes:
         return None
-    dtype = np.dtype(dtype)
-    if not pays(int(np.prod(out_shape)) * COPY_WORK, threads):
+    dtype = _dtype(dtype)
+    if dtype is None:
         return None
     ost = pr.c_strides(out_shape)
     pieces, at = [], 0
@@ -136,7 +158,7 @@ def concat(in_shapes, axis: int, out_shape, dtype, threads: int):
         else:
             pieces.append(None)
         at += s[axis]
-    if at != out_shape[axis]:
+    if at != out_shape[axis] or not pays(sum(copy_work(p[0], True) for p in pieces if p is not None), threads):
         return None
     kind = pr.COPY_TYPES[dtype.itemsize]
     example = np.empty(1, kind)
@@ -163,7 +185,7 @@ def concat(in_shapes, axis: int, out_shape, dtype, threads: int):
 def binary(op: str, ins, outs, threads: int):
     """A run(i, o) for a float32 ADD/SUB/MUL/DIV with NumPy broadcasting (no fused activation), or None."""
     if threads <= 1 or op not in pr.BINARY_KINDS or len(ins) != 2 or \
-            any(np.dtype(v.dtype) != np.float32 for v in list(ins) + list(outs)):
+            any(_dtype(v.dtype) != np.float32 for v in list(ins) + list(outs)):
         return None
     shapes = [tuple(v.shape) if v.shape is not None else None for v in ins]
     out_shape = tuple(outs[0].shape) if outs[0].shape is not None else None
@@ -205,7 +227,7 @@ def binary(op: str, ins, outs, threads: int):
 
 def leaky(shape, slope: float, dtype, threads: int):
     """A run(i, o) for LeakyReLU (0 < slope < 1) of a float32 tensor, or None."""
-    if threads <= 1 or not _known(shape) or np.dtype(dtype) != np.float32 or not 0 < slope < 1:
+    if threads <= 1 or not _known(shape) or _dtype(dtype) != np.float32 or not 0 < slope < 1:
         return None
     size = int(np.prod(shape))
     if not pays(size * LEAKY_WORK, threads):
@@ -228,7 +250,7 @@ def leaky(shape, slope: float, dtype, threads: int):
 def sum_middle(shape, axes, op: str, out_shape, dtype, threads: int):
     """A run(i, o) for a float32 SUM over one axis that is neither first-only nor last, or None."""
     if threads <= 1 or op != "SUM" or len(axes) != 1 or not _known(shape, out_shape) or \
-            np.dtype(dtype) != np.float32:
+            _dtype(dtype) != np.float32:
         return None
     ax = axes[0]
     outer, k, inner = int(np.prod(shape[:ax])), shape[ax], int(np.prod(shape[ax + 1:]))

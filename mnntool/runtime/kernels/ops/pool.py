@@ -182,6 +182,9 @@ def pooling(node, ins, outs, settings):
     n, c, h, w = ins[0].shape
     oh, ow = outs[0].shape[2:]
     kh, kw, sh, sw = p["kernelY"], p["kernelX"], p["strideY"], p["strideX"]
+    if min(kh, kw, sh, sw) < 1 or min(oh, ow) < 0:
+        from ....errors import InvalidModel
+        raise InvalidModel(f"Pooling '{node.name}': kernel {kh}x{kw}, stride {sh}x{sw} give a {oh}x{ow} output")
     pt, pl, pb, pr = pool_pads(p, h, w, oh, ow, kh, kw, sh, sw)
     count = p.get("countType", "DEFAULT")
     include = count == "INCLUDE_PADDING" or (count == "DEFAULT" and p.get("padType", "CAFFE") == "CAFFE")

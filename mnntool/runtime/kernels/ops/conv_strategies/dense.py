@@ -144,11 +144,11 @@ class BlasRows(Strategy):
 
 
 # A 3x3/2 (or any im2col) layer to a 7x7 map (49..56 pixels) that the in-place taps do not take (weights past
-# L2 and more than 80 output channels) runs conv_im2col, on
-# float_gemm's 48-pixel tile and its tail (float_gemm.TAIL_FROM), not an im2col matrix and few_pixel_gemm's
-# channels-in-lanes GEMM. 1 thread, ms im2col-oc -> im2col-implicit: whole layer models, Intel Xeon
-# (tmp_dev/xgemm/abs.py AB=tails) 512->512 14->7 2.711 -> 2.567, 256->512 1.913 -> 1.613; strategies alone,
-# AMD EPYC (exp2.py) 512->512 2.971 -> 2.713, 160->160 0.381 -> 0.280. A 1x1 on a 7x7 map stays on
+# L2 and more than 80 output channels) runs conv_im2col, on float_gemm's 48-pixel tile and its tail
+# (float_gemm.TAIL_FROM), not an im2col matrix and few_pixel_gemm's channels-in-lanes GEMM. 1 thread, ms
+# im2col-oc -> im2col-implicit: whole layer models, Intel Xeon (tmp_dev/xgemm/abs.py AB=tails) 512->512
+# 14->7 2.711 -> 2.567, 256->512 1.913 -> 1.613; strategies alone, AMD EPYC (exp2.py) 512->512 2.971 ->
+# 2.713, 160->160 0.381 -> 0.280. A 1x1 on a 7x7 map stays on
 # few_pixel_gemm: float_gemm's tail tied it there on the Xeon (kernels alone 1.174 / 1.140 ms at 2048->512,
 # 1.125 / 1.130 at 512->2048) and lost 10% in the whole-layer models (won 3-16% on the EPYC).
 # Overridable (benchmarks flip it).

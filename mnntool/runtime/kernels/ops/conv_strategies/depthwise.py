@@ -28,21 +28,25 @@ PLANE_DW_MAX_PAD, PLANE_DW_MIN_WIDTH = 2, 7
 # on 7x7 43 / 86 (flat); 576 3x3 14->7 25 / 39 (pairs); 672 5x5 14->7 46 / 75 (pairs); 256 7x7 14->7 21 / 62
 # (pairs); 1280 3x3 on 4x4 16 / 39 (flat); on 28x28 (strips): 240 5x5 127 / 167, 128 7x7 114 / 153, 72 3x3
 # 28 / 35, 32 3x3 13 / 18; 144 5x5 56->28 123 / 162, 144 3x3 56->28 96 / 100. At 56 wide strips win (72 3x3
-# 97 / 88, 48 3x3 112->56 141 / 115). With 8 channels (half the lanes idle) flat and pairs stay ahead by ~0.3 us.
-LANES_MAX_WIDTH, LANES_MIN_CHANNELS = 28, 16
+# 97 / 88, 48 3x3 112->56 141 / 115). In the model 3x3 layers on 28x28 lost what they won alone (ese_vovnet19b_dw's
+# 160 channels 3x3 on 28x28 after its 1x1 reduction: 72-74 -> 92-97 us, min of 20 runs), so 3x3 stays to 14.
+# With 8 channels (half the lanes idle) flat and pairs stay ahead by ~0.3 us.
+LANES_MAX_WIDTH, LANES_MAX_WIDTH_3X3, LANES_MIN_CHANNELS = 28, 14, 16
 # Strips go down blocks of this many output rows (their input rows stay in L1 across the strips).
 STRIP_ROWS = 8
+
 
 class LanesDepthwise(Strategy):
     """Small maps with 16 channels in the vector lanes (depthwise_lanes): each block of 16 channels
     transposed into an L1 scratch, whole-vector FMAs, transposed back; 3x3/5x5/7x7, stride 1 or 2, output
-    rows at most LANES_MAX_WIDTH wide."""
+    rows at most LANES_MAX_WIDTH wide (3x3: LANES_MAX_WIDTH_3X3)."""
     name, avx512, fuses_post = "dw-lanes", True, True
 
     def suits(self, g):
         from ...micro import depthwise_lanes
         return (g.depthwise and g.kh == g.kw and g.kh in depthwise_lanes.SIZES and g.sh == g.sw
-                and g.sh in depthwise_lanes.STRIDES and g.dh == g.dw == 1 and g.ow <= LANES_MAX_WIDTH
+                and g.sh in depthwise_lanes.STRIDES and g.dh == g.dw == 1
+                and g.ow <= (LANES_MAX_WIDTH_3X3 if g.kh == 3 else LANES_MAX_WIDTH)
                 and g.cin >= LANES_MIN_CHANNELS)
 
     def build(self, g, layer):
@@ -50,12 +54,18 @@ class LanesDepthwise(Strategy):
         from ...micro.float_gemm import epilogue_of
         k, s = g.kh, g.sh
         epf, on_grid = epilogue_of(layer.act, layer.grid, layer.post)
-        wl, bt = L.lanes_weights(dw_weights(g, layer).reshape(g.cout, k * k), layer.bias, k)
-        inpos, pw = L.tables(g.h, g.w, k, s, g.t, g.l, g.oh, g.ow)[:2]
+        from ...weight_cache import packed_once
+        # packed once per weights (not again for each new input shape's plan)
+        wl, bt = packed_once(L.lanes_weights, dw_weights(g, layer).reshape(g.cout, k * k), k), L.lanes_bias(layer.bias)
+        from ... import Scratch, SharedZeros
+        inpos, pw, nin, nout = L.tables(g.h, g.w, k, s, g.t, g.l, g.oh, g.ow)
         chunks = max(1, min(len(bt), layer.threads))
-        xt, yt = L.scratch(g.h, g.w, k, s, g.t, g.l, g.oh, g.ow, chunks)
+        # the scratch of the thread, not the layer's: one per layer was cold at every run (ese_vovnet19b_dw's
+        # 192 channels 3x3 on 14x14: 18 us warm, 38 in the run); the input's keeps its zero border per geometry
+        xt_of = SharedZeros(("dw-lanes", g.h, g.w, k, s, g.t, g.l, g.oh, g.ow), (chunks, nin * 16))
+        yt_of = Scratch("dw_lanes_out", (chunks, nout * 16))
         fn = sized(L.depthwise_lanes, g.out_size * k * k, layer.threads)
-        return per_image(g, lambda x, y: fn(x, wl, bt, k, s, inpos, pw, epf, on_grid, xt, yt, y))
+        return per_image(g, lambda x, y: fn(x, wl, bt, k, s, inpos, pw, epf, on_grid, xt_of(), yt_of(), y))
 
 
 class FlatDepthwise(Strategy):

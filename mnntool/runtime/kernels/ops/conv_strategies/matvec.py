@@ -26,7 +26,8 @@ class LanesMatVec(Strategy):
     def build(self, g, layer):
         from ...micro import matvec_lanes
         from ...micro.float_gemm import epilogue_of
-        wp = matvec_lanes.pack(layer.weight.reshape(g.cout, g.cin))
+        from ...weight_cache import packed_once
+        wp = packed_once(matvec_lanes.pack, layer.weight.reshape(g.cout, g.cin))   # once, not per input shape
         epf, on_grid = epilogue_of(layer.act, layer.grid, layer.post)
         chunks = max(1, min(wp.shape[0], layer.threads))
         fn = sized(matvec_lanes.matvec_lanes, g.cout * g.cin, layer.threads)
