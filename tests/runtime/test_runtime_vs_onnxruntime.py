@@ -59,7 +59,7 @@ def test_keep_all_exposes_intermediates(tmp_path, fixture_model):
     sess = mnntool.load(dst)
     feeds = FIXTURE_FEEDS["resnet18"](np.random.default_rng(1))
     every = sess.run(feeds, keep_all=True)
-    assert len(every) > 40
+    assert len(every) > 30      # ResNet-18: stem, 8 blocks of 3-4 steps, pool and head
     np.testing.assert_allclose(every["output"], sess.run(feeds)["output"], rtol=1e-5, atol=1e-6)
 
 

@@ -26,6 +26,8 @@ def kernel_for(node, ins, outs, settings: Settings) -> Kernel:
     factory = KERNELS.get(node.op) or PLAN_ONLY.get(node.op)
     if factory is None:
         return generic_kernel(node)
+    if not outs and node.op in REGISTRY:    # a file whose node writes nothing: its definition says what that means
+        return generic_kernel(node)
     try:
         return factory(node, ins, outs, settings)
     except (ImportError, NameError, InvalidModel):     # mnntool's own defect, or a file that contradicts itself

@@ -42,7 +42,7 @@ def _nearest(x, iy, ix, pairs, out):
     n, c, h, w = x.shape[0], x.shape[1], x.shape[2], x.shape[3]
     oh, ow = out.shape[2], out.shape[3]
     xf, of = x.reshape(-1), out.reshape(-1)
-    bits, wide = xf.view(np.uint32), of.view(np.uint64)
+    bits, wide = xf.view(np.uint32), of[:of.size // 2 * 2].view(np.uint64)   # an odd-sized output: pairs is off
     uw, uow, one, half = np.uint64(w), np.uint64(ow), np.uint64(1), np.uint64(32)
     for nc in prange(n * c):
         sb, db = np.uint64(nc * h * w), np.uint64(nc * oh * ow)
