@@ -62,11 +62,11 @@ def export_one(name: str, out: Path) -> str:
     return ""
 
 
-def _export_all(names: list[str], out: Path, jobs: int) -> dict[str, str]:
+def _export_all(names: list[str], out: Path, jobs: int, warm_threads: int = 0) -> dict[str, str]:
     def one(name):
-        if (out / f"{name}.onnx").exists():
+        if (out / f"{name}.onnx").exists() and all((out / f"{label}.mnn").exists() for label, _ in _variants(name)):
             return name, ""
-        cmd = [sys.executable, __file__, "--export", name, "--out", str(out)]
+        cmd = [sys.executable, __file__, "--export", name, "--out", str(out), "--warm-threads", str(warm_threads)]
         done = subprocess.run(cmd, capture_output=True, text=True)
         err = done.stderr.strip().splitlines()
         return name, "" if done.returncode == 0 else (err[-1] if err else f"exit {done.returncode}")[:200]
@@ -87,6 +87,30 @@ def _converted(src: Path, dst: Path, shape: tuple | None, input_name: str) -> No
     from mnntool import api
     if not dst.exists():
         api.convert(src, dst, input_shapes={input_name: shape} if shape else None)
+
+
+def _convert_variants(name: str, out: Path, warm_threads: int = 0) -> None:
+    """Convert the export's variants in the exporting process, so parallel export jobs also do the
+    conversions that the timing shards would otherwise do one by one; a failure here is left to `measure`,
+    which records it as the model's row. `warm_threads`: also run each file once at that many threads, so
+    Numba compiles (and caches) the parallel kernels in the parallel jobs, not in the first timed model
+    of every shard."""
+    from benchmarks.speed_set import SET
+    src = out / f"{name}.onnx"
+    for label, shape in _variants(name):
+        try:
+            _converted(src, out / f"{label}.mnn", shape, SET[name].names[0])
+            if warm_threads:
+                import numpy as np
+
+                from mnntool.runners import backend_runner
+                runner = backend_runner(out / f"{label}.mnn", "numba", warm_threads,
+                                        {SET[name].names[0]: shape} if shape else None)
+                feeds = {t: np.zeros([d if isinstance(d, int) and d > 0 else 1 for d in runner.graph.tensors[t].shape],
+                                     np.float32) for t in runner.graph.inputs}
+                runner.run(feeds)
+        except Exception:      # noqa: BLE001 - measured again, and reported, by measure()
+            pass
 
 
 def measure(name: str, out: Path, threads: int, budget_s: float, refs: tuple) -> list[dict]:
@@ -147,16 +171,20 @@ def main():
     ap.add_argument("--jobs", type=int, default=2)
     ap.add_argument("--shard", default="0/1", help="I/N: time every N-th model from the I-th (parallel pinned runs)")
     ap.add_argument("--export", help=argparse.SUPPRESS)
+    ap.add_argument("--warm-threads", type=int, default=0,
+                    help="with --export-only: run each converted file once at this many threads (compiles the "
+                         "parallel kernels in the export jobs)")
     ap.add_argument("--merge", nargs="+", help="shard JSON files to merge into one")
     args = ap.parse_args()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     if args.export:
         export_one(args.export, out)
+        _convert_variants(args.export, out, args.warm_threads)
         return
     if args.merge:
         return _merge([Path(p) for p in args.merge], out)
-    failed = _export_all(args.models if args.shard == "0/1" else [], out, args.jobs)
+    failed = _export_all(args.models if args.shard == "0/1" else [], out, args.jobs, args.warm_threads)
     for name, why in failed.items():
         if why:
             print(f"{name:28s} export failed: {why}", flush=True)
