@@ -8,7 +8,8 @@ both files show what differs (the first place to look when our file is slower).
 
 At 1 thread each forward is timed by the calling thread's CPU time (MNN computes in that thread), so a
 shared host's other load does not count; each row also has the spread of the run-by-run ratios
-(ratio_q25..ratio_q75) and the wall-clock ratio.
+(ratio_q25..ratio_q75) and the wall-clock ratio. Half the runs load our file first, half MNN's file
+first (ratio_ours_first / ratio_theirs_first): where the loads land in memory can favour either file.
 
 Sources are the wide speed set's dynamo exports (benchmarks/wide_speed.py --export-only writes them).
 Writes <out>/mnn_file_parity_t<N>.json.
@@ -52,38 +53,56 @@ def paired_in_mnn(ours: Path, other: Path, threads: int, budget_s: float, min_ru
     thread's CPU time (MNN at 1 thread computes in the calling thread, so other processes on a shared
     host do not count: under load the wall times here were up to 4x the CPU times); "wall" by the clock
     on the wall (the only honest one at more than 1 thread). The ratio is of the medians; ratio_q25..q75
-    is the spread of the run-by-run ratios."""
+    is the spread of the run-by-run ratios.
+
+    Half the runs with our file loaded first, half (fresh modules) with MNN's file loaded first: where the
+    two loads land in memory can favour one file whatever its form (two byte-identical files differed by
+    +-10% per op run to run); ratio_ours_first / ratio_theirs_first show that bias when it is there."""
+    import gc
+
     from mnntool.inputs import random_feeds
     from mnntool.loading import load_graph
     from mnntool.runtime.mnn_backend import MnnSession
-    g = load_graph(ours)
+    g, g2 = load_graph(ours), load_graph(other)
     feeds = random_feeds(g, None)
-    sessions = {"ours": MnnSession(str(ours), g.inputs, g.outputs, threads=threads)}
-    g2 = load_graph(other)
-    sessions["theirs"] = MnnSession(str(other), g2.inputs, g2.outputs, threads=threads)
     feeds2 = {n2: feeds[n1] for n1, n2 in zip(g.inputs, g2.inputs)}
     data = {"ours": feeds, "theirs": feeds2}
-    for k, s in sessions.items():
-        for _ in range(3):
-            s.run(data[k])
-    t0 = time.perf_counter()
-    sessions["ours"].run(feeds)
-    once = time.perf_counter() - t0
-    runs = max(min_runs, min(300, int(budget_s / 2 / max(once, 1e-4))))
+    spec = {"ours": (ours, g), "theirs": (other, g2)}
     tick = time.thread_time if clock == "cpu" else time.perf_counter
-    times = {k: [] for k in sessions}
-    walls = {k: [] for k in sessions}
-    for i in range(runs):
-        for k in (("ours", "theirs") if i % 2 == 0 else ("theirs", "ours")):
-            w0, t0 = time.perf_counter(), tick()
-            sessions[k].run(data[k])
-            times[k].append((tick() - t0) * 1e3)
-            walls[k].append((time.perf_counter() - w0) * 1e3)
+    times: dict = {"ours": [], "theirs": []}
+    walls: dict = {"ours": [], "theirs": []}
+    halves = []
+    runs = None
+    for first in ("ours", "theirs"):
+        order = (first, "theirs" if first == "ours" else "ours")
+        sessions = {k: MnnSession(str(spec[k][0]), spec[k][1].inputs, spec[k][1].outputs, threads=threads)
+                    for k in order}
+        for k in order:
+            for _ in range(3):
+                sessions[k].run(data[k])
+        if runs is None:
+            t0 = time.perf_counter()
+            sessions["ours"].run(feeds)
+            once = time.perf_counter() - t0
+            runs = max(min_runs, min(300, int(budget_s / 2 / max(once, 1e-4))))
+        half = {"ours": [], "theirs": []}
+        for i in range((runs + 1) // 2 if first == "ours" else runs // 2):
+            for k in (("ours", "theirs") if i % 2 == 0 else ("theirs", "ours")):
+                w0, t0 = time.perf_counter(), tick()
+                sessions[k].run(data[k])
+                half[k].append((tick() - t0) * 1e3)
+                walls[k].append((time.perf_counter() - w0) * 1e3)
+        for k in half:
+            times[k] += half[k]
+        halves.append(statistics.median(half["ours"]) / statistics.median(half["theirs"]) if half["ours"] else None)
+        del sessions
+        gc.collect()
     med = {k: statistics.median(v) for k, v in times.items()}
     q25, q75 = _quartiles([a / b for a, b in zip(times["ours"], times["theirs"])])
     return {"ours_ms": med["ours"], "theirs_ms": med["theirs"], "ratio": med["ours"] / med["theirs"],
             "ratio_q25": q25, "ratio_q75": q75, "clock": clock,
-            "wall_ratio": statistics.median(walls["ours"]) / statistics.median(walls["theirs"]), "runs": runs}
+            "wall_ratio": statistics.median(walls["ours"]) / statistics.median(walls["theirs"]), "runs": runs,
+            "ratio_ours_first": halves[0], "ratio_theirs_first": halves[1]}
 
 
 def main():
@@ -121,7 +140,8 @@ def main():
             a, b = op_counts(ours), op_counts(other)
             row["op_diff"] = {k: [a.get(k, 0), b.get(k, 0)] for k in sorted(set(a) | set(b)) if a.get(k) != b.get(k)}
             print(f"{name:28s} ours {row['ours_ms']:8.2f} ms  MNN's file {row['theirs_ms']:8.2f} ms  "
-                  f"x {row['ratio']:.3f} ({row['ratio_q25']:.3f}..{row['ratio_q75']:.3f})  ops differ: {row['op_diff']}", flush=True)
+                  f"x {row['ratio']:.3f} ({row['ratio_q25']:.3f}..{row['ratio_q75']:.3f}; loaded first: ours "
+                  f"{row['ratio_ours_first']:.3f}, theirs {row['ratio_theirs_first'] or 0:.3f})  ops differ: {row['op_diff']}", flush=True)
         except Exception as e:      # noqa: BLE001 - a model that fails is a row with its reason
             row["error"] = " ".join(str(e).split())[:200]
             print(f"{name:28s} failed: {row['error']}", flush=True)

@@ -92,3 +92,17 @@ def save_onnx(graph, path, opset: int = 17, ir_version: int = 8) -> None:
     m = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
     m.ir_version = ir_version
     onnx.save(m, str(path))
+
+
+def one_node_files(folder, node, shape):
+    """A model of one onnx.helper `node` reading float32 "x" of `shape` and writing "y" (save_onnx's opset
+    17), and mnntool's conversion of it: (the .onnx, the .mnn) in `folder`."""
+    from onnx import TensorProto, helper
+
+    from mnntool import api
+    g = helper.make_graph([node], "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, list(shape))],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)])
+    src, mnn = folder / "m.onnx", folder / "m.mnn"
+    save_onnx(g, src)
+    api.convert(src, mnn)
+    return src, mnn

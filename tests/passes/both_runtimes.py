@@ -2,7 +2,7 @@
 source (onnxruntime) in mnntool's runtime and in MNN (conftest.assert_close: cosine >= 0.9999, max abs
 <= 1e-3 of the output's scale), and its int8 file (mse, 8 seeded N(0,1) samples) means the same in both
 runtimes (cosine >= 0.9999 between them) and stays >= 0.99 of fp32 in MNN. One input "x", one output "y".
-`exported` makes the files those tests start from."""
+`exported` makes the files those tests start from, `files_fixture` the module fixture that holds them."""
 from __future__ import annotations
 
 import numpy as np
@@ -28,6 +28,18 @@ def exported(model, shape, folder):
                       output_names=["y"])
     api.convert(src, fp32)
     return src, fp32
+
+
+def files_fixture(make_model, shape, folder: str):
+    """A module-scoped pytest fixture `files`: (the .onnx, the .mnn, their folder) of `make_model()` built
+    after torch.manual_seed(0) (the same weights every run) and `exported` into a new folder named `folder`."""
+    @pytest.fixture(scope="module")
+    def files(tmp_path_factory):
+        import torch
+        torch.manual_seed(0)
+        d = tmp_path_factory.mktemp(folder)
+        return (*exported(make_model(), shape, d), d)
+    return files
 
 
 def assert_fp32_same(src, mnn, shape) -> None:

@@ -14,7 +14,7 @@ from torch import nn  # noqa: E402
 from mnntool.ir.graph import Graph, Node  # noqa: E402
 from mnntool.format import reader  # noqa: E402
 from mnntool.passes.activation_before_reshape import ActivationBeforeReshapePass  # noqa: E402
-from tests.passes.both_runtimes import assert_fp32_same, assert_int8_same, exported  # noqa: E402
+from tests.passes.both_runtimes import assert_fp32_same, assert_int8_same, files_fixture  # noqa: E402
 
 SHAPE = (1, 3, 32, 32)
 
@@ -41,11 +41,7 @@ class TinyViT(nn.Module):
         return self.head(torch.flatten(nn.functional.adaptive_avg_pool2d(f, 1), 1))
 
 
-@pytest.fixture(scope="module")
-def files(tmp_path_factory):
-    torch.manual_seed(0)
-    d = tmp_path_factory.mktemp("act_reshape")
-    return (*exported(TinyViT(), SHAPE, d), d)
+files = files_fixture(TinyViT, SHAPE, "act_reshape")
 
 
 def _writer(g, name):

@@ -11,7 +11,7 @@ torch = pytest.importorskip("torch")
 from torch import nn  # noqa: E402
 
 from mnntool.format import reader  # noqa: E402
-from tests.passes.both_runtimes import assert_fp32_same, assert_int8_same, exported  # noqa: E402
+from tests.passes.both_runtimes import assert_fp32_same, assert_int8_same, files_fixture  # noqa: E402
 
 SHAPE = (1, 3, 36, 44)
 
@@ -33,11 +33,7 @@ class PartialResidual(nn.Module):
         return self.head(torch.cat([b, a], 1))
 
 
-@pytest.fixture(scope="module")
-def files(tmp_path_factory):
-    torch.manual_seed(0)
-    d = tmp_path_factory.mktemp("packed_movement")
-    return (*exported(PartialResidual(), SHAPE, d), d)
+files = files_fixture(PartialResidual, SHAPE, "packed_movement")
 
 
 def test_written_in_nc4hw4(files):

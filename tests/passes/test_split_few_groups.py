@@ -11,7 +11,7 @@ torch = pytest.importorskip("torch")
 from torch import nn  # noqa: E402
 
 from mnntool.format import reader  # noqa: E402
-from tests.passes.both_runtimes import assert_fp32_same, assert_int8_same, exported  # noqa: E402
+from tests.passes.both_runtimes import assert_fp32_same, assert_int8_same, files_fixture  # noqa: E402
 
 SHAPE = (1, 3, 30, 34)
 
@@ -29,11 +29,7 @@ class Grouped(nn.Module):
         return self.g8(self.g4(self.g2(self.stem(x))))
 
 
-@pytest.fixture(scope="module")
-def files(tmp_path_factory):
-    torch.manual_seed(0)
-    d = tmp_path_factory.mktemp("few_groups")
-    return (*exported(Grouped(), SHAPE, d), d)
+files = files_fixture(Grouped, SHAPE, "few_groups")
 
 
 def test_written_split(files):

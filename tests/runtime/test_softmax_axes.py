@@ -3,33 +3,26 @@ blocks walked flat in chunks), against onnxruntime: CoaT's factorized attention 
 of 8-wide heads), a channel softmax of an image, inner widths that do and do not divide 16.
 Tolerance: 1e-5 relative + 1e-7 absolute (float32 sums of up to a few thousand terms; exp to 1.2e-7)."""
 import numpy as np
-import onnx
 import pytest
-from onnx import TensorProto as TP
 from onnx import helper as h
 
 from mnntool import api
 from mnntool.runtime.kernels.ops.norm import column_tile, softmax_columns
 from mnntool.runtime.session import Session
+from tests.conftest import one_node_files, ort_run
 
-ort = pytest.importorskip("onnxruntime")
+pytest.importorskip("onnxruntime")
 
 
 @pytest.mark.parametrize("shape,axis", [((1, 8, 784, 8), 2), ((1, 5, 9, 9), 1), ((2, 3, 50, 48), -2),
                                         ((1, 40, 3), 1), ((4, 7, 1, 6), 1), ((3, 100, 1), 1)])
 @pytest.mark.parametrize("threads", [1, 2])
 def test_softmax_on_an_inner_axis_matches_onnxruntime(tmp_path, shape, axis, threads):
-    m = h.make_model(h.make_graph([h.make_node("Softmax", ["x"], ["y"], axis=axis)], "g",
-                                  [h.make_tensor_value_info("x", TP.FLOAT, list(shape))],
-                                  [h.make_tensor_value_info("y", TP.FLOAT, None)]),
-                     opset_imports=[h.make_opsetid("", 17)])
-    m.ir_version = 8
-    onnx.save(m, str(tmp_path / "m.onnx"))
-    api.convert(tmp_path / "m.onnx", tmp_path / "m.mnn")
+    src, mnn = one_node_files(tmp_path, h.make_node("Softmax", ["x"], ["y"], axis=axis), shape)
     x = (np.random.default_rng(len(shape)).standard_normal(shape) * 6).astype(np.float32)
     x.reshape(-1)[:2] = [60.0, -120.0]
-    s = Session(api.load_graph(tmp_path / "m.mnn"), threads=threads)
-    want = ort.InferenceSession(str(tmp_path / "m.onnx")).run(None, {"x": x})[0]
+    s = Session(api.load_graph(mnn), threads=threads)
+    want = ort_run(src, {"x": x})["y"]
     for _ in range(2):
         np.testing.assert_allclose(s.run({"x": x})["y"], want, rtol=1e-5, atol=1e-7)
 

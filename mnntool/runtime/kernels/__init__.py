@@ -62,8 +62,13 @@ def sized(fn: JitFunction, work: int, threads: int):
     above, `fn` when `work` pays for waking the threads, else its serial twin (Bound too)."""
     if threads <= 1:
         return Bound(serial(fn) if work < SERIAL_AT_ONE_MAX_WORK else fn)
-    # the serial twin is the same code at any thread count: the library's, where it has it
-    return fn.dispatcher() if work >= host_tuning.parallel_min_work(threads) else Bound(serial(fn))
+    # the serial twin is the same code at any thread count: the library's, where it has it; near the
+    # threshold the step times both and keeps the faster (step_timing)
+    from .step_timing import Timed, timed
+    threshold = host_tuning.parallel_min_work(threads)
+    if timed(work, threshold):
+        return Timed(fn.dispatcher(), Bound(serial(fn)))
+    return fn.dispatcher() if work >= threshold else Bound(serial(fn))
 
 
 def direct(fn, *example):
@@ -74,6 +79,9 @@ def direct(fn, *example):
     `sized` result, or a kernel (a parallel one runs at the session's thread count)."""
     if isinstance(fn, JitFunction):
         fn = Bound(fn) if not fn.targetoptions.get("parallel") else fn.dispatcher()
+    from .step_timing import Timed
+    if isinstance(fn, Timed):
+        return fn.map(lambda f: direct(f, *example))
     if isinstance(fn, Bound):
         return fn.bind(example, compiled=True)
     return compiled_entry(fn, example)
@@ -102,6 +110,19 @@ def aligned_copy(a: np.ndarray) -> np.ndarray:
     """`a`, C-contiguous, in an array of the same shape that starts on a cache line."""
     out = aligned_empty(a.size, a.dtype).reshape(a.shape)
     out[...] = a
+    return out
+
+
+def aligned_lanes(rows: np.ndarray) -> np.ndarray:
+    """(n, m) -> float32 (ceil(n/16), m, 16) on a cache line, rows 16 at a time side by side in a vector's
+    lanes (zeros past n): the weights of the kernels with outputs or channels in the lanes (micro.matvec_lanes,
+    micro.depthwise_lanes), one aligned zmm load per column."""
+    n, m = rows.shape
+    nb = -(-n // 16)
+    padded = np.zeros((nb * 16, m), np.float32)
+    padded[:n] = rows
+    out = aligned_empty(nb * m * 16).reshape(nb, m, 16)
+    out[:] = padded.reshape(nb, 16, m).transpose(0, 2, 1)
     return out
 
 

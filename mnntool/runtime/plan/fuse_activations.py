@@ -7,12 +7,12 @@ it), nor the activation's, unless it is a clip (ReLU, ReLU6) read directly: exac
 Before `fuse_channel_scale`, which may follow the convolution."""
 from __future__ import annotations
 
-from ...ir.graph import Node, consumers_of
+from ...ir.graph import Node
 from ...ir.ops import is_view
 from ..kernels.micro.epilogue import (POST, POST_CLIP, POST_GELU, POST_GELU_TANH, POST_HARDSWISH, POST_LEAKY,
                                       POST_SIGMOID, POST_SILU, POST_TANH)
 from .fuse_silu import FUSED_SILU
-from .match import past_moves, rewriting, rewritten
+from .match import past_moves, rewriting, rewritten, users_of
 from .state import Planning
 
 OPTIONAL = True
@@ -40,7 +40,7 @@ def post_of(n: Node) -> tuple | None:
 
 def fuse(p: Planning) -> list[Node]:
     nodes, vals, stored = p.nodes, p.vals, p.stored
-    users = consumers_of(nodes)
+    users = users_of(p)
     outputs = set(p.graph.outputs)
     fused, drop = {}, set()
     for conv in nodes:

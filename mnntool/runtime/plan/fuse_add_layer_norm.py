@@ -4,8 +4,8 @@ two, ~0.8 us a step at a tiny BERT's sizes. Not where either tensor is stored on
 the activation stages: an Add followed by an activation stays an Add."""
 from __future__ import annotations
 
-from ...ir.graph import Node, consumers_of
-from .match import fixed_shape, rewriting, rewritten
+from ...ir.graph import Node
+from .match import fixed_shape, rewriting, rewritten, users_of
 from .state import Planning
 
 OPTIONAL = True
@@ -14,7 +14,7 @@ STARTS = frozenset({"LayerNorm"})      # ops a match starts from: without one th
 
 def fuse(p: Planning) -> list[Node]:
     nodes, vals, stored = p.nodes, p.vals, p.stored
-    users = consumers_of(nodes)
+    users = users_of(p)
     drop, replace = set(), {}
     for add in nodes:
         if add.op != "BinaryOp" or add.param.get("opType") != "ADD" or len(add.inputs) != 2 or \

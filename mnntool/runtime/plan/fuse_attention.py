@@ -6,9 +6,9 @@ as one FusedAttention step: the scores are written once, masked and normalised i
 multiplied by v, instead of 3 to 6 steps each passing over the L x L scores (kernels/attention.py)."""
 from __future__ import annotations
 
-from ...ir.graph import Node, consumers_of, producers_of
+from ...ir.graph import Node, producers_of
 from ...ir.ops import params as read_params
-from .match import known, rewriting
+from .match import known, rewriting, users_of
 from .state import Planning
 
 OPTIONAL = True
@@ -18,7 +18,7 @@ FUSED_ATTENTION = "FusedAttention"
 
 def fuse(p: Planning) -> list[Node]:
     nodes, vals, g = p.nodes, p.vals, p.graph
-    users, producer = consumers_of(nodes), producers_of(nodes)
+    users, producer = users_of(p), producers_of(nodes)
     outputs = set(g.outputs)
 
     def only_user(name):
@@ -121,7 +121,7 @@ def fuse(p: Planning) -> list[Node]:
         members = scalers + moved + [mm1] + chain + [mm2]
         replace[idx[id(mm2)]] = fused
         drop.update(idx[id(n)] for n in members if n is not mm2)
-    return [replace.get(k, n) for k, n in enumerate(nodes) if k not in drop]
+    return [replace.get(k, n) for k, n in enumerate(nodes) if k not in drop] if drop or replace else nodes
 
 
 def scaler_input(mul: Node, g) -> str:

@@ -2,13 +2,14 @@
 convolution as one ScaledPointwise node: the convolution's packed weights are scaled by s on each run
 (Cout x C products) instead of x (C x H x W). Only where the map has at least Cout pixels, so scaling
 the weights costs less than the pass over x it saves (EfficientNet-B0's 112x112 and 56x56 blocks; its
-7x7 blocks, 1152 channels into 320, keep the multiply)."""
+7x7 blocks, 1152 channels into 320, keep the multiply). An int8 convolution takes x * s in the pass that
+quantizes its input, at every size."""
 from __future__ import annotations
 
 import numpy as np
 
-from ...ir.graph import Node, consumers_of
-from .match import past_moves, rewriting, rewritten
+from ...ir.graph import Node
+from .match import past_moves, rewriting, rewritten, users_of
 from .state import Planning
 
 OPTIONAL = True
@@ -16,8 +17,8 @@ SCALED_POINTWISE = "ScaledPointwise"
 
 
 def _pointwise_reading(conv: Node, y: str, channels: int) -> bool:
-    """A float group-1 1x1 convolution, stride 1, unpadded, reading y (of `channels` channels)."""
-    if conv.op != "Convolution" or conv.inputs != [y] or (conv.param.get("quanParameter") or {}).get("scaleIn"):
+    """A group-1 1x1 convolution (float or int8), stride 1, unpadded, reading y (of `channels` channels)."""
+    if conv.op != "Convolution" or conv.inputs != [y]:
         return False
     c = conv.param.get("common", {})
     pads = c.get("pads")
@@ -29,7 +30,7 @@ def _pointwise_reading(conv: Node, y: str, channels: int) -> bool:
 
 def fuse(p: Planning) -> list[Node]:
     nodes, vals, stored = p.nodes, p.vals, p.stored
-    users = consumers_of(nodes)
+    users = users_of(p)
     outputs = set(p.graph.outputs)
     fused, drop = {}, set()
     for m in nodes:
@@ -48,7 +49,10 @@ def fuse(p: Planning) -> list[Node]:
         if len(xs) != 4 or not all(isinstance(d, int) for d in xs) or xs[0] != 1 or ss != (1, xs[1], 1, 1) or \
                 x in stored or s in stored:
             continue
-        if not _pointwise_reading(conv, y, xs[1]) or xs[2] * xs[3] < conv.param["common"]["outputCount"]:
+        # an int8 convolution quantizes x * s in its packing pass (ops.conv.scaled_pointwise): always a gain
+        int8 = bool((conv.param.get("quanParameter") or {}).get("scaleIn"))
+        if not _pointwise_reading(conv, y, xs[1]) or (xs[2] * xs[3] < conv.param["common"]["outputCount"]
+                                                       and not int8):
             continue
         fused[id(conv)] = Node(SCALED_POINTWISE, [x, s], list(conv.outputs), f"{conv.name} (+{m.name})",
                                conv.param, conv.param_type, conv.fmt)

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from ...ir.graph import Node, consumers_of
-from .match import fixed_shape, rewriting, rewritten
+from ...ir.graph import Node
+from .match import fixed_shape, rewriting, rewritten, users_of
 from .state import Planning
 
 OPTIONAL = True
@@ -17,7 +17,7 @@ CHANNEL_SHUFFLE = "ChannelShuffle"
 
 def fuse(p: Planning) -> list[Node]:
     nodes, vals = p.nodes, p.vals
-    users = consumers_of(nodes)
+    users = users_of(p)
     g = p.graph
 
     def next_of(n: Node, op: str):

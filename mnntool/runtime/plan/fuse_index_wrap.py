@@ -5,8 +5,8 @@ tiny transformer's ~80). Only where the three tensors are read by the chain alon
 gathered axis's size."""
 from __future__ import annotations
 
-from ...ir.graph import Node, consumers_of, producers_of
-from .match import rewriting, rewritten, scalar
+from ...ir.graph import Node, producers_of
+from .match import rewriting, rewritten, scalar, users_of
 from .state import Planning
 
 OPTIONAL = True
@@ -15,7 +15,7 @@ STARTS = frozenset({"GatherV2"})      # ops a match starts from: without one the
 
 def fuse(p: Planning) -> list[Node]:
     nodes, vals = p.nodes, p.vals
-    users = consumers_of(nodes)
+    users = users_of(p)
     producer = producers_of(nodes)
     g = p.graph
 

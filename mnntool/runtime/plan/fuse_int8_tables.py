@@ -8,12 +8,12 @@ leaves int8 convolutions alone). Not optional: an int8 file's speed against its 
 on it, and it changes no value."""
 from __future__ import annotations
 
-from ...ir.graph import Node, consumers_of
+from ...ir.graph import Node
 from ..kernels.micro.epilogue import POST, grid_of
 from ..kernels.ops.conv import int8_scales
 from ..kernels.ops.int8_tables import TABLE
 from ..kernels.ops.mnn_math import ON_GRID
-from .match import rewriting, rewritten
+from .match import rewriting, rewritten, users_of
 from .state import Planning
 
 OPTIONAL = False
@@ -29,7 +29,7 @@ def table_key(n: Node) -> str | None:
 
 def fuse(p: Planning) -> list[Node]:
     nodes, vals = p.nodes, p.vals
-    users = consumers_of(nodes)
+    users = users_of(p)
     outputs = set(p.graph.outputs)
     fused, drop = {}, set()
     for conv in nodes:

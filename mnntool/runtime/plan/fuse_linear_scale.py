@@ -7,10 +7,10 @@ from __future__ import annotations
 
 import numpy as np
 
-from ...ir.graph import Node, consumers_of, producers_of
+from ...ir.graph import Node, producers_of
 from ...ir.ops import is_convolution, is_view
 from ..kernels.micro.epilogue import POST
-from .match import rewriting, sole_reader
+from .match import rewriting, sole_reader, users_of
 from .state import Planning
 
 OPTIONAL = True
@@ -44,7 +44,7 @@ def _scale_of(node: Node, cout: int):
 
 def fuse(p: Planning) -> list[Node]:
     nodes, vals, stored = p.nodes, p.vals, p.stored
-    users, producer = consumers_of(nodes), producers_of(nodes)
+    users, producer = users_of(p), producers_of(nodes)
     outputs = set(p.graph.outputs)
     replace, drop, rename = {}, set(), {}
     for sc in nodes:

@@ -12,10 +12,10 @@ convolution's post must be known to be none) and `fuse_channel_scale` (a squeeze
 convolution stays that)."""
 from __future__ import annotations
 
-from ...ir.graph import Node, consumers_of
+from ...ir.graph import Node
 from ..kernels.micro.epilogue import POST, POST_CLIP
 from .fuse_activations import post_of
-from .match import rewriting, rewritten, sole_reader
+from .match import rewriting, rewritten, sole_reader, users_of
 from .state import Planning
 
 OPTIONAL = True
@@ -30,7 +30,7 @@ def _float(v) -> bool:
 
 def fuse(p: Planning) -> list[Node]:
     nodes, vals, stored = p.nodes, p.vals, p.stored
-    users = consumers_of(nodes)
+    users = users_of(p)
     outputs = set(p.graph.outputs)
     made_at = {o: k for k, n in enumerate(nodes) for o in n.outputs}
     fused, drop = {}, set()

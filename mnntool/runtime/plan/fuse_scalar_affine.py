@@ -8,9 +8,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from ...ir.graph import Node, consumers_of
+from ...ir.graph import Node
 from ..kernels.micro.epilogue import POST, POST_CLIP
-from .match import rewriting, rewritten
+from .match import rewriting, rewritten, users_of
 from .state import Planning
 
 OPTIONAL = True
@@ -41,7 +41,7 @@ def _scalar_step(n: Node, t: str, p: Planning) -> tuple | None:
 
 def fuse(p: Planning) -> list[Node]:
     nodes, stored = p.nodes, p.stored
-    users = consumers_of(nodes)
+    users = users_of(p)
     outputs = set(p.graph.outputs)
     fused, drop = {}, set()
     for conv in nodes:

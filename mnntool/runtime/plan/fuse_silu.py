@@ -3,8 +3,8 @@ that product only: one pass instead of two, no sigmoid tensor. Before `fuse_acti
 a FusedSiLU into the convolution before it."""
 from __future__ import annotations
 
-from ...ir.graph import Node, consumers_of
-from .match import rewriting
+from ...ir.graph import Node
+from .match import rewriting, users_of
 from .state import Planning
 
 OPTIONAL = True
@@ -17,7 +17,7 @@ def is_sigmoid(n) -> bool:
 
 def fuse(p: Planning) -> list[Node]:
     nodes, vals = p.nodes, p.vals
-    users = consumers_of(nodes)
+    users = users_of(p)
     outputs = set(p.graph.outputs)
     drop, replace = set(), {}
     for k, sig in enumerate(nodes):
@@ -37,7 +37,7 @@ def fuse(p: Planning) -> list[Node]:
             continue
         drop.add(k)
         replace[id(mul)] = Node(FUSED_SILU, [x], list(mul.outputs), f"{sig.name} (+1 op)", {})
-    return [replace.get(id(n), n) for k, n in enumerate(nodes) if k not in drop]
+    return [replace.get(id(n), n) for k, n in enumerate(nodes) if k not in drop] if drop or replace else nodes
 
 
 run = rewriting(fuse)

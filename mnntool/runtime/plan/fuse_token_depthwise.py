@@ -12,13 +12,13 @@ from __future__ import annotations
 
 import numpy as np
 
-from ...ir.graph import Node, consumers_of
+from ...ir.graph import Node
 from ...ir.ops import is_view
 from ...ir.ops.nn import pads_of
 from ..kernels.micro.epilogue import POST
 from ..kernels.ops.token_depthwise import ACTIVATIONS
 from .fuse_activations import post_of
-from .match import fixed_shape, rewriting, rewritten, sole_reader
+from .match import fixed_shape, rewriting, rewritten, sole_reader, users_of
 from .state import Planning
 
 OPTIONAL = True
@@ -54,7 +54,7 @@ def _geometry(conv: Node, shape) -> dict | None:
 
 def fuse(p: Planning) -> list[Node]:
     nodes, vals, stored = p.nodes, p.vals, p.stored
-    users = consumers_of(nodes)
+    users = users_of(p)
     producers = {o: n for n in nodes for o in n.outputs}
     outputs = set(p.graph.outputs)
 

@@ -7,9 +7,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from ...ir.graph import Node, consumers_of
+from ...ir.graph import Node
 from ...ir.ops import kind_of, params
-from .match import rewriting, rewritten
+from .match import rewriting, rewritten, users_of
 from .state import Planning
 
 OPTIONAL = True
@@ -45,7 +45,7 @@ def _flipped(mm: Node, weight: str) -> Node:
 
 def fuse(p: Planning) -> list[Node]:
     nodes, constants, stored = p.nodes, p.graph.constants, p.stored
-    users = consumers_of(nodes)
+    users = users_of(p)
     outputs = set(p.graph.outputs)
     fused, drop = {}, set()
     for perm in nodes:

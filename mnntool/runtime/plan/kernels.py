@@ -57,14 +57,21 @@ def _with_grid(v: Val, grid) -> Val:
     return Val(v.shape, v.dtype, v.value, grid, v.zero)
 
 
-def operands(p: Planning, node) -> tuple[list, list]:
+def operands(p: Planning, node, raw_read: set | None = None) -> tuple[list, list]:
     """What the op's kernel factory is told of its inputs (with their grids) and outputs (with the grid
-    the file stores them on)."""
-    ins = [_with_grid(p.vals.get(i) or _UNKNOWN, None if read_as(p, node, i) != i else p.grids.get(i))
-           for i in node.inputs]
+    the file stores them on). raw_read: the tensors of p.raw (made once by `run`)."""
+    vals, grids = p.vals, p.grids
+    if not p.raw:       # (the common case, planned at every new shape: read_as is the name itself)
+        ins = [_with_grid(vals.get(i) or _UNKNOWN, grids.get(i)) for i in node.inputs]
+    else:
+        ins = [_with_grid(vals.get(i) or _UNKNOWN, None if read_as(p, node, i) != i else grids.get(i))
+               for i in node.inputs]
+    if not p.stored:
+        return ins, [vals.get(o) or Val(None) for o in node.outputs]
+    if raw_read is None:
+        raw_read = {t for _, t in p.raw}
     # an output some reader takes unrounded (raw_reads) is not the kernel's to round: no grid told
-    outs = [stored_on(p.vals.get(o, Val(None)), None if any(t == o for _, t in p.raw) else p.stored.get(o))
-            for o in node.outputs]
+    outs = [stored_on(vals.get(o) or Val(None), None if o in raw_read else p.stored.get(o)) for o in node.outputs]
     return ins, outs
 
 
@@ -85,10 +92,11 @@ def steps_of(p: Planning, node, ins, outs) -> list[Step]:
     # is a view of; rounding into the producer's slot made the next run's rounding read the last run's
     # result)
     rounded = [o for o in node.outputs if p.stored.get(o, (None,))[0] not in (None, p.grids.get(o))
-               and o not in quantized_by_readers(p)]
+               and o not in quantized_by_readers(p)] if p.stored else ()
     for o in rounded:
         p.vals[o + RAW] = p.vals.get(o, Val(None))
-    steps = [Step(node.name, node.op, k, [p.slot(read_as(p, node, i)) if i else -1 for i in node.inputs],
+    slot = p.slot
+    steps = [Step(node.name, node.op, k, [slot(read_as(p, node, i) if p.raw else i) if i else -1 for i in node.inputs],
                   [p.slot(o + RAW if o in rounded else o) for o in node.outputs],
                   concat=concat_layout(node, ins, outs) if node.op == "Concat" and k.writes_out and
                   not p.keep_all else None, shared=entry, source=None if entry is None else (node, ins, outs, built))]
@@ -106,8 +114,9 @@ def batchable(p: Planning, node, ins, outs) -> bool:
 
 
 def run(p: Planning) -> None:
+    raw_read = {t for _, t in p.raw}
     for node in p.nodes:
-        ins, outs = operands(p, node)
+        ins, outs = operands(p, node, raw_read)
         if batchable(p, node, ins, outs):
             p.steps.append(Step(node.name, node.op, None, [p.slot(i) if i else -1 for i in node.inputs],
                                 [p.slot(o) for o in node.outputs], pending=(node, ins, outs)))

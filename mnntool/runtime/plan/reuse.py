@@ -35,6 +35,7 @@ class Lane:
 
     def __init__(self):
         self.seen: dict = {}
+        self.nodes: dict = {}       # node name -> (node, its part of the key, the objects it names): key_of
         self.entries = weakref.WeakValueDictionary()
 
 
@@ -51,12 +52,25 @@ def _val(v, pins: list) -> tuple:
     return (v.shape, v.dtype, v.grid, v.zero, None if v.value is None else _obj(v.value, pins))
 
 
-def key_of(node, ins, outs, settings) -> tuple[tuple, list]:
-    """(everything kernel_for(node, ins, outs, settings) reads, the objects the key names by id)."""
+def _node_key(node) -> tuple[tuple, list]:
     pins: list = []
-    key = (node.op, node.name, tuple(node.inputs), tuple(node.outputs), node.param_type, node.fmt,
-           tuple((k, _obj(v, pins)) for k, v in node.param.items()),
-           tuple(_val(v, pins) for v in ins), tuple(_val(v, pins) for v in outs), settings)
+    return (node.op, node.name, tuple(node.inputs), tuple(node.outputs), node.param_type, node.fmt,
+            tuple((k, _obj(v, pins)) for k, v in node.param.items())), pins
+
+
+def key_of(node, ins, outs, settings, lane=None) -> tuple[tuple, list]:
+    """(everything kernel_for(node, ins, outs, settings) reads, the objects the key names by id). The
+    node's part is kept in the lane by name while the node is the same object (a graph's nodes are never
+    written; a fused node is made anew by each plan)."""
+    if lane is None:
+        part, pins = _node_key(node)
+    else:
+        got = lane.nodes.get(node.name)
+        if got is None or got[0] is not node:
+            got = lane.nodes[node.name] = (node, *_node_key(node))
+        part, pins = got[1], got[2]
+    pins = list(pins)
+    key = (part, tuple(_val(v, pins) for v in ins), tuple(_val(v, pins) for v in outs), settings)
     return key, pins
 
 
@@ -79,7 +93,7 @@ def kernel(p, node, ins, outs, build):
     lane.seen[node.name] = shapes
     if last != shapes:
         return build(), None, True
-    key, pins = key_of(node, ins, outs, p.settings)
+    key, pins = key_of(node, ins, outs, p.settings, lane)
     entry = lane.entries.get(key)
     if entry is not None:
         p.shared.append(entry)

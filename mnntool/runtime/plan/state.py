@@ -61,6 +61,7 @@ class Planning:
     shared: list = field(default_factory=list)      # reuse.Entry objects its steps use
     vals: dict = field(default_factory=dict)        # shape inference's facts, by tensor
     nodes: list = field(default_factory=list)       # the ops to plan; fusion stages rewrite the list
+    users: tuple | None = None      # (a node list, its readers of each tensor): match.users_of
     eager: bool = False         # shapes depend on run-time values: run op by op (Session._run_eager)
     known: dict = field(default_factory=dict)       # tensors computed at prepare (stage `constants`)
     names: list = field(default_factory=list)       # tensor of each slot

@@ -195,15 +195,10 @@ def depthwise_lanes(x, wt, bt, k, s, inpos, pw, epf, grid, xt, yt, out):
 
 
 def lanes_weights(w: np.ndarray, k: int) -> np.ndarray:
-    """(C, k*k) weights -> (ceil(C/16), k*k, 16) on a cache line, channels in the lanes (zeros past C)."""
-    from .. import aligned_empty
-    c = w.shape[0]
-    nb = (c + 15) // 16
-    wt = np.zeros((nb * 16, k * k), np.float32)
-    wt[:c] = w.reshape(c, k * k)
-    wl = aligned_empty(nb * k * k * 16).reshape(nb, k * k, 16)
-    wl[:] = wt.reshape(nb, 16, k * k).transpose(0, 2, 1)
-    return wl
+    """(C, k*k) weights -> (ceil(C/16), k*k, 16) on a cache line, channels in the lanes (zeros past C):
+    kernels.aligned_lanes, the packing matvec_lanes' outputs share."""
+    from .. import aligned_lanes
+    return aligned_lanes(w.reshape(w.shape[0], k * k))
 
 
 def lanes_bias(b: np.ndarray) -> np.ndarray:

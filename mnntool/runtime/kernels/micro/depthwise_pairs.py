@@ -163,7 +163,9 @@ def _pairs(k, s, x, xo, H, W, t, l, oh, ow, idx, w, wo, bias, zrow, out, oo, epf
 @njit(parallel=True, cache=True)
 def depthwise_pairs(x, w, b, k, s, t, l, idx, epf, grid, zrow, out):
     """x (C, H, W) -> out (C, oh, ow) with ow <= MAX_WIDTH; w (C, k*k), k in SIZES, stride s (1 or 2),
-    undilated; padding t (top) and l (left), any bottom/right; idx = pick_index(ow, s); zrow: W zeros."""
+    undilated; padding t (top) and l (left), any bottom/right; idx = pick_index(ow, s); zrow: W zeros.
+    w is the layer's own layout, not kernels.aligned_lanes' (depthwise_lanes): a channel a call, each tap one
+    broadcast scalar over a vector of pixels, so nothing to pack."""
     C, H, W = x.shape
     oh, ow = out.shape[1], out.shape[2]
     xf, of = x.reshape(-1), out.reshape(-1)

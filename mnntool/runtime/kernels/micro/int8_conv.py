@@ -18,16 +18,44 @@ import copy
 import numpy as np
 from ..compile.jit import njit, prange
 
-from .. import aligned_empty, sized
+from .. import Scratch, sized
 from .epilogue import EXACT, act_bounds, activation, grid_of, mnn_cast, to_grid_z
 from .int8_gemm import NO_TABLE, Int8Weights, byte_table, epilogue, lut_chunk, pixel_blocks
 from .int8_lanes_oc import OcLanesWeights, lane_fill
+from .int8_lut import lut_values, value_planes
+from .llvm_ir import host_has
 
 
 @njit(cache=True, fastmath=EXACT, inline="always")
 def _byte(v, inv_s, z, lo, hi):
     """MNN's stored byte for v: its int8 cast (grid.mnn_cast, zero point z, bounds in int8 values) + 128."""
     return np.uint32(np.int32(mnn_cast(v, inv_s, z, lo, hi)) + 128)
+
+
+@njit(cache=True, fastmath=EXACT, inline="always")
+def _word(a, b, c, d, inv_s, z, lo, hi):
+    """The word of four channels' bytes (`_byte`), the first in the low byte."""
+    return (_byte(a, inv_s, z, lo, hi) | _byte(b, inv_s, z, lo, hi) << 8
+            | _byte(c, inv_s, z, lo, hi) << 16 | _byte(d, inv_s, z, lo, hi) << 24)
+
+
+@njit(cache=True, fastmath=EXACT, inline="always")
+def _pack_row(x, c, y, inv_s, z, lo, hi, off, dst):
+    """dst[i] = the word of channels c..c+3 of x (C, H, W) at (y, i) for i < W, the byte `off` (real 0)
+    past the last channel: whole words in one vectorized pass over four rows, the channel tail per byte.
+    quantize_rows' and quantize_planes' row."""
+    C, W = x.shape[0], x.shape[2]
+    if c + 4 <= C:
+        r0, r1, r2, r3 = x[c, y], x[c + 1, y], x[c + 2, y], x[c + 3, y]
+        for i in range(W):
+            dst[i] = _word(r0[i], r1[i], r2[i], r3[i], inv_s, z, lo, hi)
+    else:
+        for i in range(W):
+            word = np.uint32(0)
+            for j in range(4):
+                q = _byte(x[c + j, y, i], inv_s, z, lo, hi) if c + j < C else np.uint32(off)
+                word |= q << (8 * j)
+            dst[i] = word
 
 
 @njit(parallel=True, cache=True, fastmath=EXACT)
@@ -41,20 +69,7 @@ def quantize_rows(x, inv_s, z, lo, hi, off, t, l, g32):
     c4 = g32.shape[1]
     for y in prange(H):
         for k in range(c4):
-            dst = g32[t + y, k]
-            c = 4 * k
-            if c + 4 <= C:
-                r0, r1, r2, r3 = x[c, y], x[c + 1, y], x[c + 2, y], x[c + 3, y]
-                for i in range(W):
-                    dst[l + i] = (_byte(r0[i], inv_s, z, lo, hi) | _byte(r1[i], inv_s, z, lo, hi) << 8
-                                  | _byte(r2[i], inv_s, z, lo, hi) << 16 | _byte(r3[i], inv_s, z, lo, hi) << 24)
-            else:
-                for i in range(W):
-                    word = np.uint32(0)
-                    for j in range(4):
-                        q = _byte(x[c + j, y, i], inv_s, z, lo, hi) if c + j < C else np.uint32(off)
-                        word |= q << (8 * j)
-                    dst[l + i] = word
+            _pack_row(x, 4 * k, y, inv_s, z, lo, hi, off, g32[t + y, k, l:l + W])
 
 
 @njit(parallel=True, cache=True, fastmath=EXACT)
@@ -82,30 +97,15 @@ def quantize_planes(x, inv_s, z, lo, hi, off, t, l, sh, sw, g32):
                 od = g32[(a * 2 + (l + 1) % 2) * c4 + k, row, (l + 1) // 2:]
                 for m in range(W // 2):
                     i = 2 * m
-                    ev[m] = (_byte(r0[i], inv_s, z, lo, hi) | _byte(r1[i], inv_s, z, lo, hi) << 8
-                             | _byte(r2[i], inv_s, z, lo, hi) << 16 | _byte(r3[i], inv_s, z, lo, hi) << 24)
-                    od[m] = (_byte(r0[i + 1], inv_s, z, lo, hi) | _byte(r1[i + 1], inv_s, z, lo, hi) << 8
-                             | _byte(r2[i + 1], inv_s, z, lo, hi) << 16 | _byte(r3[i + 1], inv_s, z, lo, hi) << 24)
+                    ev[m] = _word(r0[i], r1[i], r2[i], r3[i], inv_s, z, lo, hi)
+                    od[m] = _word(r0[i + 1], r1[i + 1], r2[i + 1], r3[i + 1], inv_s, z, lo, hi)
                 if W % 2:
                     i = W - 1
-                    ev[W // 2] = (_byte(r0[i], inv_s, z, lo, hi) | _byte(r1[i], inv_s, z, lo, hi) << 8
-                                  | _byte(r2[i], inv_s, z, lo, hi) << 16 | _byte(r3[i], inv_s, z, lo, hi) << 24)
+                    ev[W // 2] = _word(r0[i], r1[i], r2[i], r3[i], inv_s, z, lo, hi)
                 continue
             # the row's words in one vectorized pass (in place at stride 1), then each column phase's
             # share copied out: quantizing with strided reads ran 5x slower (0.31 ms for a 3x224x224 stem)
-            dst = g32[a * sw * c4 + k, row, l:l + W] if sw == 1 else words
-            if c + 4 <= C:
-                r0, r1, r2, r3 = x[c, y], x[c + 1, y], x[c + 2, y], x[c + 3, y]
-                for i in range(W):
-                    dst[i] = (_byte(r0[i], inv_s, z, lo, hi) | _byte(r1[i], inv_s, z, lo, hi) << 8
-                              | _byte(r2[i], inv_s, z, lo, hi) << 16 | _byte(r3[i], inv_s, z, lo, hi) << 24)
-            else:
-                for i in range(W):
-                    word = np.uint32(0)
-                    for j in range(4):
-                        q = _byte(x[c + j, y, i], inv_s, z, lo, hi) if c + j < C else np.uint32(off)
-                        word |= q << (8 * j)
-                    dst[i] = word
+            _pack_row(x, c, y, inv_s, z, lo, hi, off, g32[a * sw * c4 + k, row, l:l + W] if sw == 1 else words)
             if sw > 1:
                 for ph in range(sw):
                     out = g32[(a * sw + ph) * c4 + k, row]
@@ -178,13 +178,38 @@ def quantize_packed(x, inv_s, z, lo, hi, off, cols):
             if p0 + 16 <= P and c + 4 <= C:
                 r0, r1, r2, r3 = x[c, p0:p0 + 16], x[c + 1, p0:p0 + 16], x[c + 2, p0:p0 + 16], x[c + 3, p0:p0 + 16]
                 for k in range(16):
-                    dst[k] = (_byte(r0[k], inv_s, z, lo, hi) | _byte(r1[k], inv_s, z, lo, hi) << 8
-                              | _byte(r2[k], inv_s, z, lo, hi) << 16 | _byte(r3[k], inv_s, z, lo, hi) << 24)
+                    dst[k] = _word(r0[k], r1[k], r2[k], r3[k], inv_s, z, lo, hi)
             else:
                 for k in range(16):
                     word = np.uint32(0)
                     for j in range(4):
                         b = _byte(x[c + j, p0 + k], inv_s, z, lo, hi) if c + j < C and p0 + k < P else np.uint32(off)
+                        word |= b << (8 * j)
+                    dst[k] = word
+
+
+@njit(parallel=True, cache=True, fastmath=EXACT)
+def quantize_packed_scaled(x, sc, inv_s, z, lo, hi, off, cols):
+    """quantize_packed of x * sc[c] (a squeeze-excite's channel scale, plan stage fuse_channel_scale): the
+    float32 products the multiply would have stored, quantized in the same pass, so the multiply's own
+    pass over the map goes (EfficientNet-B0's 144 x 56 x 56: 0.11 ms, one Zen 4 core)."""
+    C, P = x.shape
+    for pb in prange(cols.shape[0]):
+        p0 = pb * 16
+        for kb in range(cols.shape[1]):
+            dst = cols[pb, kb]
+            c = 4 * kb
+            if p0 + 16 <= P and c + 4 <= C:
+                r0, r1, r2, r3 = x[c, p0:p0 + 16], x[c + 1, p0:p0 + 16], x[c + 2, p0:p0 + 16], x[c + 3, p0:p0 + 16]
+                s0, s1, s2, s3 = sc[c], sc[c + 1], sc[c + 2], sc[c + 3]
+                for k in range(16):
+                    dst[k] = _word(r0[k] * s0, r1[k] * s1, r2[k] * s2, r3[k] * s3, inv_s, z, lo, hi)
+            else:
+                for k in range(16):
+                    word = np.uint32(0)
+                    for j in range(4):
+                        b = _byte(x[c + j, p0 + k] * sc[c + j], inv_s, z, lo, hi) if c + j < C and p0 + k < P \
+                            else np.uint32(off)
                         word |= b << (8 * j)
                     dst[k] = word
 
@@ -200,8 +225,11 @@ OC_LANES = 1.0
 EPILOGUE_K = (12, 19)
 
 
-def int8_convolution(geometry, q, alpha, bias, act, grids, in_shape, out_shape, threads: int, table=None):
+def int8_convolution(geometry, q, alpha, bias, act, grids, in_shape, out_shape, threads: int, table=None,
+                     scaled=False):
     """The kernel function for one int8 convolution (group 1), or None when the geometry is not covered.
+    `scaled`: of x * s, s (1, C, 1, 1) its second input (a 1x1 unpadded stride-1 layer only: the product
+    quantized in the packing pass, quantize_packed_scaled).
 
     `q` (O, C*kh*kw) int8 in (c, i, j) order with per-channel `alpha`; `grids` a conv.Int8Grids; `table`
     (codes, zero point, scale) of a table op (a SiLU) that reads the output, by output step from the
@@ -233,6 +261,8 @@ def int8_convolution(geometry, q, alpha, bias, act, grids, in_shape, out_shape, 
     # reads, a quarter of the input at stride 2, not the whole map through the grid and im2col)
     direct = kh == kw == 1 and not (t or l or b or r)
     strided = direct and (sh, sw) != (1, 1)
+    if scaled and (not direct or strided):
+        return None
     picked = np.empty((cin, oh, ow), np.float32) if strided else None
     # a window whose rows fill the 16-pixel blocks well: the GEMM reads the grid (no im2col)
     pitch = plane_pitch(w, l, r, sw)
@@ -245,9 +275,15 @@ def int8_convolution(geometry, q, alpha, bias, act, grids, in_shape, out_shape, 
     from_grid = from_grid or (oc_lanes and not direct)
     # VNNI does 16 multiply-adds per element operation of kernels.sized's measure
     weights = Int8Weights(wk.reshape(cout, -1), *rows, cout * oh * ow * k4 * 4 // 16, threads)
+    # AMX tiles where the host has them (int8_amx): from the grid where C/4 is a multiple of 16, else the blocks
+    from . import int8_amx
+    amx = int8_amx.amx_weights(weights, wk.reshape(cout, -1), cout * oh * ow * k4 * 4 // 16, threads)
+    if amx is not None:
+        from_grid, oc_lanes = int8_amx.grid_ok(cp // 4, direct), False
     lanes_oc = OcLanesWeights(weights, wk.reshape(cout, -1), cout * oh * ow * k4 * 4 // 16, threads) \
         if oc_lanes else None
-    cols = None if from_grid else np.full((pixel_blocks(pixels), k4, 16, 4), off, np.uint8)
+    cols = None if from_grid else np.full((pixel_blocks(pixels) + (amx.slack_blocks if amx else 0), k4, 16, 4), off,
+                                          np.uint8)
     words, flat = (None, None) if from_grid else (cols.view(np.uint32).reshape(cols.shape[:3]), cols.reshape(-1))
     word = np.uint32(off * 0x01010101)
     c4, wg, hg = cp // 4, w + l + r, h + t + b
@@ -274,8 +310,8 @@ def int8_convolution(geometry, q, alpha, bias, act, grids, in_shape, out_shape, 
     inv_in = grid_of(*grids.input)[0]
     z_in = f32(grids.zero_in)
     q_lo, q_hi = f32(lo + grids.zero_in), f32(hi + grids.zero_in)
-    quantize = sized(quantize_packed if direct else quantize_planes if from_grid else quantize_rows, cin * h * w,
-                     threads)
+    quantize = sized(quantize_packed_scaled if scaled else quantize_packed if direct else quantize_planes
+                     if from_grid else quantize_rows, cin * h * w, threads)
     unfold = None if direct or from_grid else sized(im2col_rows, words.size, threads)
 
     def run(inputs, outputs):
@@ -284,6 +320,8 @@ def int8_convolution(geometry, q, alpha, bias, act, grids, in_shape, out_shape, 
             if strided:
                 np.copyto(picked, x[i][:, ::sh, ::sw])
                 quantize(picked.reshape(cin, pixels), inv_in, z_in, q_lo, q_hi, off, words)
+            elif scaled:
+                quantize(x[i].reshape(cin, pixels), np.ascontiguousarray(inputs[1], f32).reshape(cin), inv_in, z_in, q_lo, q_hi, off, words)
             elif direct:
                 quantize(x[i].reshape(cin, pixels), inv_in, z_in, q_lo, q_hi, off, words)
             else:
@@ -292,7 +330,7 @@ def int8_convolution(geometry, q, alpha, bias, act, grids, in_shape, out_shape, 
                     if oc_lanes:
                         lanes_oc.matmul(slack, pix, offs, epf, y[i].reshape(cout, pixels), tab)
                     else:
-                        weights.matmul_grid(slack, offs, epf, y[i].reshape(cout, pixels), blk, tab)
+                        (amx or weights).matmul_grid(slack, offs, epf, y[i].reshape(cout, pixels), blk, tab)
                     continue
                 quantize(x[i], inv_in, z_in, q_lo, q_hi, off, t, l, grid32)
                 unfold(grid32, kh, kw, sh, sw, dh, dw, oh, ow, words)
@@ -300,7 +338,7 @@ def int8_convolution(geometry, q, alpha, bias, act, grids, in_shape, out_shape, 
             if oc_lanes:
                 lanes_oc.matmul(flat_words, pix, offs, epf, dst, tab)
             else:
-                weights.matmul(flat, epf, dst, tab)
+                (amx or weights).matmul(flat, epf, dst, tab)
     return run
 
 
@@ -390,6 +428,21 @@ def requantize_acc_values(v, inv_in, acc_bias, scale, lo, hi, q_lo, values, out)
             row[i] = values[min(max(np.int32(row[i]), 0), top)]
 
 
+@njit(parallel=True, cache=True, fastmath=EXACT)
+def requantize_acc_planes(v, inv_in, acc_bias, scale, lo, hi, q_lo, planes, out):
+    """requantize_acc_values with the table looked up in registers (int8_lut.lut_values, `planes` =
+    int8_lut.value_planes(values)), 64 outputs at a time while the row is in cache: the same bytes (the
+    indices stay within [0, q_hi - q_lo], the planes repeat the last value past the table as the clamp
+    does). EfficientNet-B0's requantize passes with the SiLU values 1.5 -> 0.6 ms a run (one Zen 4 core).
+    Needs AVX-512 VBMI."""
+    C, P = v.shape
+    for c in prange(C):
+        row = out[c]
+        _acc_bytes(v[c], inv_in, acc_bias[c], scale[c], lo, hi, q_lo, row)
+        for i in range(0, P, 64):
+            lut_values(row, i, P - i, planes)
+
+
 # taps up to which a float32 sum of real on-grid inputs times integer weights stays within 0.4 of the
 # integer sum in steps, in the worst case ((K + 1) 2^-24 K 127^2 < 0.4): rounding recovers it exactly
 EXACT_TAPS = 16
@@ -446,6 +499,8 @@ def depthwise_int8(node, ins, outs, bias, grids, threads: int, float_kernel, tab
     vals = None if table is not None or float_table is None else np.ascontiguousarray(float_table, f32)
     rows_fn = requantize_acc_table if table is not None else requantize_acc_values if vals is not None \
         else requantize_acc
+    if vals is not None and 0 < vals.size <= 256 and q_hi - q_lo <= 255 and host_has("avx512vbmi"):
+        rows_fn, vals = requantize_acc_planes, value_planes(vals)      # the lookups in registers
     requant = sized(rows_fn, int(np.prod(outs[0].shape)), threads)
     lo, hi = merged_bounds(lo, hi, q_lo, q_hi)
     tab = None if table is None else byte_table(table[0])
@@ -456,20 +511,24 @@ def depthwise_int8(node, ins, outs, bias, grids, threads: int, float_kernel, tab
     if not on_grid:
         steps_grid = (grid_in[0], f32(1), grid_in[2], grid_in[3])      # the input in steps k, cast as MNN
         z_in = f32(grids.zero_in)
-        xk = np.empty(ins[0].shape, f32)
-        rows = xk.reshape(-1, ins[0].shape[-1])
-        to_steps = sized(to_grid_z, xk.size, threads)
+        xk_of = Scratch("int8_dw_steps", ins[0].shape)
+        width = ins[0].shape[-1]
+        to_steps = sized(to_grid_z, int(np.prod(ins[0].shape)), threads)
 
     # the sums go to a buffer of their own: requantizing in place, the vectorized loop's overlap check
-    # sent every row to its scalar remainder (MobileNetV2's depthwise layers: 4.4 ms -> 0.4 ms a run)
-    acc = aligned_empty(int(np.prod(outs[0].shape))).reshape(outs[0].shape)
+    # sent every row to its scalar remainder (MobileNetV2's depthwise layers: 4.4 ms -> 0.4 ms a run);
+    # one buffer the thread's depthwise layers share (kernels.scratch), warm in cache, where one per layer
+    # was cold at every run (MobileNetV2's 14x14 layers: ~0.086 ms against fp32's 0.041, one Zen 4 core)
+    acc_of = Scratch("int8_dw_acc", outs[0].shape)
 
     def run(inputs, outputs):
+        acc = acc_of()
         if on_grid:
             fn(inputs, [acc])
         else:
             x = np.ascontiguousarray(inputs[0], f32)
-            to_steps(x.reshape(rows.shape), steps_grid, z_in, rows)
+            xk = xk_of()
+            to_steps(x.reshape(-1, width), steps_grid, z_in, xk.reshape(-1, width))
             fn([xk] + list(inputs[1:]), [acc])
         for i in range(n):
             if vals is not None:

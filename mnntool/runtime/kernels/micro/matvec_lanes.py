@@ -110,12 +110,6 @@ def matvec_lanes(wp, x, bias, epf, grid, chunks, out):
 
 def pack(weight: np.ndarray) -> np.ndarray:
     """(cout, cin) weights -> (ceil(cout/16), cin, 16) on a cache line, 16 outputs in the lanes (zeros past
-    cout)."""
-    from .. import aligned_empty
-    cout, cin = weight.shape
-    nb = (cout + 15) // 16
-    padded = np.zeros((nb * 16, cin), np.float32)
-    padded[:cout] = weight
-    wp = aligned_empty(nb * cin * 16).reshape(nb, cin, 16)
-    wp[:] = padded.reshape(nb, 16, cin).transpose(0, 2, 1)
-    return wp
+    cout): kernels.aligned_lanes, the packing depthwise_lanes' channels share."""
+    from .. import aligned_lanes
+    return aligned_lanes(weight)

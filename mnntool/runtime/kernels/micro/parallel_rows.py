@@ -67,12 +67,32 @@ def _chunk(total, chunks, c):
 
 
 @njit(cache=True, inline="always")
-def _copy_rows(src, dst, s0, s1, s2, s3, t0, t1, t2, t3, d1, d2, n, r, rows):
-    """`rows` whole rows of n unit-stride elements from row r on, the offsets stepped along."""
+def _unravel(e, d1, d2, d3):
+    """Flat index e over (d0, d1, d2, d3) -> (i0, i1, i2, j): its row's three indices and its column."""
+    r = e // d3
+    j = e - r * d3
     i2 = r % d2
     r //= d2
-    i1 = r % d1
-    i0 = r // d1
+    return r // d1, r % d1, i2, j
+
+
+@njit(cache=True, inline="always")
+def _next_row(i0, i1, i2, d1, d2):
+    """The row after (i0, i1, i2): the odometer of the three outer axes."""
+    i2 += 1
+    if i2 == d2:
+        i2 = 0
+        i1 += 1
+        if i1 == d1:
+            i1 = 0
+            i0 += 1
+    return i0, i1, i2
+
+
+@njit(cache=True, inline="always")
+def _copy_rows(src, dst, s0, s1, s2, s3, t0, t1, t2, t3, d1, d2, n, r, rows):
+    """`rows` whole rows of n unit-stride elements from row r on, the offsets stepped along."""
+    i0, i1, i2, _ = _unravel(r, d1, d2, 1)
     sb = s0 + i0 * s1 + i1 * s2 + i2 * s3
     db = t0 + i0 * t1 + i1 * t2 + i2 * t3
     un = np.uint64(n)
@@ -117,12 +137,7 @@ def copy_strided(src, sg, dst, dg, shape, chunks):
         lo, hi = _chunk(total, chunks, c)
         if lo >= hi:
             continue
-        r = lo // d3
-        j0 = lo - r * d3
-        i2 = r % d2
-        r //= d2
-        i1 = r % d1
-        i0 = r // d1
+        i0, i1, i2, j0 = _unravel(lo, d1, d2, d3)
         e = lo
         while e < hi:
             j1 = min(d3, j0 + hi - e)
@@ -137,13 +152,7 @@ def copy_strided(src, sg, dst, dg, shape, chunks):
                     dst[db + j * v] = src[sb + j * u]
             e += j1 - j0
             j0 = 0
-            i2 += 1
-            if i2 == d2:
-                i2 = 0
-                i1 += 1
-                if i1 == d1:
-                    i1 = 0
-                    i0 += 1
+            i0, i1, i2 = _next_row(i0, i1, i2, d1, d2)
 
 
 BINARY_KINDS = {"ADD": 0, "SUB": 1, "MUL": 2, "REALDIV": 3, "DIV": 3}
@@ -172,12 +181,7 @@ def binary_strided(a, ag, b, bg, out, og, shape, kind, chunks):
         lo, hi = _chunk(total, chunks, c)
         if lo >= hi:
             continue
-        r = lo // d3
-        j0 = lo - r * d3
-        i2 = r % d2
-        r //= d2
-        i1 = r % d1
-        i0 = r // d1
+        i0, i1, i2, j0 = _unravel(lo, d1, d2, d3)
         e = lo
         while e < hi:
             j1 = min(d3, j0 + hi - e)
@@ -202,13 +206,7 @@ def binary_strided(a, ag, b, bg, out, og, shape, kind, chunks):
                     out[ob + j * o3] = _op(a[ab + j * a3], b[bb + j * b3], kind)
             e += n
             j0 = 0
-            i2 += 1
-            if i2 == d2:
-                i2 = 0
-                i1 += 1
-                if i1 == d1:
-                    i1 = 0
-                    i0 += 1
+            i0, i1, i2 = _next_row(i0, i1, i2, d1, d2)
 
 
 @njit(parallel=True, cache=True)

@@ -72,7 +72,8 @@ def _untrimmed(g: Geometry) -> bool:
 
 
 @kernel("Convolution", "ConvolutionDepthwise")
-def convolution(node, ins, outs, settings):
+def convolution(node, ins, outs, settings, scaled=False):
+    """`scaled` (int8 only: scaled_pointwise): of x * s, ins = [x, s] with s (1, C, 1, 1)."""
     part = _part_of(node)
     cout = part.cout
     geometry = _geometry(part, ins[0].shape, outs[0].shape)
@@ -98,11 +99,12 @@ def convolution(node, ins, outs, settings):
                                 table if codes is None else None)
             looks_up = fn is not None and table is not None      # the table in its epilogue, codes or values
             bias = bias if fn is not None else depthwise_int8_bias(node, bias, int8)
-        fn = fn or _integer(node, ins, outs, bias, int8, settings.threads, codes)
+        fn = fn or _integer(node, ins, outs, bias, int8, settings.threads, codes, scaled)
         if fn is None:
             k = convolution_float(node, ins, outs, weight, bias, settings, grid_out)
             # an input that an int8 kernel already rounded to this grid is used as it is
-            fn = k.fn if ins[0].grid == grid_in else _grid_input(k.fn, ins[0].shape, grid_in, settings.threads)
+            fn = k.fn if ins[0].grid == grid_in and not scaled else \
+                _grid_input(k.fn, ins[0].shape, grid_in, settings.threads, scaled)
             codes = None
         if table is not None and codes is None and not looks_up:      # the op's lookup after the convolution
             fn = looked_up(fn, table, grid_out, outs[0].shape, settings.threads)
@@ -130,7 +132,7 @@ def _weight_only_matvec(node, g: Geometry, bias, settings) -> Kernel | None:
     return with_post(writes(run), node.param.get(POST, NO_POST), g.cout, settings.threads)
 
 
-def _integer(node, ins, outs, bias, grids, threads: int, table=None):
+def _integer(node, ins, outs, bias, grids, threads: int, table=None, scaled=False):
     """The integer kernel for a group-1 int8 convolution with 8-bit per-channel weights on a VNNI CPU,
     else None (elsewhere BLAS's sgemm on the int8 grid beats integer loops)."""
     from ....format.idst import int8_values
@@ -145,7 +147,7 @@ def _integer(node, ins, outs, bias, grids, threads: int, table=None):
         return None
     geometry = Geometry.of(c, ins[0].shape, outs[0].shape).window
     return int8_convolution(geometry, *values, bias, activation(c), grids, ins[0].shape, outs[0].shape, threads,
-                            table)
+                            table, scaled)
 
 
 def conv_weight(param: dict, rows: int) -> np.ndarray:
@@ -225,15 +227,19 @@ def convolution_float(node, ins, outs, weight, bias, settings, grid=NO_GRID, geo
                           node.param.get(POST, NO_POST)))
 
 
-def _grid_input(fn, shape, grid, threads: int):
+def _grid_input(fn, shape, grid, threads: int, scaled=False):
     """Round the input to its int8 grid before a float kernel that rounds its own output (the layers
-    the integer kernel does not cover: depthwise and grouped convolutions, 4-bit weights, no VNNI)."""
+    the integer kernel does not cover: depthwise and grouped convolutions, 4-bit weights, no VNNI);
+    `scaled`: the input x * s first (ins [x, s], convolution's)."""
     xq = np.empty(shape, np.float32)
     rows = xq.reshape(-1, shape[-1])
     rounding = sized(to_grid, xq.size, threads)
 
     def run(inputs, outputs):
         x = np.ascontiguousarray(inputs[0], np.float32)
+        if scaled:
+            x = x * np.asarray(inputs[1], np.float32)
+            inputs = inputs[:1]
         rounding(x.reshape(rows.shape), grid, rows)
         fn([xq] + list(inputs[1:]), outputs)
     return run
@@ -298,6 +304,8 @@ def scaled_pointwise(node, ins, outs, settings):
     the convolution with its packed weights scaled by s on each run ([O/8][C][8]: a broadcast multiply)."""
     from ..micro.float_gemm import OCB, PackedGemm
     part = _part_of(node)
+    if part.int8 is not None:       # int8: x * s quantized in the convolution's packing pass
+        return convolution(node, ins, outs, settings, scaled=True)
     cout = part.cout
     _, cin, h, w = ins[0].shape
     pg = PackedGemm(_weight_of(node, cout).reshape(cout, cin), part.bias, part.act, NO_GRID, h * w,

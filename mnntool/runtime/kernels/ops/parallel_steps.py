@@ -12,6 +12,7 @@ import numpy as np
 
 from ... import host_tuning
 from .. import direct
+from ..step_timing import Timed, timed
 from ..micro import parallel_rows as pr
 
 # work units (kernels.sized: the host's threshold is measured on a logistic function of 4 units an element,
@@ -33,8 +34,19 @@ def copy_work(dims, unit: bool) -> int:
 
 
 def pays(work: int, threads: int) -> bool:
-    """Whether `work` runs in parallel at `threads` (below: the op's one-thread code)."""
-    return threads > 1 and work >= host_tuning.parallel_min_work(threads)
+    """Whether `work` runs in parallel at `threads` (below: the op's one-thread code), or may: near the
+    threshold the step times both forms on its first calls and keeps the faster (`_chosen`)."""
+    if threads <= 1:
+        return False
+    threshold = host_tuning.parallel_min_work(threads)
+    return work >= threshold or timed(work, threshold)
+
+
+def _chosen(run, numpy_run, work: int, threads: int):
+    """`run` (the parallel kernel's), or, for work near the host's threshold, a step_timing.Timed of it and
+    the NumPy code: the step keeps whichever its first calls found faster (no step slower at more
+    threads than at one)."""
+    return Timed(run, numpy_run) if timed(work, host_tuning.parallel_min_work(threads)) else run
 
 
 def _dtype(d):
@@ -67,7 +79,7 @@ class _Flat:
 
 
 def _copy_kernel(shape, src_strides, dst_strides, itemsize: int, threads: int):
-    """copy_strided bound for one geometry: (call(src_flat, dst_flat, dst_offset), kernel dtype), or None."""
+    """copy_strided bound for one geometry: (call, merged shape, source and output strides, work), or None."""
     merged = pr.merge_axes(list(shape), [list(src_strides), list(dst_strides)])
     kind = pr.COPY_TYPES.get(itemsize)
     if merged is None or kind is None:
@@ -78,7 +90,7 @@ def _copy_kernel(shape, src_strides, dst_strides, itemsize: int, threads: int):
     shape4 = np.array(dims, np.int64)
     example = np.empty(1, kind)
     fn = direct(pr.copy_strided, example, pr.geometry(0, ss), example, pr.geometry(0, ds), shape4, threads)
-    return fn, shape4, ss, ds
+    return fn, shape4, ss, ds, copy_work(dims, ss[-1] == 1 and ds[-1] == 1)
 
 
 def permute(shape, perm, dtype, threads: int):
@@ -93,18 +105,21 @@ def permute(shape, perm, dtype, threads: int):
     k = _copy_kernel(out_shape, [st[a] for a in perm], pr.c_strides(out_shape), dtype.itemsize, threads)
     if k is None:
         return None
-    fn, shape4, ss, ds = k
+    fn, shape4, ss, ds = k[:4]
     sg, dg = pr.geometry(0, ss), pr.geometry(0, ds)
     kind = pr.COPY_TYPES[dtype.itemsize]
     src, dst = _Flat(kind), _Flat(kind)
 
+    def numpy_run(i, o):
+        np.copyto(o[0], i[0].transpose(perm))
+
     def run(i, o):
         x, y = i[0], o[0]
         if x.dtype != dtype or y.dtype != dtype or not x.flags.c_contiguous or not y.flags.c_contiguous:
-            np.copyto(y, x.transpose(perm))
+            numpy_run(i, o)
             return
         fn(src(x), sg, dst(y), dg, shape4, threads)
-    return run
+    return _chosen(run, numpy_run, k[4], threads)
 
 
 def strided_slice(shape, index, out_shape, dtype, threads: int):
@@ -123,18 +138,21 @@ def strided_slice(shape, index, out_shape, dtype, threads: int):
     k = _copy_kernel(view.shape, view.strides, pr.c_strides(out_shape), dtype.itemsize, threads)
     if k is None:
         return None
-    fn, shape4, ss, ds = k
+    fn, shape4, ss, ds = k[:4]
     sg, dg = pr.geometry(offset, ss), pr.geometry(0, ds)
     kind = pr.COPY_TYPES[dtype.itemsize]
     src, dst = _Flat(kind), _Flat(kind)
 
+    def numpy_run(i, o):
+        np.copyto(o[0], i[0][index])
+
     def run(i, o):
         x, y = i[0], o[0]
         if x.dtype != dtype or y.dtype != dtype or not x.flags.c_contiguous or not y.flags.c_contiguous:
-            np.copyto(y, x[index])
+            numpy_run(i, o)
             return
         fn(src(x), sg, dst(y), dg, shape4, threads)
-    return run
+    return _chosen(run, numpy_run, k[4], threads)
 
 
 def concat(in_shapes, axis: int, out_shape, dtype, threads: int):
@@ -158,7 +176,8 @@ def concat(in_shapes, axis: int, out_shape, dtype, threads: int):
         else:
             pieces.append(None)
         at += s[axis]
-    if at != out_shape[axis] or not pays(sum(copy_work(p[0], True) for p in pieces if p is not None), threads):
+    work = sum(copy_work(p[0], True) for p in pieces if p is not None)
+    if at != out_shape[axis] or not pays(work, threads):
         return None
     kind = pr.COPY_TYPES[dtype.itemsize]
     example = np.empty(1, kind)
@@ -169,17 +188,20 @@ def concat(in_shapes, axis: int, out_shape, dtype, threads: int):
     flats = [_Flat(kind) for _ in pieces]
     dst = _Flat(kind)
 
+    def numpy_run(i, o):
+        np.concatenate([np.asarray(a).astype(o[0].dtype, copy=False) for a in i], axis=axis, out=o[0])
+
     def run(i, o):
         y = o[0]
         if y.dtype != dtype or not y.flags.c_contiguous or \
                 any(a.dtype != dtype or not a.flags.c_contiguous for a in i):
-            np.concatenate([np.asarray(a).astype(y.dtype, copy=False) for a in i], axis=axis, out=y)
+            numpy_run(i, o)
             return
         yf = dst(y)
         for a, p, f in zip(i, pieces, flats):
             if p is not None:
                 fn(f(a), p[1], yf, p[2], p[0], threads)
-    return run
+    return _chosen(run, numpy_run, work, threads)
 
 
 def binary(op: str, ins, outs, threads: int):
@@ -215,6 +237,9 @@ def binary(op: str, ins, outs, threads: int):
     fa, fb, fo = _Flat(np.float32), _Flat(np.float32), _Flat(np.float32)
     ufunc = {0: np.add, 1: np.subtract, 2: np.multiply, 3: np.true_divide}[kind]
 
+    def numpy_run(i, o):
+        ufunc(i[0], i[1], out=o[0])
+
     def run(i, o):
         a, b, y = i[0], i[1], o[0]
         if a.dtype != np.float32 or b.dtype != np.float32 or not (a.flags.c_contiguous and b.flags.c_contiguous
@@ -222,7 +247,7 @@ def binary(op: str, ins, outs, threads: int):
             ufunc(a, b, out=y)
             return
         fn(fa(a), ag, fb(b), bg, fo(y), og, shape4, kind, threads)
-    return run
+    return _chosen(run, numpy_run, size * BINARY_WORK, threads)
 
 
 def leaky(shape, slope: float, dtype, threads: int):
@@ -237,14 +262,17 @@ def leaky(shape, slope: float, dtype, threads: int):
     fn = direct(pr.leaky_flat, example, example, s32, threads)
     fx, fy = _Flat(np.float32), _Flat(np.float32)
 
+    def numpy_run(i, o):
+        np.multiply(i[0], slope, out=o[0])
+        np.maximum(i[0], o[0], out=o[0])
+
     def run(i, o):
         x, y = i[0], o[0]
         if x.dtype != np.float32 or not x.flags.c_contiguous or not y.flags.c_contiguous:
-            np.multiply(x, slope, out=y)
-            np.maximum(x, y, out=y)
+            numpy_run(i, o)
             return
         fn(fx(x), fy(y), s32, threads)
-    return run
+    return _chosen(run, numpy_run, size * LEAKY_WORK, threads)
 
 
 def sum_middle(shape, axes, op: str, out_shape, dtype, threads: int):
@@ -259,19 +287,23 @@ def sum_middle(shape, axes, op: str, out_shape, dtype, threads: int):
     fn = direct(pr.sum_middle, np.empty((outer, k, inner), np.float32), np.empty((outer, inner), np.float32),
                 threads)
 
+    def numpy_run(i, o):
+        o[0][...] = np.sum(i[0], axis=ax).reshape(o[0].shape)
+
     def run(i, o):
         x, y = i[0], o[0]
         if x.dtype != np.float32 or not x.flags.c_contiguous or not y.flags.c_contiguous:
-            y[...] = np.sum(x, axis=ax).reshape(y.shape)
+            numpy_run(i, o)
             return
         fn(x.reshape(outer, k, inner), y.reshape(outer, inner), threads)
-    return run
+    return _chosen(run, numpy_run, outer * k * inner, threads)
 
 
 def pad(b: int, h: int, w: int, oh: int, ow: int, threads: int):
     """A call(x (B, H, W), t, l, value, out (B, OH, OW)) for a constant pad of the last two axes of a map of
     fewer planes than 2 a thread, split by output rows (pad_rows), or None (pad_planes splits planes)."""
-    if threads <= 1 or not b * oh * ow or b >= 2 * threads or not pays(b * oh * ow * COPY_WORK, threads):
+    if threads <= 1 or not b * oh * ow or b >= 2 * threads or \
+            b * oh * ow * COPY_WORK < host_tuning.parallel_min_work(threads):    # (untimed: a bare call)
         return None
     fn = direct(pr.pad_rows, np.empty((b, h, w), np.float32), 0, 0, np.float32(0), np.empty((b, oh, ow), np.float32),
                 threads)

@@ -1,8 +1,11 @@
 """Data-movement kernels that beat the op definitions' numpy: views for reshapes, joins and splits into
-planned buffers, slices whose index tuples are built once, a gather of one block as a view and of rows
-in one pass, constant padding of the last two axes row by row. Other gathers, other padding, shape ops
-and the rest run their definitions (ir/ops/tensor.py)."""
+planned buffers, slices whose index tuples are built once, permutes by one choice of kernel
+(`permute_kernel`), a gather of one block as a view and of rows in one pass, constant padding of the last
+two axes row by row. Other gathers, other padding, shape ops and the rest run their definitions
+(ir/ops/tensor.py)."""
 from __future__ import annotations
+
+from collections.abc import Callable
 
 import numpy as np
 from ..compile.jit import Bound, njit, prange
@@ -44,29 +47,49 @@ WIDE_RUNS = {2: np.float64, 4: np.complex128}
 
 @kernel("Permute")
 def permute(node, ins, outs, settings):
-    perm = _ints(node.param["dims"])
-    shape = ins[0].shape
-    if shape is not None and len(shape) > 1 and perm[-1] == len(shape) - 1 and str(ins[0].dtype) == "float32" and \
-            isinstance(shape[-1], int) and shape[-1] in WIDE_RUNS:
-        wide = WIDE_RUNS[shape[-1]]
+    """The kernel `permute_kernel` chooses."""
+    return writes(permute_kernel(ins[0].shape, _ints(node.param["dims"]), ins[0].dtype, settings.threads)[1])
 
-        def run_wide(i, o):
-            x = i[0]
-            if x.dtype == np.float32 and x.strides[-1] == 4 and o[0].flags.c_contiguous:
-                np.copyto(o[0].view(wide), x.view(wide).transpose(perm))
-            else:
-                np.copyto(o[0], x.transpose(perm))
-        return writes(run_wide)
-    blocked = _blocked_transpose(shape, perm, ins[0].dtype, settings.threads)
-    if blocked is not None:
-        return writes(blocked)
-    par = parallel_steps.permute(shape, perm, ins[0].dtype, settings.threads)   # threads, with the work for them
-    if par is not None:
-        return writes(par)
-    runs = _run_permute(shape, perm, ins[0].dtype, settings.threads)
-    if runs is not None:
-        return writes(runs)
-    return writes(lambda i, o: np.copyto(o[0], i[0].transpose(perm)))
+
+def permute_kernel(shape, perm, dtype, threads: int) -> tuple[str, Callable]:
+    """The one choice of a Permute's kernel at prepare, (name, run(i, o)): the first that applies of
+    - "wide": float32 keeping a last axis of 2 or 4: NumPy's copy with each run as one float64/complex128
+      (WIDE_RUNS: its strided loop pays per element, so fewer, wider ones), at any thread count;
+    - "blocked": float32 that is a batched 2-D transpose with both sides at least MIN_SIDE: register blocks
+      (micro.transpose, 3-20x NumPy's copy), parallel over the batch where `sized` finds the work pays;
+    - "parallel_copy": more than one thread and a copy whose work parallel_steps finds pays for waking them,
+      any dtype (parallel_steps.permute: micro.parallel_rows.copy_strided in output chunks, four merged axes);
+    - "runs": float32 keeping runs of RUN_MIN to RUN_MAX floats last: permute_runs, one loop a run. At one
+      thread; at more only where the parallel copy did not apply: work below the threshold (then its serial
+      twin), or five merged axes (past the copy's four);
+    - "numpy": the rest, NumPy's copy of the transposed view: runs over RUN_MAX floats (memcpy a run beats
+      the loop), a moved last axis, other dtypes at one thread, shapes unknown at prepare.
+    Every branch gives NumPy's values exactly (copies), so the choice changes speed only."""
+    if (run := _wide_runs(shape, perm, dtype)) is not None:
+        return "wide", run
+    if (run := _blocked_transpose(shape, perm, dtype, threads)) is not None:
+        return "blocked", run
+    if threads > 1 and (run := parallel_steps.permute(shape, perm, dtype, threads)) is not None:
+        return "parallel_copy", run
+    if (run := _run_permute(shape, perm, dtype, threads)) is not None:
+        return "runs", run
+    return "numpy", lambda i, o: np.copyto(o[0], i[0].transpose(perm))
+
+
+def _wide_runs(shape, perm, dtype):
+    """A float32 Permute that keeps a last axis of 2 or 4 floats as a copy of wider elements; None otherwise."""
+    if shape is None or len(shape) < 2 or perm[-1] != len(shape) - 1 or str(dtype) != "float32" or \
+            not isinstance(shape[-1], int) or shape[-1] not in WIDE_RUNS:
+        return None
+    wide = WIDE_RUNS[shape[-1]]
+
+    def run_wide(i, o):
+        x = i[0]
+        if x.dtype == np.float32 and x.strides[-1] == 4 and o[0].flags.c_contiguous:
+            np.copyto(o[0].view(wide), x.view(wide).transpose(perm))
+        else:
+            np.copyto(o[0], x.transpose(perm))
+    return run_wide
 
 
 @njit(parallel=True, cache=True)
