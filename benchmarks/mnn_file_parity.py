@@ -141,7 +141,8 @@ def main():
             row["op_diff"] = {k: [a.get(k, 0), b.get(k, 0)] for k in sorted(set(a) | set(b)) if a.get(k) != b.get(k)}
             print(f"{name:28s} ours {row['ours_ms']:8.2f} ms  MNN's file {row['theirs_ms']:8.2f} ms  "
                   f"x {row['ratio']:.3f} ({row['ratio_q25']:.3f}..{row['ratio_q75']:.3f}; loaded first: ours "
-                  f"{row['ratio_ours_first']:.3f}, theirs {row['ratio_theirs_first'] or 0:.3f})  ops differ: {row['op_diff']}", flush=True)
+                  f"{row['ratio_ours_first']:.3f}, theirs {row['ratio_theirs_first'] or 0:.3f})  "
+                  f"ops differ: {row['op_diff']}", flush=True)
         except Exception as e:      # noqa: BLE001 - a model that fails is a row with its reason
             row["error"] = " ".join(str(e).split())[:200]
             print(f"{name:28s} failed: {row['error']}", flush=True)

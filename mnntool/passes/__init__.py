@@ -13,6 +13,7 @@ from .activation_before_reshape import ActivationBeforeReshapePass
 from .approximate_gelu import ApproximateGeluPass
 from .constant_fold import ConstantFoldPass
 from .dead_code import DeadCodePass
+from .floor_masked_softmax import FloorMaskedSoftmaxPass
 from .fold_batch_norm import FoldBatchNormPass
 from .fuse_conv import FoldAffineIntoConvPass, FuseReluIntoBinaryPass, FuseReluIntoConvPass
 from .fuse_pad import FusePadIntoConvPass
@@ -34,7 +35,7 @@ STAGES = {
                    FuseSiluPass, FusePadIntoConvPass, FusePadIntoAvgPoolPass,
                    FoldAffineIntoConvPass, MergeParallelConvsPass, FuseReluIntoConvPass, FuseReluIntoBinaryPass, MatMulToConvPass,
                    ActivationBeforeReshapePass,
-                   SplitGroupedConvPass, SplitFewGroupsPass, ApproximateGeluPass,
+                   SplitGroupedConvPass, SplitFewGroupsPass, ApproximateGeluPass, FloorMaskedSoftmaxPass,
                    DeadCodePass],            # -O1 once, -O2 to a fixed point
     "required": [MnnWorkaroundsPass, LayoutPass],   # what every written file needs: last, at every level
 }

@@ -18,7 +18,11 @@ core count and Numba version), measured at `mnntool compile-kernels` or at the f
 that thread count (~0.1-0.5 s once; a host whose load average is above its core count is not measured:
 the defaults serve until it is quiet). Overrides: MNNTOOL_PARALLEL_MIN_WORK and MNNTOOL_ONE_THREAD_BELOW_FLOPS
 (numbers), MNNTOOL_HOST_TUNING=defaults (the constants below, no measuring; the test suite uses it, for
-plans that do not depend on how loaded the machine is). `bench --json` reports what a run used."""
+plans that do not depend on how loaded the machine is). `bench --json` reports what a run used.
+
+The threshold is one number for every kernel; near it each step times its two forms where it runs and
+keeps the faster (kernels/step_timing.py), so a kernel family that scales worse than the probe's falls
+back per step."""
 from __future__ import annotations
 
 import json
@@ -157,10 +161,13 @@ def one_thread_below_flops(threads: int) -> int:
 
 def report(threads: int) -> dict:
     """What a session at `threads` uses, and where it came from (bench --json: "host_tuning")."""
+    from .kernels.step_timing import enabled
     src = "override" if os.environ.get("MNNTOOL_PARALLEL_MIN_WORK", "").strip() else _entry(threads)["source"]
     return {"threads": threads, "parallel_min_work": parallel_min_work(threads),
             "one_thread_below_flops": one_thread_below_flops(threads), "source": src,
-            "file": str(_path()) if src == "measured" else None}
+            "file": str(_path()) if src == "measured" else None,
+            # steps near the threshold time both forms and keep the faster (kernels/step_timing.py)
+            "step_timing": threads > 1 and enabled()}
 
 
 def forget(measured: bool = False) -> None:

@@ -64,11 +64,13 @@ def test_tile_asm_compiles():
     ldtilecfg, the K loop of tile loads and TDPBSUDs, the stores and tilerelease are in the code."""
     import numba
     from numba import typeof
-    prod = int8_amx._products.real()
+    prod, begin, end = int8_amx._products.real(), int8_amx._begin.real(), int8_amx._end.real()
 
     @numba.njit
     def one_tile(x, x0, x1, xs, w, woff, steps, ns, buf):
+        begin(buf)
         prod(x, x0, x1, xs, w, woff, steps, ns, buf)
+        end(buf)
     args = (np.zeros(64, np.uint8), 0, 0, 64, np.zeros(64, np.int8), 0, np.zeros(1, np.int64), 1,
             np.zeros(int8_amx.BUF, np.int32))
     sig = tuple(typeof(a) for a in args)
@@ -178,6 +180,7 @@ def test_hook_plumbing(fresh, case):
     VNNI path, and the AMX weights used (blocks for C/4 not a multiple of 16, the grid else)."""
     fresh.setenv("MNNTOOL_AMX", "0")
     ref = _conv(case)
+    fresh.setenv("MNNTOOL_AMX_MIN_K", "0")         # every K on the AMX path here (the threshold: test_min_k)
     used = []
 
     def blocks(self, x, epf, out, tab=int8_gemm.NO_TABLE):
@@ -207,6 +210,24 @@ def test_hook_plumbing(fresh, case):
     assert used and set(used) == {want}
 
 
+def test_min_k_and_chunks(fresh):
+    """AMX only from K = min_k() (MNNTOOL_AMX_MIN_K overrides), the VNNI path below; chunks: one on one
+    thread, about four a thread at most CHUNK_MAX tiles each above."""
+    fresh.setattr(amx_host, "available", lambda: True)
+    fresh.delenv("MNNTOOL_AMX_MIN_K", raising=False)
+    k = int8_amx.AMX_MIN_K
+    rows = (np.ones(8, np.float32), np.zeros(8, np.float32))
+    for kk, want in ((k - 4, False), (k, True)):
+        wq = np.ones((8, kk), np.int8)
+        got = int8_amx.amx_weights(int8_gemm.Int8Weights(wq, *rows, 1, 1), wq, 1, 1)
+        assert (got is not None) == want
+    fresh.setenv("MNNTOOL_AMX_MIN_K", "8")
+    wq = np.ones((8, 8), np.int8)
+    assert int8_amx.amx_weights(int8_gemm.Int8Weights(wq, *rows, 1, 1), wq, 1, 1) is not None
+    assert int8_amx.chunk_of(196, 1) == 196 and int8_amx.chunk_of(196, 4) == 12
+    assert int8_amx.chunk_of(3, 8) == 1 and int8_amx.chunk_of(10 ** 6, 4) == int8_amx.CHUNK_MAX
+
+
 needs_amx = pytest.mark.skipif(not amx_host.available(), reason="needs AMX (amx_tile, amx_int8) and Linux's tile "
                                "permission: " + amx_host.state()["reason"])
 
@@ -227,6 +248,7 @@ def test_amx_products_exact(K, oc, P):
 @needs_amx
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_amx_conv_bit_identical(fresh, case):
+    fresh.setenv("MNNTOOL_AMX_MIN_K", "0")
     fresh.setenv("MNNTOOL_AMX", "0")
     ref = _conv(case)
     amx_host.forget()
@@ -260,9 +282,9 @@ def test_gemm_kernels_compile():
     ep = tuple(np.zeros(32, np.float32) for _ in rows)
     out, tab = np.zeros((8, 4), np.float32), int8_gemm.NO_TABLE
     wa, steps = np.zeros(64, np.int8), np.zeros(1, np.int64)
-    for fn, args in ((int8_amx.gemm_amx, (np.zeros(64, np.uint8), wa, steps, 1, 8, ep, epf, out, tab)),
+    for fn, args in ((int8_amx.gemm_amx, (np.zeros(64, np.uint8), wa, steps, 1, 8, ep, epf, out, tab, 1)),
                      (int8_amx.gemm_amx_planes, (np.zeros(64, np.uint32), wa, steps, 64, 8, ep, epf, out, tab,
-                                                 np.zeros((1, 4), np.int64)))):
+                                                 np.zeros((1, 4), np.int64), 1))):
         d = fn.dispatcher()
         d.compile(tuple(typeof(a) for a in args))
         assert d.signatures

@@ -308,3 +308,73 @@ def test_session_parts_of_plan_own_objects_do_not_pile_up():
             weight_cache.node_part("s", (shared,), lambda: made.append(1) or shared + 1)
     assert len(made) == 1
     assert len(parts.entries) <= 2 * weight_cache.Parts.KEEP_PLANS + 1 and len(parts.kept) <= len(parts.entries)
+
+
+def test_fusion_stages_read_the_readers_of_their_own_node_list(tmp_path, monkeypatch):
+    """plan/match.users_of keeps the readers of a node list for the stages after it that get the same list
+    (rewritten hands the list on where a stage fused nothing): each stage's answer must be
+    ir.graph.consumers_of of the list it is given, at every shape; a stale one (the last stage's list or
+    the last plan's) would fuse the wrong nodes. The outputs stay a fresh session's, bit for bit."""
+    import importlib
+
+    from mnntool.ir.graph import consumers_of
+    from mnntool.runtime import plan as P
+    from mnntool.runtime.plan import match
+    asked = []
+
+    def checked(p):
+        got = match.users_of(p)
+        want = consumers_of(p.nodes)
+        assert got == want and all(a == b for a, b in zip(got.values(), want.values()))
+        asked.append(id(p.nodes))
+        return got
+    for name in P.NAMES:
+        mod = importlib.import_module(f"mnntool.runtime.plan.{name}")
+        if hasattr(mod, "users_of"):
+            monkeypatch.setattr(mod, "users_of", checked)
+    _squeeze_excite(tmp_path / "se.onnx")
+    api.convert(tmp_path / "se.onnx", tmp_path / "se.mnn")
+    s = Session(api.load_graph(tmp_path / "se.mnn"), threads=1)
+    rng = np.random.default_rng(8)
+    for hw in SE_SHAPES[:6]:
+        x = rng.standard_normal((1, 3) + hw).astype(np.float32)
+        fresh = Session(api.load_graph(tmp_path / "se.mnn"), threads=1).run({"x": x})["y"]
+        assert np.array_equal(s.run({"x": x})["y"], fresh), hw
+    assert len(asked) > len(set(asked)), "no stage was handed the list of the stage before it"
+
+
+def test_collector_paused_while_planning_and_as_it_was_after(tmp_path, monkeypatch):
+    """Session._build turns Python's cycle collector off while it plans (a plan's thousands of new, living
+    containers are what the collector's young passes would scan for nothing) and back on after, also when
+    planning fails; a collector the caller turned off stays off."""
+    import gc
+
+    from mnntool.errors import MnnToolError
+    from mnntool.runtime.plan import shapes
+    _squeeze_excite(tmp_path / "se.onnx")
+    api.convert(tmp_path / "se.onnx", tmp_path / "se.mnn")
+    s = Session(api.load_graph(tmp_path / "se.mnn"), threads=1)
+    seen = []
+    real = shapes.run
+
+    def spy(p):
+        seen.append(gc.isenabled())
+        if p.graph.tensors["x"].shape[2] == 13:
+            raise MnnToolError("planning failed on purpose")
+        real(p)
+    monkeypatch.setattr(shapes, "run", spy)
+    assert gc.isenabled()
+    s.prepare({"x": (1, 3, 20, 24)})
+    assert seen == [False] and gc.isenabled()
+    with pytest.raises(MnnToolError):
+        s.prepare({"x": (1, 3, 13, 24)})
+    assert seen == [False, False] and gc.isenabled()
+    gc.disable()
+    try:
+        s.prepare({"x": (1, 3, 28, 24)})
+        assert seen[-1] is False and not gc.isenabled()
+    finally:
+        gc.enable()
+    x = np.random.default_rng(9).standard_normal((1, 3, 28, 24)).astype(np.float32)
+    ref = ort.InferenceSession(str(tmp_path / "se.onnx"))
+    np.testing.assert_allclose(s.run({"x": x})["y"], ref.run(None, {"x": x})[0], rtol=1e-4, atol=1e-4)

@@ -1,7 +1,8 @@
 """Per-step choice between a kernel's parallel form and its one-thread form (kernels/step_timing.py).
 
 The chooser alone: with one form 3 ms slower than the other (a sleep), it keeps the faster after its
-six first calls, in turns, whichever it is, and gives each call's own result. In a session: the model of
+six first calls, in turns starting with the form it is told the threshold picks, whichever is slower, and
+gives each call's own result. In a session: the model of
 test_parallel_steps at 2 threads with the host's threshold set low (every step near it, so every
 parallel kernel and every parallel step is timed): each of eight runs (both forms during the first six,
 the chosen one after) bit-identical to the one-thread run, and every chooser settled."""
@@ -19,8 +20,9 @@ from mnntool.runtime.session import Session
 from .test_parallel_steps import INPUTS, _model
 
 
+@pytest.mark.parametrize("first", [0, 1])
 @pytest.mark.parametrize("slow", ["parallel", "serial"])
-def test_the_faster_form_is_kept(slow):
+def test_the_faster_form_is_kept(slow, first):
     calls = []
 
     def form(name):
@@ -31,10 +33,11 @@ def test_the_faster_form_is_kept(slow):
             return (name, x)
         return run
 
-    t = step_timing.Timed(form("parallel"), form("serial"))
+    t = step_timing.Timed(form("parallel"), form("serial"), first)
     for k in range(2 + 2 * step_timing.SAMPLES):
         assert t(k) == (calls[-1], k)
-    assert calls == ["parallel", "serial"] * (1 + step_timing.SAMPLES)
+    turn = ["parallel", "serial"] if first == 0 else ["serial", "parallel"]     # first: the threshold's form
+    assert calls == turn * (1 + step_timing.SAMPLES)
     assert t.chosen is (slow == "serial")
     calls.clear()
     for k in range(3):
@@ -67,8 +70,8 @@ def test_timed_steps_give_the_one_thread_bits(tmp_path, monkeypatch):
     class Recorded(step_timing.Timed):
         __slots__ = ("__weakref__",)
 
-        def __init__(self, parallel, serial):
-            super().__init__(parallel, serial)
+        def __init__(self, parallel, serial, first=0):
+            super().__init__(parallel, serial, first)
             made.append(self)
     monkeypatch.setattr(step_timing, "Timed", Recorded)
     monkeypatch.setattr(parallel_steps, "Timed", Recorded)

@@ -67,7 +67,7 @@ def sized(fn: JitFunction, work: int, threads: int):
     from .step_timing import Timed, timed
     threshold = host_tuning.parallel_min_work(threads)
     if timed(work, threshold):
-        return Timed(fn.dispatcher(), Bound(serial(fn)))
+        return Timed(fn.dispatcher(), Bound(serial(fn)), 0 if work >= threshold else 1)
     return fn.dispatcher() if work >= threshold else Bound(serial(fn))
 
 

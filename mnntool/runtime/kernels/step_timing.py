@@ -42,26 +42,28 @@ def timed(work: int, threshold: int) -> bool:
 class Timed:
     """Calls `parallel` and `serial` (same arguments, same result) in turns on its first calls, one untimed
     call of each then SAMPLES timed ones, and from then on only the faster: parallel where its best time is
-    at most MARGIN x the serial one's. For call sites that call it once per step (or with the same
-    arguments' sizes every call): calls of different sizes would compare the two forms on different work."""
+    at most MARGIN x the serial one's. The first call runs the form the threshold alone would run (`first`:
+    0 parallel, 1 serial), so a Timed made for one call (a kernel sized at run time) runs what it ran
+    before. For call sites that call it once per step (or with the same arguments' sizes every call): calls
+    of different sizes would compare the two forms on different work."""
 
-    __slots__ = ("parallel", "serial", "calls", "best", "chosen")
+    __slots__ = ("parallel", "serial", "first", "calls", "best", "chosen", "kept")
 
-    def __init__(self, parallel, serial):
-        self.parallel, self.serial = parallel, serial
-        self.calls, self.best, self.chosen = 0, [float("inf"), float("inf")], None
+    def __init__(self, parallel, serial, first: int = 0):
+        self.parallel, self.serial, self.first = parallel, serial, first
+        self.calls, self.best, self.chosen, self.kept = 0, [float("inf"), float("inf")], None, None
 
     def __repr__(self):
         state = {None: "timing", True: "parallel", False: "serial"}[self.chosen]
         return f"<timed {state}: {self.parallel!r} / {self.serial!r}>"
 
     def __call__(self, *args):
-        chosen = self.chosen
-        if chosen is not None:
-            return (self.parallel if chosen else self.serial)(*args)
+        kept = self.kept        # once chosen (~0.13 us a call over a bare call: the Python frame)
+        if kept is not None:
+            return kept(*args)
         n = self.calls
         self.calls = n + 1
-        form = n & 1                    # 0: parallel, 1: serial
+        form = (n + self.first) & 1     # 0: parallel, 1: serial
         fn = self.serial if form else self.parallel
         if n < 2:
             return fn(*args)
@@ -72,15 +74,16 @@ class Timed:
             self.best[form] = dt
         if n + 1 >= 2 + 2 * SAMPLES:
             self.chosen = self.best[0] <= MARGIN * self.best[1]
+            self.kept = self.parallel if self.chosen else self.serial
         return out
 
     def map(self, how):
         """The same choice over `how(parallel)` and `how(serial)` (kernels.direct: the compiled entries)."""
-        return Timed(how(self.parallel), how(self.serial))
+        return Timed(how(self.parallel), how(self.serial), self.first)
 
 
 def choose(parallel, serial, work: int, threshold: int):
     """`parallel` or `serial` by the threshold alone, or a Timed of both where `work` is near it."""
     if timed(work, threshold):
-        return Timed(parallel, serial)
+        return Timed(parallel, serial, 0 if work >= threshold else 1)
     return parallel if work >= threshold else serial

@@ -1,6 +1,6 @@
 """Attention as exporters write it,
 
-    scores = MatMul(q, k)  [* c]  [+ mask]  -> Softmax(last axis)  [-> Where(IsNaN(p), 0, p)]  -> MatMul(p, v)
+    scores = MatMul(q, k)  [* c]  [+ mask]  -> Softmax(last axis)  [-> Where(IsNaN(p), 0, p) | floor]  -> MatMul(p, v)
 
 as one FusedAttention step: the scores are written once, masked and normalised in place, and
 multiplied by v, instead of 3 to 6 steps each passing over the L x L scores (kernels/attention.py)."""
@@ -64,6 +64,10 @@ def fuse(p: Planning) -> list[Node]:
                     sel.inputs[0] == ne.outputs[0] and sel.inputs[2] == pr and g.scalar(sel.inputs[1]) == 0.0:
                 chain += [ne, sel]
                 pr, guard = sel.outputs[0], True
+        floor = only_user(pr) if not guard and pr not in outputs else None
+        if floor is not None and floor.op == "ReLU6" and float(floor.param.get("minValue", 0.0)) == 2.0 ** -60:
+            chain.append(floor)     # passes/floor_masked_softmax.py's clamp: it moves p by <= 2^-60, skipped here
+            pr = floor.outputs[0]
         mm2 = only_user(pr) if pr not in outputs else None
         if mm2 is None or mm2.op != "MatMul" or len(mm2.inputs) != 2 or mm2.inputs[0] != pr or \
                 mm2.param.get("transposeA") or mm2.param.get("transposeB"):

@@ -28,6 +28,19 @@ def _pointwise_reading(conv: Node, y: str, channels: int) -> bool:
             and c.get("padMode", "CAFFE") != "SAME" and c.get("inputCount", channels) in (0, channels))
 
 
+def _quantized_by(conv: Node, path: list, stored: dict) -> bool:
+    """Whether the tensors from the product to conv are stored on no grid, or only on the one an int8 conv
+    casts its input to (as int8_store.quantized_by_readers): its packing pass then rounds the product once,
+    as the file does."""
+    on = [stored[t] for t in path if t in stored]
+    if not on:
+        return True
+    from ..kernels.micro.epilogue import grid_of
+    from ..kernels.ops.conv import int8_scales
+    q = int8_scales(conv)
+    return q is not None and all(grid_of(*q.input) == grid and float(q.zero_in) == float(zero) for grid, zero in on)
+
+
 def fuse(p: Planning) -> list[Node]:
     nodes, vals, stored = p.nodes, p.vals, p.stored
     users = users_of(p)
@@ -38,8 +51,9 @@ def fuse(p: Planning) -> list[Node]:
                 int(m.param.get("activationType", 0) or 0):
             continue
         # layout tags between them (NCHW -> NC4HW4): the same array here
-        chain, y, conv = past_moves(users, m.outputs[0], outputs, stored, lambda op: op == "ConvertTensor")
-        if conv is None:
+        # (a product the file stores on the int8 grid its convolution reads: see _quantized_by)
+        chain, y, conv = past_moves(users, m.outputs[0], outputs, {}, lambda op: op == "ConvertTensor")
+        if conv is None or not _quantized_by(conv, [m.outputs[0]] + [n.outputs[0] for n in chain], stored):
             continue
         a, b = (vals.get(i) for i in m.inputs)
         if a is None or b is None or a.shape is None or b.shape is None or a.dtype != "float32" or b.dtype != "float32":

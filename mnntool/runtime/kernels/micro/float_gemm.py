@@ -350,17 +350,21 @@ def gemm(x, xs, P, wp, K, kc, O, bias, epf, grid, out, os_, by_block):
     nob = (O + OCB - 1) // OCB
     nt = tail_pixels(P)
     main = P - nt
-    ntile = _tiles(main)[0]
+    nmain = _tiles(main)[0] * nob
+    tb = tail_blocks(nt)
+    ng = (nob + tb - 1) // tb if nt else 0
     for k0 in range(0, K, kc):
         kn = min(kc, K - k0)
-        flags = (1 if k0 > 0 else 0, 1 if k0 + kn >= K else 0, grid)
-        for idx in prange(ntile * nob):
-            _gemm_body(x, 0, xs, main, wp, 0, K, O, nob, bias, epf, out, 0, os_, idx, k0, kn, flags, by_block)
-    if nt:
-        tb = tail_blocks(nt)
-        for j in prange((nob + tb - 1) // tb):
-            o0 = j * tb * OCB
-            _tail(nt, x, main, xs, wp, o0 * K, K * OCB, K, out, o0 * os_ + main, os_, O - o0, bias[o0:], epf, grid)
+        last = k0 + kn >= K
+        flags = (1 if k0 > 0 else 0, 1 if last else 0, grid)
+        # the tail's channel groups (all of K at once) in the last K block's region: one region fewer
+        for idx in prange(nmain + (ng if last else 0)):
+            if idx < nmain:
+                _gemm_body(x, 0, xs, main, wp, 0, K, O, nob, bias, epf, out, 0, os_, idx, k0, kn, flags, by_block)
+            else:
+                o0 = (idx - nmain) * tb * OCB
+                _tail(nt, x, main, xs, wp, o0 * K, K * OCB, K, out, o0 * os_ + main, os_, O - o0, bias[o0:], epf,
+                      grid)
 
 
 @njit(parallel=True, cache=True)
@@ -371,20 +375,22 @@ def gemm_batched(x, xs, xstride, P, wp, wstride, K, kc, O, bias, epf, grid, out,
     nt = tail_pixels(P)
     main = P - nt
     per = _tiles(main)[0] * nob
+    nmain = batches * per
+    tb = tail_blocks(nt)
+    ng = (nob + tb - 1) // tb if nt else 0
     for k0 in range(0, K, kc):
         kn = min(kc, K - k0)
-        flags = (1 if k0 > 0 else 0, 1 if k0 + kn >= K else 0, grid)
-        for j in prange(batches * per):
-            b, idx = j // per, j % per
-            _gemm_body(x, b * xstride, xs, main, wp, b * wstride, K, O, nob, bias, epf, out, b * ostride, os_, idx, k0,
-                       kn, flags, by_block)
-    if nt:
-        tb = tail_blocks(nt)
-        ng = (nob + tb - 1) // tb
-        for j in prange(batches * ng):
-            b, o0 = j // ng, (j % ng) * tb * OCB
-            _tail(nt, x, b * xstride + main, xs, wp, b * wstride + o0 * K, K * OCB, K, out, b * ostride + o0 * os_ + main,
-                  os_, O - o0, bias[o0:], epf, grid)
+        last = k0 + kn >= K
+        flags = (1 if k0 > 0 else 0, 1 if last else 0, grid)
+        for j in prange(nmain + (batches * ng if last else 0)):     # the tails in the last K block's region
+            if j < nmain:
+                b, idx = j // per, j % per
+                _gemm_body(x, b * xstride, xs, main, wp, b * wstride, K, O, nob, bias, epf, out, b * ostride, os_, idx,
+                           k0, kn, flags, by_block)
+            else:
+                b, o0 = (j - nmain) // ng, ((j - nmain) % ng) * tb * OCB
+                _tail(nt, x, b * xstride + main, xs, wp, b * wstride + o0 * K, K * OCB, K, out,
+                      b * ostride + o0 * os_ + main, os_, O - o0, bias[o0:], epf, grid)
 
 
 PANEL = 48      # pixels of a panel of `pack_panels`: one full tile
@@ -438,21 +444,24 @@ def gemm_panels(x, P, wp, K, kc, O, bias, epf, grid, out, os_):
     nt = tail_pixels(P)
     ntile = full if nt else (P + PANEL - 1) // PANEL
     tail_nv = (P - full * PANEL + 15) // 16
+    nmain = ntile * nob
+    tb = tail_blocks(nt)
+    ng = (nob + tb - 1) // tb if nt else 0
     for k0 in range(0, K, kc):
         kn = min(kc, K - k0)
-        flags = (1 if k0 > 0 else 0, 1 if k0 + kn >= K else 0, grid)
-        for idx in prange(ntile * nob):
-            t, ob = idx // nob, idx % nob
-            p0 = t * PANEL
-            o0 = ob * OCB
-            _tile(3 if t < full else tail_nv, x, (t * K + k0) * PANEL, PANEL, wp, ob * K * OCB + k0 * OCB, kn, out,
-                  o0 * os_ + p0, os_, P - p0, O - o0, bias[o0:], epf, flags)
-    if nt:      # the last panel's nt columns, channels in the lanes
-        tb = tail_blocks(nt)
-        for j in prange((nob + tb - 1) // tb):
-            o0 = j * tb * OCB
-            _tail(nt, x, full * K * PANEL, PANEL, wp, o0 * K, K * OCB, K, out, o0 * os_ + full * PANEL, os_, O - o0,
-                  bias[o0:], epf, grid)
+        last = k0 + kn >= K
+        flags = (1 if k0 > 0 else 0, 1 if last else 0, grid)
+        for idx in prange(nmain + (ng if last else 0)):
+            if idx < nmain:
+                t, ob = idx // nob, idx % nob
+                p0 = t * PANEL
+                o0 = ob * OCB
+                _tile(3 if t < full else tail_nv, x, (t * K + k0) * PANEL, PANEL, wp, ob * K * OCB + k0 * OCB, kn,
+                      out, o0 * os_ + p0, os_, P - p0, O - o0, bias[o0:], epf, flags)
+            else:   # the last panel's nt columns, channels in the lanes, in the last K block's region
+                o0 = (idx - nmain) * tb * OCB
+                _tail(nt, x, full * K * PANEL, PANEL, wp, o0 * K, K * OCB, K, out, o0 * os_ + full * PANEL, os_,
+                      O - o0, bias[o0:], epf, grid)
 
 
 @intrinsic
@@ -608,25 +617,30 @@ def conv_im2col(xq, koff, K, oh, ow, wp, kc, O, split, bias, epf, grid, out):
     ntile, full, tail_nv = _tiles(main)
     width = 64 if tail_nv == 4 else 48      # panel columns
     per = (nob + split - 1) // split
+    nmain = ntile * split
+    tb = tail_blocks(nt)
+    ng = (nob + tb - 1) // tb if nt else 0
+    # the tail pixels' taps (K x nt), copied once before the regions: their channel groups run in the last
+    # K block's region (one region fewer)
+    tail = _panel(xf, koff, 0, 0, K, main, nt, nt, ow, Wq) if nt else np.empty(0, np.float32)
     for k0 in range(0, K, kc):
         kn = min(kc, K - k0)
-        flags = (1 if k0 > 0 else 0, 1 if k0 + kn >= K else 0, grid)
-        for j in prange(ntile * split):
-            t, part = j // split, j % split
-            p0 = t * 48
-            lanes = min(width, main - p0)
-            panel = _panel(xf, koff, 0, k0, kn, p0, lanes, width, ow, Wq)
-            nv = 4 if width == 64 else 3 if lanes == 48 else (lanes + 15) // 16
-            for ob in range(part * per, min(nob, (part + 1) * per)):
-                o0 = ob * OCB
-                _tile(nv, panel, 0, width, wp, ob * K * OCB + k0 * OCB, kn, out, o0 * P + p0, P, lanes, O - o0,
-                      bias[o0:], epf, flags)
-    if nt:
-        tail = _panel(xf, koff, 0, 0, K, main, nt, nt, ow, Wq)
-        tb = tail_blocks(nt)
-        for j in prange((nob + tb - 1) // tb):
-            o0 = j * tb * OCB
-            _tail(nt, tail, 0, nt, wp, o0 * K, K * OCB, K, out, o0 * P + main, P, O - o0, bias[o0:], epf, grid)
+        last = k0 + kn >= K
+        flags = (1 if k0 > 0 else 0, 1 if last else 0, grid)
+        for j in prange(nmain + (ng if last else 0)):
+            if j < nmain:
+                t, part = j // split, j % split
+                p0 = t * 48
+                lanes = min(width, main - p0)
+                panel = _panel(xf, koff, 0, k0, kn, p0, lanes, width, ow, Wq)
+                nv = 4 if width == 64 else 3 if lanes == 48 else (lanes + 15) // 16
+                for ob in range(part * per, min(nob, (part + 1) * per)):
+                    o0 = ob * OCB
+                    _tile(nv, panel, 0, width, wp, ob * K * OCB + k0 * OCB, kn, out, o0 * P + p0, P, lanes, O - o0,
+                          bias[o0:], epf, flags)
+            else:
+                o0 = (j - nmain) * tb * OCB
+                _tail(nt, tail, 0, nt, wp, o0 * K, K * OCB, K, out, o0 * P + main, P, O - o0, bias[o0:], epf, grid)
 
 
 @njit(parallel=True, cache=True)

@@ -29,7 +29,8 @@ OCT, PXT = 32, 32           # the tile: channels x pixels (2 x 2 AMX tiles of 16
 STEP = 64                   # K bytes a step (16 rows of 4 bytes)
 AMX_SLACK = 1024            # bytes readable past the activations' last block (one 16-row tile)
 BUF = 1024 + 16             # int32 words of a tile's buffer: C (4 x 16 x 16), then the 64-byte tile config
-CHUNK = 4                   # tiles a parallel iteration runs (one buffer allocation for them)
+CHUNK_MAX = 64              # tiles a parallel iteration runs at most (`chunk_of`)
+AMX_MIN_K = 256             # AMX for K (padded to 4) from this (MNNTOOL_AMX_MIN_K overrides; `amx_weights`)
 assert EP_ROWS % OCT == 0   # the epilogue rows (Int8Weights.ep) hold whole tiles of this kernel
 
 
@@ -44,7 +45,6 @@ def tile_config() -> bytes:
 
 
 _ASM = "\n\t".join([
-    "ldtilecfg 4096($11)",
     "tilezero %tmm0", "tilezero %tmm1", "tilezero %tmm2", "tilezero %tmm3",
     "movq $$64, $1",
     "testq $4, $4",
@@ -71,18 +71,57 @@ _ASM = "\n\t".join([
     "tilestored %tmm1, 1024($11,$1,1)",
     "tilestored %tmm2, 2048($11,$1,1)",
     "tilestored %tmm3, 3072($11,$1,1)",
-    "tilerelease",
 ])
 # $0, $1 scratch; $2 weights, $3 step offsets, $4 steps (modified: outputs tied to inputs 5, 6, 7);
-# $8, $9 the two pixel blocks' bases, $10 their row stride in bytes, $11 the buffer (config at +4096)
+# $8, $9 the two pixel blocks' bases, $10 their row stride in bytes, $11 the buffer. The tile configuration
+# is loaded once per run of tiles (_begin, a parallel iteration's) and released after (_end): LDTILECFG and
+# TILERELEASE per tile cost more than a short K's products (K = 64: 1.5x VNNI's time, Xeon EMR)
 _CONSTRAINTS = "=&r,=&r,=r,=r,=r,2,3,4,r,r,r,r,~{memory},~{dirflag},~{fpsr},~{flags}"
+
+
+@intrinsic
+def _begin(typingctx, buf):
+    """LDTILECFG from buf's last 64 bytes (the configuration written there first): before a run of
+    _products calls in one thread, `_end` after them. Nothing else in the process uses the tiles, so
+    the configuration and the tiles stay as the asm blocks leave them between these calls."""
+    from llvmlite import ir
+    sig = types.void(buf)
+
+    def codegen(context, builder, sig, args):
+        from .float_gemm import _asm_parser
+        _asm_parser()
+        i8, i64 = ir.IntType(8), ir.IntType(64)
+        bp = builder.bitcast(data_of(context, builder, sig.args[0], args[0]), i8.as_pointer())
+        cfg_t = ir.ArrayType(i8, 64)
+        cfg = builder.gep(bp, [ir.Constant(i64, 4096)])
+        builder.store(ir.Constant(cfg_t, bytearray(tile_config())), builder.bitcast(cfg, cfg_t.as_pointer()))
+        builder.asm(ir.FunctionType(ir.VoidType(), [i64]), "ldtilecfg ($0)", "r,~{memory},~{dirflag},~{fpsr},~{flags}",
+                    [builder.ptrtoint(cfg, i64)], True)
+        return context.get_dummy_value()
+    return sig, codegen
+
+
+@intrinsic
+def _end(typingctx, buf):
+    """TILERELEASE: the tiles back to their initial state (buf only orders it after the last store)."""
+    from llvmlite import ir
+    sig = types.void(buf)
+
+    def codegen(context, builder, sig, args):
+        from .float_gemm import _asm_parser
+        _asm_parser()
+        builder.asm(ir.FunctionType(ir.VoidType(), []), "tilerelease", "~{memory},~{dirflag},~{fpsr},~{flags}", [],
+                    True)
+        return context.get_dummy_value()
+    return sig, codegen
 
 
 @intrinsic
 def _products(typingctx, x, x0, x1, xs, w, woff, steps, nsteps, buf):
     """buf[:1024] = the int32 sums of 32 channels x 32 pixels: tile t = 2 * (channel half) + pixel block
     at buf[256 t:], row = channel (16 words a row, one per pixel); x's pixel blocks at byte offsets x0
-    and x1, a step's 16 rows at + steps[s] bytes, xs bytes apart; weights at byte woff (2048 a step)."""
+    and x1, a step's 16 rows at + steps[s] bytes, xs bytes apart; weights at byte woff (2048 a step).
+    Between _begin and _end."""
     from llvmlite import ir
     sig = types.void(x, types.intp, types.intp, types.intp, w, types.intp, steps, types.intp, buf)
 
@@ -97,9 +136,6 @@ def _products(typingctx, x, x0, x1, xs, w, woff, steps, nsteps, buf):
         wp = builder.gep(builder.bitcast(data_of(context, builder, a[4], wa), i8p), [wo])
         sp = data_of(context, builder, a[6], sa)
         bp = builder.bitcast(data_of(context, builder, a[8], ba), i8p)
-        cfg_t = ir.ArrayType(i8, 64)
-        cfg = builder.bitcast(builder.gep(bp, [ir.Constant(i64, 4096)]), cfg_t.as_pointer())
-        builder.store(ir.Constant(cfg_t, bytearray(tile_config())), cfg)
         addr = lambda p: builder.ptrtoint(p, i64)  # noqa: E731
         ins = [addr(wp), addr(sp), ns, addr(builder.gep(xb, [x0_])), addr(builder.gep(xb, [x1_])), xs_, addr(bp)]
         fty = ir.FunctionType(ir.LiteralStructType([i64] * 5), [i64] * 7)
@@ -167,7 +203,7 @@ def _store_planes(typingctx, buf, g, out, o0, o1, ostride, n0, n1, b0, b1, rows,
 
 
 @njit(parallel=True, cache=True)
-def gemm_amx_planes(g, wa, steps, xs, oc, ep, epf, out, tab, blk):
+def gemm_amx_planes(g, wa, steps, xs, oc, ep, epf, out, tab, blk, chunk):
     """int8_gemm.gemm_planes on AMX tiles: the grid g (flat words, int8_conv.quantize_planes) of a window
     whose K steps of 16 words are each one tap's 16 consecutive channel words (C/4 a multiple of 16), a
     step's rows `xs` bytes apart (one plane), the step's first word at steps[s] bytes from the block's
@@ -179,9 +215,10 @@ def gemm_amx_planes(g, wa, steps, xs, oc, ep, epf, out, tab, blk):
     of = out.reshape(-1)
     scale, bias = ep
     nt = nob * npt
-    for c in prange((nt + CHUNK - 1) // CHUNK):
+    for c in prange((nt + chunk - 1) // chunk):
         buf = np.empty(BUF, np.int32)
-        for t in range(c * CHUNK, min(nt, c * CHUNK + CHUNK)):
+        _begin(buf)
+        for t in range(c * chunk, min(nt, c * chunk + chunk)):
             ob, pt = t // npt, t % npt
             s0 = 2 * pt
             s1 = min(s0 + 1, nb - 1)
@@ -192,6 +229,7 @@ def gemm_amx_planes(g, wa, steps, xs, oc, ep, epf, out, tab, blk):
                 if o0 < oc:
                     _store_planes(buf, q, of, o0 * P + blk[s0, 1], o0 * P + blk[s1, 1], P, blk[s0, 3], n1,
                                   blk[s0, 2], blk[s1, 2], oc - o0, (scale[o0:], bias[o0:]), epf, tab)
+        _end(buf)
 
 
 @njit(cache=True)
@@ -202,6 +240,7 @@ def products_all(x, wa, steps, k4, oc, out):
     npt, nob = (P + PXT - 1) // PXT, (oc + OCT - 1) // OCT
     ns = steps.shape[0]
     buf = np.empty(BUF, np.int32)
+    _begin(buf)
     for ob in range(nob):
         for pt in range(npt):
             b0 = pt * 2 * k4 * 64
@@ -209,21 +248,24 @@ def products_all(x, wa, steps, k4, oc, out):
             for o in range(min(OCT, oc - ob * OCT)):
                 for p in range(min(PXT, P - pt * PXT)):
                     out[ob * OCT + o, pt * PXT + p] = buf[(2 * (o // 16) + p // 16) * 256 + (o % 16) * 16 + p % 16]
+    _end(buf)
 
 
 @njit(parallel=True, cache=True)
-def gemm_amx(x, wa, steps, k4, oc, ep, epf, out, tab):
+def gemm_amx(x, wa, steps, k4, oc, ep, epf, out, tab, chunk):
     """out (OC, P) float from the packed activations (int8_gemm.pixel_blocks' layout, AMX_SLACK bytes
-    readable past them) and AMX-packed weights (`AmxWeights`); ep, epf, tab as int8_gemm.gemm_vnni's."""
+    readable past them) and AMX-packed weights (`AmxWeights`); ep, epf, tab as int8_gemm.gemm_vnni's;
+    `chunk` tiles a parallel iteration (one buffer and one tile configuration for them)."""
     P = out.shape[1]
     npt, nob = (P + PXT - 1) // PXT, (oc + OCT - 1) // OCT
     ns = steps.shape[0]
     of = out.reshape(-1)
     scale, bias = ep
     nt = nob * npt
-    for c in prange((nt + CHUNK - 1) // CHUNK):
+    for c in prange((nt + chunk - 1) // chunk):
         buf = np.empty(BUF, np.int32)
-        for t in range(c * CHUNK, min(nt, c * CHUNK + CHUNK)):
+        _begin(buf)
+        for t in range(c * chunk, min(nt, c * chunk + chunk)):
             ob, pt = t // npt, t % npt
             b0 = pt * 2 * k4 * 64
             _products(x, b0, b0 + k4 * 64, 64, wa, ob * ns * 2 * 1024, steps, ns, buf)
@@ -232,6 +274,7 @@ def gemm_amx(x, wa, steps, k4, oc, ep, epf, out, tab):
                 if o0 < oc:
                     _store(buf, g, of, o0 * P + pt * PXT, P, P - pt * PXT, oc - o0, (scale[o0:], bias[o0:]), epf,
                            tab)
+        _end(buf)
 
 
 def pack_weights(wq: np.ndarray) -> np.ndarray:
@@ -270,10 +313,16 @@ class AmxWeights:
         self.gemm = sized(gemm_amx, work // 4, threads)
         self.grid_gemm = sized(gemm_amx_planes, work // 4, threads)
         self.grid_steps = self.plane_bytes = None
+        self.threads = threads
+
+    def chunk(self, pixel_tiles: int) -> int:
+        """Tiles a parallel iteration runs (`chunk_of`)."""
+        return chunk_of(-(-self.oc // OCT) * pixel_tiles, self.threads)
 
     def matmul(self, x: np.ndarray, epf: tuple, out: np.ndarray, tab: np.ndarray = NO_TABLE) -> None:
         """out (OC, P) float32 from x: the blocks and at least AMX_SLACK bytes past them."""
-        self.gemm(x, self.data, self.steps, self.k4, self.oc, self.ep, epf, out, tab)
+        self.gemm(x, self.data, self.steps, self.k4, self.oc, self.ep, epf, out, tab,
+                  self.chunk(-(-out.shape[1] // PXT)))
 
     def matmul_grid(self, g: np.ndarray, offs: np.ndarray, epf: tuple, out: np.ndarray, blk: np.ndarray,
                     tab: np.ndarray = NO_TABLE) -> None:
@@ -282,7 +331,27 @@ class AmxWeights:
         if self.grid_steps is None:
             self.grid_steps = np.ascontiguousarray(offs[::16] * 4, np.int64)
             self.plane_bytes = int(offs[1] - offs[0]) * 4
-        self.grid_gemm(g, self.data, self.grid_steps, self.plane_bytes, self.oc, self.ep, epf, out, tab, blk)
+        self.grid_gemm(g, self.data, self.grid_steps, self.plane_bytes, self.oc, self.ep, epf, out, tab, blk,
+                       self.chunk(-(-blk.shape[0] // 2)))
+
+
+def chunk_of(tiles: int, threads: int) -> int:
+    """Tiles per parallel iteration: all of them on one thread (one tile configuration a call), else
+    about four iterations a thread (the work balanced), at most CHUNK_MAX."""
+    if threads <= 1:
+        return max(1, tiles)
+    return max(1, min(CHUNK_MAX, tiles // (4 * threads)))
+
+
+def min_k() -> int:
+    """The smallest K (input channels x window, padded to 4) that runs on AMX: below it a tile's fixed
+    cost (the C tiles stored and read back by the epilogue) outweighs the faster products, and the VNNI
+    kernels keep their own layouts (the grid, channels in the lanes). Xeon (Emerald Rapids), 1 thread,
+    kernel alone AMX/VNNI time: K 64-68 1.5-1.9, 108-148 1.1-1.2, 260 1.0, 576 0.59, 1152+ 0.44-0.55
+    (a tile configuration per tile then); MNNTOOL_AMX_MIN_K overrides."""
+    import os
+    v = os.environ.get("MNNTOOL_AMX_MIN_K", "").strip()
+    return int(v) if v.isdigit() else AMX_MIN_K
 
 
 def grid_ok(c4: int, direct: bool) -> bool:
@@ -292,9 +361,10 @@ def grid_ok(c4: int, direct: bool) -> bool:
 
 
 def amx_weights(weights, wq: np.ndarray, work: int, threads: int):
-    """AmxWeights for the int8 convolution when this process may use AMX (amx_host), else None."""
+    """AmxWeights for the int8 convolution when this process may use AMX (amx_host) and its K is at
+    least `min_k()`, else None (the VNNI path, unchanged)."""
     from ..amx_host import available
-    if not available():
+    if not available() or wq.shape[1] < min_k():
         return None
     return AmxWeights(weights, wq, work, threads)
 

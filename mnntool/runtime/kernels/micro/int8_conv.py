@@ -188,6 +188,41 @@ def quantize_packed(x, inv_s, z, lo, hi, off, cols):
                     dst[k] = word
 
 
+@njit(cache=True, fastmath=EXACT, inline="always")
+def _byte_on_grid(v, inv_s, off):
+    """_byte for a value already on the grid (fl(k s), k an integer within its bounds), off = z + 128:
+    fl(fl(v inv_s) + off) is within 1e-4 of the integer k + z + 128 (at most 255, where a float32 step is
+    2^-16), so rint finds what the clamp and the half-away rounding find."""
+    return np.uint32(np.int32(np.rint(v * inv_s + off)))
+
+
+@njit(parallel=True, cache=True, fastmath=EXACT)
+def quantize_packed_grid(x, inv_s, off, cols):
+    """quantize_packed for an input on the convolution's own grid (the output of an int8 layer rounded to
+    it): the same bytes (`_byte_on_grid`) in fewer vector steps, no clamps or sign-dependent rounding
+    (MobileNetV2's 1x1 layers read their input this way: 0.96 ms of its quantize passes, one Zen 4 core)."""
+    C, P = x.shape
+    f_off = np.float32(off)
+    for pb in prange(cols.shape[0]):
+        p0 = pb * 16
+        for kb in range(cols.shape[1]):
+            dst = cols[pb, kb]
+            c = 4 * kb
+            if p0 + 16 <= P and c + 4 <= C:
+                r0, r1, r2, r3 = x[c, p0:p0 + 16], x[c + 1, p0:p0 + 16], x[c + 2, p0:p0 + 16], x[c + 3, p0:p0 + 16]
+                for k in range(16):
+                    dst[k] = (_byte_on_grid(r0[k], inv_s, f_off) | _byte_on_grid(r1[k], inv_s, f_off) << 8
+                              | _byte_on_grid(r2[k], inv_s, f_off) << 16 | _byte_on_grid(r3[k], inv_s, f_off) << 24)
+            else:
+                for k in range(16):
+                    word = np.uint32(0)
+                    for j in range(4):
+                        b = _byte_on_grid(x[c + j, p0 + k], inv_s, f_off) if c + j < C and p0 + k < P \
+                            else np.uint32(off)
+                        word |= b << (8 * j)
+                    dst[k] = word
+
+
 @njit(parallel=True, cache=True, fastmath=EXACT)
 def quantize_packed_scaled(x, sc, inv_s, z, lo, hi, off, cols):
     """quantize_packed of x * sc[c] (a squeeze-excite's channel scale, plan stage fuse_channel_scale): the
@@ -226,10 +261,11 @@ EPILOGUE_K = (12, 19)
 
 
 def int8_convolution(geometry, q, alpha, bias, act, grids, in_shape, out_shape, threads: int, table=None,
-                     scaled=False):
+                     scaled=False, on_grid=False):
     """The kernel function for one int8 convolution (group 1), or None when the geometry is not covered.
     `scaled`: of x * s, s (1, C, 1, 1) its second input (a 1x1 unpadded stride-1 layer only: the product
-    quantized in the packing pass, quantize_packed_scaled).
+    quantized in the packing pass, quantize_packed_scaled). `on_grid`: the input lies on the layer's input
+    grid (an int8 layer rounded it there): a 1x1 layer packs it in fewer steps (quantize_packed_grid).
 
     `q` (O, C*kh*kw) int8 in (c, i, j) order with per-channel `alpha`; `grids` a conv.Int8Grids; `table`
     (codes, zero point, scale) of a table op (a SiLU) that reads the output, by output step from the
@@ -310,14 +346,19 @@ def int8_convolution(geometry, q, alpha, bias, act, grids, in_shape, out_shape, 
     inv_in = grid_of(*grids.input)[0]
     z_in = f32(grids.zero_in)
     q_lo, q_hi = f32(lo + grids.zero_in), f32(hi + grids.zero_in)
-    quantize = sized(quantize_packed_scaled if scaled else quantize_packed if direct else quantize_planes
-                     if from_grid else quantize_rows, cin * h * w, threads)
+    packed_grid = direct and on_grid and not scaled
+    quantize = sized(quantize_packed_scaled if scaled else quantize_packed_grid if packed_grid else quantize_packed
+                     if direct else quantize_planes if from_grid else quantize_rows, cin * h * w, threads)
     unfold = None if direct or from_grid else sized(im2col_rows, words.size, threads)
 
     def run(inputs, outputs):
         x, y = inputs[0], outputs[0]
         for i in range(n):
-            if strided:
+            if packed_grid:
+                if strided:
+                    np.copyto(picked, x[i][:, ::sh, ::sw])
+                quantize((picked if strided else x[i]).reshape(cin, pixels), inv_in, off, words)
+            elif strided:
                 np.copyto(picked, x[i][:, ::sh, ::sw])
                 quantize(picked.reshape(cin, pixels), inv_in, z_in, q_lo, q_hi, off, words)
             elif scaled:

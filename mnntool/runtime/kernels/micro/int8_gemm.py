@@ -102,6 +102,61 @@ def lut_chunk(typingctx, x, xo, n, tab, z, s):
     return sig, codegen
 
 
+class EpilogueIR:
+    """What the int8 tiles' epilogues share (_store_ir, int8_lanes_oc._tile_oc): epf's values as
+    <16 x float> splats, the rescale of an accumulator vector in MNN's float32 order, the output value
+    (on the grid or left float) and a table op's index, and the branch on whether a table is there."""
+
+    def __init__(self, builder, epfa):
+        from llvmlite import ir
+        f32 = ir.FloatType()
+        f16 = ir.VectorType(f32, 16)
+        self.builder, self.f16, self.v16 = builder, f16, ir.VectorType(ir.IntType(32), 16)
+        at = lambda k: splat_(builder, builder.extract_value(epfa, k), f16)  # noqa: E731
+        self.lo, self.hi, self.ratio, self.s_out, self.q_lo, self.q_hi, self.z_out = (at(k) for k in range(7))
+        self.z_t, self.s_t = at(8), at(9)
+        self.on_grid = builder.fcmp_ordered("!=", builder.extract_value(epfa, 3), ir.Constant(f32, 0))
+        self.table = builder.fcmp_ordered("!=", builder.extract_value(epfa, 7), ir.Constant(f32, 0))
+        self.trunc = declare(builder, "llvm.trunc.v16f32", f16, f16)
+        self.copysign = declare(builder, "llvm.copysign.v16f32", f16, f16, f16)
+        self.half = ir.Constant(f16, [0.5] * 16)
+
+    def clamp(self, v, low, high):     # compare and select, as MNN's vminps/vmaxps on finite values
+        b = self.builder
+        v = b.select(b.fcmp_ordered("<", v, low), low, v)
+        return b.select(b.fcmp_ordered(">", v, high), high, v)
+
+    def rescaled(self, acc, sc, bi):
+        """(value, byte) of an accumulator vector, each step rounded to float32 (no FMA), MNN's order:
+        D * alpha * (s_in/s_out) + bias, clamped to the activation, rounded half away, clamped to the byte."""
+        b = self.builder
+        val = b.fmul(b.fmul(b.sitofp(acc, self.f16), sc), self.ratio)
+        val = self.clamp(b.fadd(val, bi), self.lo, self.hi)
+        q = self.clamp(b.call(self.trunc, [b.fadd(val, b.call(self.copysign, [self.half, val]))]), self.q_lo, self.q_hi)
+        return val, q
+
+    def value(self, val, q):
+        """The output: (q - z) * s on the grid, else the float value."""
+        b = self.builder
+        return b.select(self.on_grid, b.fmul(b.fsub(q, self.z_out), self.s_out), val)
+
+    def index(self, q):
+        """The byte's index into a table op's codes (lut_bytes)."""
+        return self.builder.fptosi(self.builder.fsub(q, self.q_lo), self.v16)
+
+    def branches(self, store):
+        """store(looked_up) under the table flag; never a table without VBMI (no byte permutes to select:
+        Cascade Lake has VNNI, not VBMI)."""
+        if not HAS_VBMI:
+            store(False)
+            return
+        with self.builder.if_else(self.table) as (then, otherwise):
+            with then:
+                store(True)
+            with otherwise:
+                store(False)
+
+
 def _store_ir(context, builder, new, op, os_, blocks, rows_, ep_ty, epa, epfa, tp, bits=None):
     """The tile's epilogue: the 16 accumulators (channel o, block v at new[2 * o + v]) rescaled in MNN's
     order and stored to op[o * os_ + at_v], lanes < n_v of block v (`blocks` = [(at_v, n_v)]) and
@@ -117,18 +172,9 @@ def _store_ir(context, builder, new, op, os_, blocks, rows_, ep_ty, epa, epfa, t
     splat = lambda value, vt: splat_(builder, value, vt)  # noqa: E731
     ept = [builder.extract_value(epa, k) for k in range(2)]
     rows = [data_of(context, builder, ep_ty.types[k], ept[k]) for k in range(2)]
-    lo, hi, ratio, s_out, q_lo, q_hi, z_out = (splat(builder.extract_value(epfa, k), f16) for k in range(7))
-    on_grid = builder.fcmp_ordered("!=", builder.extract_value(epfa, 3), ir.Constant(f32, 0))
-    trunc = fn("llvm.trunc.v16f32", f16, f16)
-    copysign = fn("llvm.copysign.v16f32", f16, f16, f16)
-    half = ir.Constant(f16, [0.5] * 16)
-
-    def clamp(v, low, high):     # compare and select, as MNN's vminps/vmaxps on finite values
-        v = builder.select(builder.fcmp_ordered("<", v, low), low, v)
-        return builder.select(builder.fcmp_ordered(">", v, high), high, v)
+    ep = EpilogueIR(builder, epfa)
     none = ir.Constant(ir.VectorType(i1, 16), [0] * 16)
     compress = fn("llvm.x86.avx512.mask.compress.v16i32", v16, v16, v16, ir.VectorType(i1, 16))
-    z_t, s_t = (splat(builder.extract_value(epfa, k), f16) for k in (8, 9))
 
     def store(looked_up):
         done = []
@@ -137,37 +183,24 @@ def _store_ir(context, builder, new, op, os_, blocks, rows_, ep_ty, epa, epfa, t
                 mask = first_lanes(builder, n_v)
                 sc = builder.load(builder.gep(rows[0], [const(o)]))
                 bi = builder.load(builder.gep(rows[1], [const(o)]))
-                # MNN's order, each step rounded to float32 (no FMA): D * alpha * (s_in/s_out) + bias
                 acc = new[2 * o + v]
                 if bits is not None:
                     acc = builder.call(compress, [acc, ir.Constant(v16, [0] * 16), lane_bits(builder, bits[v])])
-                val = builder.sitofp(acc, f16)
-                val = builder.fmul(builder.fmul(val, splat(sc, f16)), ratio)
-                val = clamp(builder.fadd(val, splat(bi, f16)), lo, hi)
-                q = clamp(builder.call(trunc, [builder.fadd(val, builder.call(copysign, [half, val]))]), q_lo, q_hi)
+                val, q = ep.rescaled(acc, splat(sc, f16), splat(bi, f16))
                 live = builder.select(builder.icmp_signed("<", const(o), rows_), mask, none)
                 at = builder.add(builder.mul(const(o), os_), at_v)
                 dst = builder.bitcast(builder.gep(op, [at]), f16.as_pointer())
                 if looked_up:       # the table op's value at the byte, four vectors at a time
-                    done.append((builder.fptosi(builder.fsub(q, q_lo), v16), dst, live))
+                    done.append((ep.index(q), dst, live))
                     continue
-                val = builder.select(on_grid, builder.fmul(builder.fsub(q, z_out), s_out), val)
-                builder.call(mstore, [val, dst, ir.Constant(i32, 4), live])
+                builder.call(mstore, [ep.value(val, q), dst, ir.Constant(i32, 4), live])
         for k in range(0, len(done), 4):
             group = done[k:k + 4]
-            for val, (_, dst, live) in zip(lut_bytes(builder, tp, [g[0] for g in group], z_t, s_t), group):
+            for val, (_, dst, live) in zip(lut_bytes(builder, tp, [g[0] for g in group], ep.z_t, ep.s_t), group):
                 builder.call(mstore, [val, dst, ir.Constant(i32, 4), live])
-    table = builder.fcmp_ordered("!=", builder.extract_value(epfa, 7), ir.Constant(f32, 0))
 
     def stores():
-        if not HAS_VBMI:        # no byte permutes to select (Cascade Lake has VNNI, not VBMI): never a table
-            store(False)
-            return
-        with builder.if_else(table) as (then, otherwise):
-            with then:
-                store(True)
-            with otherwise:
-                store(False)
+        ep.branches(store)
     if bits is None:
         stores()
         return

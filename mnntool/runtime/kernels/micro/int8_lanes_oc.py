@@ -16,7 +16,7 @@ from __future__ import annotations
 import numpy as np
 from ..compile.jit import njit, prange, types, intrinsic
 
-from .int8_gemm import EP_ROWS, HAS_VBMI, NO_TABLE, lut_bytes
+from .int8_gemm import EP_ROWS, NO_TABLE, EpilogueIR, lut_bytes
 from .llvm_ir import data_of, declare, k_loop, splat as splat_
 
 PIXT, OCT = 7, 32           # tile: pixels x output channels (two vectors of 16)
@@ -112,43 +112,29 @@ def _tile_oc(typingctx, x, pix, p0, offs, w, woff, k4, out, ooff, ostride, npix,
 
         fn = lambda name, ret, *t: declare(builder, name, ret, *t)  # noqa: E731
         mstore = fn("llvm.masked.store.v8f32.p0", ir.VoidType(), f8, f8.as_pointer(), i32, ir.VectorType(i1, 8))
-        trunc = fn("llvm.trunc.v16f32", f16, f16)
-        copysign = fn("llvm.copysign.v16f32", f16, f16, f16)
-        half = ir.Constant(f16, [0.5] * 16)
-        splat = lambda value: splat_(builder, value, f16)  # noqa: E731
         ept = [builder.extract_value(epa, k) for k in range(2)]
         erows = [data_of(context, builder, a[12].types[k], ept[k]) for k in range(2)]
         vec_at = lambda base, b: builder.load(builder.bitcast(builder.gep(base, [const(16 * b)]),  # noqa: E731
                                                               f16.as_pointer()), align=4)
-        lo, hi, ratio, s_out, q_lo, q_hi, z_out = (splat(builder.extract_value(epfa, k)) for k in range(7))
-        z_t, s_t = (splat(builder.extract_value(epfa, k)) for k in (8, 9))
-        on_grid = builder.fcmp_ordered("!=", builder.extract_value(epfa, 3), ir.Constant(f32, 0))
-        table = builder.fcmp_ordered("!=", builder.extract_value(epfa, 7), ir.Constant(f32, 0))
+        ep = EpilogueIR(builder, epfa)
         bits = builder.sub(builder.shl(const(1), np_), const(1))
         pmask = builder.bitcast(builder.trunc(bits, i8), ir.VectorType(i1, 8))
         none = ir.Constant(ir.VectorType(i1, 8), [0] * 8)
 
-        def clamp(v, low, high):     # as int8_gemm._store_ir
-            v = builder.select(builder.fcmp_ordered("<", v, low), low, v)
-            return builder.select(builder.fcmp_ordered(">", v, high), high, v)
-
         def store(looked_up):
             for b in range(2):
-                sc, bi = vec_at(erows[0], b), vec_at(erows[1], b)
+                sc, bi = vec_at(erows[0], b), vec_at(erows[1], b)      # per lane its channel's
                 vals, idx = [], []
                 for j in range(PIXT):
-                    # MNN's order, each step rounded to float32 (no FMA), as int8_gemm._store_ir
-                    val = builder.sitofp(accs[b * PIXT + j], f16)
-                    val = builder.fmul(builder.fmul(val, sc), ratio)
-                    val = clamp(builder.fadd(val, bi), lo, hi)
-                    q = clamp(builder.call(trunc, [builder.fadd(val, builder.call(copysign, [half, val]))]), q_lo, q_hi)
+                    val, q = ep.rescaled(accs[b * PIXT + j], sc, bi)
                     if looked_up:
-                        idx.append(builder.fptosi(builder.fsub(q, q_lo), v16))
+                        idx.append(ep.index(q))
                     else:
-                        vals.append(builder.select(on_grid, builder.fmul(builder.fsub(q, z_out), s_out), val))
+                        vals.append(ep.value(val, q))
                 if looked_up:
                     idx.append(idx[-1])
-                    vals = lut_bytes(builder, tp, idx[:4], z_t, s_t) + lut_bytes(builder, tp, idx[4:], z_t, s_t)
+                    vals = lut_bytes(builder, tp, idx[:4], ep.z_t, ep.s_t) + lut_bytes(builder, tp, idx[4:], ep.z_t,
+                                                                                       ep.s_t)
                 else:
                     vals.append(vals[-1])
                 for c, row in enumerate(_transpose_ir(builder, vals)):
@@ -156,14 +142,7 @@ def _tile_oc(typingctx, x, pix, p0, offs, w, woff, k4, out, ooff, ostride, npix,
                     live = builder.select(builder.icmp_signed("<", const(o), rows_), pmask, none)
                     dst = builder.bitcast(builder.gep(op, [builder.mul(const(o), os_)]), f8.as_pointer())
                     builder.call(mstore, [row, dst, ir.Constant(i32, 4), live])
-        if not HAS_VBMI:        # as int8_gemm._store_ir: no table op's codes without VBMI
-            store(False)
-            return context.get_dummy_value()
-        with builder.if_else(table) as (then, otherwise):
-            with then:
-                store(True)
-            with otherwise:
-                store(False)
+        ep.branches(store)
         return context.get_dummy_value()
     return sig, codegen
 

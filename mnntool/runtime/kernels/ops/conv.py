@@ -147,7 +147,7 @@ def _integer(node, ins, outs, bias, grids, threads: int, table=None, scaled=Fals
         return None
     geometry = Geometry.of(c, ins[0].shape, outs[0].shape).window
     return int8_convolution(geometry, *values, bias, activation(c), grids, ins[0].shape, outs[0].shape, threads,
-                            table, scaled)
+                            table, scaled, ins[0].grid == grid_of(*grids.input))
 
 
 def conv_weight(param: dict, rows: int) -> np.ndarray:

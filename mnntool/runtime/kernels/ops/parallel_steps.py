@@ -46,7 +46,8 @@ def _chosen(run, numpy_run, work: int, threads: int):
     """`run` (the parallel kernel's), or, for work near the host's threshold, a step_timing.Timed of it and
     the NumPy code: the step keeps whichever its first calls found faster (no step slower at more
     threads than at one)."""
-    return Timed(run, numpy_run) if timed(work, host_tuning.parallel_min_work(threads)) else run
+    threshold = host_tuning.parallel_min_work(threads)
+    return Timed(run, numpy_run, 0 if work >= threshold else 1) if timed(work, threshold) else run
 
 
 def _dtype(d):
@@ -93,8 +94,9 @@ def _copy_kernel(shape, src_strides, dst_strides, itemsize: int, threads: int):
     return fn, shape4, ss, ds, copy_work(dims, ss[-1] == 1 and ds[-1] == 1)
 
 
-def permute(shape, perm, dtype, threads: int):
-    """A run(i, o) for a Permute of a C-contiguous input, or None."""
+def permute(shape, perm, dtype, threads: int, serial=None):
+    """A run(i, o) for a Permute of a C-contiguous input, or None. `serial`: the op's own one-thread run,
+    which a step near the threshold times against the parallel copy (default: NumPy's copy)."""
     if threads <= 1 or not _known(shape) or dtype is None:
         return None
     dtype = _dtype(dtype)
@@ -119,7 +121,7 @@ def permute(shape, perm, dtype, threads: int):
             numpy_run(i, o)
             return
         fn(src(x), sg, dst(y), dg, shape4, threads)
-    return _chosen(run, numpy_run, k[4], threads)
+    return _chosen(run, serial or numpy_run, k[4], threads)
 
 
 def strided_slice(shape, index, out_shape, dtype, threads: int):

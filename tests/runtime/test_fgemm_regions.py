@@ -1,0 +1,103 @@
+"""float_gemm's parallel kernels with their tail pixels (1..8 past whole 48-pixel tiles, channels in the
+lanes) run in the last K block's parallel region rather than a region of their own: at 3 threads, with the
+K blocks forced small (kc < K, partial sums stored and reloaded), gemm (both walk orders), gemm_batched,
+gemm_panels and conv_im2col give the same bits as their serial twins (the same tiles in the same k order),
+and match float64 NumPy to 2e-5 of the output's largest magnitude (fp32 sums of up to 300 products)."""
+import numpy as np
+import pytest
+
+from mnntool.runtime.kernels.micro import float_gemm as fg
+from mnntool.runtime.kernels.micro.epilogue import NO_GRID
+
+pytestmark = pytest.mark.skipif(not fg.HAS_AVX512, reason="the fp32 micro-kernel needs AVX-512")
+
+
+@pytest.fixture
+def three_threads():
+    import numba
+    before = numba.get_num_threads()
+    numba.set_num_threads(min(3, numba.config.NUMBA_NUM_THREADS))
+    yield
+    numba.set_num_threads(before)
+
+
+def _close(ref, got):
+    assert np.abs(got - ref).max() <= 2e-5 * np.abs(ref).max()
+
+
+@pytest.mark.parametrize("o, k, p, kc", [(40, 300, 147, 64), (17, 70, 51, 32), (24, 100, 197, 100), (9, 30, 12, 8)])
+def test_gemms_with_tails_in_the_last_k_region(three_threads, o, k, p, kc):
+    rng = np.random.default_rng(o + k + p)
+    w, x, b = (rng.standard_normal(s).astype(np.float32) for s in ((o, k), (k, p), (o,)))
+    wp = fg.pack_weights(w)
+    bias = np.zeros(-(-o // 8) * 8, np.float32)
+    bias[:o] = b
+    epf, grid = fg.epilogue_of(1, NO_GRID)
+    ref = np.maximum(w.astype(np.float64) @ x + b[:, None], 0)
+    out = np.empty(o * p, np.float32)
+    for by_block in (True, False):
+        par, ser = _gemm(x, p, wp, k, kc, o, bias, epf, grid, out, by_block)
+        assert np.array_equal(par.view(np.uint32), ser.view(np.uint32))
+        _close(ref, par.reshape(o, p))
+    # two batches: the second's operands one stride on
+    x2 = np.concatenate([x.reshape(-1), (2 * x).reshape(-1)])
+    out2 = np.empty(2 * o * p, np.float32)
+    wp2 = np.concatenate([wp.reshape(-1), wp.reshape(-1)])
+    par, ser = _batched(x2, p, wp2, wp.size, k, kc, o, bias, epf, grid, out2)
+    assert np.array_equal(par.view(np.uint32), ser.view(np.uint32))
+    _close(np.maximum(w.astype(np.float64) @ (2 * x) + b[:, None], 0), par[o * p:].reshape(o, p))
+    panels = fg.pack_panels(x)
+    par, ser = _panels(panels, p, wp, k, kc, o, bias, epf, grid, out)
+    assert np.array_equal(par.view(np.uint32), ser.view(np.uint32))
+    _close(ref, par.reshape(o, p))
+
+
+def _gemm(x, p, wp, k, kc, o, bias, epf, grid, out, by_block):
+    res = []
+    for kernel in (fg.gemm.dispatcher(), fg.gemm.serial().dispatcher()):
+        y = np.full_like(out, np.nan)
+        kernel(x.reshape(-1), p, p, wp.reshape(-1), k, kc, o, bias, epf, grid, y, p, by_block)
+        res.append(y)
+    return res
+
+
+def _batched(x2, p, wp2, wstride, k, kc, o, bias, epf, grid, out2):
+    res = []
+    for kernel in (fg.gemm_batched.dispatcher(), fg.gemm_batched.serial().dispatcher()):
+        y = np.full_like(out2, np.nan)
+        kernel(x2, p, k * p, p, wp2, wstride, k, kc, o, bias, epf, grid, y, p, o * p, 2, False)
+        res.append(y)
+    return res
+
+
+def _panels(panels, p, wp, k, kc, o, bias, epf, grid, out):
+    res = []
+    for kernel in (fg.gemm_panels.dispatcher(), fg.gemm_panels.serial().dispatcher()):
+        y = np.full_like(out, np.nan)
+        kernel(panels.reshape(-1), p, wp.reshape(-1), k, kc, o, bias, epf, grid, y, p)
+        res.append(y)
+    return res
+
+
+@pytest.mark.parametrize("h, w, k, cin, cout", [(17, 17, 3, 12, 20), (7, 7, 3, 40, 9)])
+def test_conv_im2col_tail_in_the_last_k_region(three_threads, h, w, k, cin, cout):
+    """conv_im2col (a 3x3 convolution, padding 1, K = cin * 9 in blocks of 16): 289 pixels are 6 tiles and a
+    tail of 1, 49 pixels a tile and a tail of 1; parallel and serial twin bit-identical, float64 NumPy to 2e-5."""
+    rng = np.random.default_rng(h * cin)
+    x = rng.standard_normal((cin, h, w)).astype(np.float32)
+    wt = (rng.standard_normal((cout, cin, k, k)) / np.sqrt(cin * k * k)).astype(np.float32)
+    b = rng.standard_normal(cout).astype(np.float32)
+    xq = np.zeros((cin, h + 2, w + 2), np.float32)
+    fg.phase_split(x, 1, 1, 1, 1, xq)
+    koff = fg.tap_offsets(cin, k, k, 1, 1, 1, 1, h + 2, w + 2)
+    pk = fg.PackedGemm(wt.reshape(cout, -1), b, 0, NO_GRID, h * w, 1)
+    assert fg.tail_pixels.py_func(h * w) == 1
+    res = []
+    for kernel in (fg.conv_im2col.dispatcher(), fg.conv_im2col.serial().dispatcher()):
+        out = np.full(cout * h * w, np.nan, np.float32)
+        kernel(xq, koff, koff.size, h, w, pk.wp, 16, cout, 1, pk.bias, pk.epf, pk.grid, out)
+        res.append(out)
+    assert np.array_equal(res[0].view(np.uint32), res[1].view(np.uint32))
+    xp = np.pad(x.astype(np.float64), ((0, 0), (1, 1), (1, 1)))
+    cols = np.stack([xp[:, i:i + h, j:j + w] for i in range(k) for j in range(k)], 1).reshape(cin * k * k, h * w)
+    _close(wt.reshape(cout, -1).astype(np.float64) @ cols + b[:, None], res[0].reshape(cout, h * w))
