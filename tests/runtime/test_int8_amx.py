@@ -226,6 +226,12 @@ def test_min_k_and_chunks(fresh):
     assert int8_amx.amx_weights(int8_gemm.Int8Weights(wq, *rows, 1, 1), wq, 1, 1) is not None
     assert int8_amx.chunk_of(196, 1) == 196 and int8_amx.chunk_of(196, 4) == 12
     assert int8_amx.chunk_of(3, 8) == 1 and int8_amx.chunk_of(10 ** 6, 4) == int8_amx.CHUNK_MAX
+    at = int8_amx.tile_at.dispatcher()
+    for nob, npt in ((1, 1), (3, 7), (16, 2)):
+        for major in (False, True):         # every (channel block, pixel tile) once, in either order
+            seen = [at(t, nob, npt, major) for t in range(nob * npt)]
+            assert sorted(seen) == [(o, p) for o in range(nob) for p in range(npt)]
+            assert nob * npt == 1 or seen[1] == ((1 % nob, 1 // nob) if major else (1 // npt, 1 % npt))
 
 
 needs_amx = pytest.mark.skipif(not amx_host.available(), reason="needs AMX (amx_tile, amx_int8) and Linux's tile "
@@ -288,3 +294,19 @@ def test_gemm_kernels_compile():
         d = fn.dispatcher()
         d.compile(tuple(typeof(a) for a in args))
         assert d.signatures
+
+
+def test_small_signal_stack_is_replaced_and_faulthandler_still_reports():
+    """The ENOSPC remedy (amx_host._grow_alt_stack): faulthandler's signal stack replaced by a 256 KB one,
+    and a crash still reported by faulthandler from it (in a child process)."""
+    import subprocess
+    import sys
+    code = ("import ctypes, faulthandler; faulthandler.enable()\n"
+            "from mnntool.runtime.kernels import amx_host as a\n"
+            "libc = ctypes.CDLL(None, use_errno=True)\n"
+            "print(a._grow_alt_stack(libc), a._grow_alt_stack(libc), flush=True)\n"
+            "s = a._Stack(); libc.sigaltstack(None, ctypes.byref(s)); print(s.ss_size, flush=True)\n"
+            "ctypes.string_at(0)\n")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert r.stdout.split() == ["True", "False", str(amx_host.ALT_STACK)], (r.stdout, r.stderr)
+    assert "Segmentation fault" in r.stderr and r.returncode != 0

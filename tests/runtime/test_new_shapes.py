@@ -343,38 +343,53 @@ def test_fusion_stages_read_the_readers_of_their_own_node_list(tmp_path, monkeyp
     assert len(asked) > len(set(asked)), "no stage was handed the list of the stage before it"
 
 
-def test_collector_paused_while_planning_and_as_it_was_after(tmp_path, monkeypatch):
-    """Session._build turns Python's cycle collector off while it plans (a plan's thousands of new, living
-    containers are what the collector's young passes would scan for nothing) and back on after, also when
-    planning fails; a collector the caller turned off stays off."""
+def test_collector_spaced_while_planning_and_as_it_was_after(tmp_path, monkeypatch):
+    """Session._build spaces Python's cycle collector's young passes (BUILD_GEN0 allocations apart) while it
+    plans (a plan's thousands of new, living containers are what those passes would scan for nothing) and
+    puts its thresholds back after, also when planning fails; thresholds a caller set as far apart (or the
+    collector off, threshold 0) are left alone. Cycles made while planning are still collected."""
     import gc
+    import weakref
 
     from mnntool.errors import MnnToolError
+    from mnntool.runtime import session as session_module
     from mnntool.runtime.plan import shapes
     _squeeze_excite(tmp_path / "se.onnx")
     api.convert(tmp_path / "se.onnx", tmp_path / "se.mnn")
     s = Session(api.load_graph(tmp_path / "se.mnn"), threads=1)
-    seen = []
+    seen, cycles = [], []
     real = shapes.run
 
+    class Cycle:
+        pass
+
     def spy(p):
-        seen.append(gc.isenabled())
+        seen.append(gc.get_threshold()[0])
+        for _ in range(3 * session_module.BUILD_GEN0):     # cyclic garbage, as a compile makes
+            c = Cycle()
+            c.me = c
+        c = Cycle()
+        c.me = c
+        cycles.append(weakref.ref(c))
         if p.graph.tensors["x"].shape[2] == 13:
             raise MnnToolError("planning failed on purpose")
         real(p)
     monkeypatch.setattr(shapes, "run", spy)
-    assert gc.isenabled()
+    before = gc.get_threshold()
+    assert before[0] < session_module.BUILD_GEN0
     s.prepare({"x": (1, 3, 20, 24)})
-    assert seen == [False] and gc.isenabled()
+    assert seen == [session_module.BUILD_GEN0] and gc.get_threshold() == before
     with pytest.raises(MnnToolError):
         s.prepare({"x": (1, 3, 13, 24)})
-    assert seen == [False, False] and gc.isenabled()
-    gc.disable()
+    assert seen[-1] == session_module.BUILD_GEN0 and gc.get_threshold() == before
+    gc.set_threshold(0)
     try:
         s.prepare({"x": (1, 3, 28, 24)})
-        assert seen[-1] is False and not gc.isenabled()
+        assert seen[-1] == 0 and gc.get_threshold()[0] == 0
     finally:
-        gc.enable()
+        gc.set_threshold(*before)
+    gc.collect()
+    assert all(r() is None for r in cycles)
     x = np.random.default_rng(9).standard_normal((1, 3, 28, 24)).astype(np.float32)
     ref = ort.InferenceSession(str(tmp_path / "se.onnx"))
     np.testing.assert_allclose(s.run({"x": x})["y"], ref.run(None, {"x": x})[0], rtol=1e-4, atol=1e-4)

@@ -2,10 +2,10 @@
 
 The chooser alone: with one form 3 ms slower than the other (a sleep), it keeps the faster after its
 six first calls, in turns starting with the form it is told the threshold picks, whichever is slower, and
-gives each call's own result. In a session: the model of
-test_parallel_steps at 2 threads with the host's threshold set low (every step near it, so every
-parallel kernel and every parallel step is timed): each of eight runs (both forms during the first six,
-the chosen one after) bit-identical to the one-thread run, and every chooser settled."""
+gives each call's own result. In a session: the model of test_parallel_steps and an Erf (a fastmath kernel,
+timed against its parallel build on one thread) at 2 threads with the host's threshold set low (2,000:
+most steps near it, so their parallel kernels and parallel steps are timed): each of ten runs (both forms
+during the first six, the chosen one after) bit-identical to the one-thread run, every chooser settled."""
 import time
 
 import numpy as np
@@ -17,7 +17,26 @@ from mnntool.runtime.kernels import step_timing
 from mnntool.runtime.kernels.ops import parallel_steps
 from mnntool.runtime.session import Session
 
-from .test_parallel_steps import INPUTS, _model
+from . import test_parallel_steps
+from .test_parallel_steps import INPUTS
+
+FAST = (1, 8, 30, 30)
+
+
+def _model(path, extra=False):
+    """test_parallel_steps' model and, with `extra`, an Erf (erf_flat: a fastmath kernel)."""
+    outs = test_parallel_steps._model(path)
+    if not extra:
+        return outs
+    import onnx
+    from onnx import TensorProto as TP
+    from onnx import helper as h
+    m = onnx.load(str(path))
+    m.graph.input.append(h.make_tensor_value_info("f", TP.FLOAT, list(FAST)))
+    m.graph.node.append(h.make_node("Erf", ["f"], ["er"]))
+    m.graph.output.append(h.make_tensor_value_info("er", TP.FLOAT, None))
+    onnx.save(m, str(path))
+    return outs + ["er"]
 
 
 @pytest.mark.parametrize("first", [0, 1])
@@ -49,14 +68,14 @@ def test_timing_is_off_where_the_threshold_is_forced_or_the_defaults_run(monkeyp
     monkeypatch.setenv("MNNTOOL_HOST_TUNING", "measure")
     monkeypatch.delenv("MNNTOOL_PARALLEL_MIN_WORK", raising=False)
     monkeypatch.delenv("MNNTOOL_STEP_TIMING", raising=False)
-    assert step_timing.timed(1000, 1000) and not step_timing.timed(100, 1000)
-    assert not step_timing.timed(64_000, 1000)
+    assert step_timing.timed(100_000, 100_000) and not step_timing.timed(10_000, 100_000)
+    assert not step_timing.timed(6_400_000, 100_000) and not step_timing.timed(1000, 1000)   # 16,384 at least
     for name, value in (("MNNTOOL_STEP_TIMING", "off"), ("MNNTOOL_PARALLEL_MIN_WORK", "5"),
                         ("MNNTOOL_HOST_TUNING", "defaults")):
         with monkeypatch.context() as m:
             m.setenv(name, value)
-            assert not step_timing.timed(1000, 1000)
-            assert step_timing.choose("p", "s", 1000, 1000) == "p"
+            assert not step_timing.timed(100_000, 100_000)
+            assert step_timing.choose("p", "s", 100_000, 100_000) == "p"
 
 
 def test_timed_steps_give_the_one_thread_bits(tmp_path, monkeypatch):
@@ -64,7 +83,8 @@ def test_timed_steps_give_the_one_thread_bits(tmp_path, monkeypatch):
     monkeypatch.delenv("MNNTOOL_PARALLEL_MIN_WORK", raising=False)
     monkeypatch.delenv("MNNTOOL_STEP_TIMING", raising=False)
     monkeypatch.setenv("MNNTOOL_ONE_THREAD_BELOW_FLOPS", "0")
-    monkeypatch.setattr(host_tuning, "parallel_min_work", lambda threads: 1000)
+    monkeypatch.setattr(host_tuning, "parallel_min_work", lambda threads: 2000)
+    monkeypatch.setattr(step_timing, "MIN_WORK", 0)
     made = []
 
     class Recorded(step_timing.Timed):
@@ -75,10 +95,10 @@ def test_timed_steps_give_the_one_thread_bits(tmp_path, monkeypatch):
             made.append(self)
     monkeypatch.setattr(step_timing, "Timed", Recorded)
     monkeypatch.setattr(parallel_steps, "Timed", Recorded)
-    outs = _model(tmp_path / "m.onnx")
+    outs = _model(tmp_path / "m.onnx", extra=True)
     api.convert(tmp_path / "m.onnx", tmp_path / "m.mnn")
     rng = np.random.default_rng(1)
-    feeds = {k: rng.standard_normal(v).astype(np.float32) for k, v in INPUTS.items()}
+    feeds = {k: rng.standard_normal(v).astype(np.float32) for k, v in {**INPUTS, "f": FAST}.items()}
     graph = api.load_graph(tmp_path / "m.mnn")
     with np.errstate(divide="ignore"):
         want = Session(graph, threads=1).run(feeds)
@@ -89,3 +109,16 @@ def test_timed_steps_give_the_one_thread_bits(tmp_path, monkeypatch):
                 assert np.array_equal(np.asarray(got[o]).view(np.uint32), np.asarray(want[o]).view(np.uint32)), o
     assert len(made) >= 6, made       # the copies, the binary ops, LeakyReLU, the SUM, the pad: timed
     assert all(t.chosen is not None for t in made), made
+    # the fastmath kernel (Erf) against its parallel build on one thread
+    assert any(isinstance(t.serial, step_timing.OneThread) for t in made), [repr(t)[:90] for t in made]
+
+
+def test_fastmath_kernels_time_their_parallel_build_on_one_thread():
+    """A fastmath kernel's two builds may round differently (GELU's erf_flat differed by 1 ulp on FastViT):
+    its one-thread form is its parallel build on one thread, unless its arithmetic is all IR (conv_im2col);
+    IEEE kernels (gemm, the lanes depthwise) compare against their serial twins."""
+    from mnntool.runtime.kernels.micro import depthwise_lanes, float_gemm
+    from mnntool.runtime.kernels.ops import elementwise
+    assert not step_timing.exact_twin(elementwise.erf_flat)
+    assert all(step_timing.exact_twin(f) for f in (float_gemm.gemm, float_gemm.conv_im2col,
+                                                    depthwise_lanes.depthwise_lanes))

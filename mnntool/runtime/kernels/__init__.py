@@ -64,10 +64,11 @@ def sized(fn: JitFunction, work: int, threads: int):
         return Bound(serial(fn) if work < SERIAL_AT_ONE_MAX_WORK else fn)
     # the serial twin is the same code at any thread count: the library's, where it has it; near the
     # threshold the step times both and keeps the faster (step_timing)
-    from .step_timing import Timed, timed
+    from .step_timing import Timed, one_thread_form, timed
     threshold = host_tuning.parallel_min_work(threads)
     if timed(work, threshold):
-        return Timed(fn.dispatcher(), Bound(serial(fn)), 0 if work >= threshold else 1)
+        par = fn.dispatcher()
+        return Timed(par, one_thread_form(fn, par, Bound(serial(fn)), threads), 0 if work >= threshold else 1)
     return fn.dispatcher() if work >= threshold else Bound(serial(fn))
 
 
@@ -79,8 +80,8 @@ def direct(fn, *example):
     `sized` result, or a kernel (a parallel one runs at the session's thread count)."""
     if isinstance(fn, JitFunction):
         fn = Bound(fn) if not fn.targetoptions.get("parallel") else fn.dispatcher()
-    from .step_timing import Timed
-    if isinstance(fn, Timed):
+    from .step_timing import OneThread, Timed
+    if isinstance(fn, (Timed, OneThread)):
         return fn.map(lambda f: direct(f, *example))
     if isinstance(fn, Bound):
         return fn.bind(example, compiled=True)

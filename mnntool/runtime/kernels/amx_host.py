@@ -32,6 +32,31 @@ def cpu_flags() -> frozenset:
     return frozenset(info[1].split()) if info else frozenset()
 
 
+ENOSPC = 28
+ALT_STACK = 1 << 18             # bytes of the signal stack put in place of a too-small one (`_grow_alt_stack`)
+
+
+class _Stack(ctypes.Structure):
+    _fields_ = [("ss_sp", ctypes.c_void_p), ("ss_flags", ctypes.c_int), ("ss_size", ctypes.c_size_t)]
+
+
+def _grow_alt_stack(libc) -> bool:
+    """Replace this thread's signal stack (faulthandler's, which pytest and `python -X faulthandler`
+    install) by a larger one of the same use, when it is too small for the tile state Linux would put
+    in a signal frame: the request fails with ENOSPC until then. The new stack is malloc'd and never
+    freed (a signal may arrive until the process ends); faulthandler, finding another stack than its
+    own at exit, leaves it. True when replaced."""
+    cur = _Stack()
+    if libc.sigaltstack(None, ctypes.byref(cur)) != 0 or not cur.ss_sp or cur.ss_flags & 3 or cur.ss_size >= ALT_STACK:
+        return False        # none, disabled (2), in use now (1), or already large
+    libc.malloc.restype = ctypes.c_void_p
+    sp = libc.malloc(ctypes.c_size_t(ALT_STACK))
+    if not sp:
+        return False
+    new = _Stack(sp, 0, ALT_STACK)
+    return libc.sigaltstack(ctypes.byref(new), None) == 0
+
+
 def request_tiles() -> tuple[bool, str]:
     """Ask Linux for the tile data state (arch_prctl), then read the permitted set back: (granted, why)."""
     if platform.system() != "Linux" or platform.machine().lower() not in ("x86_64", "amd64"):
@@ -40,8 +65,14 @@ def request_tiles() -> tuple[bool, str]:
         libc = ctypes.CDLL(None, use_errno=True)
         syscall = libc.syscall
         syscall.restype = ctypes.c_long
-        rc = syscall(ctypes.c_long(SYS_ARCH_PRCTL), ctypes.c_long(ARCH_REQ_XCOMP_PERM),
-                     ctypes.c_ulong(XFEATURE_XTILEDATA))
+
+        def ask():
+            return syscall(ctypes.c_long(SYS_ARCH_PRCTL), ctypes.c_long(ARCH_REQ_XCOMP_PERM),
+                           ctypes.c_ulong(XFEATURE_XTILEDATA))
+        rc = ask()
+        grown = ""
+        if rc != 0 and ctypes.get_errno() == ENOSPC and _grow_alt_stack(libc):
+            rc, grown = ask(), f" after a {ALT_STACK >> 10} KB signal stack replaced a smaller one"
         if rc != 0:
             err = ctypes.get_errno()
             # ENOSPC: a thread's signal stack (sigaltstack: faulthandler's, pytest's) is too small for the
@@ -55,7 +86,7 @@ def request_tiles() -> tuple[bool, str]:
             return False, f"arch_prctl(ARCH_GET_XCOMP_PERM) = {rc}, errno {err} ({os.strerror(err)})"
         if not mask.value >> XFEATURE_XTILEDATA & 1:
             return False, f"tile data not in the permitted set ({mask.value:#x})"
-        return True, f"granted (permitted xfeatures {mask.value:#x})"
+        return True, f"granted (permitted xfeatures {mask.value:#x}){grown}"
     except (OSError, AttributeError) as e:
         return False, f"arch_prctl unavailable: {e}"
 

@@ -47,6 +47,9 @@ def fuse(p: Planning) -> list[Node]:
     outputs = set(p.graph.outputs)
     fused, drop = {}, set()
     for m in nodes:
+        if m.op == "Scale":
+            _scale_into_int8(m, users, outputs, p, fused, drop)
+            continue
         if m.op != "BinaryOp" or m.param.get("opType") != "MUL" or len(m.inputs) != 2 or len(m.outputs) != 1 or \
                 int(m.param.get("activationType", 0) or 0):
             continue
@@ -72,6 +75,41 @@ def fuse(p: Planning) -> list[Node]:
                                conv.param, conv.param_type, conv.fmt)
         drop.update([id(m)] + [id(n) for n in chain])
     return rewritten(nodes, fused, drop)
+
+
+def _scale_into_int8(m: Node, users, outputs, p: Planning, fused: dict, drop: set) -> None:
+    """A Scale (a BatchNorm left unfolded, DenseNet's pre-activations, with its ReLU fused) read only by an
+    int8 1x1 convolution: one AffinePointwise node (ops.conv.affine_pointwise), the Scale computed in the
+    convolution's packing pass as ops.scale computes it."""
+    from ..kernels.micro.epilogue import NO_POST, POST, POST_CLIP, POST_NONE
+    from ..kernels.ops.conv import AFFINE, int8_scales
+    if len(m.inputs) != 1 or len(m.outputs) != 1:
+        return
+    chain, y, conv = past_moves(users, m.outputs[0], outputs, {}, lambda op: op == "ConvertTensor")
+    if conv is None or int8_scales(conv) is None or \
+            not _quantized_by(conv, [m.outputs[0]] + [n.outputs[0] for n in chain], p.stored):
+        return
+    x = m.inputs[0]
+    v = p.vals.get(x)
+    if v is None or v.shape is None or v.dtype != "float32" or len(v.shape) != 4 or x in p.stored or \
+            not all(isinstance(d, int) for d in v.shape) or v.shape[0] != 1 or not _pointwise_reading(conv, y, v.shape[1]):
+        return
+    from ..kernels.weight_cache import node_part
+
+    def make():
+        sc = np.ascontiguousarray(np.asarray(m.param.get("scaleData"), np.float32).reshape(-1))
+        b = m.param.get("biasData")
+        b = np.ascontiguousarray(np.asarray(b, np.float32).reshape(-1)) if b is not None and len(b) else np.zeros_like(sc)
+        kind, alpha, beta = m.param.get(POST, NO_POST)
+        return sc, b, int(kind), np.float32(alpha), np.float32(beta)
+    # one object per Scale while the session plans: the kernels of later plans are shared (plan/reuse keys by id)
+    affine = node_part("scale_affine", (m.param.get("scaleData"), m.param.get("biasData"), m.param.get(POST)), make)
+    sc, b, kind = affine[:3]
+    if sc.size != v.shape[1] or b.size != sc.size or kind not in (POST_NONE, POST_CLIP):
+        return
+    fused[id(conv)] = Node("AffinePointwise", [x], list(conv.outputs), f"{conv.name} (+{m.name})",
+                           {**conv.param, AFFINE: affine}, conv.param_type, conv.fmt)
+    drop.update([id(m)] + [id(n) for n in chain])
 
 
 run = rewriting(fuse)

@@ -11,11 +11,15 @@ here as [OC/32][K/64][2][16 rows][64 bytes], zero past K and OC. The sign conven
 (int8_gemm._store_ir): the output bytes are the same.
 
 The tile: 32 channels x 32 pixels in four C tiles (tmm0..3), two weight tiles (tmm4, 5) and two pixel
-blocks (tmm6, 7) a K step of 64, in one inline-asm block (ldtilecfg, the K loop, tilestored of C to a
-4 KB buffer, tilerelease): LLVM's tile intrinsics need its tile-configuration pass and AMX-enabled
-target features, inline asm needs neither. The K tail (K/4 not a multiple of 16) reads whole 16-row
-tiles: rows past K meet zero weights, so they add nothing; the activations carry AMX_SLACK bytes past
-their last block for the last tile's over-read.
+blocks (tmm6, 7) a K step of 64, in one inline-asm block (tilezero, the K loop, tilestored of C to a
+4 KB buffer), the tile configuration loaded once for a run of tiles (`_begin`: LDTILECFG; `_end`:
+TILERELEASE): LLVM's tile intrinsics need its tile-configuration pass and AMX-enabled target features,
+inline asm needs neither (it assembles on any x86-64 host; it runs only where amx_host allows). The K
+tail (K/4 not a multiple of 16) reads whole 16-row tiles: rows past K meet zero weights, so they add
+nothing; the activations carry AMX_SLACK bytes past their last block for the last tile's over-read.
+A stride-1 or strided window on C/4 a multiple of 16 reads the quantized grid in place
+(gemm_amx_planes, as int8_gemm.gemm_planes). Used from K = AMX_MIN_K (`min_k`), below which VNNI's
+kernels stay faster (measured on an Emerald Rapids Xeon: tmp_dev/notes/amx.md).
 """
 from __future__ import annotations
 
@@ -219,7 +223,7 @@ def gemm_amx_planes(g, wa, steps, xs, oc, ep, epf, out, tab, blk, chunk):
         buf = np.empty(BUF, np.int32)
         _begin(buf)
         for t in range(c * chunk, min(nt, c * chunk + chunk)):
-            ob, pt = t // npt, t % npt
+            ob, pt = tile_at(t, nob, npt, oc <= P)
             s0 = 2 * pt
             s1 = min(s0 + 1, nb - 1)
             n1 = blk[s1, 3] if s0 + 1 < nb else 0
@@ -251,6 +255,17 @@ def products_all(x, wa, steps, k4, oc, out):
     _end(buf)
 
 
+@njit(cache=True, inline="always")
+def tile_at(t, nob, npt, pixels_major):
+    """(channel block, pixel tile) of the t-th tile. Pixel tiles outer where the weights are the smaller
+    operand (OC <= P): a pixel tile's activations (32 x K bytes) stay in L1 while every channel block's
+    weights pass, where channel blocks outer streamed all the activations (3136 x 576 bytes for a 3x3
+    layer on 64 channels at 56x56: more than L2) once per channel block; else channel blocks outer."""
+    if pixels_major:
+        return t % nob, t // nob
+    return t // npt, t % npt
+
+
 @njit(parallel=True, cache=True)
 def gemm_amx(x, wa, steps, k4, oc, ep, epf, out, tab, chunk):
     """out (OC, P) float from the packed activations (int8_gemm.pixel_blocks' layout, AMX_SLACK bytes
@@ -266,7 +281,7 @@ def gemm_amx(x, wa, steps, k4, oc, ep, epf, out, tab, chunk):
         buf = np.empty(BUF, np.int32)
         _begin(buf)
         for t in range(c * chunk, min(nt, c * chunk + chunk)):
-            ob, pt = t // npt, t % npt
+            ob, pt = tile_at(t, nob, npt, oc <= P)
             b0 = pt * 2 * k4 * 64
             _products(x, b0, b0 + k4 * 64, 64, wa, ob * ns * 2 * 1024, steps, ns, buf)
             for g in range(OCT // 8):

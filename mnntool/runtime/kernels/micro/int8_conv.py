@@ -16,14 +16,14 @@ from __future__ import annotations
 import copy
 
 import numpy as np
-from ..compile.jit import njit, prange
+from ..compile.jit import intrinsic, njit, prange, types
 
 from .. import Scratch, sized
 from .epilogue import EXACT, act_bounds, activation, grid_of, mnn_cast, to_grid_z
 from .int8_gemm import NO_TABLE, Int8Weights, byte_table, epilogue, lut_chunk, pixel_blocks
 from .int8_lanes_oc import OcLanesWeights, lane_fill
 from .int8_lut import lut_values, value_planes
-from .llvm_ir import host_has
+from .llvm_ir import declare, host_has
 
 
 @njit(cache=True, fastmath=EXACT, inline="always")
@@ -249,6 +249,55 @@ def quantize_packed_scaled(x, sc, inv_s, z, lo, hi, off, cols):
                     dst[k] = word
 
 
+@intrinsic
+def _fma(typingctx, a, b, c):
+    """a * b + c rounded once (llvm.fma.f32)."""
+    from llvmlite import ir
+    sig = types.float32(types.float32, types.float32, types.float32)
+
+    def codegen(context, builder, sig, args):
+        f32 = ir.FloatType()
+        fn = declare(builder, "llvm.fma.f32", f32, f32, f32, f32)
+        return builder.call(fn, list(args))
+    return sig, codegen
+
+
+@njit(cache=True, fastmath=EXACT)
+def _affine(v, s, b, lo, hi):
+    """ops.scale.scale_rows' value: its multiply-add runs under fastmath, which contracts it to an FMA
+    (checked: its output equals the once-rounded products), so here an explicit one."""
+    return min(max(_fma(v, s, b), lo), hi)
+
+
+@njit(parallel=True, cache=True, fastmath=EXACT)
+def quantize_packed_affine(x, sc, sb, lo_a, hi_a, inv_s, z, lo, hi, off, cols):
+    """quantize_packed of clamp(x * sc[c] + sb[c], lo_a, hi_a): a BatchNorm (and its ReLU) left as a Scale
+    before an int8 1x1 convolution (DenseNet's pre-activations, plan stage fuse_channel_scale) computed in
+    the packing pass, the same floats as the Scale step (`_affine`), so its own pass over the map goes."""
+    C, P = x.shape
+    for pb in prange(cols.shape[0]):
+        p0 = pb * 16
+        for kb in range(cols.shape[1]):
+            dst = cols[pb, kb]
+            c = 4 * kb
+            if p0 + 16 <= P and c + 4 <= C:
+                r0, r1, r2, r3 = x[c, p0:p0 + 16], x[c + 1, p0:p0 + 16], x[c + 2, p0:p0 + 16], x[c + 3, p0:p0 + 16]
+                s0, s1, s2, s3 = sc[c], sc[c + 1], sc[c + 2], sc[c + 3]
+                b0, b1, b2, b3 = sb[c], sb[c + 1], sb[c + 2], sb[c + 3]
+                for k in range(16):
+                    dst[k] = _word(_affine(r0[k], s0, b0, lo_a, hi_a), _affine(r1[k], s1, b1, lo_a, hi_a),
+                                   _affine(r2[k], s2, b2, lo_a, hi_a), _affine(r3[k], s3, b3, lo_a, hi_a),
+                                   inv_s, z, lo, hi)
+            else:
+                for k in range(16):
+                    word = np.uint32(0)
+                    for j in range(4):
+                        b = _byte(_affine(x[c + j, p0 + k], sc[c + j], sb[c + j], lo_a, hi_a), inv_s, z, lo, hi) \
+                            if c + j < C and p0 + k < P else np.uint32(off)
+                        word |= b << (8 * j)
+                    dst[k] = word
+
+
 # a stride-1 window runs from the grid (Int8Weights.matmul_grid, no im2col pass) where its lanes' fill
 # (plane_fill: 56x56 and padding 1: 0.98, 28x28: 0.96, 14x14: 0.93, 7x7: 0.77) is at least this share
 # of im2col's dense blocks' (0.77 for 7x7 too)
@@ -261,11 +310,13 @@ EPILOGUE_K = (12, 19)
 
 
 def int8_convolution(geometry, q, alpha, bias, act, grids, in_shape, out_shape, threads: int, table=None,
-                     scaled=False, on_grid=False):
+                     scaled=False, on_grid=False, affine=None):
     """The kernel function for one int8 convolution (group 1), or None when the geometry is not covered.
     `scaled`: of x * s, s (1, C, 1, 1) its second input (a 1x1 unpadded stride-1 layer only: the product
     quantized in the packing pass, quantize_packed_scaled). `on_grid`: the input lies on the layer's input
     grid (an int8 layer rounded it there): a 1x1 layer packs it in fewer steps (quantize_packed_grid).
+    `affine` (s, b, lo, hi): of clamp(x * s + b, lo, hi) per channel (a Scale before it, as scale_rows
+    computes it; 1x1 unpadded stride-1 only: quantize_packed_affine).
 
     `q` (O, C*kh*kw) int8 in (c, i, j) order with per-channel `alpha`; `grids` a conv.Int8Grids; `table`
     (codes, zero point, scale) of a table op (a SiLU) that reads the output, by output step from the
@@ -297,7 +348,7 @@ def int8_convolution(geometry, q, alpha, bias, act, grids, in_shape, out_shape, 
     # reads, a quarter of the input at stride 2, not the whole map through the grid and im2col)
     direct = kh == kw == 1 and not (t or l or b or r)
     strided = direct and (sh, sw) != (1, 1)
-    if scaled and (not direct or strided):
+    if (scaled or affine is not None) and (not direct or strided):
         return None
     picked = np.empty((cin, oh, ow), np.float32) if strided else None
     # a window whose rows fill the 16-pixel blocks well: the GEMM reads the grid (no im2col)
@@ -346,9 +397,10 @@ def int8_convolution(geometry, q, alpha, bias, act, grids, in_shape, out_shape, 
     inv_in = grid_of(*grids.input)[0]
     z_in = f32(grids.zero_in)
     q_lo, q_hi = f32(lo + grids.zero_in), f32(hi + grids.zero_in)
-    packed_grid = direct and on_grid and not scaled
-    quantize = sized(quantize_packed_scaled if scaled else quantize_packed_grid if packed_grid else quantize_packed
-                     if direct else quantize_planes if from_grid else quantize_rows, cin * h * w, threads)
+    packed_grid = direct and on_grid and not scaled and affine is None
+    quantize = sized(quantize_packed_affine if affine is not None else quantize_packed_scaled if scaled else
+                     quantize_packed_grid if packed_grid else quantize_packed if direct else quantize_planes
+                     if from_grid else quantize_rows, cin * h * w, threads)
     unfold = None if direct or from_grid else sized(im2col_rows, words.size, threads)
 
     def run(inputs, outputs):
@@ -361,6 +413,8 @@ def int8_convolution(geometry, q, alpha, bias, act, grids, in_shape, out_shape, 
             elif strided:
                 np.copyto(picked, x[i][:, ::sh, ::sw])
                 quantize(picked.reshape(cin, pixels), inv_in, z_in, q_lo, q_hi, off, words)
+            elif affine is not None:
+                quantize(x[i].reshape(cin, pixels), *affine, inv_in, z_in, q_lo, q_hi, off, words)
             elif scaled:
                 quantize(x[i].reshape(cin, pixels), np.ascontiguousarray(inputs[1], f32).reshape(cin), inv_in, z_in, q_lo, q_hi, off, words)
             elif direct:

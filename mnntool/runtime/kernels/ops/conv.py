@@ -11,7 +11,7 @@ from ....errors import InvalidModel, MnnToolError
 from .. import PLAN_ONLY, Kernel, Scratch, kernel, sized, writes
 from ..micro.conv_loops import col2im
 from .conv_strategies import Geometry, Layer, build, trimmed
-from ..micro.epilogue import NO_GRID, NO_POST, POST, activation, apply_act, grid_of, to_grid
+from ..micro.epilogue import NO_GRID, NO_POST, POST, POST_CLIP, activation, apply_act, grid_of, to_grid
 from .int8_tables import codes_of, looked_up, values_of
 from ..weight_cache import node_part
 from ....ir.ops.nn import pads_of, same_pads
@@ -72,8 +72,9 @@ def _untrimmed(g: Geometry) -> bool:
 
 
 @kernel("Convolution", "ConvolutionDepthwise")
-def convolution(node, ins, outs, settings, scaled=False):
-    """`scaled` (int8 only: scaled_pointwise): of x * s, ins = [x, s] with s (1, C, 1, 1)."""
+def convolution(node, ins, outs, settings, scaled=False, affine=None):
+    """`scaled` (int8 only: scaled_pointwise): of x * s, ins = [x, s] with s (1, C, 1, 1); `affine` (int8
+    only: affine_pointwise): of a Scale's output, (s, b, kind, alpha, beta) as ops.scale runs it."""
     part = _part_of(node)
     cout = part.cout
     geometry = _geometry(part, ins[0].shape, outs[0].shape)
@@ -99,12 +100,12 @@ def convolution(node, ins, outs, settings, scaled=False):
                                 table if codes is None else None)
             looks_up = fn is not None and table is not None      # the table in its epilogue, codes or values
             bias = bias if fn is not None else depthwise_int8_bias(node, bias, int8)
-        fn = fn or _integer(node, ins, outs, bias, int8, settings.threads, codes, scaled)
+        fn = fn or _integer(node, ins, outs, bias, int8, settings.threads, codes, scaled, affine)
         if fn is None:
             k = convolution_float(node, ins, outs, weight, bias, settings, grid_out)
             # an input that an int8 kernel already rounded to this grid is used as it is
-            fn = k.fn if ins[0].grid == grid_in and not scaled else \
-                _grid_input(k.fn, ins[0].shape, grid_in, settings.threads, scaled)
+            fn = k.fn if ins[0].grid == grid_in and not scaled and affine is None else \
+                _grid_input(k.fn, ins[0].shape, grid_in, settings.threads, scaled, affine)
             codes = None
         if table is not None and codes is None and not looks_up:      # the op's lookup after the convolution
             fn = looked_up(fn, table, grid_out, outs[0].shape, settings.threads)
@@ -132,7 +133,7 @@ def _weight_only_matvec(node, g: Geometry, bias, settings) -> Kernel | None:
     return with_post(writes(run), node.param.get(POST, NO_POST), g.cout, settings.threads)
 
 
-def _integer(node, ins, outs, bias, grids, threads: int, table=None, scaled=False):
+def _integer(node, ins, outs, bias, grids, threads: int, table=None, scaled=False, affine=None):
     """The integer kernel for a group-1 int8 convolution with 8-bit per-channel weights on a VNNI CPU,
     else None (elsewhere BLAS's sgemm on the int8 grid beats integer loops)."""
     from ....format.idst import int8_values
@@ -147,7 +148,18 @@ def _integer(node, ins, outs, bias, grids, threads: int, table=None, scaled=Fals
         return None
     geometry = Geometry.of(c, ins[0].shape, outs[0].shape).window
     return int8_convolution(geometry, *values, bias, activation(c), grids, ins[0].shape, outs[0].shape, threads,
-                            table, scaled, ins[0].grid == grid_of(*grids.input))
+                            table, scaled, ins[0].grid == grid_of(*grids.input), _affine_bounds(affine))
+
+
+def _affine_bounds(affine):
+    """(s, b, lo, hi) for int8_conv's affine packing from (s, b, kind, alpha, beta): ReLU/ReLU6's clamp
+    (POST_CLIP), else none, as finite bounds (its fastmath assumes no infinities; the values are finite)."""
+    if affine is None:
+        return None
+    s, b, kind, alpha, beta = affine
+    big = np.float32(np.finfo(np.float32).max)
+    lo, hi = (alpha, beta) if kind == POST_CLIP else (-big, big)
+    return s, b, np.float32(np.clip(lo, -big, big)), np.float32(np.clip(hi, -big, big))
 
 
 def conv_weight(param: dict, rows: int) -> np.ndarray:
@@ -227,19 +239,27 @@ def convolution_float(node, ins, outs, weight, bias, settings, grid=NO_GRID, geo
                           node.param.get(POST, NO_POST)))
 
 
-def _grid_input(fn, shape, grid, threads: int, scaled=False):
+def _grid_input(fn, shape, grid, threads: int, scaled=False, affine=None):
     """Round the input to its int8 grid before a float kernel that rounds its own output (the layers
     the integer kernel does not cover: depthwise and grouped convolutions, 4-bit weights, no VNNI);
-    `scaled`: the input x * s first (ins [x, s], convolution's)."""
+    `scaled`: the input x * s first (ins [x, s], convolution's); `affine`: the Scale first, as ops.scale."""
     xq = np.empty(shape, np.float32)
     rows = xq.reshape(-1, shape[-1])
     rounding = sized(to_grid, xq.size, threads)
+    if affine is not None:
+        from .scale import scale_rows
+        s, b, kind, alpha, beta = affine
+        scaling = sized(scale_rows, xq.size, threads)
+        xs = np.empty(shape, np.float32)
 
     def run(inputs, outputs):
         x = np.ascontiguousarray(inputs[0], np.float32)
         if scaled:
             x = x * np.asarray(inputs[1], np.float32)
             inputs = inputs[:1]
+        if affine is not None:
+            scaling(x.reshape(shape[0] * shape[1], -1), s, b, kind, alpha, beta, xs.reshape(shape[0] * shape[1], -1))
+            x = xs
         rounding(x.reshape(rows.shape), grid, rows)
         fn([xq] + list(inputs[1:]), outputs)
     return run
@@ -324,6 +344,16 @@ def scaled_pointwise(node, ins, outs, settings):
 
 
 PLAN_ONLY["ScaledPointwise"] = scaled_pointwise
+AFFINE = "scaleBefore"      # the param of a planner-made AffinePointwise node: (s, b, kind, alpha, beta)
+
+
+def affine_pointwise(node, ins, outs, settings):
+    """fuse_channel_scale's node for a Scale (a BatchNorm left unfolded, its ReLU fused) read only by an
+    int8 1x1 convolution: the Scale's values computed in the convolution's packing pass (int8 only)."""
+    return convolution(node, ins, outs, settings, affine=node.param[AFFINE])
+
+
+PLAN_ONLY["AffinePointwise"] = affine_pointwise
 
 
 def residual_convolution(node, ins, outs, settings):

@@ -1,8 +1,9 @@
-"""float_gemm's parallel kernels with their tail pixels (1..8 past whole 48-pixel tiles, channels in the
-lanes) run in the last K block's parallel region rather than a region of their own: at 3 threads, with the
-K blocks forced small (kc < K, partial sums stored and reloaded), gemm (both walk orders), gemm_batched,
-gemm_panels and conv_im2col give the same bits as their serial twins (the same tiles in the same k order),
-and match float64 NumPy to 2e-5 of the output's largest magnitude (fp32 sums of up to 300 products)."""
+"""Work splits of the parallel kernels, each against its serial twin bit for bit at 3 threads. float_gemm's
+kernels with their tail pixels (1..8 past whole 48-pixel tiles, channels in the lanes) in the last K block's
+parallel region rather than a region of their own, the K blocks forced small (kc < K, partial sums stored and
+reloaded): gemm (both walk orders), gemm_batched, gemm_panels and conv_im2col; depthwise_strips split by
+(channel, block of rows). Against float64 NumPy to 2e-5 of the output's largest magnitude (fp32 sums of up to
+360 products)."""
 import numpy as np
 import pytest
 
@@ -101,3 +102,28 @@ def test_conv_im2col_tail_in_the_last_k_region(three_threads, h, w, k, cin, cout
     xp = np.pad(x.astype(np.float64), ((0, 0), (1, 1), (1, 1)))
     cols = np.stack([xp[:, i:i + h, j:j + w] for i in range(k) for j in range(k)], 1).reshape(cin * k * k, h * w)
     _close(wt.reshape(cout, -1).astype(np.float64) @ cols + b[:, None], res[0].reshape(cout, h * w))
+
+
+@pytest.mark.parametrize("c, h, k, s", [(3, 40, 3, 1), (5, 19, 5, 1), (2, 33, 3, 2), (7, 12, 7, 1)])
+def test_depthwise_strips_split_by_row_blocks(three_threads, c, h, k, s):
+    """depthwise_strips' items are (channel, block of `rows` output rows), not channels: with fewer channels
+    than threads the parallel kernel and its serial twin give the same bits (every output written once,
+    inside its block), and the output matches float64 NumPy to 2e-5."""
+    from mnntool.runtime.kernels.micro.depthwise_strips import depthwise_strips
+    rng = np.random.default_rng(c * h + k)
+    x = rng.standard_normal((c, h, h)).astype(np.float32)
+    wt = (rng.standard_normal((c, k * k)) / k).astype(np.float32)
+    b = rng.standard_normal(c).astype(np.float32)
+    p = k // 2
+    oh = (h + 2 * p - k) // s + 1
+    epf, grid = fg.epilogue_of(0, NO_GRID)
+    res = []
+    for kernel in (depthwise_strips.dispatcher(), depthwise_strips.serial().dispatcher()):
+        out = np.full((c, oh, oh), np.nan, np.float32)
+        kernel(x, wt.reshape(-1), b, k, k, s, 1, p, p, epf, grid, np.zeros(h, np.float32), 5, out)
+        res.append(out)
+    assert np.array_equal(res[0].view(np.uint32), res[1].view(np.uint32))
+    xp = np.pad(x.astype(np.float64), ((0, 0), (p, p), (p, p)))
+    ref = sum(xp[:, i:i + s * (oh - 1) + 1:s, j:j + s * (oh - 1) + 1:s] * wt[:, i * k + j, None, None]
+              for i in range(k) for j in range(k)) + b[:, None, None]
+    _close(ref, res[0])
