@@ -347,7 +347,8 @@ def test_collector_spaced_while_planning_and_as_it_was_after(tmp_path, monkeypat
     """Session._build spaces Python's cycle collector's young passes (BUILD_GEN0 allocations apart) while it
     plans (a plan's thousands of new, living containers are what those passes would scan for nothing) and
     puts its thresholds back after, also when planning fails; thresholds a caller set as far apart (or the
-    collector off, threshold 0) are left alone. Cycles made while planning are still collected."""
+    collector off, threshold 0) are left alone. Cyclic garbage made while planning (a compile's) is still
+    collected while planning."""
     import gc
     import weakref
 
@@ -365,12 +366,14 @@ def test_collector_spaced_while_planning_and_as_it_was_after(tmp_path, monkeypat
 
     def spy(p):
         seen.append(gc.get_threshold()[0])
+        c = Cycle()
+        c.me = c
+        first = weakref.ref(c)
+        del c
         for _ in range(3 * session_module.BUILD_GEN0):     # cyclic garbage, as a compile makes
             c = Cycle()
             c.me = c
-        c = Cycle()
-        c.me = c
-        cycles.append(weakref.ref(c))
+        cycles.append(first() is None or seen[-1] == 0)     # collected while planning (unless the caller's is off)
         if p.graph.tensors["x"].shape[2] == 13:
             raise MnnToolError("planning failed on purpose")
         real(p)
@@ -388,8 +391,7 @@ def test_collector_spaced_while_planning_and_as_it_was_after(tmp_path, monkeypat
         assert seen[-1] == 0 and gc.get_threshold()[0] == 0
     finally:
         gc.set_threshold(*before)
-    gc.collect()
-    assert all(r() is None for r in cycles)
+    assert all(cycles)
     x = np.random.default_rng(9).standard_normal((1, 3, 28, 24)).astype(np.float32)
     ref = ort.InferenceSession(str(tmp_path / "se.onnx"))
     np.testing.assert_allclose(s.run({"x": x})["y"], ref.run(None, {"x": x})[0], rtol=1e-4, atol=1e-4)

@@ -122,3 +122,29 @@ def test_fastmath_kernels_time_their_parallel_build_on_one_thread():
     assert not step_timing.exact_twin(elementwise.erf_flat)
     assert all(step_timing.exact_twin(f) for f in (float_gemm.gemm, float_gemm.conv_im2col,
                                                     depthwise_lanes.depthwise_lanes))
+
+
+def test_only_calls_of_the_first_shapes_are_compared():
+    """A kernel called on pieces of two sizes a step (three calls: two large, one small): the small piece,
+    fast in either form, does not count; the parallel form, 3 ms slower on the large pieces, loses. Shapes
+    that never repeat: after MAX_CALLS calls the threshold's form (here the parallel one) stays."""
+    large, small = np.zeros(64), np.zeros(2)
+
+    def form(slow):
+        def run(x):
+            if slow and x.size > 2:
+                time.sleep(0.003)
+            return slow
+        return run
+
+    t = step_timing.Timed(form(True), form(False))
+    calls = 0
+    while t.chosen is None:
+        t(large if calls % 3 < 2 else small)
+        calls += 1
+        assert calls < 30
+    assert t.chosen is False
+    t = step_timing.Timed(form(True), form(False))
+    for k in range(step_timing.MAX_CALLS):
+        t(np.zeros(3 + k))
+    assert t.chosen is True and t(large) is True

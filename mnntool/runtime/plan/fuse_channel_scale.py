@@ -3,7 +3,8 @@ convolution as one ScaledPointwise node: the convolution's packed weights are sc
 (Cout x C products) instead of x (C x H x W). Only where the map has at least Cout pixels, so scaling
 the weights costs less than the pass over x it saves (EfficientNet-B0's 112x112 and 56x56 blocks; its
 7x7 blocks, 1152 channels into 320, keep the multiply). An int8 convolution takes x * s in the pass that
-quantizes its input, at every size."""
+quantizes its input, at every size; and a Scale (an unfolded BatchNorm, its ReLU fused) read only by an
+int8 1x1 convolution goes into that pass too (AffinePointwise: DenseNet's pre-activations)."""
 from __future__ import annotations
 
 import numpy as np
