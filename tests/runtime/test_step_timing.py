@@ -1,11 +1,11 @@
 """Per-step choice between a kernel's parallel form and its one-thread form (kernels/step_timing.py).
 
 The chooser alone: with one form 3 ms slower than the other (a sleep), it keeps the faster after its
-six first calls, in turns starting with the form it is told the threshold picks, whichever is slower, and
+five first calls, in turns starting with the form it is told the threshold picks, whichever is slower, and
 gives each call's own result. In a session: the model of test_parallel_steps and an Erf (a fastmath kernel,
 timed against its parallel build on one thread) at 2 threads with the host's threshold set low (2,000:
-most steps near it, so their parallel kernels and parallel steps are timed): each of ten runs (both forms
-during the first six, the chosen one after) bit-identical to the one-thread run, every chooser settled."""
+most steps near it, so their parallel kernels and parallel steps are timed): each of eight runs (both forms
+during the first five, the chosen one after) bit-identical to the one-thread run, every chooser settled."""
 import time
 
 import numpy as np
@@ -53,10 +53,10 @@ def test_the_faster_form_is_kept(slow, first):
         return run
 
     t = step_timing.Timed(form("parallel"), form("serial"), first)
-    for k in range(2 + 2 * step_timing.SAMPLES):
+    for k in range(1 + 2 * step_timing.SAMPLES):
         assert t(k) == (calls[-1], k)
     turn = ["parallel", "serial"] if first == 0 else ["serial", "parallel"]     # first: the threshold's form
-    assert calls == turn * (1 + step_timing.SAMPLES)
+    assert calls == (turn * (1 + step_timing.SAMPLES))[:1 + 2 * step_timing.SAMPLES]
     assert t.chosen is (slow == "serial")
     calls.clear()
     for k in range(3):
@@ -103,7 +103,7 @@ def test_timed_steps_give_the_one_thread_bits(tmp_path, monkeypatch):
     with np.errstate(divide="ignore"):
         want = Session(graph, threads=1).run(feeds)
         s = Session(graph, threads=2)
-        for _ in range(2 + 2 * step_timing.SAMPLES + 2):
+        for _ in range(1 + 2 * step_timing.SAMPLES + 3):
             got = s.run(feeds)
             for o in outs:
                 assert np.array_equal(np.asarray(got[o]).view(np.uint32), np.asarray(want[o]).view(np.uint32)), o
@@ -148,3 +148,26 @@ def test_only_calls_of_the_first_shapes_are_compared():
     for k in range(step_timing.MAX_CALLS):
         t(np.zeros(3 + k))
     assert t.chosen is True and t(large) is True
+
+
+def test_a_permute_times_the_ops_own_one_thread_run(monkeypatch):
+    """parallel_steps.permute near the threshold: a Timed of the parallel copy and the run the op passes as its
+    one-thread code (tensor.py's permute_runs), both giving NumPy's transpose."""
+    monkeypatch.setenv("MNNTOOL_HOST_TUNING", "measure")
+    monkeypatch.delenv("MNNTOOL_PARALLEL_MIN_WORK", raising=False)
+    monkeypatch.delenv("MNNTOOL_STEP_TIMING", raising=False)
+    monkeypatch.setattr(host_tuning, "parallel_min_work", lambda threads: 40_000)
+    shape, perm = (2, 64, 9, 40), (0, 2, 1, 3)
+    ran = []
+
+    def own(i, o):
+        ran.append(1)
+        np.copyto(o[0], i[0].transpose(perm))
+    run = parallel_steps.permute(shape, perm, np.float32, 2, serial=own)
+    assert isinstance(run, step_timing.Timed) and run.serial is own
+    x = np.random.default_rng(2).standard_normal(shape).astype(np.float32)
+    for _ in range(1 + 2 * step_timing.SAMPLES):
+        y = np.empty([shape[a] for a in perm], np.float32)
+        run([x], [y])
+        assert np.array_equal(y, x.transpose(perm))
+    assert len(ran) == step_timing.SAMPLES and run.chosen is not None

@@ -59,7 +59,8 @@ SERIAL_AT_ONE_MAX_WORK = 16_384
 def sized(fn: JitFunction, work: int, threads: int):
     """The code to call for `fn` (a parallel kernel) at `threads`: at one thread a `Bound` kernel (the
     ahead-of-time library's, else the serial twin for tiny work, SERIAL_AT_ONE_MAX_WORK, or `fn`);
-    above, `fn` when `work` pays for waking the threads, else its serial twin (Bound too)."""
+    above, `fn` when `work` pays for waking the threads, else its serial twin (Bound too); near the host's
+    threshold a step_timing.Timed of both, which keeps the one its first calls found faster."""
     if threads <= 1:
         return Bound(serial(fn) if work < SERIAL_AT_ONE_MAX_WORK else fn)
     # the serial twin is the same code at any thread count: the library's, where it has it; near the

@@ -29,7 +29,8 @@ import numpy as np
 # time, both ways: HRNet's 1x1 64->32 on 56x56 counts 401K (float_gemm: MACs / 16) for 201 us at one thread
 # on the Xeon, and ran serial at 4 threads (203 us); the steps threads made slower were under 64x.
 WINDOW_LOW, WINDOW_HIGH = 0.125, 64
-SAMPLES = 2         # timed calls of each form, after one untimed (cold) call of each
+SAMPLES = 2         # timed calls of each form (the first call untimed): settled after 5 calls, within
+                    # `mnntool bench`'s 5 warm-up runs
 MAX_CALLS = 32      # calls without SAMPLES of each form at the first call's shapes: keep the threshold's form
 MARGIN = 0.95       # the parallel form must take at most this share of the serial form's best time
 
@@ -101,8 +102,8 @@ def timed(work: int, threshold: int) -> bool:
 
 
 class Timed:
-    """Calls `parallel` and `serial` (same arguments, same result) in turns on its first calls, one untimed
-    call of each then timed ones, and from then on only the faster: parallel where its best time is at most
+    """Calls `parallel` and `serial` (same arguments, same result) in turns on its first calls, the first
+    untimed, and from then on only the faster: parallel where its best time is at most
     MARGIN x the serial one's, once each form has SAMPLES timed calls of the first call's array shapes (a
     kernel called several times a step on pieces of other sizes, Winograd's last chunk of tile rows, is not
     compared on unequal work). The first call runs the form the threshold alone would run (`first`: 0
@@ -133,9 +134,8 @@ class Timed:
         form = (n + self.first) & 1     # 0: parallel, 1: serial
         fn = self.serial if form else self.parallel
         key = tuple(a.shape for a in args if type(a) is np.ndarray)
-        if n < 2:
-            if n == 0:
-                self.key = key
+        if n == 0:      # cold (and the threshold's form): untimed; the other form's cold call is timed,
+            self.key = key      # its second call is the sample that counts (the best of SAMPLES)
             return fn(*args)
         if key != self.key:
             out = fn(*args)
