@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import platform
 import subprocess
 import sys
@@ -100,7 +101,8 @@ def _convert_variants(name: str, out: Path, warm_threads: int = 0) -> None:
     for label, shape in _variants(name):
         try:
             _converted(src, out / f"{label}.mnn", shape, SET[name].names[0])
-            if warm_threads:
+            if warm_threads:      # compiling only: the host's thread figures are measured by the timed runs
+                os.environ["MNNTOOL_HOST_TUNING"] = "defaults"
                 import numpy as np
 
                 from mnntool.runners import backend_runner

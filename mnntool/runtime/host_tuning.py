@@ -99,12 +99,23 @@ def _write_file(threads: int, entry: dict) -> None:
 
 
 def _busy() -> bool:
-    """Other work holds the cores (load average above the core count): figures taken now say more about
-    the neighbours than the host, so they serve this process only."""
+    """Other work holds the cores (the load average, or the tasks running right now, above the core count):
+    figures taken now say more about the neighbours than the host, so they serve this process only. The
+    running count matters because the one-minute average lags: 15 jobs started a few seconds ago leave it
+    near 0 while they hold every core (a threshold measured then made every later 4-thread session of the
+    16-core Xeon run its convolutions on one thread)."""
+    cpus = os.cpu_count() or 1
     try:
-        return os.getloadavg()[0] > (os.cpu_count() or 1)
+        if os.getloadavg()[0] > cpus:
+            return True
     except OSError:
+        pass
+    try:
+        with open("/proc/loadavg") as f:
+            running = int(f.read().split()[3].split("/")[0])
+    except (OSError, ValueError, IndexError):
         return False
+    return running - 1 > cpus // 2      # besides this process's own thread
 
 
 _probe = None       # threads -> measured entry: kernels/thread_probe.measure, set when the kernels load
@@ -142,7 +153,8 @@ def _entry(threads: int) -> dict:
                         hit = {"parallel_min_work": PARALLEL_MIN_WORK, "source": "defaults (busy host: not measured)"}
                     else:
                         hit = measure(threads)
-                        _write_file(threads, hit)
+                        if hit.get("parallel_min_work", 0) < BOUNDS[1]:
+                            _write_file(threads, hit)     # a clamped figure (a noisy host) serves this process only
             _known[threads] = hit
     return hit
 

@@ -355,10 +355,11 @@ def gemm(x, xs, P, wp, K, kc, O, bias, epf, grid, out, os_, by_block):
     ng = (nob + tb - 1) // tb if nt else 0
     for k0 in range(0, K, kc):
         kn = min(kc, K - k0)
-        last = k0 + kn >= K
+        last = 1 if k0 + kn >= K else 0
         flags = (1 if k0 > 0 else 0, 1 if last else 0, grid)
         # the tail's channel groups (all of K at once) in the last K block's region: one region fewer
-        for idx in prange(nmain + (ng if last else 0)):
+        items = nmain + ng * last     # no conditional inside prange(): Numba then runs the loop serially
+        for idx in prange(items):
             if idx < nmain:
                 _gemm_body(x, 0, xs, main, wp, 0, K, O, nob, bias, epf, out, 0, os_, idx, k0, kn, flags, by_block)
             else:
@@ -380,9 +381,10 @@ def gemm_batched(x, xs, xstride, P, wp, wstride, K, kc, O, bias, epf, grid, out,
     ng = (nob + tb - 1) // tb if nt else 0
     for k0 in range(0, K, kc):
         kn = min(kc, K - k0)
-        last = k0 + kn >= K
+        last = 1 if k0 + kn >= K else 0
         flags = (1 if k0 > 0 else 0, 1 if last else 0, grid)
-        for j in prange(nmain + (batches * ng if last else 0)):     # the tails in the last K block's region
+        items = nmain + batches * ng * last     # no conditional inside prange(): Numba then runs the loop serially
+        for j in prange(items):     # the tails in the last K block's region
             if j < nmain:
                 b, idx = j // per, j % per
                 _gemm_body(x, b * xstride, xs, main, wp, b * wstride, K, O, nob, bias, epf, out, b * ostride, os_, idx,
@@ -449,9 +451,10 @@ def gemm_panels(x, P, wp, K, kc, O, bias, epf, grid, out, os_):
     ng = (nob + tb - 1) // tb if nt else 0
     for k0 in range(0, K, kc):
         kn = min(kc, K - k0)
-        last = k0 + kn >= K
+        last = 1 if k0 + kn >= K else 0
         flags = (1 if k0 > 0 else 0, 1 if last else 0, grid)
-        for idx in prange(nmain + (ng if last else 0)):
+        items = nmain + ng * last     # no conditional inside prange(): Numba then runs the loop serially
+        for idx in prange(items):
             if idx < nmain:
                 t, ob = idx // nob, idx % nob
                 p0 = t * PANEL
@@ -625,9 +628,10 @@ def conv_im2col(xq, koff, K, oh, ow, wp, kc, O, split, bias, epf, grid, out):
     tail = _panel(xf, koff, 0, 0, K, main, nt, nt, ow, Wq) if nt else np.empty(0, np.float32)
     for k0 in range(0, K, kc):
         kn = min(kc, K - k0)
-        last = k0 + kn >= K
+        last = 1 if k0 + kn >= K else 0
         flags = (1 if k0 > 0 else 0, 1 if last else 0, grid)
-        for j in prange(nmain + (ng if last else 0)):
+        items = nmain + ng * last     # no conditional inside prange(): Numba then runs the loop serially
+        for j in prange(items):
             if j < nmain:
                 t, part = j // split, j % split
                 p0 = t * 48
