@@ -23,16 +23,16 @@ from __future__ import annotations
 import numpy as np
 
 from ..ir.graph import Graph, Node
+from ..ir.ops import keeps_values
 
 FLOOR = 2.0 ** -60
 MASK_AT_MOST = -80.0
-_VIEWS = ("Reshape", "Squeeze", "Unsqueeze", "Permute", "Transpose", "ConvertTensor", "Identity")
 
 
 def _masked(g: Graph, t: str, producers: dict, depth: int = 8) -> bool:
     """Whether `t` is (through views and additions) a sum with a constant holding a value <= -80."""
     n = producers.get(t)
-    while n is not None and n.op in _VIEWS and depth > 0:
+    while n is not None and keeps_values(n.op) and depth > 0:     # views and permutes
         n, depth = producers.get(n.inputs[0]), depth - 1
     if n is None or depth <= 0 or n.op != "BinaryOp" or n.param.get("opType") != "ADD":
         return False
