@@ -28,6 +28,7 @@ import os
 import re
 import secrets
 import socket
+import time
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -294,6 +295,16 @@ def _failure(a: Address, e: BaseException) -> MnnToolError:
     return MnnToolError(f"--ray {a.given}: Ray could not connect to {where} ({' '.join(texts[0].split())[:200]})")
 
 
+CLIENT_STARTS = 3       # tries of a ray:// connection whose per-client server failed to start
+
+
+def _server_start_failed(a: Address, e: BaseException) -> bool:
+    """The head's client proxier could not start this driver's own server in time ("Initialization failure
+    from server"): a busy head's transient, which a second try a moment later gets past (seen once in a
+    CI run of the loopback cluster test; a wrong address, token or version fails the same way every time)."""
+    return a.kind == "client" and "Initialization failure from server" in str(e)
+
+
 @contextmanager
 def connected(address: str):
     """Ray connected to `address` for the block (the ray module is yielded); shut down after if this call
@@ -304,12 +315,16 @@ def connected(address: str):
         return
     a = parse(address)
     with _auth_env(_settings(a)):
-        try:
-            ray.init(address=a.url, include_dashboard=False, log_to_driver=False, configure_logging=False)
-        except MnnToolError:
-            raise
-        except Exception as e:      # noqa: BLE001 - Ray's own errors are many; one line names the cause
-            raise _failure(a, e) from None
+        for attempt in range(CLIENT_STARTS):
+            try:
+                ray.init(address=a.url, include_dashboard=False, log_to_driver=False, configure_logging=False)
+                break
+            except MnnToolError:
+                raise
+            except Exception as e:      # noqa: BLE001 - Ray's own errors are many; one line names the cause
+                if not (_server_start_failed(a, e) and attempt + 1 < CLIENT_STARTS):
+                    raise _failure(a, e) from None
+                time.sleep(1.0 + attempt)
         try:
             yield ray
         finally:

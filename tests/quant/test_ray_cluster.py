@@ -218,3 +218,46 @@ def test_one_line_from_the_cli_without_a_cluster(model, tmp_path):
     _one_line(*_cli("quant", fp32, tmp_path / "o.mnn", "--int8", "--calib", calib, "--ray",
                     f"ray://127.0.0.1:{free_port()}"), "no Ray client server", "--ray-client-server-port")
     assert not (tmp_path / "o.mnn").exists()
+
+
+class _FlakyRay:
+    """A Ray whose client server fails to start `fails` times, then connects."""
+
+    def __init__(self, fails: int, text: str = "Initialization failure from server: Traceback ..."):
+        self.fails, self.text, self.inits, self.shut = fails, text, 0, 0
+
+    def is_initialized(self):
+        return False
+
+    def init(self, **kw):
+        self.inits += 1
+        if self.inits <= self.fails:
+            raise ConnectionAbortedError(self.text)
+
+    def shutdown(self):
+        self.shut += 1
+
+
+def test_client_server_start_failure_is_tried_again(monkeypatch):
+    """A busy head's per-client server that fails to start is a transient: tried again (at most
+    CLIENT_STARTS times); any other failure, or a GCS address, fails at once with one line."""
+    from mnntool.errors import MnnToolError
+    from mnntool.quant import cluster
+    monkeypatch.setattr(cluster, "_settings", lambda a: {})
+    monkeypatch.setattr(cluster.time, "sleep", lambda s: None)
+    for fails, ok in ((cluster.CLIENT_STARTS - 1, True), (cluster.CLIENT_STARTS, False)):
+        fake = _FlakyRay(fails)
+        monkeypatch.setattr(cluster, "ray_module", lambda fake=fake: fake)
+        if ok:
+            with cluster.connected("ray://127.0.0.1:1") as r:
+                assert r is fake
+            assert (fake.inits, fake.shut) == (fails + 1, 1)
+        else:
+            with pytest.raises(MnnToolError, match="could not connect"), cluster.connected("ray://127.0.0.1:1"):
+                pass
+            assert fake.inits == cluster.CLIENT_STARTS
+    other = _FlakyRay(1, "Connection refused")
+    monkeypatch.setattr(cluster, "ray_module", lambda: other)
+    with pytest.raises(MnnToolError), cluster.connected("ray://127.0.0.1:1"):
+        pass
+    assert other.inits == 1
