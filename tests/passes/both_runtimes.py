@@ -63,3 +63,17 @@ def assert_int8_same(fp32, int8, shape) -> None:
     assert metrics(ref, theirs)["cosine"] >= 0.99
     agree = metrics(theirs, ours)
     assert agree["cosine"] >= 0.9999, agree
+
+
+def agreement_tests(shape):
+    """The two tests each pass's model file gets, for a module with a `files` fixture (files_fixture):
+    fp32 against onnxruntime in both runtimes, and the quantized file meaning the same in both. Assign
+    them at module level: `test_fp32_..., test_int8_... = agreement_tests(SHAPE)`."""
+    def test_fp32_means_the_same_in_both_runtimes(files):
+        src, fp32, _ = files
+        assert_fp32_same(src, fp32, shape)
+
+    def test_int8_means_the_same_in_both_runtimes(files):
+        _, fp32, d = files
+        assert_int8_same(fp32, d / "m8.mnn", shape)
+    return test_fp32_means_the_same_in_both_runtimes, test_int8_means_the_same_in_both_runtimes

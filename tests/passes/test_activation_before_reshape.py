@@ -14,7 +14,7 @@ from torch import nn  # noqa: E402
 from mnntool.ir.graph import Graph, Node  # noqa: E402
 from mnntool.format import reader  # noqa: E402
 from mnntool.passes.activation_before_reshape import ActivationBeforeReshapePass  # noqa: E402
-from tests.passes.both_runtimes import assert_fp32_same, assert_int8_same, files_fixture  # noqa: E402
+from tests.passes.both_runtimes import agreement_tests, files_fixture  # noqa: E402
 
 SHAPE = (1, 3, 32, 32)
 
@@ -66,14 +66,7 @@ def test_mlp_runs_packed_between_its_convolutions(files):
     assert _writer(g, convs[4].inputs[0]).op == "Pooling"
 
 
-def test_fp32_means_the_same_in_both_runtimes(files):
-    src, fp32, _ = files
-    assert_fp32_same(src, fp32, SHAPE)
-
-
-def test_int8_means_the_same_in_both_runtimes(files):
-    _, fp32, d = files
-    assert_int8_same(fp32, d / "m8.mnn", SHAPE)
+test_fp32_means_the_same_in_both_runtimes, test_int8_means_the_same_in_both_runtimes = agreement_tests(SHAPE)
 
 
 def _graph(nodes, shapes, outputs, consts=None):

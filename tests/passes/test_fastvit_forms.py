@@ -11,7 +11,7 @@ torch = pytest.importorskip("torch")
 from torch import nn  # noqa: E402
 
 from mnntool.format import reader  # noqa: E402
-from tests.passes.both_runtimes import assert_fp32_same, assert_int8_same, exported  # noqa: E402
+from tests.passes.both_runtimes import agreement_tests, exported  # noqa: E402
 
 
 class RepMixerDown(nn.Module):
@@ -49,11 +49,4 @@ def test_written_in_the_fast_forms(files):
         [(n.inputs, n.outputs) for n in binary]     # the layer scale computes in NC4HW4, no conversions
 
 
-def test_fp32_means_the_same_in_both_runtimes(files):
-    src, fp32, _ = files
-    assert_fp32_same(src, fp32, (1, 3, 48, 64))
-
-
-def test_int8_means_the_same_in_both_runtimes(files):
-    _, fp32, d = files
-    assert_int8_same(fp32, d / "m8.mnn", (1, 3, 48, 64))
+test_fp32_means_the_same_in_both_runtimes, test_int8_means_the_same_in_both_runtimes = agreement_tests((1, 3, 48, 64))

@@ -16,7 +16,7 @@ from torch import nn  # noqa: E402
 from mnntool.format import reader  # noqa: E402
 from mnntool.ir.graph import Graph, Node  # noqa: E402
 from mnntool.passes.floor_masked_softmax import FLOOR, FloorMaskedSoftmaxPass  # noqa: E402
-from tests.passes.both_runtimes import assert_fp32_same, assert_int8_same, files_fixture  # noqa: E402
+from tests.passes.both_runtimes import agreement_tests, files_fixture  # noqa: E402
 
 SHAPE = (1, 3, 16, 16)
 TINY = np.finfo(np.float32).tiny
@@ -118,14 +118,7 @@ def test_no_denormal_reaches_the_matmul_in_mnn(files, tmp_path):
     assert np.abs(a - b).max() <= 1e-6 * np.abs(a).max()
 
 
-def test_fp32_means_the_same_in_both_runtimes(files):
-    src, fp32, _ = files
-    assert_fp32_same(src, fp32, SHAPE)
-
-
-def test_int8_means_the_same_in_both_runtimes(files):
-    _, fp32, d = files
-    assert_int8_same(fp32, d / "m8.mnn", SHAPE)
+test_fp32_means_the_same_in_both_runtimes, test_int8_means_the_same_in_both_runtimes = agreement_tests(SHAPE)
 
 
 def test_runtime_fuses_attention_through_the_floor(tmp_path):

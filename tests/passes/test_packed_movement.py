@@ -11,7 +11,7 @@ torch = pytest.importorskip("torch")
 from torch import nn  # noqa: E402
 
 from mnntool.format import reader  # noqa: E402
-from tests.passes.both_runtimes import assert_fp32_same, assert_int8_same, files_fixture  # noqa: E402
+from tests.passes.both_runtimes import agreement_tests, files_fixture  # noqa: E402
 
 SHAPE = (1, 3, 36, 44)
 
@@ -44,11 +44,4 @@ def test_written_in_nc4hw4(files):
     assert ops.count("ConvertTensor") == 2, ops        # the input's and the output's only
 
 
-def test_fp32_means_the_same_in_both_runtimes(files):
-    src, fp32, _ = files
-    assert_fp32_same(src, fp32, SHAPE)
-
-
-def test_int8_means_the_same_in_both_runtimes(files):
-    _, fp32, d = files
-    assert_int8_same(fp32, d / "m8.mnn", SHAPE)
+test_fp32_means_the_same_in_both_runtimes, test_int8_means_the_same_in_both_runtimes = agreement_tests(SHAPE)

@@ -15,7 +15,7 @@ from mnntool import api  # noqa: E402
 from mnntool.format import reader  # noqa: E402
 from mnntool.ir.graph import Graph, Node  # noqa: E402
 from mnntool.passes.fuse_silu import FuseSiluPass  # noqa: E402
-from tests.passes.both_runtimes import assert_fp32_same, assert_int8_same  # noqa: E402
+from tests.passes.both_runtimes import agreement_tests  # noqa: E402
 
 
 class SwishSE(nn.Module):
@@ -65,14 +65,7 @@ def test_written_in_the_fast_forms(files):
     assert len(converts) == 6, [(n.inputs, n.outputs) for n in converts]
 
 
-def test_fp32_means_the_same_in_both_runtimes(files):
-    src, fp32, _ = files
-    assert_fp32_same(src, fp32, (1, 3, 40, 56))
-
-
-def test_int8_means_the_same_in_both_runtimes(files):
-    _, fp32, d = files
-    assert_int8_same(fp32, d / "m8.mnn", (1, 3, 40, 56))
+test_fp32_means_the_same_in_both_runtimes, test_int8_means_the_same_in_both_runtimes = agreement_tests((1, 3, 40, 56))
 
 
 def test_a_sigmoid_read_elsewhere_stays():

@@ -13,6 +13,7 @@ import pytest
 from mnntool.runtime.kernels import amx_host
 from mnntool.runtime.kernels.micro import int8_amx, int8_conv, int8_gemm
 from mnntool.runtime.kernels.ops.conv import Int8Grids
+from tests.runtime.test_int8_grid import conv_inputs
 
 
 @pytest.fixture
@@ -157,17 +158,9 @@ CASES = {   # cin, cout, (kh, kw, sh, sw, dh, dw, t, l, b, r), (h, w), batch
 
 
 def _conv(case, act=1):
-    cin, cout, geo, (h, w), n = CASES[case]
-    kh, kw, sh, sw, dh, dw, t, l, b, r = geo
-    oh, ow = (h + t + b - dh * (kh - 1) - 1) // sh + 1, (w + l + r - dw * (kw - 1) - 1) // sw + 1
-    rng = np.random.default_rng(cin * cout)
-    q = rng.integers(-127, 128, (cout, cin * kh * kw)).astype(np.int8)
-    alpha = (rng.random(cout) * 2e-3).astype(np.float32)
-    bias = rng.standard_normal(cout).astype(np.float32)
-    x = (rng.standard_normal((n, cin, h, w)) * 2).astype(np.float32)
-    grids = Int8Grids((0.05, -127, 127), (0.1, -128, 127), 0, 0)
-    fn = int8_conv.int8_convolution(geo, q, alpha, bias, act, grids, x.shape, (n, cout, oh, ow), 1)
-    y = np.full((n, cout, oh, ow), np.nan, np.float32)
+    geo, q, alpha, bias, x, grids, out_shape, _ = conv_inputs(CASES[case])
+    fn = int8_conv.int8_convolution(geo, q, alpha, bias, act, grids, x.shape, out_shape, 1)
+    y = np.full(out_shape, np.nan, np.float32)
     fn([x], [y])
     return y
 

@@ -33,8 +33,10 @@ CASES = {   # cin, cout, (kh, kw, sh, sw, dh, dw, t, l, b, r), (h, w), batch
 }
 
 
-def _conv(monkeypatch, fill, oc_lanes, case, act, table):
-    cin, cout, geo, (h, w), n = CASES[case]
+def conv_inputs(case):
+    """A case (cin, cout, geometry, (h, w), batch)'s seeded int8 weights, scales, bias, input and grids, the
+    output shape, and the generator for anything drawn after them (test_int8_amx uses the same layers)."""
+    cin, cout, geo, (h, w), n = case
     kh, kw, sh, sw, dh, dw, t, l, b, r = geo
     oh, ow = (h + t + b - dh * (kh - 1) - 1) // sh + 1, (w + l + r - dw * (kw - 1) - 1) // sw + 1
     rng = np.random.default_rng(cin * cout)
@@ -43,11 +45,16 @@ def _conv(monkeypatch, fill, oc_lanes, case, act, table):
     bias = rng.standard_normal(cout).astype(np.float32)
     x = (rng.standard_normal((n, cin, h, w)) * 2).astype(np.float32)
     grids = Int8Grids((0.05, -127, 127), (0.1, -128, 127), 0, 0)
+    return geo, q, alpha, bias, x, grids, (n, cout, oh, ow), rng
+
+
+def _conv(monkeypatch, fill, oc_lanes, case, act, table):
+    geo, q, alpha, bias, x, grids, out_shape, rng = conv_inputs(CASES[case])
     monkeypatch.setattr(int8_conv, "GRID_FILL", fill)
     monkeypatch.setattr(int8_conv, "OC_LANES", oc_lanes)
     codes = (rng.integers(-128, 128, 256).astype(np.int8), np.float32(2), np.float32(0.25)) if table else None
-    fn = int8_conv.int8_convolution(geo, q, alpha, bias, act, grids, x.shape, (n, cout, oh, ow), 1, codes)
-    y = np.full((n, cout, oh, ow), np.nan, np.float32)
+    fn = int8_conv.int8_convolution(geo, q, alpha, bias, act, grids, x.shape, out_shape, 1, codes)
+    y = np.full(out_shape, np.nan, np.float32)
     fn([x], [y])
     return y
 

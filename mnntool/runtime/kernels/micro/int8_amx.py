@@ -148,6 +148,23 @@ def _products(typingctx, x, x0, x1, xs, w, woff, steps, nsteps, buf):
     return sig, codegen
 
 
+def _group_sums(builder, bp, g_):
+    """The 16 int32 x 16 vectors of channel group g (8 channels, both 16-pixel halves) in the tile's
+    4 KB sum buffer at bp, in _store_ir's order: group g is channel half g // 2 (tiles 2 (g // 2) + v),
+    rows 8 (g % 2) of it. Codegen shared by _store and _store_planes."""
+    from llvmlite import ir
+    i64, v16 = ir.IntType(64), ir.VectorType(ir.IntType(32), 16)
+    const = lambda v: ir.Constant(i64, v)   # noqa: E731
+    base = builder.add(builder.mul(builder.ashr(g_, const(1)), const(512)),
+                       builder.mul(builder.and_(g_, const(1)), const(128)))
+    new = []
+    for o in range(8):
+        for v in range(2):
+            at = builder.add(base, const(256 * v + 16 * o))
+            new.append(builder.load(builder.bitcast(builder.gep(bp, [at]), v16.as_pointer()), align=4))
+    return new
+
+
 @intrinsic
 def _store(typingctx, buf, g, out, ooff, ostride, left, rows, ep, epf, tab):
     """Channels 8g..8g+7 of the tile's sums in buf through int8_gemm's epilogue (_store_ir) to
@@ -158,18 +175,8 @@ def _store(typingctx, buf, g, out, ooff, ostride, left, rows, ep, epf, tab):
     def codegen(context, builder, sig, args):
         ba, g_, oa, oo, os_, left_, rows_, epa, epfa, taba = args
         a = sig.args
-        i32, i64 = ir.IntType(32), ir.IntType(64)
-        v16 = ir.VectorType(i32, 16)
-        const = lambda v: ir.Constant(i64, v)   # noqa: E731
-        bp = data_of(context, builder, a[0], ba)
-        # group g: channel half g // 2 (tiles 2 (g // 2) + v), rows 8 (g % 2) of it
-        base = builder.add(builder.mul(builder.ashr(g_, const(1)), const(512)),
-                           builder.mul(builder.and_(g_, const(1)), const(128)))
-        new = []
-        for o in range(8):
-            for v in range(2):
-                at = builder.add(base, const(256 * v + 16 * o))
-                new.append(builder.load(builder.bitcast(builder.gep(bp, [at]), v16.as_pointer()), align=4))
+        const = lambda v: ir.Constant(ir.IntType(64), v)   # noqa: E731
+        new = _group_sums(builder, data_of(context, builder, a[0], ba), g_)
         op = data_of(context, builder, a[2], oa, oo)
         blocks = [(const(16 * v), builder.sub(left_, const(16 * v))) for v in range(2)]
         _store_ir(context, builder, new, op, os_, blocks, rows_, a[7], epa, epfa, data_of(context, builder, a[9], taba))
@@ -181,24 +188,13 @@ def _store(typingctx, buf, g, out, ooff, ostride, left, rows, ep, epf, tab):
 def _store_planes(typingctx, buf, g, out, o0, o1, ostride, n0, n1, b0, b1, rows, ep, epf, tab):
     """_store for gemm_amx_planes' virtual pixel blocks (int8_gemm.plane_blocks): block v's output pixels
     (lanes in the mask b_v, n_v of them) packed and stored from out[o * ostride + o_v]."""
-    from llvmlite import ir
     sig = types.void(buf, types.intp, out, types.intp, types.intp, types.intp, types.intp, types.intp, types.intp,
                      types.intp, types.intp, ep, epf, tab)
 
     def codegen(context, builder, sig, args):
         ba, g_, oa, o0_, o1_, os_, n0_, n1_, b0_, b1_, rows_, epa, epfa, taba = args
         a = sig.args
-        i32, i64 = ir.IntType(32), ir.IntType(64)
-        v16 = ir.VectorType(i32, 16)
-        const = lambda v: ir.Constant(i64, v)   # noqa: E731
-        bp = data_of(context, builder, a[0], ba)
-        base = builder.add(builder.mul(builder.ashr(g_, const(1)), const(512)),
-                           builder.mul(builder.and_(g_, const(1)), const(128)))
-        new = []
-        for o in range(8):
-            for v in range(2):
-                at = builder.add(base, const(256 * v + 16 * o))
-                new.append(builder.load(builder.bitcast(builder.gep(bp, [at]), v16.as_pointer()), align=4))
+        new = _group_sums(builder, data_of(context, builder, a[0], ba), g_)
         op = data_of(context, builder, a[2], oa)
         _store_ir(context, builder, new, op, os_, [(o0_, n0_), (o1_, n1_)], rows_, a[11], epa, epfa,
                   data_of(context, builder, a[13], taba), bits=[b0_, b1_])

@@ -102,17 +102,13 @@ def _copy_rows(src, dst, s0, s1, s2, s3, t0, t1, t2, t3, d1, d2, n, r, rows):
         us, ud = np.uint64(sb), np.uint64(db)
         for j in range(un):
             dst[ud + j] = src[us + j]
-        i2 += 1
-        sb += s3
-        db += t3
-        if i2 == d2:
-            i2 = 0
-            i1 += 1
-            if i1 == d1:
-                i1 = 0
-                i0 += 1
+        i0, i1, i2 = _next_row(i0, i1, i2, d1, d2)
+        if i2 == 0:         # a new block of the third axis: its offsets anew
             sb = s0 + i0 * s1 + i1 * s2
             db = t0 + i0 * t1 + i1 * t2
+        else:
+            sb += s3
+            db += t3
 
 
 @njit(parallel=True, cache=True)
