@@ -46,7 +46,8 @@ def _mode() -> str:
     return os.environ.get("MNNTOOL_HOST_TUNING", "measure").strip().lower()
 
 
-def _override(name: str) -> int | None:
+def env_number(name: str) -> int | None:
+    """A non-negative number a tuning variable sets (None: unset); one clear error for anything else."""
     v = os.environ.get(name, "").strip()
     if not v:
         return None
@@ -161,13 +162,13 @@ def _entry(threads: int) -> dict:
 
 def parallel_min_work(threads: int) -> int:
     """Work from which a parallel kernel runs in parallel at `threads`."""
-    v = _override("MNNTOOL_PARALLEL_MIN_WORK")
+    v = env_number("MNNTOOL_PARALLEL_MIN_WORK")
     return v if v is not None else int(_entry(threads)["parallel_min_work"])
 
 
 def one_thread_below_flops(threads: int) -> int:
     """FLOPs below which a whole plan runs on one thread."""
-    v = _override("MNNTOOL_ONE_THREAD_BELOW_FLOPS")
+    v = env_number("MNNTOOL_ONE_THREAD_BELOW_FLOPS")
     return v if v is not None else int(parallel_min_work(threads) * FLOPS_PER_WORK)
 
 

@@ -303,3 +303,16 @@ def test_small_signal_stack_is_replaced_and_faulthandler_still_reports():
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert r.stdout.split() == ["True", "False", str(amx_host.ALT_STACK)], (r.stdout, r.stderr)
     assert "Segmentation fault" in r.stderr and r.returncode != 0
+
+
+def test_min_k_override(monkeypatch):
+    """MNNTOOL_AMX_MIN_K: unset the measured default, a number that number, anything else one clear error
+    (as MNNTOOL_PARALLEL_MIN_WORK), never silently the default."""
+    from mnntool.errors import MnnToolError
+    monkeypatch.delenv("MNNTOOL_AMX_MIN_K", raising=False)
+    assert int8_amx.min_k() == int8_amx.AMX_MIN_K
+    monkeypatch.setenv("MNNTOOL_AMX_MIN_K", "512")
+    assert int8_amx.min_k() == 512
+    monkeypatch.setenv("MNNTOOL_AMX_MIN_K", "abc")
+    with pytest.raises(MnnToolError, match="MNNTOOL_AMX_MIN_K"):
+        int8_amx.min_k()

@@ -360,9 +360,9 @@ def min_k() -> int:
     kernels keep their own layouts (the grid, channels in the lanes). Xeon (Emerald Rapids), 1 thread,
     kernel alone AMX/VNNI time: K 64-68 1.5-1.9, 108-148 1.1-1.2, 260 1.0, 576 0.59, 1152+ 0.44-0.55
     (a tile configuration per tile then); MNNTOOL_AMX_MIN_K overrides."""
-    import os
-    v = os.environ.get("MNNTOOL_AMX_MIN_K", "").strip()
-    return int(v) if v.isdigit() else AMX_MIN_K
+    from ...host_tuning import env_number
+    v = env_number("MNNTOOL_AMX_MIN_K")     # a mistyped value is an error, as the other tuning variables
+    return AMX_MIN_K if v is None else v
 
 
 def grid_ok(c4: int, direct: bool) -> bool:
