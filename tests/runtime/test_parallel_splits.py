@@ -80,10 +80,12 @@ def _panels(panels, p, wp, k, kc, o, bias, epf, grid, out):
     return res
 
 
-@pytest.mark.parametrize("h, w, k, cin, cout", [(17, 17, 3, 12, 20), (7, 7, 3, 40, 9)])
+@pytest.mark.parametrize("h, w, k, cin, cout", [(17, 17, 3, 12, 20), (7, 7, 3, 40, 9), (7, 7, 3, 80, 52)])
 def test_conv_im2col_tail_in_the_last_k_region(three_threads, h, w, k, cin, cout):
     """conv_im2col (a 3x3 convolution, padding 1, K = cin * 9 in blocks of 16): 289 pixels are 6 tiles and a
-    tail of 1, 49 pixels a tile and a tail of 1; parallel and serial twin bit-identical, float64 NumPy to 2e-5."""
+    tail of 1, 49 pixels a tile and a tail of 1; parallel and serial twin bit-identical, float64 NumPy to 2e-5.
+    With the channel blocks split (split 3: the tiles' panels copied once, by taps in blocks of PANEL_TAPS,
+    then shared by the parts) the same bits as unsplit."""
     rng = np.random.default_rng(h * cin)
     x = rng.standard_normal((cin, h, w)).astype(np.float32)
     wt = (rng.standard_normal((cout, cin, k, k)) / np.sqrt(cin * k * k)).astype(np.float32)
@@ -94,11 +96,14 @@ def test_conv_im2col_tail_in_the_last_k_region(three_threads, h, w, k, cin, cout
     pk = fg.PackedGemm(wt.reshape(cout, -1), b, 0, NO_GRID, h * w, 1)
     assert fg.tail_pixels.py_func(h * w) == 1
     res = []
-    for kernel in (fg.conv_im2col.dispatcher(), fg.conv_im2col.serial().dispatcher()):
-        out = np.full(cout * h * w, np.nan, np.float32)
-        kernel(xq, koff, koff.size, h, w, pk.wp, 16, cout, 1, pk.bias, pk.epf, pk.grid, out)
-        res.append(out)
-    assert np.array_equal(res[0].view(np.uint32), res[1].view(np.uint32))
+    for split in (1, 3):
+        for kernel in (fg.conv_im2col.dispatcher(), fg.conv_im2col.serial().dispatcher()):
+            out = np.full(cout * h * w, np.nan, np.float32)
+            kernel(xq, koff, koff.size, h, w, pk.wp, 16, cout, split, pk.bias, pk.epf, pk.grid, out)
+            res.append(out)
+    assert koff.size > fg.PANEL_TAPS or cin < 40
+    for other in res[1:]:
+        assert np.array_equal(res[0].view(np.uint32), other.view(np.uint32))
     xp = np.pad(x.astype(np.float64), ((0, 0), (1, 1), (1, 1)))
     cols = np.stack([xp[:, i:i + h, j:j + w] for i in range(k) for j in range(k)], 1).reshape(cin * k * k, h * w)
     _close(wt.reshape(cout, -1).astype(np.float64) @ cols + b[:, None], res[0].reshape(cout, h * w))
