@@ -85,7 +85,7 @@ def test_conv_im2col_tail_in_the_last_k_region(three_threads, h, w, k, cin, cout
     """conv_im2col (a 3x3 convolution, padding 1, K = cin * 9 in blocks of 16): 289 pixels are 6 tiles and a
     tail of 1, 49 pixels a tile and a tail of 1; parallel and serial twin bit-identical, float64 NumPy to 2e-5.
     With the channel blocks split (split 3: the tiles' panels copied once, by taps in blocks of PANEL_TAPS,
-    then shared by the parts) the same bits as unsplit."""
+    then shared by the parts) the same bits as unsplit, in K blocks of 16 and in one K block."""
     rng = np.random.default_rng(h * cin)
     x = rng.standard_normal((cin, h, w)).astype(np.float32)
     wt = (rng.standard_normal((cout, cin, k, k)) / np.sqrt(cin * k * k)).astype(np.float32)
@@ -96,10 +96,10 @@ def test_conv_im2col_tail_in_the_last_k_region(three_threads, h, w, k, cin, cout
     pk = fg.PackedGemm(wt.reshape(cout, -1), b, 0, NO_GRID, h * w, 1)
     assert fg.tail_pixels.py_func(h * w) == 1
     res = []
-    for split in (1, 3):
+    for split, kc in ((1, 16), (3, 16), (3, koff.size), (1, koff.size)):
         for kernel in (fg.conv_im2col.dispatcher(), fg.conv_im2col.serial().dispatcher()):
             out = np.full(cout * h * w, np.nan, np.float32)
-            kernel(xq, koff, koff.size, h, w, pk.wp, 16, cout, split, pk.bias, pk.epf, pk.grid, out)
+            kernel(xq, koff, koff.size, h, w, pk.wp, kc, cout, split, pk.bias, pk.epf, pk.grid, out)
             res.append(out)
     assert koff.size > fg.PANEL_TAPS or cin < 40
     for other in res[1:]:
