@@ -75,6 +75,8 @@ def bench(path, backend: str = "numba", threads: int = 1, warmup: int = 5, runs:
         out["host_tuning"] = host_tuning.report(threads or 1)     # the thread thresholds the plan used
         from .runtime.kernels import amx_host
         out["int8_kernel"] = amx_host.report()       # the int8 GEMM's kernel (AMX, VNNI or float) and why
+        from .runtime.kernels import denormals
+        out["denormals"] = denormals.report()     # flushed to zero while runs run (MNNTOOL_DENORMALS), or kept
     if per_step:
         total = sum(per_step.values())
         by_type = defaultdict(lambda: [0.0, 0])

@@ -18,7 +18,7 @@ from ..ir.graph import Graph
 from ..ir.ops import Val
 from ..ir.shape_inference import infer_node
 from . import announce_first_compile
-from .kernels import next_run
+from .kernels import denormals, next_run
 from .kernels.compile import aot
 from .kernels.weight_cache import Parts, parts_of
 from .kernels.ops.control import run_bodies_in, shape_free
@@ -282,9 +282,11 @@ class Session:
         Safe to call from any number of threads at once: each run has a plan (buffers, kernel work
         arrays) of its own for its duration, and gives the answer it would give alone."""
         key, plan = self._checkout(feeds, keep_all)
+        flushed = denormals.enter((plan.settings or self.settings).threads)
         try:
             return self._run_plan(plan, feeds, keep_all, profile)
         finally:
+            denormals.leave(flushed)
             self._checkin(key, plan)
 
     def _run_plan(self, plan: Plan, feeds, keep_all: bool, profile) -> dict:
