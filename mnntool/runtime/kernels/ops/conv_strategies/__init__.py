@@ -14,7 +14,6 @@ from .dense import (BlasIm2col, BlasRows, GroupedTapsInPlace, Im2colChannelsInLa
 from .depthwise import (BorderDepthwise3x3, ChannelsLastDepthwise, FlatDepthwise, GenericDepthwise, LanesDepthwise,
                         PairedRowsDepthwise, PlaneDepthwise3x3, RowDepthwise3x3, StripDepthwise)
 from .matvec import LanesMatVec
-from . import measured
 
 __all__ = ["Geometry", "Layer", "Strategy", "trimmed", "with_post", "build", "STRATEGIES", "pick", "HAS_AVX512"]
 
@@ -29,29 +28,17 @@ STRATEGIES: list[Strategy] = [
 ]
 
 
-def _suiting(g: Geometry, avx512: bool, post: bool):
-    """The strategies that suit the layer, in order of preference; with `post` (a fused activation past the
-    ReLU bounds), not the ones that run it poorly (Strategy.no_post), without one not those that pay only
-    with one (Strategy.post_only)."""
-    return (s for s in STRATEGIES if (avx512 or not s.avx512) and not (post and s.no_post)
-            and not (s.post_only and not post) and s.suits(g))
-
-
 def pick(g: Geometry, avx512: bool = HAS_AVX512, post: bool = False) -> Strategy:
-    """The first strategy that suits the layer (`_suiting`)."""
-    return next(_suiting(g, avx512, post))
+    """The first strategy that suits the layer; with `post` (a fused activation past the ReLU bounds), not
+    the ones that run it poorly (Strategy.no_post), without one not those that pay only with one
+    (Strategy.post_only)."""
+    return next(s for s in STRATEGIES if (avx512 or not s.avx512) and not (post and s.no_post)
+                and not (s.post_only and not post) and s.suits(g))
 
 
 def build(g: Geometry, layer: Layer, avx512: bool = HAS_AVX512):
-    """The kernel of the strategy `pick` chooses (or, between it and a rival giving the same bits, the one
-    this host runs faster: measured.py), with the layer's fused activation after it where the strategy's
-    own epilogue does not apply it."""
-    post = bool(layer.post[0])
-    s = pick(g, avx512, post)
-    if s.name in measured.SAME_BITS:
-        k = measured.build(g, layer, list(_suiting(g, avx512, post)),
-                           2.0 * g.n * g.cout * g.oh * g.ow * g.cin // g.group * g.kh * g.kw)
-        if k is not None:
-            return k        # the family's strategies all apply the post in their epilogue
+    """The kernel of the strategy `pick` chooses, with the layer's fused activation after it where the
+    strategy's own epilogue does not apply it."""
+    s = pick(g, avx512, bool(layer.post[0]))
     k = s.build(g, layer)
     return k if s.fuses_post else with_post(k, layer.post, g.n * g.out_size, layer.threads)
