@@ -165,10 +165,15 @@ def im2col_rows(g32, kh, kw, sh, sw, dh, dw, oh, ow, cols):
                             row[pl] = src[start[pl] + at]
 
 
-@njit(parallel=True, cache=True, fastmath=EXACT)
-def quantize_packed(x, inv_s, z, lo, hi, off, cols):
-    """x (C, P) float -> cols (blocks, C/4, 16) uint32 words of 4 channels: the pixel blocks of a 1x1
-    stride-1 convolution, written directly; whole blocks are one vectorized pass over four rows."""
+@njit(cache=True, fastmath=EXACT, inline="always")
+def _packed_walk(x, chan, value, vp, byte, bp, off, cols):
+    """The one walk of every 1x1 packing kernel: x (C, P) float -> cols (blocks, C/4, 16) uint32 words of 4
+    channels, the pixel blocks of a 1x1 stride-1 convolution, written directly; whole blocks are one
+    vectorized pass over four rows, the tails per byte (`off`, real 0, past the last channel or pixel).
+    A byte is byte(value(v, chan(vp, c)), bp): `chan` takes channel c's parameters out of `vp` once per
+    four rows, `value` is the float the layer reads (v itself, a product, an affine map) and `byte` its
+    stored byte. The callers pass these functions as constants, so Numba compiles one specialized loop per
+    form (the same code as a walk written out for it: same bytes, same time)."""
     C, P = x.shape
     for pb in prange(cols.shape[0]):
         p0 = pb * 16
@@ -177,15 +182,70 @@ def quantize_packed(x, inv_s, z, lo, hi, off, cols):
             c = 4 * kb
             if p0 + 16 <= P and c + 4 <= C:
                 r0, r1, r2, r3 = x[c, p0:p0 + 16], x[c + 1, p0:p0 + 16], x[c + 2, p0:p0 + 16], x[c + 3, p0:p0 + 16]
+                # one assignment each: a tuple unpacked from these calls confuses the parfor array analysis
+                q0 = chan(vp, c)
+                q1 = chan(vp, c + 1)
+                q2 = chan(vp, c + 2)
+                q3 = chan(vp, c + 3)
                 for k in range(16):
-                    dst[k] = _word(r0[k], r1[k], r2[k], r3[k], inv_s, z, lo, hi)
+                    dst[k] = (byte(value(r0[k], q0), bp) | byte(value(r1[k], q1), bp) << 8
+                              | byte(value(r2[k], q2), bp) << 16 | byte(value(r3[k], q3), bp) << 24)
             else:
                 for k in range(16):
                     word = np.uint32(0)
                     for j in range(4):
-                        b = _byte(x[c + j, p0 + k], inv_s, z, lo, hi) if c + j < C and p0 + k < P else np.uint32(off)
+                        b = byte(value(x[c + j, p0 + k], chan(vp, c + j)), bp) if c + j < C and p0 + k < P \
+                            else np.uint32(off)
                         word |= b << (8 * j)
                     dst[k] = word
+
+
+# the value forms of _packed_walk: chan(vp, c) -> channel c's parameters, value(v, q) -> the float to cast
+@njit(cache=True, fastmath=EXACT, inline="always")
+def _no_chan(vp, c):
+    return np.float32(0)
+
+
+@njit(cache=True, fastmath=EXACT, inline="always")
+def _itself(v, q):
+    return v
+
+
+@njit(cache=True, fastmath=EXACT, inline="always")
+def _chan_scale(vp, c):
+    return vp[0][c]
+
+
+@njit(cache=True, fastmath=EXACT, inline="always")
+def _times(v, q):
+    return v * q
+
+
+@njit(cache=True, fastmath=EXACT, inline="always")
+def _chan_affine(vp, c):
+    return (vp[0][c], vp[1][c], vp[2], vp[3])
+
+
+@njit(cache=True, fastmath=EXACT, inline="always")
+def _affine_of(v, q):
+    return _affine(v, q[0], q[1], q[2], q[3])
+
+
+# the byte forms: bp = (1/s, z, lo, hi) for MNN's cast, (1/s, z + 128) for a value on the grid
+@njit(cache=True, fastmath=EXACT, inline="always")
+def _cast_byte(v, bp):
+    return _byte(v, bp[0], bp[1], bp[2], bp[3])
+
+
+@njit(cache=True, fastmath=EXACT, inline="always")
+def _grid_byte(v, bp):
+    return _byte_on_grid(v, bp[0], bp[1])
+
+
+@njit(parallel=True, cache=True, fastmath=EXACT)
+def quantize_packed(x, inv_s, z, lo, hi, off, cols):
+    """x (C, P) float -> cols (blocks, C/4, 16) uint32 words of 4 channels (`_packed_walk`), MNN's cast."""
+    _packed_walk(x, _no_chan, _itself, (), _cast_byte, (inv_s, z, lo, hi), off, cols)
 
 
 @njit(cache=True, fastmath=EXACT, inline="always")
@@ -201,26 +261,7 @@ def quantize_packed_grid(x, inv_s, off, cols):
     """quantize_packed for an input on the convolution's own grid (the output of an int8 layer rounded to
     it): the same bytes (`_byte_on_grid`) in fewer vector steps, no clamps or sign-dependent rounding
     (MobileNetV2's 1x1 layers read their input this way: 0.96 ms of its quantize passes, one Zen 4 core)."""
-    C, P = x.shape
-    f_off = np.float32(off)
-    for pb in prange(cols.shape[0]):
-        p0 = pb * 16
-        for kb in range(cols.shape[1]):
-            dst = cols[pb, kb]
-            c = 4 * kb
-            if p0 + 16 <= P and c + 4 <= C:
-                r0, r1, r2, r3 = x[c, p0:p0 + 16], x[c + 1, p0:p0 + 16], x[c + 2, p0:p0 + 16], x[c + 3, p0:p0 + 16]
-                for k in range(16):
-                    dst[k] = (_byte_on_grid(r0[k], inv_s, f_off) | _byte_on_grid(r1[k], inv_s, f_off) << 8
-                              | _byte_on_grid(r2[k], inv_s, f_off) << 16 | _byte_on_grid(r3[k], inv_s, f_off) << 24)
-            else:
-                for k in range(16):
-                    word = np.uint32(0)
-                    for j in range(4):
-                        b = _byte_on_grid(x[c + j, p0 + k], inv_s, f_off) if c + j < C and p0 + k < P \
-                            else np.uint32(off)
-                        word |= b << (8 * j)
-                    dst[k] = word
+    _packed_walk(x, _no_chan, _itself, (), _grid_byte, (inv_s, np.float32(off)), off, cols)
 
 
 @njit(parallel=True, cache=True, fastmath=EXACT)
@@ -228,25 +269,7 @@ def quantize_packed_scaled(x, sc, inv_s, z, lo, hi, off, cols):
     """quantize_packed of x * sc[c] (a squeeze-excite's channel scale, plan stage fuse_channel_scale): the
     float32 products the multiply would have stored, quantized in the same pass, so the multiply's own
     pass over the map goes (EfficientNet-B0's 144 x 56 x 56: 0.11 ms, one Zen 4 core)."""
-    C, P = x.shape
-    for pb in prange(cols.shape[0]):
-        p0 = pb * 16
-        for kb in range(cols.shape[1]):
-            dst = cols[pb, kb]
-            c = 4 * kb
-            if p0 + 16 <= P and c + 4 <= C:
-                r0, r1, r2, r3 = x[c, p0:p0 + 16], x[c + 1, p0:p0 + 16], x[c + 2, p0:p0 + 16], x[c + 3, p0:p0 + 16]
-                s0, s1, s2, s3 = sc[c], sc[c + 1], sc[c + 2], sc[c + 3]
-                for k in range(16):
-                    dst[k] = _word(r0[k] * s0, r1[k] * s1, r2[k] * s2, r3[k] * s3, inv_s, z, lo, hi)
-            else:
-                for k in range(16):
-                    word = np.uint32(0)
-                    for j in range(4):
-                        b = _byte(x[c + j, p0 + k] * sc[c + j], inv_s, z, lo, hi) if c + j < C and p0 + k < P \
-                            else np.uint32(off)
-                        word |= b << (8 * j)
-                    dst[k] = word
+    _packed_walk(x, _chan_scale, _times, (sc,), _cast_byte, (inv_s, z, lo, hi), off, cols)
 
 
 @intrinsic
@@ -274,28 +297,7 @@ def quantize_packed_affine(x, sc, sb, lo_a, hi_a, inv_s, z, lo, hi, off, cols):
     """quantize_packed of clamp(x * sc[c] + sb[c], lo_a, hi_a): a BatchNorm (and its ReLU) left as a Scale
     before an int8 1x1 convolution (DenseNet's pre-activations, plan stage fuse_channel_scale) computed in
     the packing pass, the same floats as the Scale step (`_affine`), so its own pass over the map goes."""
-    C, P = x.shape
-    for pb in prange(cols.shape[0]):
-        p0 = pb * 16
-        for kb in range(cols.shape[1]):
-            dst = cols[pb, kb]
-            c = 4 * kb
-            if p0 + 16 <= P and c + 4 <= C:
-                r0, r1, r2, r3 = x[c, p0:p0 + 16], x[c + 1, p0:p0 + 16], x[c + 2, p0:p0 + 16], x[c + 3, p0:p0 + 16]
-                s0, s1, s2, s3 = sc[c], sc[c + 1], sc[c + 2], sc[c + 3]
-                b0, b1, b2, b3 = sb[c], sb[c + 1], sb[c + 2], sb[c + 3]
-                for k in range(16):
-                    dst[k] = _word(_affine(r0[k], s0, b0, lo_a, hi_a), _affine(r1[k], s1, b1, lo_a, hi_a),
-                                   _affine(r2[k], s2, b2, lo_a, hi_a), _affine(r3[k], s3, b3, lo_a, hi_a),
-                                   inv_s, z, lo, hi)
-            else:
-                for k in range(16):
-                    word = np.uint32(0)
-                    for j in range(4):
-                        b = _byte(_affine(x[c + j, p0 + k], sc[c + j], sb[c + j], lo_a, hi_a), inv_s, z, lo, hi) \
-                            if c + j < C and p0 + k < P else np.uint32(off)
-                        word |= b << (8 * j)
-                    dst[k] = word
+    _packed_walk(x, _chan_affine, _affine_of, (sc, sb, lo_a, hi_a), _cast_byte, (inv_s, z, lo, hi), off, cols)
 
 
 # a stride-1 window runs from the grid (Int8Weights.matmul_grid, no im2col pass) where its lanes' fill
