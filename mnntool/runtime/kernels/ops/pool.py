@@ -52,6 +52,25 @@ def pool_rows(xp, kh, kw, sh, sw, is_max, inv_count, out):
                     row[x] *= inv_count[y, x]
 
 
+@njit(parallel=True, cache=True, fastmath=True)
+def pool2x2_s2(x, is_max, out):
+    """2x2 stride-2 pooling with every window inside x (no padding, none past the end), one pass a row: the
+    average is the four's sum times 1/4. pool_rows made six passes of strided reads and writes
+    (NF-ResNet-26's 2x2/2 average pool of 256 x 56 x 56, in the model, 0.66 ms on the EPYC; alone, one thread:
+    0.449 -> 0.137 ms, 64 x 112 x 112 0.380 -> 0.079 ms)."""
+    n, c, oh, ow = out.shape
+    for r in prange(n * c * oh):
+        nc, y = r // oh, r % oh
+        b, ch = nc // c, nc % c
+        r0, r1, row = x[b, ch, 2 * y], x[b, ch, 2 * y + 1], out[b, ch, y]
+        if is_max:
+            for j in range(ow):
+                row[j] = _mx(_mx(r0[2 * j], r0[2 * j + 1]), _mx(r1[2 * j], r1[2 * j + 1]))
+        else:
+            for j in range(ow):
+                row[j] = (r0[2 * j] + r0[2 * j + 1] + r1[2 * j] + r1[2 * j + 1]) * np.float32(0.25)
+
+
 @njit(cache=True, fastmath=True, inline="always")
 def _mx(a, b):
     """max without the builtin's NaN handling, which keeps LLVM from vectorizing."""
@@ -227,6 +246,9 @@ def pooling(node, ins, outs, settings):
             return writes(run_ir)
         return writes(lambda i, o: max_pool3_s2(np.ascontiguousarray(i[0]), pt, pl, o[0]))
 
+    if in_place and kh == kw == 2 and sh == sw == 2 and (is_max or np.all(inv == np.float32(0.25))):
+        twos = sized(pool2x2_s2, n * c * oh * ow * 4, settings.threads)
+        return writes(lambda i, o: twos(np.ascontiguousarray(i[0]), is_max, o[0]))
     windows = sized(pool_rows, n * c * oh * ow * kh * kw, settings.threads)
 
     def run(i, o):
