@@ -395,3 +395,61 @@ def test_collector_spaced_while_planning_and_as_it_was_after(tmp_path, monkeypat
     x = np.random.default_rng(9).standard_normal((1, 3, 28, 24)).astype(np.float32)
     ref = ort.InferenceSession(str(tmp_path / "se.onnx"))
     np.testing.assert_allclose(s.run({"x": x})["y"], ref.run(None, {"x": x})[0], rtol=1e-4, atol=1e-4)
+
+
+def _zero_bytes(kernels) -> tuple[int, int]:
+    """(bytes of this thread's SharedZeros buffers and spares, bytes of those the last run used)."""
+    d = kernels._SCRATCH.__dict__
+    flat, used, run = d.get("zeros_flat", {}), d.get("zeros_used", {}), d.get("run", 0)
+    total = sum(b.nbytes for b in flat.values()) + sum(b.nbytes for b in d.get("spare", []))
+    return total, sum(b.nbytes for k, b in flat.items() if used.get(k) == run)
+
+
+def test_zero_planes_stay_within_their_budget_over_many_shapes(tmp_path, monkeypatch):
+    """SharedZeros' buffers stay within kernels.ZEROS_BUDGET over many distinct shapes, each larger than
+    the last (so no idle buffer is ever large enough to take over: the case that held ~120 MB of planes
+    against a 64 MB budget on a text detector): idle buffers and spares are dropped instead. A run needing
+    more than the budget keeps what it uses. Every output equals a fresh session's, bit for bit, also at
+    shapes revisited after their buffers went."""
+    from mnntool.runtime import kernels
+    _detector_like(tmp_path / "d.onnx")
+    api.convert(tmp_path / "d.onnx", tmp_path / "d.mnn")
+    s = Session(api.load_graph(tmp_path / "d.mnn"), threads=1)
+    rng = np.random.default_rng(11)
+    shapes = [(40 + 4 * k, 40 + 6 * k) for k in range(24)]
+    xs = {hw: rng.standard_normal((1, 3) + hw).astype(np.float32) for hw in shapes}
+    s.run({"x": xs[shapes[-1]]})
+    _, largest_run = _zero_bytes(kernels)
+    budget = 3 * largest_run // 2       # past it after a handful of the shapes below
+    monkeypatch.setattr(kernels, "ZEROS_BUDGET", budget)
+    got = {}
+    for hw in shapes + shapes[:4]:
+        got[hw] = s.run({"x": xs[hw]})["y"]
+        total, this_run = _zero_bytes(kernels)
+        assert 0 < this_run <= largest_run and total <= budget, (hw, total, budget)
+    for hw in shapes[:4] + shapes[-3:]:
+        want = Session(api.load_graph(tmp_path / "d.mnn"), threads=1).run({"x": xs[hw]})["y"]
+        assert np.array_equal(got[hw], want), hw
+    monkeypatch.setattr(kernels, "ZEROS_BUDGET", 0)     # less than one run needs: that run's buffers only
+    s.run({"x": xs[shapes[5]]})
+    total, this_run = _zero_bytes(kernels)
+    assert total == this_run > 0
+
+
+def test_array_type_tokens_kept_by_flags_are_those_from_the_array():
+    """aot._token keeps an array's token by (dtype, ndim, flags bits): a kept token must be the one the
+    array's own flags give (aot._array_token), for arrays alike but for one thing - layout, a read-only
+    flag, the byte order, an unaligned buffer, a datetime unit - asked in both orders (a stale token would
+    bind a kernel's compiled code to other argument types)."""
+    from mnntool.runtime.kernels.compile import aot
+    a = np.zeros((3, 4, 5), np.float32)
+    ro = a.copy()
+    ro.flags.writeable = False
+    cases = [a, a[:, ::2], a.T, np.asfortranarray(a), ro, np.zeros((3, 4, 5), ">f4"), np.zeros((3, 4, 5), np.float64),
+             np.ndarray((3,), np.float32, buffer=bytearray(13), offset=1), np.zeros(3, np.float32),
+             np.zeros((2, 2), "M8[ns]"), np.zeros((2, 2), "M8[s]"), np.zeros((1, 1), np.float32),
+             np.zeros((3, 4, 5), np.float32)[::-1]]
+    for order in (cases, cases[::-1], cases):
+        assert [aot._token(c) for c in order] == [aot._array_token(c) for c in order]
+    assert len({aot._token(c) for c in cases}) == 10
+    assert aot.type_key((a, 3, 1.5, ro)) == "f4:3C,i,d,f4:3Cr"

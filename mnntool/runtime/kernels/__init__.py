@@ -186,6 +186,29 @@ def _release_zeros(key) -> None:
             _LIVE_ZEROS.pop(key, None)
 
 
+def _within_budget(table: dict, flat: dict, spare: list, need: int, used: dict, run: int) -> None:
+    """Drops this thread's zero buffers, the largest first, until they and `need` more floats fit
+    ZEROS_BUDGET: dead keys' spares first, then the buffers of keys the current run has not used (plans of
+    other shapes; such a key's next call maps a new one). A take-over needs an idle buffer at least as large
+    as the new geometry's; without this, every larger geometry mapped a new buffer past the budget (a text
+    detector held ~120 MB of planes after 300 shapes against 64). Buffers of the current run stay: a run
+    needing more than the budget holds what it needs, and no more."""
+    total = need + sum(b.size for b in flat.values()) + sum(b.size for b in spare)
+    if 4 * total <= ZEROS_BUDGET:
+        return
+    spare.sort(key=lambda b: b.size)
+    while spare:
+        total -= spare.pop().size
+        if 4 * total <= ZEROS_BUDGET:
+            return
+    for k in sorted((k for k in flat if used.get(k, -1) != run), key=lambda k: -flat[k].size):
+        total -= flat.pop(k).size
+        table.pop(k, None)
+        used.pop(k, None)
+        if 4 * total <= ZEROS_BUDGET:
+            return
+
+
 class SharedZeros:
     """A zero-filled float32 buffer shared on this thread by every kernel that asks with the same key:
     for buffers whose writers leave the same part zero (a padding border) and rewrite the rest at every
@@ -221,16 +244,19 @@ class SharedZeros:
             for d in self.shape:
                 n *= d
             fits = [b for b in spare if n <= b.size <= 2 * n + 65536]
+            used, run = _SCRATCH.__dict__["zeros_used"], _SCRATCH.__dict__.get("run", 0)
             if not fits and 4 * (n + sum(b.size for b in list(flat.values()) + spare)) > ZEROS_BUDGET:
-                used, run = _SCRATCH.__dict__["zeros_used"], _SCRATCH.__dict__.get("run", 0)
                 idle = [k for k, b in flat.items() if b.size >= n and used.get(k, -1) != run]
                 if idle:        # (that key's next call takes another buffer)
                     k = min(idle, key=lambda k: flat[k].size)
                     del table[k]
                     fits = [flat.pop(k)]
                     spare.append(fits[0])
-            whole = min(fits, key=lambda b: b.size) if fits else aligned_empty(n)
+            whole = min(fits, key=lambda b: b.size) if fits else None
             spare[:] = [b for b in spare if b is not whole][-SPARE_ZEROS:]
+            _within_budget(table, flat, spare, n if whole is None else whole.size, used, run)
+            if whole is None:
+                whole = aligned_empty(n)
             flat[self.key] = whole
             buf = table[self.key] = whole[:n].reshape(self.shape)
             if fits or n * 4 < MAPPED_FROM:     # (a new mapping reads as zeros already)
