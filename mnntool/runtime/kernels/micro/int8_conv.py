@@ -33,14 +33,13 @@ def _byte(v, inv_s, z, lo, hi):
 
 
 @njit(cache=True, fastmath=EXACT, inline="always")
-def _word(a, b, c, d, inv_s, z, lo, hi):
-    """The word of four channels' bytes (`_byte`), the first in the low byte."""
-    return (_byte(a, inv_s, z, lo, hi) | _byte(b, inv_s, z, lo, hi) << 8
-            | _byte(c, inv_s, z, lo, hi) << 16 | _byte(d, inv_s, z, lo, hi) << 24)
+def _word(a, b, c, d, byte, bp):
+    """The word of four channels' bytes (byte(v, bp): `_cast_byte` or `_grid_byte`), the first in the low byte."""
+    return byte(a, bp) | byte(b, bp) << 8 | byte(c, bp) << 16 | byte(d, bp) << 24
 
 
 @njit(cache=True, fastmath=EXACT, inline="always")
-def _pack_row(x, c, y, inv_s, z, lo, hi, off, dst):
+def _pack_row(x, c, y, byte, bp, off, dst):
     """dst[i] = the word of channels c..c+3 of x (C, H, W) at (y, i) for i < W, the byte `off` (real 0)
     past the last channel: whole words in one vectorized pass over four rows, the channel tail per byte.
     quantize_rows' and quantize_planes' row."""
@@ -48,12 +47,12 @@ def _pack_row(x, c, y, inv_s, z, lo, hi, off, dst):
     if c + 4 <= C:
         r0, r1, r2, r3 = x[c, y], x[c + 1, y], x[c + 2, y], x[c + 3, y]
         for i in range(W):
-            dst[i] = _word(r0[i], r1[i], r2[i], r3[i], inv_s, z, lo, hi)
+            dst[i] = _word(r0[i], r1[i], r2[i], r3[i], byte, bp)
     else:
         for i in range(W):
             word = np.uint32(0)
             for j in range(4):
-                q = _byte(x[c + j, y, i], inv_s, z, lo, hi) if c + j < C else np.uint32(off)
+                q = byte(x[c + j, y, i], bp) if c + j < C else np.uint32(off)
                 word |= q << (8 * j)
             dst[i] = word
 
@@ -69,11 +68,24 @@ def quantize_rows(x, inv_s, z, lo, hi, off, t, l, g32):
     c4 = g32.shape[1]
     for y in prange(H):
         for k in range(c4):
-            _pack_row(x, 4 * k, y, inv_s, z, lo, hi, off, g32[t + y, k, l:l + W])
+            _pack_row(x, 4 * k, y, _cast_byte, (inv_s, z, lo, hi), off, g32[t + y, k, l:l + W])
 
 
 @njit(parallel=True, cache=True, fastmath=EXACT)
 def quantize_planes(x, inv_s, z, lo, hi, off, t, l, sh, sw, g32):
+    """`_planes_walk` with MNN's cast (`_cast_byte`)."""
+    _planes_walk(x, _cast_byte, (inv_s, z, lo, hi), off, t, l, sh, sw, g32)
+
+
+@njit(parallel=True, cache=True, fastmath=EXACT)
+def quantize_planes_grid(x, inv_s, off, t, l, sh, sw, g32):
+    """quantize_planes for an input on the convolution's own grid (an int8 layer's output rounded to it:
+    DenseNet's and ResNet's 3x3 layers): the same bytes in fewer vector steps (`_byte_on_grid`)."""
+    _planes_walk(x, _grid_byte, (inv_s, np.float32(off)), off, t, l, sh, sw, g32)
+
+
+@njit(cache=True, fastmath=EXACT, inline="always")
+def _planes_walk(x, byte, bp, off, t, l, sh, sw, g32):
     """x (C, H, W) float -> the grid a window's GEMM reads in place (int8_gemm.gemm_planes): planes of
     words (4 channels' bytes, `_byte`; the byte `off` past the last channel), one a (row phase, column
     phase, channel word), the padded pixel (Y, X) = (y + t, x + l) in plane ((Y % sh) * sw + X % sw) * C/4
@@ -97,15 +109,15 @@ def quantize_planes(x, inv_s, z, lo, hi, off, t, l, sh, sw, g32):
                 od = g32[(a * 2 + (l + 1) % 2) * c4 + k, row, (l + 1) // 2:]
                 for m in range(W // 2):
                     i = 2 * m
-                    ev[m] = _word(r0[i], r1[i], r2[i], r3[i], inv_s, z, lo, hi)
-                    od[m] = _word(r0[i + 1], r1[i + 1], r2[i + 1], r3[i + 1], inv_s, z, lo, hi)
+                    ev[m] = _word(r0[i], r1[i], r2[i], r3[i], byte, bp)
+                    od[m] = _word(r0[i + 1], r1[i + 1], r2[i + 1], r3[i + 1], byte, bp)
                 if W % 2:
                     i = W - 1
-                    ev[W // 2] = _word(r0[i], r1[i], r2[i], r3[i], inv_s, z, lo, hi)
+                    ev[W // 2] = _word(r0[i], r1[i], r2[i], r3[i], byte, bp)
                 continue
             # the row's words in one vectorized pass (in place at stride 1), then each column phase's
             # share copied out: quantizing with strided reads ran 5x slower (0.31 ms for a 3x224x224 stem)
-            _pack_row(x, c, y, inv_s, z, lo, hi, off, g32[a * sw * c4 + k, row, l:l + W] if sw == 1 else words)
+            _pack_row(x, c, y, byte, bp, off, g32[a * sw * c4 + k, row, l:l + W] if sw == 1 else words)
             if sw > 1:
                 for ph in range(sw):
                     out = g32[(a * sw + ph) * c4 + k, row]
@@ -165,6 +177,18 @@ def im2col_rows(g32, kh, kw, sh, sw, dh, dw, oh, ow, cols):
                             row[pl] = src[start[pl] + at]
 
 
+# maps of at least PACK_RUN whole pixel blocks and PACK_RUNS_MIN floats are packed a row run at a time:
+# PACK_RUN blocks (1 KB of each float row) by PACK_GROUP words (64 channels). Block by block, every block
+# reads a line from each of C rows: too many streams for the prefetchers once the input is out of cache (a
+# 1x1 layer's input was written long before: DenseNet's concatenations). With the input evicted first,
+# one Zen 4 core (tmp_dev/int8e/walk_try2.py): 256 x 3136 affine 728 -> 290 us, 512 x 784 324 -> 173;
+# in cache 184 -> 145, 96 -> 77. Below these sizes (14x14 maps and less; the input is in L2) the run order
+# cost more than it saved (1024 x 49: 10.8 -> 19.3 us in cache), so the walk keeps block order there.
+PACK_RUN = 16
+PACK_GROUP = 16
+PACK_RUNS_MIN = 1 << 18
+
+
 @njit(cache=True, fastmath=EXACT, inline="always")
 def _packed_walk(x, chan, value, vp, byte, bp, off, cols):
     """The one walk of every 1x1 packing kernel: x (C, P) float -> cols (blocks, C/4, 16) uint32 words of 4
@@ -173,31 +197,70 @@ def _packed_walk(x, chan, value, vp, byte, bp, off, cols):
     A byte is byte(value(v, chan(vp, c)), bp): `chan` takes channel c's parameters out of `vp` once per
     four rows, `value` is the float the layer reads (v itself, a product, an affine map) and `byte` its
     stored byte. The callers pass these functions as constants, so Numba compiles one specialized loop per
-    form (the same code as a walk written out for it: same bytes, same time)."""
+    form. Two orders (PACK_RUN): block by block on small maps, row runs on large ones; the same bytes."""
     C, P = x.shape
-    for pb in prange(cols.shape[0]):
-        p0 = pb * 16
-        for kb in range(cols.shape[1]):
-            dst = cols[pb, kb]
+    nblk, k4 = cols.shape[0], cols.shape[1]
+    nbw, k4w = P // 16, C // 4
+    if nbw < PACK_RUN or C * P < PACK_RUNS_MIN:
+        for pb in prange(nblk):
+            p0 = pb * 16
+            for kb in range(k4):
+                dst = cols[pb, kb]
+                c = 4 * kb
+                if p0 + 16 <= P and c + 4 <= C:
+                    r0, r1, r2, r3 = x[c, p0:p0 + 16], x[c + 1, p0:p0 + 16], x[c + 2, p0:p0 + 16], x[c + 3, p0:p0 + 16]
+                    # one assignment each: a tuple unpacked from these calls confuses the parfor array analysis
+                    q0 = chan(vp, c)
+                    q1 = chan(vp, c + 1)
+                    q2 = chan(vp, c + 2)
+                    q3 = chan(vp, c + 3)
+                    for k in range(16):
+                        dst[k] = (byte(value(r0[k], q0), bp) | byte(value(r1[k], q1), bp) << 8
+                                  | byte(value(r2[k], q2), bp) << 16 | byte(value(r3[k], q3), bp) << 24)
+                else:
+                    for k in range(16):
+                        word = np.uint32(0)
+                        for j in range(4):
+                            b = byte(value(x[c + j, p0 + k], chan(vp, c + j)), bp) if c + j < C and p0 + k < P \
+                                else np.uint32(off)
+                            word |= b << (8 * j)
+                        dst[k] = word
+        return
+    # whole blocks a row run at a time (the same vectorized pass; a helper for it, or one nest for both
+    # orders with run lengths of 1, lost the vectorization: 2-3x slower), then the tail blocks
+    groups = -(-k4w // PACK_GROUP)
+    for it in prange(-(-nbw // PACK_RUN) * groups):
+        b0, g0 = it // groups * PACK_RUN, it % groups * PACK_GROUP
+        b1 = min(nbw, b0 + PACK_RUN)
+        for kb in range(g0, min(k4w, g0 + PACK_GROUP)):
             c = 4 * kb
-            if p0 + 16 <= P and c + 4 <= C:
+            q0 = chan(vp, c)
+            q1 = chan(vp, c + 1)
+            q2 = chan(vp, c + 2)
+            q3 = chan(vp, c + 3)
+            for pb in range(b0, b1):
+                p0 = pb * 16
+                dst = cols[pb, kb]
                 r0, r1, r2, r3 = x[c, p0:p0 + 16], x[c + 1, p0:p0 + 16], x[c + 2, p0:p0 + 16], x[c + 3, p0:p0 + 16]
-                # one assignment each: a tuple unpacked from these calls confuses the parfor array analysis
-                q0 = chan(vp, c)
-                q1 = chan(vp, c + 1)
-                q2 = chan(vp, c + 2)
-                q3 = chan(vp, c + 3)
                 for k in range(16):
                     dst[k] = (byte(value(r0[k], q0), bp) | byte(value(r1[k], q1), bp) << 8
                               | byte(value(r2[k], q2), bp) << 16 | byte(value(r3[k], q3), bp) << 24)
-            else:
-                for k in range(16):
-                    word = np.uint32(0)
-                    for j in range(4):
-                        b = byte(value(x[c + j, p0 + k], chan(vp, c + j)), bp) if c + j < C and p0 + k < P \
-                            else np.uint32(off)
-                        word |= b << (8 * j)
-                    dst[k] = word
+    # the channel tail of the whole blocks (t < ct), then every word of the pixel tail block
+    ct = nbw * (k4 - k4w)
+    for t in prange(ct + (nblk - nbw) * k4):
+        if t < ct:
+            pb, kb = t // (k4 - k4w), k4w + t % (k4 - k4w)
+        else:
+            pb, kb = nbw + (t - ct) // k4, (t - ct) % k4
+        p0, c = pb * 16, 4 * kb
+        dst = cols[pb, kb]
+        for k in range(16):
+            word = np.uint32(0)
+            for j in range(4):
+                b = byte(value(x[c + j, p0 + k], chan(vp, c + j)), bp) if c + j < C and p0 + k < P \
+                    else np.uint32(off)
+                word |= b << (8 * j)
+            dst[k] = word
 
 
 # the value forms of _packed_walk: chan(vp, c) -> channel c's parameters, value(v, q) -> the float to cast
@@ -400,9 +463,10 @@ def int8_convolution(geometry, q, alpha, bias, act, grids, in_shape, out_shape, 
     z_in = f32(grids.zero_in)
     q_lo, q_hi = f32(lo + grids.zero_in), f32(hi + grids.zero_in)
     packed_grid = direct and on_grid and not scaled and affine is None
+    planes_grid = from_grid and on_grid
     quantize = sized(quantize_packed_affine if affine is not None else quantize_packed_scaled if scaled else
-                     quantize_packed_grid if packed_grid else quantize_packed if direct else quantize_planes
-                     if from_grid else quantize_rows, cin * h * w, threads)
+                     quantize_packed_grid if packed_grid else quantize_packed if direct else quantize_planes_grid
+                     if planes_grid else quantize_planes if from_grid else quantize_rows, cin * h * w, threads)
     unfold = None if direct or from_grid else sized(im2col_rows, words.size, threads)
 
     def run(inputs, outputs):
@@ -422,8 +486,11 @@ def int8_convolution(geometry, q, alpha, bias, act, grids, in_shape, out_shape, 
             elif direct:
                 quantize(x[i].reshape(cin, pixels), inv_in, z_in, q_lo, q_hi, off, words)
             else:
-                if from_grid:
+                if planes_grid:
+                    quantize(x[i], inv_in, off, t, l, sh, sw, grid32)
+                elif from_grid:
                     quantize(x[i], inv_in, z_in, q_lo, q_hi, off, t, l, sh, sw, grid32)
+                if from_grid:
                     if oc_lanes:
                         lanes_oc.matmul(slack, pix, offs, epf, y[i].reshape(cout, pixels), tab)
                     else:
