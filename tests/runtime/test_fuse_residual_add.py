@@ -1,5 +1,5 @@
 """plan.fuse_residual_add: a convolution whose only reader is a residual Add (then a ReLU) planned as one
-ResidualConvolution step. Reference: onnxruntime on the same ONNX model; tolerance 1e-5 relative to
+ResidualConvolution step (a LeakyReLU after it too). Reference: onnxruntime on the same ONNX model; tolerance 1e-5 relative to
 max |out| (the convolutions' sums differ in order). Also where the stage must not fire: a residual
 computed after the convolution, a broadcast one, an int8 file; and switched off, the same outputs."""
 import numpy as np
@@ -55,6 +55,8 @@ def _block(path, k: int, c: int, shape, residual: str, relu: str):
         nodes.append(n("Relu", ["s"], ["y"]))
     elif relu == "relu6":
         nodes.append(n("Clip", ["s", "lo", "hi"], ["y"]))
+    elif relu == "leaky":
+        nodes.append(n("LeakyRelu", ["s"], ["y"], alpha=0.01))
     inits = [_w(rng, "w0", c, shape[1], 3, 3), _w(rng, "wm", c, c, 3, 3), _w(rng, "w1", c, c, k, k),
              _w(rng, "w2", c, c, 1, 1),
              nh.from_array(np.array(0, f32), "lo"), nh.from_array(np.array(6, f32), "hi")]
@@ -76,14 +78,14 @@ def _close(out, ref):
 @pytest.mark.parametrize("k,c,hw", [(1, 16, (9, 13)), (3, 16, (9, 13)), (3, 24, (14, 20)),
                                     (1, 32, (7, 7))])
 @pytest.mark.parametrize("residual", ["x", "conv"])
-@pytest.mark.parametrize("relu", ["relu", "relu6", ""])
+@pytest.mark.parametrize("relu", ["relu", "relu6", "leaky", ""])
 def test_fused_block_matches_onnxruntime(tmp_path, k, c, hw, residual, relu):
     shape = (1, 8, *hw)
     _block(tmp_path / "m.onnx", k, c, shape, residual, relu)
     s, out, ref = _run(tmp_path, shape)
     ops = [st.op for st in s.plan.steps]
     assert "ResidualConvolution" in ops and "BinaryOp" not in ops and "Eltwise" not in ops, ops
-    assert "ReLU" not in ops and "ReLU6" not in ops, ops       # the ReLU taken too (the Add's or a node's)
+    assert "ReLU" not in ops and "ReLU6" not in ops, ops       # the ReLU taken too (the Add's or a node's, or a LeakyReLU)
     _close(out, ref)
     s_off, out_off, _ = _run(tmp_path, shape, off=["fuse_residual_add"])
     assert "ResidualConvolution" not in [st.op for st in s_off.plan.steps]

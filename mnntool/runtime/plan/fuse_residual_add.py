@@ -13,7 +13,7 @@ convolution stays that)."""
 from __future__ import annotations
 
 from ...ir.graph import Node
-from ..kernels.micro.epilogue import POST, POST_CLIP
+from ..kernels.micro.epilogue import POST, POST_CLIP, POST_LEAKY
 from .fuse_activations import post_of
 from .match import rewriting, rewritten, sole_reader, users_of
 from .state import Planning
@@ -54,7 +54,8 @@ def fuse(p: Planning) -> list[Node]:
         if post is None:        # a ReLU/ReLU6 reading the Add alone: the add's post
             after = users.get(out, [])
             if len(after) == 1 and out not in outputs and after[0].inputs[:1] == [out] and \
-                    len(after[0].outputs) == 1 and (pa := post_of(after[0])) is not None and pa[0] == POST_CLIP \
+                    len(after[0].outputs) == 1 and (pa := post_of(after[0])) is not None and \
+                    pa[0] in (POST_CLIP, POST_LEAKY) \
                     and _float(vals.get(after[0].outputs[0])) and after[0].outputs[0] not in stored:
                 act, post, out = after[0], pa, after[0].outputs[0]
         param = {k: val for k, val in conv.param.items()}

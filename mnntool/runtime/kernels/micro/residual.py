@@ -1,5 +1,5 @@
 """The residual add a planner-fused convolution (plan stage fuse_residual_add) finishes with: its
-output plus the block's residual, then the ReLU/ReLU6 bounds that followed the Add, in one pass over
+output plus the block's residual, then the ReLU/ReLU6 bounds (or the LeakyReLU) that followed the Add, in one pass over
 the output in place of the Add's step (which wrote a tensor of its own)."""
 from __future__ import annotations
 
@@ -22,6 +22,18 @@ def add_clamped(y, r, lo, hi):
             v = yb[i] + rb[i]
             v = lo if v < lo else v         # a NaN kept, as the Add and ReLU steps keep it
             yb[i] = hi if v > hi else v
+
+
+@njit(parallel=True, cache=True, fastmath=True)
+def add_leaky(y, r, slope):
+    """y = v if v > 0 else v * slope, v = y + r, over flat float32 arrays: a LeakyReLU after the add (CSP
+    networks), as the ReLU step computes it (max(v, v * slope) for a slope under 1: the same values)."""
+    n = y.shape[0]
+    for blk in prange((n + BLOCK - 1) // BLOCK):
+        yb, rb = y[blk * BLOCK:(blk + 1) * BLOCK], r[blk * BLOCK:(blk + 1) * BLOCK]
+        for i in range(yb.shape[0]):
+            v = yb[i] + rb[i]
+            yb[i] = v if v > 0 else v * slope
 
 
 def bounds_of(post: tuple) -> tuple:

@@ -362,7 +362,8 @@ def residual_convolution(node, ins, outs, settings):
     strategy without that post (its own ReLU, if any, stays before the add, as in the graph), then one
     pass adds r and clips in place: the Add's step and its output tensor are gone."""
     from ....ir.graph import Node
-    from ..micro.residual import add_clamped, bounds_of
+    from ..micro.epilogue import POST_LEAKY
+    from ..micro.residual import add_clamped, add_leaky, bounds_of
     post = node.param.get(POST, NO_POST)
     plain = Node("Convolution", node.inputs[:1], list(node.outputs), node.name,
                  {k: v for k, v in node.param.items() if k != POST}, node.param_type, node.fmt)
@@ -378,8 +379,13 @@ def residual_convolution(node, ins, outs, settings):
     if k.out_grid:
         raise MnnToolError(f"ResidualConvolution '{node.name}': its convolution rounds to an int8 grid")
     fn, size, into = k.fn, int(np.prod(outs[0].shape)), k.writes_out
-    lo, hi = bounds_of(post)
-    add = sized(add_clamped, size, settings.threads)
+    if int(post[0]) == POST_LEAKY:
+        leaky, slope = sized(add_leaky, size, settings.threads), np.float32(post[1])
+        add = lambda y, r, lo, hi: leaky(y, r, slope)       # noqa: E731
+        lo = hi = None
+    else:
+        lo, hi = bounds_of(post)
+        add = sized(add_clamped, size, settings.threads)
 
     def run(inputs, outputs):
         if into:
@@ -391,7 +397,11 @@ def residual_convolution(node, ins, outs, settings):
             add(y.reshape(-1), r.reshape(-1), lo, hi)
         else:       # a view into a Concat's buffer along a later axis
             np.add(y, r.reshape(y.shape), out=y)
-            np.clip(y, lo, hi, out=y)
+            if lo is None:      # the LeakyReLU as the ReLU step computes it
+                scaled = y * np.float32(post[1])
+                (np.maximum if post[1] < 1 else np.minimum)(y, scaled, out=y)
+            else:
+                np.clip(y, lo, hi, out=y)
     return writes(run)
 
 
