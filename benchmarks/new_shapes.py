@@ -2,6 +2,7 @@
 run at that shape, paired with onnxruntime, and RSS after 20 and after 2,000 distinct shapes.
 
     python benchmarks/new_shapes.py [--shapes 40] [--repeats 5] [--rss-shapes 2000] [--threads 1] [--json]
+                                    [--warm-shapes 0]
                                     [--onnx MODEL.onnx --low 128 --high 256 --multiple 32]
 
 The model is the issue's: two 3x3 convolutions (3 -> 16 -> 16 channels, a ReLU between) with open
@@ -11,7 +12,10 @@ take turns: each runs the new shape once (its first run: planning, buffers, anyt
 taken per shape; the report gives its median and maximum (target: first <= 1.5x steady). A slow spell
 of this shared VM hits both runtimes alike, so compare ratios, not one runtime's milliseconds; the
 same ratio in the calling thread's CPU time, and the minor page faults of first and steady runs (fresh
-memory a first run touches), hold still where other tenants load the machine.
+memory a first run touches), hold still where other tenants load the machine. `--warm-shapes N` runs N other
+shapes of the range first, once each: a fresh process's first shapes also pay what it pays once (kernels
+loaded for sizes a strategy first picks there, without the ahead-of-time library ~50 ms each; buffers grown
+to the range's largest), which the default (0) counts in.
 
 The RSS phase runs in a child process of its own (nothing of the timing phase in its memory): mnntool
 alone, one run at each of `--rss-shapes` distinct shapes from the same range, RSS read after 20 and at
@@ -85,8 +89,11 @@ def timed(fn) -> tuple[float, float, int]:
 
 
 def first_and_steady(n: int, repeats: int, threads: int, progress=None, onnx_path=None, low=LOW, high=HIGH,
-                     multiple=1) -> dict:
-    """Per shape: each runtime's first run and the median of its next `repeats`, taking turns."""
+                     multiple=1, warm_shapes: int = 0) -> dict:
+    """Per shape: each runtime's first run and the median of its next `repeats`, taking turns. `warm_shapes`
+    distinct shapes of the same range (none of the timed ones) run first, once each: what a process pays once
+    (kernels loaded for the sizes a strategy picks, buffers grown to the range's largest) apart from what
+    each new shape costs."""
     import onnxruntime as ort
     import mnntool
     tmp = Path(tempfile.mkdtemp())
@@ -102,8 +109,13 @@ def first_and_steady(n: int, repeats: int, threads: int, progress=None, onnx_pat
     for run in runs.values():
         for _ in range(3):
             run(warm)
+    timed_shapes = distinct_shapes(n + warm_shapes, 0, low, high, multiple)
+    for h, w in timed_shapes[n:]:
+        x = rng.standard_normal((1, channels, h, w)).astype(np.float32)
+        for run in runs.values():
+            run(x)
     rows = []
-    for k, (h, w) in enumerate(distinct_shapes(n, 0, low, high, multiple)):
+    for k, (h, w) in enumerate(timed_shapes[:n]):
         x = rng.standard_normal((1, channels, h, w)).astype(np.float32)
         order = list(runs) if k % 2 == 0 else list(runs)[::-1]
         row = {"shape": [h, w]}
@@ -126,7 +138,7 @@ def first_and_steady(n: int, repeats: int, threads: int, progress=None, onnx_pat
             progress(k + 1)
     out = {"model": str(onnx_path or "two 3x3 convolutions, open H/W"), "range": [low, high], "multiple": multiple,
            "shapes": n,
-           "repeats": repeats, "threads": threads, "rows": rows}
+           "repeats": repeats, "threads": threads, "warm_shapes": warm_shapes, "rows": rows}
     for name in runs:
         ratios = [r[f"{name}_ratio"] for r in rows]
         out[name] = {"first_ms_median": statistics.median(r[f"{name}_first_ms"] for r in rows),
@@ -164,6 +176,8 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=5, help="steady-state runs per shape and runtime")
     ap.add_argument("--rss-shapes", type=int, default=2000, help="distinct shapes of the RSS phase (0: skip it)")
     ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--warm-shapes", type=int, default=0,
+                    help="distinct shapes of the range run once before the timed ones (a process's one-time costs)")
     ap.add_argument("--onnx", default=None, help="an image model of your own (input N,C,H,W with H and W open)")
     ap.add_argument("--low", type=int, default=LOW, help="smallest height and width")
     ap.add_argument("--high", type=int, default=HIGH, help="largest height and width")
@@ -175,16 +189,18 @@ def main() -> None:
         print(json.dumps(rss_over_shapes(a.rss_shapes, a.threads, a.onnx, a.low, a.high, a.multiple)))
         return
     if a.multiple < 1 or not 1 <= a.low <= a.high or \
-            (a.high // a.multiple - -(-a.low // a.multiple) + 1) ** 2 < max(a.shapes, a.rss_shapes):
+            (a.high // a.multiple - -(-a.low // a.multiple) + 1) ** 2 < max(a.shapes + a.warm_shapes, a.rss_shapes):
         ap.error("--low/--high/--multiple: 1 <= low <= high, with at least as many (H, W) pairs (multiples of "
                  "--multiple) as shapes asked for")
+    if a.warm_shapes < 0:
+        ap.error("--warm-shapes: 0 or more")
     if a.rss_shapes and a.rss_shapes < 20:
         ap.error("--rss-shapes: at least 20 (RSS is compared with its value after 20 shapes)")
     from rich.progress import Progress
     with Progress(disable=not sys.stderr.isatty(), transient=True) as bar:
         task = bar.add_task("new shapes", total=a.shapes)
         result = first_and_steady(a.shapes, a.repeats, a.threads, lambda k: bar.update(task, completed=k), a.onnx,
-                                  a.low, a.high, a.multiple)
+                                  a.low, a.high, a.multiple, a.warm_shapes)
     if a.rss_shapes:
         child = subprocess.run([sys.executable, __file__, "--rss-child", "--rss-shapes", str(a.rss_shapes),
                                 "--threads", str(a.threads), "--low", str(a.low), "--high", str(a.high),

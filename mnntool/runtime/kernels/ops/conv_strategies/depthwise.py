@@ -43,6 +43,8 @@ class LanesDepthwise(Strategy):
     name, avx512, fuses_post = "dw-lanes", True, True
 
     def suits(self, g):
+        if not g.depthwise:     # (before the import: every dense convolution asks first)
+            return False
         from ...micro import depthwise_lanes
         return (g.depthwise and g.kh == g.kw and g.kh in depthwise_lanes.SIZES and g.sh == g.sw
                 and g.sh in depthwise_lanes.STRIDES and g.dh == g.dw == 1
@@ -75,6 +77,8 @@ class FlatDepthwise(Strategy):
     name, avx512, fuses_post = "dw-flat", True, True
 
     def suits(self, g):
+        if not g.depthwise:     # (before the import: every dense convolution asks first)
+            return False
         from ...micro import depthwise3x3
         return (g.depthwise and g.kh == g.kw and g.kh in depthwise3x3.FLAT_SIZES and g.sh == g.sw == 1
                 and g.dh == g.dw == 1 and (g.oh, g.ow) == (g.h, g.w) and g.ow <= FLAT_DW_MAX_WIDTH)
@@ -95,6 +99,8 @@ class PairedRowsDepthwise(Strategy):
     name, avx512, fuses_post = "dw-pairs", True, True
 
     def suits(self, g):
+        if not g.depthwise:     # (before the import: every dense convolution asks first)
+            return False
         from ...micro import depthwise_pairs
         return (g.depthwise and g.kh == g.kw and g.kh in depthwise_pairs.SIZES and g.sh == g.sw == 2
                 and g.dh == g.dw == 1 and g.ow <= depthwise_pairs.MAX_WIDTH)
@@ -118,6 +124,8 @@ class RowDepthwise3x3(Strategy):
     name, avx512, fuses_post, no_post = "dw3-rows", True, True, True
 
     def suits(self, g):
+        if not g.depthwise:     # (before the import: every dense convolution asks first)
+            return False
         from ...micro import depthwise3x3
         return g.depthwise and g.k3 and g.sh in (1, 2) and g.w >= depthwise3x3.ROWS_FROM_WIDTH
 
@@ -136,6 +144,8 @@ class StripDepthwise(Strategy):
     name, avx512, fuses_post = "dw-strips", True, True
 
     def suits(self, g):
+        if not g.depthwise:     # (before the import: every dense convolution asks first)
+            return False
         from ...micro import depthwise_strips
         if g.depthwise and (g.kh, g.kw) in depthwise_strips.BANDS:
             return g.sh == g.sw == 1 and g.dh == g.dw == 1
