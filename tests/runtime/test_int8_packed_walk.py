@@ -70,17 +70,25 @@ def test_plain_and_scaled_match_numpy(C, P, threads):
     np.testing.assert_array_equal(got, _reference((x * sc[:, None]).astype(f), *args))
 
 
+BIG = f(np.finfo(f).max)
+# activation bounds: ReLU6, ReLU, none, past the byte range above (every byte the top) and below
+ACT = [(f(0), f(6)), (f(0), BIG), (-BIG, BIG), (f(10), BIG), (-BIG, f(-10))]
+
+
 @pytest.mark.parametrize("C,P", SHAPES)
 @pytest.mark.parametrize("threads", [1, 2])
-def test_affine_matches_numpy(C, P, threads):
+@pytest.mark.parametrize("act", range(len(ACT)))
+def test_affine_matches_numpy(C, P, threads, act):
+    """The activation's clamp merged into the cast's (affine_cast_bounds) gives the bytes of the two clamps."""
     x = _input(C, P, C + P + threads)
     r = np.random.default_rng(P)
     sc, sb = r.standard_normal(C).astype(f), r.standard_normal(C).astype(f)
-    lo, hi = f(0), f(6)
+    lo, hi = ACT[act]
     inv = grid_of(*GRID)[0]
     args = (inv, f(Z), f(GRID[1] + Z), f(GRID[2] + Z), 128 + Z)
     got = _empty(C, P)
-    sized(int8_conv.quantize_packed_affine, x.size, threads)(x, sc, sb, lo, hi, *args, got)
+    bounds = int8_conv.affine_cast_bounds(lo, hi, *args[:4])
+    sized(int8_conv.quantize_packed_affine, x.size, threads)(x, sc, sb, *args[:2], *bounds, args[4], got)
     # the multiply-add rounded once, as the kernel's llvm.fma (float64 holds the exact product and sum
     # of float32 values closely enough that one rounding to float32 gives the fma's result here)
     vals = np.clip((x.astype(np.float64) * sc[:, None] + sb[:, None]).astype(f), lo, hi).astype(f)

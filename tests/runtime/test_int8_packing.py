@@ -76,8 +76,8 @@ def test_packed_affine_is_the_packing_of_the_scale(C, P, post, threads):
     want, off = _blocks(C, P, 128 + z)
     got = want.copy()
     sized(int8_conv.quantize_packed, 1, threads)(y, g[0], f(z), f(-125 + z), f(124 + z), off, want)
-    sized(int8_conv.quantize_packed_affine, x.size, threads)(x, sc, sb, lo, hi, g[0], f(z), f(-125 + z), f(124 + z),
-                                                             off, got)
+    bounds = int8_conv.affine_cast_bounds(lo, hi, g[0], f(z), f(-125 + z), f(124 + z))
+    sized(int8_conv.quantize_packed_affine, x.size, threads)(x, sc, sb, g[0], f(z), *bounds, off, got)
     np.testing.assert_array_equal(got, want)
     vals = np.empty_like(x)
     _affine_rows(x, sc, sb, lo, hi, vals)       # the floats themselves (an FMA or not shows here, not in bytes)

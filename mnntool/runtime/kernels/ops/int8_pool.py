@@ -42,3 +42,24 @@ def covers(kh, kw, sh, sw, pt, pl, in_shape, out_shape) -> bool:
     """Whether int8_average_2x2 computes this pooling: 2x2 stride 2, no padding, every window inside."""
     return (kh, kw, sh, sw, pt, pl) == (2, 2, 2, 2, 0, 0) and 2 * out_shape[2] <= in_shape[2] \
         and 2 * out_shape[3] <= in_shape[3]
+
+
+@njit(parallel=True, cache=True, fastmath=True)
+def int8_average_2x2_grid(x, grid, out):
+    """int8_average_2x2 for an input already on the output's grid (DenseNet's transition convolutions round
+    their output to the pool's grid): each value is fl(k s), k its step within the bounds, so the float sum
+    of a window's four values times 1/s lies within 2e-4 of the sum of their steps K (|K| <= 512; in any
+    order of the adds) and rint finds K; the average's step is floor((K + 4 offset) / 4) - offset = K >> 2
+    whatever the offset. Four float adds, a multiply and a rounding an output, as the float pooling, in place
+    of four casts (0.19 against the float pooling's 0.08 ms for DenseNet's 128 x 56 x 56, one Zen 4 core).
+    The step goes through int32, so a zero average is +0 as in int8_average."""
+    n, c = x.shape[0], x.shape[1]
+    oh, ow = out.shape[2], out.shape[3]
+    for nc in prange(n * c):
+        b, ch = nc // c, nc % c
+        for y in range(oh):
+            r0, r1, o = x[b, ch, 2 * y], x[b, ch, 2 * y + 1], out[b, ch, y]
+            for xo in range(ow):
+                i = 2 * xo
+                k = np.int32(np.rint(((r0[i] + r0[i + 1]) + (r1[i] + r1[i + 1])) * grid[0]))
+                o[xo] = np.float32(k >> 2) * grid[1]

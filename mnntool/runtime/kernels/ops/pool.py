@@ -189,8 +189,11 @@ def pooling(node, ins, outs, settings):
             kh, kw, sh, sw = p["kernelY"], p["kernelX"], p["strideY"], p["strideX"]
             pt, pl = pool_pads(p, h, w, oh, ow, kh, kw, sh, sw)[:2]
         grid, offset = outs[0].grid, int(outs[0].zero) + 128
-        from .int8_pool import covers, int8_average_2x2
+        from .int8_pool import covers, int8_average_2x2, int8_average_2x2_grid
         if covers(kh, kw, sh, sw, pt, pl, ins[0].shape, outs[0].shape):     # DenseNet's transitions
+            if ins[0].grid == grid:     # its input on its grid: rint of the window's float sum (int8_pool)
+                return Kernel(lambda i, o: int8_average_2x2_grid(np.ascontiguousarray(i[0], np.float32), grid, o[0]),
+                              True, grid)
             return Kernel(lambda i, o: int8_average_2x2(np.ascontiguousarray(i[0], np.float32), grid, offset, o[0]),
                           True, grid)
         return Kernel(lambda i, o: int8_average(np.ascontiguousarray(i[0], np.float32), grid, offset,
