@@ -42,7 +42,11 @@ def test_measured_threshold_is_the_first_size_that_pays(measuring):
 
 
 def test_kept_in_the_file_and_read_back(measuring, monkeypatch):
+    # a fixed measurement under the bound (a real one on a loaded 2-core host may clamp at it, and a clamped
+    # figure is rightly kept out of the file: test_clamped_figure_is_not_kept)
+    monkeypatch.setattr(host_tuning, "_probe", lambda t: {"parallel_min_work": 98_304, "source": "measured"})
     first = host_tuning.parallel_min_work(2)
+    assert first == 98_304
     data = json.loads((measuring / "host_tuning.json").read_text())
     (entry,) = data.values()
     assert entry["2"]["parallel_min_work"] == first and entry["2"]["source"] == "measured"
@@ -110,3 +114,11 @@ def test_session_plans_by_the_threshold(monkeypatch, measuring, fixture_model):
         outs.append(next(iter(s.run({s.input_names[0]: x}).values())))
     assert set(asked) == {2}
     np.testing.assert_array_equal(outs[0], outs[1])
+
+
+def test_clamped_figure_is_not_kept(measuring, monkeypatch):
+    """A measurement clamped at the upper bound (parallel never paid: a loaded host) serves this process only."""
+    monkeypatch.setattr(host_tuning, "_probe",
+                        lambda t: {"parallel_min_work": host_tuning.BOUNDS[1], "source": "measured"})
+    assert host_tuning.parallel_min_work(2) == host_tuning.BOUNDS[1]
+    assert not (measuring / "host_tuning.json").exists()
