@@ -374,9 +374,11 @@ def gemm(x, xs, P, wp, K, kc, O, bias, epf, grid, out, os_, by_block):
     tb = tail_blocks(nt)
     ng = (nob + tb - 1) // tb if nt else 0
     for k0 in range(0, K, kc):
+        # (these three lines stay inline in the four kernels: a helper's returned tuple unpacked here made
+        # Numba's parfor array analysis fail, IndexError in array_analysis)
         kn = min(kc, K - k0)
         last = 1 if k0 + kn >= K else 0
-        flags = (1 if k0 > 0 else 0, 1 if last else 0, grid)
+        flags = (1 if k0 > 0 else 0, last, grid)
         # the tail's channel groups (all of K at once) in the last K block's region: one region fewer
         items = nmain + ng * last     # no conditional inside prange(): Numba then runs the loop serially
         for idx in prange(items):
@@ -402,7 +404,7 @@ def gemm_batched(x, xs, xstride, P, wp, wstride, K, kc, O, bias, epf, grid, out,
     for k0 in range(0, K, kc):
         kn = min(kc, K - k0)
         last = 1 if k0 + kn >= K else 0
-        flags = (1 if k0 > 0 else 0, 1 if last else 0, grid)
+        flags = (1 if k0 > 0 else 0, last, grid)
         items = nmain + batches * ng * last     # no conditional inside prange(): Numba then runs the loop serially
         for j in prange(items):     # the tails in the last K block's region
             if j < nmain:
@@ -472,7 +474,7 @@ def gemm_panels(x, P, wp, K, kc, O, bias, epf, grid, out, os_):
     for k0 in range(0, K, kc):
         kn = min(kc, K - k0)
         last = 1 if k0 + kn >= K else 0
-        flags = (1 if k0 > 0 else 0, 1 if last else 0, grid)
+        flags = (1 if k0 > 0 else 0, last, grid)
         items = nmain + ng * last     # no conditional inside prange(): Numba then runs the loop serially
         for idx in prange(items):
             if idx < nmain:
@@ -678,7 +680,7 @@ def conv_im2col(xq, koff, K, oh, ow, wp, kc, O, split, bias, epf, grid, out):
     for k0 in range(0, K, kc):
         kn = min(kc, K - k0)
         last = 1 if k0 + kn >= K else 0
-        flags = (1 if k0 > 0 else 0, 1 if last else 0, grid)
+        flags = (1 if k0 > 0 else 0, last, grid)
         items = nmain + ng * last     # no conditional inside prange(): Numba then runs the loop serially
         for j in prange(items):
             if j < nmain:
