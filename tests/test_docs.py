@@ -56,6 +56,15 @@ def test_no_development_history_where_users_read():
     assert not hits, hits
 
 
+def test_every_environment_variable_is_documented():
+    """Each MNNTOOL_* variable the package reads has its entry in docs/reference/environment.md."""
+    page = (ROOT / "docs" / "reference" / "environment.md").read_text()
+    read = {m for p in (ROOT / "mnntool").rglob("*.py") for m in re.findall(r"MNNTOOL_[A-Z0-9_]*[A-Z0-9]", p.read_text())}
+    assert read, "no MNNTOOL_ variable found in the package"
+    missing = sorted(v for v in read if f"`{v}`" not in page)
+    assert not missing, f"not in docs/reference/environment.md: {missing}"
+
+
 def test_readme_python_snippet_runs(tmp_path, monkeypatch, fixture_model):
     pytest.importorskip("onnxruntime")
     from fixtures.calib import make
