@@ -85,6 +85,19 @@ def _flush_workers(threads: int) -> None:
             return
 
 
+_bound: list = [None]
+
+
+def _swap(set_bits: int, clear_bits: int) -> int:
+    """mxcsr_update through its compiled entry (the library's, else Numba's), bound at the first call: a run's
+    enter and leave cost ~0.4 us together, against ~3.9 us through the dispatcher (EPYC)."""
+    fn = _bound[0]
+    if fn is None:
+        from .compile.jit import Bound
+        fn = _bound[0] = Bound(mxcsr_update).bind((FLUSH, 0), compiled=True)
+    return fn(set_bits, clear_bits)
+
+
 def enter(threads: int):
     """Before a run: FLUSH in this thread (and in the workers a run at `threads` uses); the bits to give
     back to `leave`, or None when nothing was changed."""
@@ -92,7 +105,7 @@ def enter(threads: int):
         _ON[0] = enabled()      # read at the first run: a mistyped value is that run's one-line error
     if not _ON[0]:
         return None
-    old = mxcsr_update(FLUSH, 0)
+    old = _swap(FLUSH, 0)
     if threads > 1:
         _flush_workers(threads)
     return old & FLUSH
@@ -101,7 +114,7 @@ def enter(threads: int):
 def leave(old) -> None:
     """After a run: this thread's two bits as `enter` found them."""
     if old is not None and old != FLUSH:
-        mxcsr_update(old, FLUSH & ~old)
+        _swap(old, FLUSH & ~old)
 
 
 _ON: list = [None]
