@@ -132,3 +132,20 @@ def test_depthwise_strips_split_by_row_blocks(three_threads, c, h, k, s):
     ref = sum(xp[:, i:i + s * (oh - 1) + 1:s, j:j + s * (oh - 1) + 1:s] * wt[:, i * k + j, None, None]
               for i in range(k) for j in range(k)) + b[:, None, None]
     _close(ref, res[0])
+
+
+@pytest.mark.parametrize("nmain, items", [(1, 1), (1, 33), (4, 36), (3, 3), (128, 136), (7, 100), (0, 5), (50, 51)])
+def test_tiles_spread_over_the_region(nmain, items):
+    """`_spread` is a permutation of the region's items that keeps the tiles in order, and every contiguous run
+    of positions (what Numba hands one thread) holds its share of the tiles within one: a 7x7 map's 4 tile parts
+    and 32 tails put the 4 parts on the first of 4 threads when the tails came last."""
+    spread = fg._spread.py_func
+    order = [spread(j, nmain, items) for j in range(items)]
+    assert sorted(order) == list(range(items))
+    tiles = [i for i in order if i < nmain]
+    assert tiles == list(range(nmain))
+    for threads in (2, 3, 4, 8):
+        bounds = [items * t // threads for t in range(threads + 1)]
+        for lo, hi in zip(bounds, bounds[1:]):
+            share = sum(1 for i in order[lo:hi] if i < nmain)
+            assert abs(share - nmain * (hi - lo) / items) <= 1
