@@ -453,3 +453,74 @@ def test_array_type_tokens_kept_by_flags_are_those_from_the_array():
         assert [aot._token(c) for c in order] == [aot._array_token(c) for c in order]
     assert len({aot._token(c) for c in cases}) == 10
     assert aot.type_key((a, 3, 1.5, ro)) == "f4:3C,i,d,f4:3Cr"
+
+
+def test_layout_tags_planned_as_other_names_of_their_input(tmp_path, monkeypatch):
+    """A ConvertTensor (MNN's layout tag: the same array here) gets no step: its output is another name of its
+    input's slot (plan/kernels.aliased), except where it writes a graph output (the model's last, 'y'). The
+    outputs equal those of plans that keep the tags as view steps, bit for bit, at each new shape."""
+    from mnntool.runtime.plan import kernels
+    _squeeze_excite(tmp_path / "se.onnx")
+    api.convert(tmp_path / "se.onnx", tmp_path / "se.mnn")
+    g = api.load_graph(tmp_path / "se.mnn")
+    assert sum(n.op == "ConvertTensor" for n in g.nodes) == 5
+    s = Session(g, threads=1)
+    rng = np.random.default_rng(7)
+    for hw in SE_SHAPES[:4]:
+        x = rng.standard_normal((1, 3) + hw).astype(np.float32)
+        got = s.run({"x": x})["y"]
+        assert [(st.op, st.name) for st in s.plan.steps if st.op == "ConvertTensor"] == [("ConvertTensor", "y")]
+        with monkeypatch.context() as m:
+            m.setattr(kernels, "ALIAS_PASSTHROUGH", False)
+            tagged = Session(api.load_graph(tmp_path / "se.mnn"), threads=1)
+            want = tagged.run({"x": x})["y"]
+            assert sum(st.op == "ConvertTensor" for st in tagged.plan.steps) > 1
+        assert np.array_equal(got, want), hw
+
+
+def test_fused_nodes_made_once_across_shapes(tmp_path, monkeypatch):
+    """The nodes fusion stages make (match.made_node) are the last plan's objects at a new shape, where made of
+    the same nodes; the session keeps at most two plans' worth of them, however many shapes come; under
+    keep_all (nothing fused) none are kept."""
+    from mnntool.runtime import plan as planning
+    from mnntool.runtime.plan import kernels
+    _squeeze_excite(tmp_path / "se.onnx")
+    api.convert(tmp_path / "se.onnx", tmp_path / "se.mnn")
+    s = Session(api.load_graph(tmp_path / "se.mnn"), threads=1)
+    seen = []
+    run = kernels.run
+
+    def recording(p):
+        seen.append({n.name: n for n in p.nodes if "(+" in n.name})
+        run(p)
+    monkeypatch.setattr(planning.STAGES[planning.NAMES.index("kernels")], "run", recording)
+    rng = np.random.default_rng(8)
+    for hw in SE_SHAPES:
+        s.run({"x": rng.standard_normal((1, 3) + hw).astype(np.float32)})
+    fused = set(seen[0])
+    assert {"Conv_7 (+Sigmoid_8)", "Conv_10 (+Mul_9)"} <= fused
+    for before, after in zip(seen, seen[1:]):
+        assert set(after) == fused and all(after[k] is before[k] for k in fused)
+    memo = s._parts.memos["fused nodes"]
+    assert len(memo["now"]) == len(fused) and len(memo["last"]) <= len(fused)
+    s.run({"x": np.ones((1, 3, 31, 29), np.float32)}, keep_all=True)
+    assert seen[-1] == {} and len(memo["now"]) == len(fused)
+
+
+def test_shape_inference_at_new_shapes_is_the_definitions(tmp_path):
+    """plan/shapes.infer (the session's memo, ops that infer `same` answered without infer_node's generic tests)
+    gives every tensor the facts ir.ops.evaluate.infer_values gives it, at each shape of a sequence."""
+    from mnntool.ir.ops.evaluate import infer_values
+    from mnntool.runtime.plan.shapes import infer
+    _squeeze_excite(tmp_path / "se.onnx")
+    api.convert(tmp_path / "se.onnx", tmp_path / "se.mnn")
+    s = Session(api.load_graph(tmp_path / "se.mnn"), threads=1)
+    memo: dict = {}
+    for hw in SE_SHAPES[:5] + [(1, 1)]:
+        g = s._shaped({"x": (1, 3) + hw})
+        got, want = infer(g, memo), infer_values(g)
+        assert got.keys() == want.keys()
+        for name, v in want.items():
+            u = got[name]
+            assert (u.shape, u.dtype, u.grid, u.zero) == (v.shape, v.dtype, v.grid, v.zero), (hw, name)
+            assert (u.value is None) == (v.value is None) and (v.value is None or np.array_equal(u.value, v.value))

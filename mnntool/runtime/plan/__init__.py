@@ -12,6 +12,7 @@ shape, and most stages have nothing to do in most models."""
 from __future__ import annotations
 
 from ...errors import MnnToolError
+from ..kernels.weight_cache import session_memo
 from . import (bind, bind_views, constants, fuse_activations, fuse_add_layer_norm, fuse_attention, fuse_channel_scale,
                fuse_channel_shuffle, fuse_index_wrap, fuse_int8_tables, fuse_linear_scale, fuse_pool_mixer,
                fuse_residual_add, fuse_scalar_affine, fuse_silu, fuse_token_depthwise, fuse_transposed_weights, kernels,
@@ -68,6 +69,10 @@ def build(p: Planning) -> Plan:
     ops, seen = None, None
     if p.memory is not None and p.arena is None:
         p.arena = p.memory.take(0)      # the arena its buffers will lie in: its kernels may be shared (reuse.py)
+    made = session_memo("fused nodes") if not p.keep_all else None
+    if made is not None:        # the fused nodes of the last plan (match.made_node), those of this one
+        made["last"], made["now"] = made.get("now", {}), {}
+        p.made = (made["last"], made["now"])
     for stage in STAGES:
         if p.eager:
             break

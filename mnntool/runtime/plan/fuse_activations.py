@@ -12,7 +12,7 @@ from ...ir.ops import is_view
 from ..kernels.micro.epilogue import (POST, POST_CLIP, POST_GELU, POST_GELU_TANH, POST_HARDSWISH, POST_LEAKY,
                                       POST_SIGMOID, POST_SILU, POST_TANH)
 from .fuse_silu import FUSED_SILU
-from .match import past_moves, rewriting, rewritten, users_of
+from .match import made_node, past_moves, rewriting, rewritten, users_of
 from .state import Planning
 
 OPTIONAL = True
@@ -61,8 +61,9 @@ def fuse(p: Planning) -> list[Node]:
             continue
         name = f"{conv.name} (+{act.name})"
         if not chain:
-            fused[id(conv)] = Node(conv.op, list(conv.inputs), list(act.outputs), name, {**conv.param, POST: post},
-                                   conv.param_type, conv.fmt)
+            fused[id(conv)] = made_node(p, ("act", id(conv), id(act)), (conv, act), lambda: Node(
+                conv.op, list(conv.inputs), list(act.outputs), name, {**conv.param, POST: post}, conv.param_type,
+                conv.fmt))
         else:       # the activation before the reshapes; the last reshape writes the activation's tensor
             fused[id(conv)] = Node(conv.op, list(conv.inputs), [y], name, {**conv.param, POST: post},
                                    conv.param_type, conv.fmt)

@@ -10,7 +10,7 @@ from __future__ import annotations
 import numpy as np
 
 from ...ir.graph import Node
-from .match import past_moves, rewriting, rewritten, users_of
+from .match import made_node, past_moves, rewriting, rewritten, users_of
 from .state import Planning
 
 OPTIONAL = True
@@ -72,8 +72,9 @@ def fuse(p: Planning) -> list[Node]:
         if not _pointwise_reading(conv, y, xs[1]) or (xs[2] * xs[3] < conv.param["common"]["outputCount"]
                                                        and not int8):
             continue
-        fused[id(conv)] = Node(SCALED_POINTWISE, [x, s], list(conv.outputs), f"{conv.name} (+{m.name})",
-                               conv.param, conv.param_type, conv.fmt)
+        fused[id(conv)] = made_node(p, ("scaled", id(conv), id(m), x), (conv, m), lambda: Node(
+            SCALED_POINTWISE, [x, s], list(conv.outputs), f"{conv.name} (+{m.name})", conv.param, conv.param_type,
+            conv.fmt))
         drop.update([id(m)] + [id(n) for n in chain])
     return rewritten(nodes, fused, drop)
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 from ...ir.graph import Node
 from ..kernels.micro.epilogue import POST, POST_CLIP, POST_LEAKY
 from .fuse_activations import post_of
-from .match import rewriting, rewritten, sole_reader, users_of
+from .match import made_node, rewriting, rewritten, sole_reader, users_of
 from .state import Planning
 
 OPTIONAL = True
@@ -58,12 +58,15 @@ def fuse(p: Planning) -> list[Node]:
                     pa[0] in (POST_CLIP, POST_LEAKY) \
                     and _float(vals.get(after[0].outputs[0])) and after[0].outputs[0] not in stored:
                 act, post, out = after[0], pa, after[0].outputs[0]
-        param = {k: val for k, val in conv.param.items()}
-        if post is not None:
-            param[POST] = post
-        name = f"{conv.name} (+{add.name})" + (f" (+{act.name})" if act is not None else "")
-        fused[id(conv)] = Node(RESIDUAL_CONVOLUTION, [conv.inputs[0], r], [out], name, param, conv.param_type,
-                               conv.fmt)
+
+        def make():
+            param = {k: val for k, val in conv.param.items()}
+            if post is not None:
+                param[POST] = post
+            name = f"{conv.name} (+{add.name})" + (f" (+{act.name})" if act is not None else "")
+            return Node(RESIDUAL_CONVOLUTION, [conv.inputs[0], r], [out], name, param, conv.param_type, conv.fmt)
+        # (r, out and post follow from the three nodes)
+        fused[id(conv)] = made_node(p, ("residual", id(conv), id(add), id(act)), (conv, add, act), make)
         drop.add(id(add))
         if act is not None:
             drop.add(id(act))

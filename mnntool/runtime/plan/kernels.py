@@ -11,6 +11,7 @@ from ..concat_in_place import concat_layout
 from ..fallbacks import fell_back
 from ..kernels import KERNELS, PLAN_ONLY, Kernel, by_definition
 from ..kernels.ops.small_op_program import accepts
+from ..kernels.ops.tensor import passthrough as _passthrough
 from ..settings import Settings
 from .int8_store import RAW, quantized_by_readers, rounding, stored_on
 from . import reuse
@@ -57,11 +58,19 @@ def _with_grid(v: Val, grid) -> Val:
     return Val(v.shape, v.dtype, v.value, grid, v.zero)
 
 
+def _as_read(v: Val) -> Val:
+    """v as an input without a grid (itself where it has none)."""
+    return v if v.grid is None else _with_grid(v, None)
+
+
 def operands(p: Planning, node, raw_read: set | None = None) -> tuple[list, list]:
     """What the op's kernel factory is told of its inputs (with their grids) and outputs (with the grid
     the file stores them on). raw_read: the tensors of p.raw (made once by `run`)."""
     vals, grids = p.vals, p.grids
-    if not p.raw:       # (the common case, planned at every new shape: read_as is the name itself)
+    if not p.raw and not grids:     # (a float model: every Val as inference left it, grid None; Vals are never
+        # written, so the kernel is told those very objects: no copies at every new shape)
+        ins = [_as_read(vals.get(i) or _UNKNOWN) for i in node.inputs]
+    elif not p.raw:       # (the common case, planned at every new shape: read_as is the name itself)
         ins = [_with_grid(vals.get(i) or _UNKNOWN, grids.get(i)) for i in node.inputs]
     else:
         ins = [_with_grid(vals.get(i) or _UNKNOWN, None if read_as(p, node, i) != i else grids.get(i))
@@ -113,9 +122,42 @@ def batchable(p: Planning, node, ins, outs) -> bool:
         not any(read_as(p, node, i) != i for i in node.inputs)
 
 
+# A node whose kernel is kernels/ops/tensor.py's `passthrough` (ConvertTensor, MNN's layout tag: NCHW <-> NC4HW4,
+# the same array here; Identity, Dropout) hands its input on as its output: MNN's files put a ConvertTensor around
+# every op of the other layout, 57 of EfficientNet-B0's 170 steps. Its output's name is made another name of its
+# input's slot instead of a step: each cost ~18 us of planning at every new input shape (operands, kernel, memory,
+# binding its view), ~1 ms a shape.
+ALIAS_PASSTHROUGH = True        # (the tests switch it off to compare)
+_PASSES: dict = {}              # op -> whether its kernel is `passthrough`
+
+
+def aliased(p: Planning, node, outputs: set, raw_read: set) -> bool:
+    """Where the node's kernel is `passthrough` and no one needs its output under its own name (not a graph
+    output, not stored on an int8 grid or read unrounded, not computed at prepare, not under keep_all), its
+    output is given its input's slot (and grid) and no step: the readers get the very array the view step
+    handed on."""
+    passes = _PASSES.get(node.op)
+    if passes is None:
+        passes = _PASSES[node.op] = KERNELS.get(node.op) is _passthrough
+    if not passes or len(node.inputs) != 1 or len(node.outputs) != 1 or p.keep_all:
+        return False
+    i, o = node.inputs[0], node.outputs[0]
+    if not i or not o or o in outputs or o in p.index or i in p.known or o in p.known or \
+            (p.stored and (i in p.stored or o in p.stored)) or (raw_read and (i in raw_read or o in raw_read)):
+        return False
+    p.index[o] = p.slot(i)
+    grid = p.grids.get(i)
+    if grid is not None:        # (steps_of's keeps_values: the output lies on its input's grid)
+        p.grids[o] = grid
+    return True
+
+
 def run(p: Planning) -> None:
     raw_read = {t for _, t in p.raw}
+    outputs = set(p.graph.outputs) if ALIAS_PASSTHROUGH else None
     for node in p.nodes:
+        if outputs is not None and _PASSES.get(node.op, True) and aliased(p, node, outputs, raw_read):
+            continue
         ins, outs = operands(p, node, raw_read)
         if batchable(p, node, ins, outs):
             p.steps.append(Step(node.name, node.op, None, [p.slot(i) if i else -1 for i in node.inputs],

@@ -60,6 +60,23 @@ def rewriting(fuse):
     return run
 
 
+def made_node(p, key: tuple, sources: tuple, make) -> Node:
+    """make(), or the node it made in the session's last plan for the same `key` (a stage's tag, the ids of
+    `sources`, and anything else make() reads that is not fixed by those objects): a fused node keeps its
+    identity across input shapes, so what is kept by node (reuse.key_of's part of a shared kernel's key) is
+    made once, and each node is made once, not at every shape (nodes are never written, so plans may share
+    them). `sources`, the nodes it is made of, are held while the entry lives (their ids stay theirs); entries
+    live while the next plan uses them (plan/__init__.build: at most two plans' worth)."""
+    if p.made is None:
+        return make()
+    last, now = p.made
+    hit = now.get(key) or last.get(key)
+    if hit is None:
+        hit = (make(), sources)
+    now[key] = hit
+    return hit[0]
+
+
 def rewritten(nodes: list[Node], replace: dict, drop: set) -> list[Node]:
     """`nodes` with the nodes whose id is in `replace` replaced and those in `drop` left out: the same list
     where neither names one (so the next stage's users_of is the one already made)."""

@@ -110,9 +110,11 @@ def run(p: Planning) -> None:
     p.pool_bytes = int(sum(sizes))
     for s in p.steps:
         s.out_views = [None] * len(s.outs)
+    buffers, steps, ndarray = p.buffers, p.steps, np.ndarray
     for k, pos, b, shape, dtype, offset in views:
-        count = math.prod(int(d) for d in shape)
-        p.steps[k].out_views[pos] = p.buffers[b][offset:offset + count * dtype.itemsize].view(dtype).reshape(shape)
+        # (the same C-contiguous view of the buffer as slicing, viewing and reshaping it, in one call: ~1.5 us
+        # less a step, at every new input shape)
+        steps[k].out_views[pos] = ndarray(shape, dtype, buffers[b], offset)
     _fill_slots(p)
 
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 
 from ...errors import InvalidModel
-from ...ir.ops import Val
+from ...ir.ops import REGISTRY, Val, same
 from ...ir.ops.evaluate import infer_node
 from ...ir.shape_inference import infer_values
 from ..kernels.weight_cache import session_memo
@@ -30,6 +30,7 @@ def check_size(name: str, v: Val) -> None:
 
 _UNKNOWN = Val(None)
 _ITEMSIZE: dict = {}
+_KEEPS: dict = {}     # op -> whether its definition infers `same` (one output like its first input)
 
 
 def _same(a: Val, b: Val) -> bool:
@@ -62,7 +63,16 @@ def infer(g, memo: dict | None) -> dict:
         if last is not None and last[0] == ids:
             outs = last[1]
         else:
-            outs = infer_node(node, ins)
+            op = node.op
+            keeps = _KEEPS.get(op)
+            if keeps is None:
+                keeps = _KEEPS[op] = op in REGISTRY and REGISTRY[op].infer is same and op != "Input"
+            if keeps and ins and any(v.value is None for v in ins) and all(v.shape is not None for v in ins):
+                # infer_node's answer for an op whose definition infers `same` where no value is carried
+                # (a ConvertTensor, an activation: half of EfficientNet-B0's nodes), without its generic tests
+                outs = [Val(ins[0].shape, ins[0].dtype)] + [_UNKNOWN] * (len(node.outputs) - 1)
+            else:
+                outs = infer_node(node, ins)
             if last is not None and len(outs) == len(last[1]):
                 outs = [b if _same(a, b) else a for a, b in zip(outs, last[1])]
             memo[id(node)] = (ids, outs, node, ins)     # (the node and operands held: their ids stay theirs)

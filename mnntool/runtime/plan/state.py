@@ -75,6 +75,7 @@ class Planning:
     pool_bytes: int = 0
     calls: list = field(default_factory=list)
     ran: list = field(default_factory=list)
+    made: tuple | None = None       # (the session's last plan's fused nodes, this plan's) by key: match.made_node
 
     def slot(self, name: str) -> int:
         if name not in self.index:

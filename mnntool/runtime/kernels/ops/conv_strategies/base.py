@@ -7,6 +7,7 @@ from typing import NamedTuple
 
 import numpy as np
 
+from .....errors import InvalidModel
 from .....ir.ops.nn import pads_of, same_pads
 from ... import Kernel, Scratch, SharedZeros, sized, writes
 from ...micro.epilogue import NO_GRID, NO_POST, to_grid
@@ -54,7 +55,6 @@ class Geometry:
 
     def check(self, weight_size: int, where: str) -> None:
         """What MNN's resize checks, before any kernel indexes memory with these numbers."""
-        from .....errors import InvalidModel
         bad = None
         if min(self.kh, self.kw, self.sh, self.sw, self.dh, self.dw, self.group) < 1:
             bad = f"kernel {self.kh}x{self.kw}, stride {self.sh}x{self.sw}, dilation {self.dh}x{self.dw}, group {self.group}"
