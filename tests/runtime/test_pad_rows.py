@@ -35,5 +35,32 @@ def test_pad_planes_alone_matches_numpy_pad():
     x = np.random.default_rng(0).standard_normal((3, 40, 8)).astype(np.float32)
     for t, b, l, r in [(1, 0, 0, 0), (0, 2, 0, 0), (2, 1, 3, 0), (0, 0, 1, 1)]:
         out = np.full((3, 40 + t + b, 8 + l + r), np.nan, np.float32)
-        pad_planes(x, t, l, np.float32(0.5), out)
+        pad_planes(x.reshape(-1), 8, 40, 8, t, l, np.float32(0.5), out)
         np.testing.assert_array_equal(out, np.pad(x, ((0, 0), (t, b), (l, r)), constant_values=0.5))
+
+
+@pytest.mark.parametrize("threads", [1, 3])
+def test_pads_of_a_strided_view_read_it_in_place(threads):
+    """EfficientViT pads its attention's v, a view of rows 16 floats long 48 apart, by a column of ones: the
+    planes' rows read through parallel_rows.row_span (no copy first), the rows-only walk kept for contiguous
+    input; pad_planes (planes in parallel) and pad_rows (rows in parallel, few planes) against np.pad, exact."""
+    import numba
+
+    from mnntool.runtime.kernels.micro.parallel_rows import pad_rows, row_span
+    from mnntool.runtime.kernels.ops.tensor import pad_planes
+    qkv = np.random.default_rng(1).standard_normal((3, 20, 48)).astype(np.float32)
+    v = qkv[..., 32:]
+    flat, step = row_span(v, 60, 16)
+    before = numba.get_num_threads()
+    numba.set_num_threads(min(threads, numba.config.NUMBA_NUM_THREADS))
+    try:
+        for t, b, l, r in [(0, 0, 0, 1), (1, 2, 0, 0), (2, 1, 3, 2)]:
+            want = np.pad(v, ((0, 0), (t, b), (l, r)), constant_values=1.0)
+            for call in (lambda o: pad_planes(flat, step, 20, 16, t, l, np.float32(1), o),
+                         lambda o: pad_planes.serial()(flat, step, 20, 16, t, l, np.float32(1), o),
+                         lambda o: pad_rows(flat, step, 20, 16, t, l, np.float32(1), o, 4)):
+                out = np.full(want.shape, np.nan, np.float32)
+                call(out)
+                np.testing.assert_array_equal(out, want)
+    finally:
+        numba.set_num_threads(before)

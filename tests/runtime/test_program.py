@@ -109,3 +109,29 @@ def test_a_recurrent_step_runs_as_one_program():
     np.testing.assert_allclose(got["h1"], h1, rtol=0, atol=1e-6)
     np.testing.assert_allclose(got["y"], y, rtol=0, atol=1e-6)
     np.testing.assert_array_equal(got["cols"], xs[:, :, :3])
+
+
+def test_strided_views_load_by_rows():
+    """EfficientViT's attention: q, k, v split off the last axis (views of rows 48 floats apart), then ReLU of q
+    and k as one program: the program reads the views' rows in place (no copy of each by NumPy), kept while
+    the planner hands the same views, and a second run reads the new values. Exact (a ReLU and an add)."""
+    nodes = [bop("MUL", "x", "one", "qkv"),      # (a program op of its own would take the split in: a big one)
+             Node("Slice", ["qkv"], ["q", "k", "v"], "split", {"axis": 3, "slicePoints": [16, 32], "sourceType": "CAFFE"}),
+             Node("ReLU", ["q"], ["rq"], "rq"), Node("ReLU", ["k"], ["rk"], "rk"), bop("ADD", "rq", "rk", "y")]
+    shape = (1, 4, 49, 48)
+    g = _graph(nodes, [("x", shape)], ["y", "v"], {"one": np.ones(shape, np.float32)})
+    sess = Session(g, threads=1)
+    rng = np.random.default_rng(2)
+    for _ in range(2):
+        x = rng.standard_normal(shape).astype(np.float32)
+        got = sess.run({"x": x})
+        np.testing.assert_array_equal(got["y"], np.maximum(x[..., :16], 0) + np.maximum(x[..., 16:32], 0))
+    prog_steps = [s for s in sess.plan.steps if s.op == "Program"]
+    assert len(prog_steps) == 1
+    # the layout: rows of 16 floats 48 apart, from the view's first element; two strides: copied (None)
+    from mnntool.runtime.kernels.micro.parallel_rows import row_span
+    base = np.arange(np.prod(shape), dtype=np.float32).reshape(shape)
+    flat, step = row_span(base[..., 16:32], 4 * 49, 16)
+    assert step == 48 and flat[0] == 16 and flat.size == (4 * 49 - 1) * 48 + 16 and flat.flags.c_contiguous
+    assert row_span(base[:, :, ::2, :16], 4 * 25, 16) is None and row_span(base.astype(np.float64), 4 * 49, 48) is None
+    assert row_span(base, 4 * 49, 48)[1] == 48

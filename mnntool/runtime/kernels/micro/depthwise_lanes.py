@@ -52,23 +52,27 @@ def _make_block(k: int, stride: int):
     taps = k * k
 
     @intrinsic
-    def block_kernel(typingctx, x, xo, nc, hw, inpos, xt, wt, wo, bt, bo, yt, pw, oh, ow, out, oo, epf, on_grid):
-        """One block of nc <= 16 channels: x[xo + c*hw + p] (c < nc, p < hw) transposed into the scratch xt at
-        vector inpos[p] (xt's border vectors stay zero: the padding; rows pw vectors long), then output
-        pixel (y, i) (y < oh, i < ow) is finish(bt[bo..bo+16] + sum_rj wt[wo + 16*(k*r + j) ..] *
-        xt[(stride*y + r)*pw + stride*i + j]) (vectors of 16 floats, lanes = channels) into yt[y*ow + i],
-        transposed into out[oo + c*oh*ow + y*ow + i]. inpos has a whole number of 16-pixel blocks (the
-        pixels past hw point at a spare vector). Pixels go TILE of a row at a time, the last tile of a row
-        ending at its end (overlapping the one before); a row narrower than TILE computes pixels past its
-        end into the next row's places (written again when that row comes) or yt's slack, from reads that
-        stay inside xt's slack (`tables`)."""
+    def block_kernel(typingctx, x, xo, nc, hw, inpos, xt, wt, wo, bt, bo, yt, pw, oh, ow, out, oo, epf, on_grid,
+                     pb0, pb1, y0, y1):
+        """Output rows y0 <= y < y1 of one block of nc <= 16 channels: x[xo + c*hw + p] (c < nc, p < hw) for the
+        16-pixel blocks pb0 <= p // 16 < pb1 (those rows' windows) transposed into the scratch xt at vector
+        inpos[p] (xt's border vectors stay zero: the padding; rows pw vectors long), then output pixel (y, i)
+        (i < ow) is finish(bt[bo..bo+16] + sum_rj wt[wo + 16*(k*r + j) ..] * xt[(stride*y + r)*pw + stride*i + j])
+        (vectors of 16 floats, lanes = channels) into yt[y*ow + i], transposed into out[oo + c*oh*ow + y*ow + i]
+        (only the pixels of rows y0..y1-1). inpos has a whole number of 16-pixel blocks (the pixels past hw
+        point at a spare vector). Pixels go TILE of a row at a time, the last tile of a row ending at its end
+        (overlapping the one before); a row narrower than TILE computes pixels past its end into the next
+        row's places (written again when that row comes, or never stored) or yt's slack, from reads that
+        stay inside xt's slack (`tables`). Each output pixel is the same FMA chain whatever the row range."""
         from llvmlite import ir
         ip = types.intp
-        sig = types.void(x, ip, ip, ip, inpos, xt, wt, ip, bt, ip, yt, ip, ip, ip, out, ip, epf, ip)
+        sig = types.void(x, ip, ip, ip, inpos, xt, wt, ip, bt, ip, yt, ip, ip, ip, out, ip, epf, ip, ip, ip, ip, ip)
 
         def codegen(context, builder, sig, args):
-            (xa, xo_, nc_, hw_, ina, xta, wa, wo_, ba, bo_, yta, pw_, oh_, ow_, oa, oo_, epfa, grid_) = args
+            (xa, xo_, nc_, hw_, ina, xta, wa, wo_, ba, bo_, yta, pw_, oh_, ow_, oa, oo_, epfa, grid_,
+             pb0_, pb1_, y0_, y1_) = args
             ohw_ = builder.mul(oh_, ow_)
+            p0_, p1_ = builder.mul(y0_, ow_), builder.mul(y1_, ow_)    # the output pixels stored
             i32, i64, f32 = ir.IntType(32), ir.IntType(64), ir.FloatType()
             f16 = ir.VectorType(f32, 16)
             vp = f16.as_pointer()
@@ -91,7 +95,7 @@ def _make_block(k: int, stride: int):
             finish = Finish(builder, epfa, builder.icmp_signed("!=", grid_, const(0)))
 
             def load_in(pb, _):
-                at = builder.mul(pb, const(16))
+                at = builder.mul(builder.add(pb, pb0_), const(16))
                 mask = first_lanes(builder, builder.sub(hw_, at))
                 rows = [builder.call(mload, [builder.bitcast(builder.gep(xp, [builder.add(planes[c], at)]), vp),
                                              align, mask, fzero]) for c in range(16)]
@@ -101,7 +105,7 @@ def _make_block(k: int, stride: int):
                     pos = builder.load(builder.gep(inp, [builder.add(at, const(p))]))
                     builder.store(v, builder.gep(xtp, [pos]), align=4)
                 return []
-            k_loop(builder, builder.sdiv(builder.add(hw_, const(15)), const(16)), [], load_in)
+            k_loop(builder, builder.sub(pb1_, pb0_), [], load_in)
 
             bias = builder.load(bp, align=4)
             wv = [builder.load(builder.gep(wp, [const(t)]), align=4) for t in range(taps)] if taps <= 9 else None
@@ -109,7 +113,9 @@ def _make_block(k: int, stride: int):
             last_tile = builder.sub(ow_, const(TILE))
             last_tile = builder.select(builder.icmp_signed(">", last_tile, const(0)), last_tile, const(0))
 
-            def row(oy, _):
+            def row(dy, _):
+                oy = builder.add(y0_, dy)
+
                 def tile(ti, _):
                     ox0 = builder.mul(ti, const(TILE))
                     ox0 = builder.select(builder.icmp_signed("<", ox0, last_tile), ox0, last_tile)
@@ -131,11 +137,11 @@ def _make_block(k: int, stride: int):
                     return []
                 k_loop(builder, ntile, [], tile)
                 return []
-            k_loop(builder, oh_, [], row)
+            k_loop(builder, builder.sub(y1_, y0_), [], row)
 
             def store_out(pb, _):
-                at = builder.mul(pb, const(16))
-                mask = first_lanes(builder, builder.sub(ohw_, at))
+                at = builder.add(p0_, builder.mul(pb, const(16)))
+                mask = first_lanes(builder, builder.sub(p1_, at))
                 none = first_lanes(builder, const(0))
                 cols = [builder.load(builder.gep(ytp, [builder.add(at, const(p))]), align=4) for p in range(16)]
                 for c, v in enumerate(transpose16(builder, cols)):
@@ -144,7 +150,7 @@ def _make_block(k: int, stride: int):
                         builder.icmp_signed("<", const(c), nc_), const(c), const(0)), ohw_), at)])
                     builder.call(mstore, [v, builder.bitcast(dst, vp), align, keep])
                 return []
-            k_loop(builder, builder.sdiv(builder.add(ohw_, const(15)), const(16)), [], store_out)
+            k_loop(builder, builder.sdiv(builder.add(builder.sub(p1_, p0_), const(15)), const(16)), [], store_out)
             return context.get_dummy_value()
         return sig, codegen
     return block_kernel
@@ -156,21 +162,21 @@ _b1k7, _b2k7 = _make_block(7, 1), _make_block(7, 2)
 
 
 @njit(cache=True, inline="always")
-def _block(k, s, x, xo, nc, hw, inpos, xt, wt, wo, bt, bo, yt, pw, oh, ow, out, oo, epf, grid):
+def _block(k, s, x, xo, nc, hw, inpos, xt, wt, wo, bt, bo, yt, pw, oh, ow, out, oo, epf, grid, pb0, pb1, y0, y1):
     if k == 3:
         if s == 1:
-            _b1k3(x, xo, nc, hw, inpos, xt, wt, wo, bt, bo, yt, pw, oh, ow, out, oo, epf, grid)
+            _b1k3(x, xo, nc, hw, inpos, xt, wt, wo, bt, bo, yt, pw, oh, ow, out, oo, epf, grid, pb0, pb1, y0, y1)
         else:
-            _b2k3(x, xo, nc, hw, inpos, xt, wt, wo, bt, bo, yt, pw, oh, ow, out, oo, epf, grid)
+            _b2k3(x, xo, nc, hw, inpos, xt, wt, wo, bt, bo, yt, pw, oh, ow, out, oo, epf, grid, pb0, pb1, y0, y1)
     elif k == 5:
         if s == 1:
-            _b1k5(x, xo, nc, hw, inpos, xt, wt, wo, bt, bo, yt, pw, oh, ow, out, oo, epf, grid)
+            _b1k5(x, xo, nc, hw, inpos, xt, wt, wo, bt, bo, yt, pw, oh, ow, out, oo, epf, grid, pb0, pb1, y0, y1)
         else:
-            _b2k5(x, xo, nc, hw, inpos, xt, wt, wo, bt, bo, yt, pw, oh, ow, out, oo, epf, grid)
+            _b2k5(x, xo, nc, hw, inpos, xt, wt, wo, bt, bo, yt, pw, oh, ow, out, oo, epf, grid, pb0, pb1, y0, y1)
     elif s == 1:
-        _b1k7(x, xo, nc, hw, inpos, xt, wt, wo, bt, bo, yt, pw, oh, ow, out, oo, epf, grid)
+        _b1k7(x, xo, nc, hw, inpos, xt, wt, wo, bt, bo, yt, pw, oh, ow, out, oo, epf, grid, pb0, pb1, y0, y1)
     else:
-        _b2k7(x, xo, nc, hw, inpos, xt, wt, wo, bt, bo, yt, pw, oh, ow, out, oo, epf, grid)
+        _b2k7(x, xo, nc, hw, inpos, xt, wt, wo, bt, bo, yt, pw, oh, ow, out, oo, epf, grid, pb0, pb1, y0, y1)
 
 
 @njit(parallel=True, cache=True)
@@ -178,8 +184,13 @@ def depthwise_lanes(x, wt, bt, k, s, inpos, pw, epf, grid, xt, yt, out):
     """x (C, H, W) -> out (C, oh, ow) by blocks of 16 channels; wt (ceil(C/16), k*k, 16) and bt (ceil(C/16), 16)
     the weights and bias with channels last (`lanes_weights`, `lanes_bias`), k in SIZES, s in STRIDES; inpos and pw
     from `tables`; xt (chunks, input scratch vectors * 16: zero where no input pixel is written) and yt
-    (chunks, output scratch vectors * 16) the scratch of each of `chunks` workers (a chunk runs a
-    contiguous run of blocks)."""
+    (chunks, output scratch vectors * 16) the scratch of each of `chunks` workers.
+
+    The work is the blocks' output rows one after another (block-major), and a chunk runs an equal
+    contiguous run of them (`chunks_of`): a block split between two chunks costs each only the input rows its
+    own rows' windows reach (k - s more than its share), where whole blocks a chunk (as before) left threads
+    idle wherever the blocks were fewer than the threads or not a multiple of them (32 channels on 28x28 at 4
+    threads: 2 blocks; 72 channels: 5 blocks, 2 on one thread). One chunk runs every block whole."""
     C, H, W = x.shape
     oh, ow = out.shape[1], out.shape[2]
     hw, ohw = H * W, oh * ow
@@ -187,11 +198,27 @@ def depthwise_lanes(x, wt, bt, k, s, inpos, pw, epf, grid, xt, yt, out):
     wf, bf = wt.reshape(-1), bt.reshape(-1)
     nb = (C + 15) // 16
     chunks = xt.shape[0]
+    total = nb * oh
+    t = inpos[0] // pw if hw > 0 else 0      # the top padding (inpos[0] = t*pw + l, l < pw)
     for ch in prange(chunks):
-        for blk in range(ch * nb // chunks, (ch + 1) * nb // chunks):
+        r, hi = ch * total // chunks, (ch + 1) * total // chunks
+        while r < hi:
+            blk = r // oh
+            y0 = r - blk * oh
+            y1 = min(oh, y0 + hi - r)
+            # the 16-pixel input blocks holding the rows these output rows' windows reach
+            iy0, iy1 = max(0, y0 * s - t), min(H, (y1 - 1) * s + k - t)
+            pb0, pb1 = (iy0 * W) // 16, (iy1 * W + 15) // 16 if iy1 > iy0 else (iy0 * W) // 16
             c0 = 16 * blk
             _block(k, s, xf, c0 * hw, min(16, C - c0), hw, inpos, xt[ch], wf, blk * k * k * 16, bf, blk * 16,
-                   yt[ch], pw, oh, ow, of, c0 * ohw, epf, grid)
+                   yt[ch], pw, oh, ow, of, c0 * ohw, epf, grid, pb0, pb1, y0, y1)
+            r += y1 - y0
+
+
+def chunks_of(channels: int, oh: int, threads: int) -> int:
+    """The chunks `depthwise_lanes` splits a layer into at `threads`: one a thread, fewer where the blocks'
+    output rows are fewer."""
+    return max(1, min(threads, -(-channels // 16) * oh))
 
 
 def lanes_weights(w: np.ndarray, k: int) -> np.ndarray:
@@ -217,7 +244,8 @@ def tables(h: int, w: int, k: int, s: int, t: int, l: int, oh: int, ow: int):
     t/l and whatever the windows reach past the bottom/right (ph x pw vectors, pixel-major), then slack for
     the reads of a tile's pixels past a row narrower than TILE, then one spare vector (where the input
     pixels past the last whole 16-pixel block go); inpos[p] is input pixel p's vector. The output scratch
-    holds oh*ow pixels rounded up to 16, and TILE more."""
+    holds oh*ow pixels rounded up to 16, then 16 + TILE more (a row range's last 16-pixel store starts at any
+    pixel, so it reads up to 15 vectors past the last one)."""
     ph = max(h + t, (oh - 1) * s + k)
     pw = max(w + l, (ow - 1) * s + k)
     spare = ph * pw + s * TILE + k
@@ -225,4 +253,4 @@ def tables(h: int, w: int, k: int, s: int, t: int, l: int, oh: int, ow: int):
     p = np.arange(nin)
     inpos = np.where(p < h * w, (p // w + t) * pw + p % w + l, spare).astype(np.int64)
     inpos.setflags(write=False)
-    return inpos, pw, spare + 1, -(-oh * ow // 16) * 16 + TILE
+    return inpos, pw, spare + 1, -(-oh * ow // 16) * 16 + 16 + TILE

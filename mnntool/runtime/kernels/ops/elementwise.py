@@ -165,17 +165,21 @@ def _unsupported(node, what):
 
 
 @njit(parallel=True, cache=True)
-def clip_rows(x, lo, hi, out):
-    """out = min(max(x, lo), hi) over (rows, n) arrays, x in any layout (a split's strided view), NaN kept
-    (as np.maximum / np.clip). One compiled call: in a run, where the kernels before have pushed NumPy's
-    and the interpreter's code out of the caches and TLB, a ufunc call on 25K floats cost ~50 us
-    (EfficientViT-B0's ReLUs on its attention's q/k splits; 3-20 us warm)."""
-    for r in prange(x.shape[0]):
-        src, dst = x[r], out[r]
-        for j in range(src.shape[0]):
-            v = src[j]
+def clip_rows(x, step, lo, hi, out):
+    """out (rows, n) = min(max(x, lo), hi), row r of x at x[r * step:r * step + n] (x flat: a contiguous array,
+    step n, or a split's strided view, parallel_rows.row_span), NaN kept (as np.maximum / np.clip). One
+    compiled call: in a run, where the kernels before have pushed NumPy's and the interpreter's code out of
+    the caches and TLB, a ufunc call on 25K floats cost ~50 us (EfficientViT-B0's ReLUs on its attention's q/k
+    splits; 3-20 us warm). Flat unsigned indices, no view a row (rows of 16 floats: 8.2 -> ~3 us)."""
+    rows, n = out.shape
+    of = out.reshape(-1)
+    un, us = np.uint64(n), np.uint64(step)
+    for r in prange(rows):
+        xb, ob = np.uint64(r) * us, np.uint64(r) * un
+        for j in range(un):
+            v = x[xb + j]
             v = lo if v < lo else v
-            dst[j] = hi if v > hi else v
+            of[ob + j] = hi if v > hi else v
 
 
 def _clip_kernel(ins, outs, lo: float, hi: float, threads: int):
@@ -184,15 +188,19 @@ def _clip_kernel(ins, outs, lo: float, hi: float, threads: int):
     if shape is None or len(shape) < 1 or not all(isinstance(d, int) for d in shape) or \
             ins[0].dtype != "float32" or outs[0].dtype != "float32" or not int(np.prod(shape)):
         return None
+    from ..micro.parallel_rows import RowSpan
     last = shape[-1]
+    rows = int(np.prod(shape)) // last
     fn = sized(clip_rows, int(np.prod(shape)), threads)
     lo, hi = np.float32(lo), np.float32(hi)
+    span = RowSpan(rows, last)
 
     def run(i, o):
         y = o[0]
-        if y.flags.c_contiguous:    # (a strided input view whose leading axes merge stays a view)
-            fn(i[0].reshape(-1, last), lo, hi, y.reshape(-1, last))
-        else:                       # an output placed in a concat's slice
+        # (a strided input view whose leading axes merge is read in place)
+        if y.flags.c_contiguous and (xs := span(i[0])) is not None:
+            fn(xs[0], xs[1], lo, hi, y.reshape(rows, last))
+        else:                       # an output placed in a concat's slice, an input of another layout
             np.clip(i[0], lo, hi, out=y)
     return writes(run)
 
@@ -412,28 +420,34 @@ ROW_OPS = {"ADD": 0, "SUB": 1, "MUL": 2, "REALDIV": 3, "DIV": 3}
 
 
 @njit(parallel=True, cache=True, error_model="numpy")
-def by_row_value(x, s, kind, relu, out):
-    """out[r, j] = x[r, j] (+ - * /) s[r] over (rows, n) arrays (no fastmath: the division stays a division,
-    as NumPy's; NumPy's error model: x / 0 is inf or nan, not an exception), then max(., 0) when relu: an operand broadcast along the last axis, as EfficientViT's
-    linear attention divides each row of its (8, 196, 16) output by its (8, 196, 1) normaliser (a NumPy
-    broadcast ufunc, ~30 us a call in the run)."""
-    for r in prange(x.shape[0]):
-        a, z, v = x[r], out[r], s[r]
+def by_row_value(x, step, s, kind, relu, out):
+    """out[r, j] = x[r * step + j] (+ - * /) s[r] over (rows, n) (x flat: parallel_rows.row_span; no fastmath:
+    the division stays a division, as NumPy's; NumPy's error model: x / 0 is inf or nan, not an exception),
+    then max(., 0) when relu: an operand broadcast along the last axis, as EfficientViT's linear attention
+    divides each row of its (8, 196, 16) output, a strided view, by its (8, 196, 1) normaliser (a NumPy
+    broadcast ufunc, ~30 us a call in the run; a row view a row and the copy of x 33 us at one thread, flat
+    indices on the view in place 4)."""
+    rows, n = out.shape
+    of = out.reshape(-1)
+    un, us = np.uint64(n), np.uint64(step)
+    for r in prange(rows):
+        v = s[r]
+        xb, ob = np.uint64(r) * us, np.uint64(r) * un
         if kind == 0:
-            for j in range(z.shape[0]):
-                z[j] = a[j] + v
+            for j in range(un):
+                of[ob + j] = x[xb + j] + v
         elif kind == 1:
-            for j in range(z.shape[0]):
-                z[j] = a[j] - v
+            for j in range(un):
+                of[ob + j] = x[xb + j] - v
         elif kind == 2:
-            for j in range(z.shape[0]):
-                z[j] = a[j] * v
+            for j in range(un):
+                of[ob + j] = x[xb + j] * v
         else:
-            for j in range(z.shape[0]):
-                z[j] = a[j] / v
+            for j in range(un):
+                of[ob + j] = x[xb + j] / v
         if relu:
-            for j in range(z.shape[0]):
-                z[j] = max(z[j], np.float32(0))
+            for j in range(un):
+                of[ob + j] = max(of[ob + j], np.float32(0))
 
 
 def _last_axis_broadcast(op, ins, outs, fused_relu, threads):
@@ -445,15 +459,17 @@ def _last_axis_broadcast(op, ins, outs, fused_relu, threads):
             not all(isinstance(d, int) for d in xs + ss) or tuple(ys) != tuple(xs) or \
             tuple(ss) != tuple(xs[:-1]) + (1,) or xs[-1] < 2:
         return None
+    from ..micro.parallel_rows import RowSpan
     n = xs[-1]
     rows = int(np.prod(xs)) // n
     fn, kind = sized(by_row_value, rows * n, threads), ROW_OPS[op]
+    span = RowSpan(rows, n)
 
     def run(i, o):
         y = o[0]
         if y.flags.c_contiguous:
-            fn(np.ascontiguousarray(i[0]).reshape(rows, n), np.ascontiguousarray(i[1]).reshape(rows), kind, fused_relu,
-               y.reshape(rows, n))
+            x = span(i[0]) or (np.ascontiguousarray(i[0]).reshape(-1), n)      # (another layout: copied)
+            fn(x[0], x[1], np.ascontiguousarray(i[1]).reshape(rows), kind, fused_relu, y.reshape(rows, n))
         else:
             FLOAT_BINARY[op](i[0], i[1], out=y)
             if fused_relu:

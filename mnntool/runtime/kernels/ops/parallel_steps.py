@@ -1,7 +1,9 @@
 """The parallel form of steps whose one-thread code is NumPy (Permute, StridedSlice, Concat, broadcast
 BinaryOps, LeakyReLU, a SUM over one middle axis): micro.parallel_rows's kernels, chosen at prepare where
 the session has threads and the step has the work to pay for waking them (host_tuning.parallel_min_work);
-otherwise None and the op keeps its NumPy code, which one thread and small work run as before. The
+otherwise None and the op keeps its NumPy code, which one thread and small work run as before (StridedSlice:
+copy_strided's serial twin instead, faster than NumPy's strided copy; near the threshold a Permute times the
+parallel copy against that twin too). The
 kernels' output is bit-identical to that code's (the same IEEE operations in the same order), so a model
 gives the same numbers at any thread count. Each run function takes C-contiguous operands as they come
 from the planner's buffers and falls back to the NumPy code for any other (a strided view, an output
@@ -11,7 +13,7 @@ from __future__ import annotations
 import numpy as np
 
 from ... import host_tuning
-from .. import direct
+from .. import direct, serial
 from ..step_timing import Timed, timed
 from ..micro import parallel_rows as pr
 
@@ -79,24 +81,32 @@ class _Flat:
         return flat
 
 
-def _copy_kernel(shape, src_strides, dst_strides, itemsize: int, threads: int):
-    """copy_strided bound for one geometry: (call, merged shape, source and output strides, work), or None."""
+def _copy_kernel(shape, src_strides, dst_strides, itemsize: int, threads: int, one_thread: bool = False):
+    """copy_strided bound for one geometry: (parallel call or None, serial twin's call, merged shape, source and
+    output strides, work), or None: no parallel call unless the work pays for threads, and then None unless
+    `one_thread` (a copy that runs the serial twin: rows as fixed-length loops, 2.5x NumPy's strided copy on
+    rows of 16 floats, EfficientViT's slice of (8, 196, 17) to 16: 10.1 -> 3.9 us, never slower in the shapes
+    tried up to rows of 1024)."""
     merged = pr.merge_axes(list(shape), [list(src_strides), list(dst_strides)])
     kind = pr.COPY_TYPES.get(itemsize)
     if merged is None or kind is None:
         return None
     dims, (ss, ds) = merged
-    if not pays(copy_work(dims, ss[-1] == 1 and ds[-1] == 1), threads):
+    work = copy_work(dims, ss[-1] == 1 and ds[-1] == 1)
+    par = threads > 1 and pays(work, threads)
+    if not par and not one_thread:
         return None
     shape4 = np.array(dims, np.int64)
     example = np.empty(1, kind)
-    fn = direct(pr.copy_strided, example, pr.geometry(0, ss), example, pr.geometry(0, ds), shape4, threads)
-    return fn, shape4, ss, ds, copy_work(dims, ss[-1] == 1 and ds[-1] == 1)
+    sg, dg = pr.geometry(0, ss), pr.geometry(0, ds)
+    one = direct(serial(pr.copy_strided), example, sg, example, dg, shape4, 1)
+    fn = direct(pr.copy_strided, example, sg, example, dg, shape4, threads) if par else None
+    return fn, one, shape4, ss, ds, work
 
 
 def permute(shape, perm, dtype, threads: int, serial=None):
     """A run(i, o) for a Permute of a C-contiguous input, or None. `serial`: the op's own one-thread run,
-    which a step near the threshold times against the parallel copy (default: NumPy's copy)."""
+    which a step near the threshold times against the parallel copy (default: copy_strided's serial twin)."""
     if threads <= 1 or not _known(shape) or dtype is None:
         return None
     dtype = _dtype(dtype)
@@ -107,7 +117,7 @@ def permute(shape, perm, dtype, threads: int, serial=None):
     k = _copy_kernel(out_shape, [st[a] for a in perm], pr.c_strides(out_shape), dtype.itemsize, threads)
     if k is None:
         return None
-    fn, shape4, ss, ds = k[:4]
+    fn, one, shape4, ss, ds, work = k
     sg, dg = pr.geometry(0, ss), pr.geometry(0, ds)
     kind = pr.COPY_TYPES[dtype.itemsize]
     src, dst = _Flat(kind), _Flat(kind)
@@ -115,18 +125,29 @@ def permute(shape, perm, dtype, threads: int, serial=None):
     def numpy_run(i, o):
         np.copyto(o[0], i[0].transpose(perm))
 
+    def usable(x, y):
+        return x.dtype == dtype and y.dtype == dtype and x.flags.c_contiguous and y.flags.c_contiguous
+
     def run(i, o):
         x, y = i[0], o[0]
-        if x.dtype != dtype or y.dtype != dtype or not x.flags.c_contiguous or not y.flags.c_contiguous:
+        if not usable(x, y):
             numpy_run(i, o)
             return
         fn(src(x), sg, dst(y), dg, shape4, threads)
-    return _chosen(run, serial or numpy_run, k[4], threads)
+
+    def serial_run(i, o):
+        x, y = i[0], o[0]
+        if not usable(x, y):
+            numpy_run(i, o)
+            return
+        one(src(x), sg, dst(y), dg, shape4, 1)
+    return _chosen(run, serial or serial_run, work, threads)
 
 
 def strided_slice(shape, index, out_shape, dtype, threads: int):
-    """A run(i, o) for x[index] of a C-contiguous x into the output, or None."""
-    if threads <= 1 or not _known(shape, out_shape) or dtype is None:
+    """A run(i, o) for x[index] of a C-contiguous x into the output, or None: at one thread (and below the
+    threshold) copy_strided's serial twin, above it the parallel copy, near it the faster of the two."""
+    if not _known(shape, out_shape) or dtype is None:
         return None
     dtype = _dtype(dtype)
     if dtype is None:
@@ -137,10 +158,10 @@ def strided_slice(shape, index, out_shape, dtype, threads: int):
     if tuple(view.shape) != tuple(out_shape) or view.size == 0:
         return None
     offset = view.__array_interface__["data"][0] - probe.__array_interface__["data"][0]
-    k = _copy_kernel(view.shape, view.strides, pr.c_strides(out_shape), dtype.itemsize, threads)
+    k = _copy_kernel(view.shape, view.strides, pr.c_strides(out_shape), dtype.itemsize, threads, one_thread=True)
     if k is None:
         return None
-    fn, shape4, ss, ds = k[:4]
+    fn, one, shape4, ss, ds, work = k
     sg, dg = pr.geometry(offset, ss), pr.geometry(0, ds)
     kind = pr.COPY_TYPES[dtype.itemsize]
     src, dst = _Flat(kind), _Flat(kind)
@@ -148,13 +169,25 @@ def strided_slice(shape, index, out_shape, dtype, threads: int):
     def numpy_run(i, o):
         np.copyto(o[0], i[0][index])
 
+    def usable(x, y):
+        return x.dtype == dtype and y.dtype == dtype and x.flags.c_contiguous and y.flags.c_contiguous
+
+    def serial_run(i, o):
+        x, y = i[0], o[0]
+        if not usable(x, y):
+            numpy_run(i, o)
+            return
+        one(src(x), sg, dst(y), dg, shape4, 1)
+    if fn is None:
+        return serial_run
+
     def run(i, o):
         x, y = i[0], o[0]
-        if x.dtype != dtype or y.dtype != dtype or not x.flags.c_contiguous or not y.flags.c_contiguous:
+        if not usable(x, y):
             numpy_run(i, o)
             return
         fn(src(x), sg, dst(y), dg, shape4, threads)
-    return _chosen(run, numpy_run, k[4], threads)
+    return _chosen(run, serial_run, work, threads)
 
 
 def concat(in_shapes, axis: int, out_shape, dtype, threads: int):
@@ -302,11 +335,12 @@ def sum_middle(shape, axes, op: str, out_shape, dtype, threads: int):
 
 
 def pad(b: int, h: int, w: int, oh: int, ow: int, threads: int):
-    """A call(x (B, H, W), t, l, value, out (B, OH, OW)) for a constant pad of the last two axes of a map of
-    fewer planes than 2 a thread, split by output rows (pad_rows), or None (pad_planes splits planes)."""
+    """A call(x, step, h, w, t, l, value, out (B, OH, OW)) (pad_planes's) for a constant pad of the last two axes
+    of a map of fewer planes than 2 a thread, split by output rows (pad_rows), or None (pad_planes splits
+    planes)."""
     if threads <= 1 or not b * oh * ow or b >= 2 * threads or \
             b * oh * ow * COPY_WORK < host_tuning.parallel_min_work(threads):    # (untimed: a bare call)
         return None
-    fn = direct(pr.pad_rows, np.empty((b, h, w), np.float32), 0, 0, np.float32(0), np.empty((b, oh, ow), np.float32),
+    fn = direct(pr.pad_rows, np.empty(1, np.float32), 0, 0, 0, 0, 0, np.float32(0), np.empty((b, oh, ow), np.float32),
                 threads)
-    return lambda x, t, l, value, out: fn(x, t, l, value, out, threads)
+    return lambda x, step, h_, w_, t, l, value, out: fn(x, step, h_, w_, t, l, value, out, threads)

@@ -336,36 +336,38 @@ PLAN_ONLY["ChannelShuffle"] = channel_shuffle
 
 
 @njit(parallel=True, cache=True)
-def pad_planes(x, t, l, value, out):
-    """out (B, OH, OW) = x (B, H, W) placed at row t, column l, the rest `value`: each output row
-    written once (the definition's np.pad allocated and filled the whole output, then copied into it:
-    HGNetV2-B0's stem pad, 16 x 112 x 112 -> 113 x 113, 0.26 ms against onnxruntime's 0.07)."""
-    B, H, W = x.shape
-    OH, OW = out.shape[1], out.shape[2]
-    xf, of = x.reshape(-1), out.reshape(-1)
-    uw, uow, ul, right = np.uint64(W), np.uint64(OW), np.uint64(l), np.uint64(OW - l - W)
+def pad_planes(x, step, h, w, t, l, value, out):
+    """out (B, OH, OW) = x's B planes of h rows of w floats placed at row t, column l, the rest `value`: each
+    output row written once (the definition's np.pad allocated and filled the whole output, then copied into
+    it: HGNetV2-B0's stem pad, 16 x 112 x 112 -> 113 x 113, 0.26 ms against onnxruntime's 0.07). x is flat,
+    row r (plane * h + y) at x[r * step:r * step + w] (parallel_rows.row_span: a contiguous map, step w, or a
+    split's strided view read in place: EfficientViT pads its attention's v, a (8, 196, 16) view of rows 48
+    floats apart, which NumPy's copy first took 9 us of the step's 17)."""
+    B, OH, OW = out.shape
+    of = out.reshape(-1)
+    uw, ustep, uow, ul, right = np.uint64(w), np.uint64(step), np.uint64(OW), np.uint64(l), np.uint64(OW - l - w)
     for b in prange(B):
         # flat unsigned indices: the row views and slice assignments cost ~50 ns a row (CoaT's cls-token
         # pad, 8 x 3136 rows of 8 floats: 220 us)
-        src, dst = np.uint64(b * H * W), np.uint64(b * OH * OW)
-        if l == 0 and OW == W:      # rows only: one fill, one copy, one fill a plane
-            top, body = np.uint64(t * W), np.uint64(H * W)
+        src, dst = np.uint64(b * h) * ustep, np.uint64(b * OH * OW)
+        if l == 0 and OW == w and step == w:      # rows only: one fill, one copy, one fill a plane
+            top, body = np.uint64(t * w), np.uint64(h * w)
             for j in range(top):
                 of[dst + j] = value
             for j in range(body):
-                of[dst + top + j] = xf[src + j]
+                of[dst + top + j] = x[src + j]
             for j in range(top + body, np.uint64(OH * OW)):
                 of[dst + j] = value
             continue
         for y in range(OH):
             o = dst + np.uint64(y) * uow
             iy = y - t
-            if 0 <= iy < H:
-                i = src + np.uint64(iy) * uw
+            if 0 <= iy < h:
+                i = src + np.uint64(iy) * ustep
                 for j in range(ul):
                     of[o + j] = value
                 for j in range(uw):
-                    of[o + ul + j] = xf[i + j]
+                    of[o + ul + j] = x[i + j]
                 for j in range(right):
                     of[o + ul + uw + j] = value
             else:
@@ -394,4 +396,10 @@ def padding(node, ins, outs, settings):
     oh, ow = h + t + pads[-3], w + l + pads[-1]
     fn = parallel_steps.pad(b, h, w, oh, ow, settings.threads) or \
         sized(pad_planes, b * oh * ow, settings.threads)       # (few planes, threads: rows across them)
-    return writes(lambda i, o: fn(np.ascontiguousarray(i[0]).reshape(b, h, w), t, l, value, o[0].reshape(b, oh, ow)))
+    from ..micro.parallel_rows import RowSpan
+    span = RowSpan(b * h, w)
+
+    def run(i, o):
+        xs = span(i[0]) or (np.ascontiguousarray(i[0], np.float32).reshape(-1), w)    # (another layout: copied)
+        fn(xs[0], xs[1], h, w, t, l, value, o[0].reshape(b, oh, ow))
+    return writes(run)

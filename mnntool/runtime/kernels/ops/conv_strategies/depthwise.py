@@ -61,7 +61,7 @@ class LanesDepthwise(Strategy):
         wl, bt = packed_once(L.lanes_weights, dw_weights(g, layer).reshape(g.cout, k * k), k), L.lanes_bias(layer.bias)
         from ... import Scratch, SharedZeros
         inpos, pw, nin, nout = L.tables(g.h, g.w, k, s, g.t, g.l, g.oh, g.ow)
-        chunks = max(1, min(len(bt), layer.threads))
+        chunks = L.chunks_of(g.cin, g.oh, layer.threads)
         # the scratch of the thread, not the layer's: one per layer was cold at every run (ese_vovnet19b_dw's
         # 192 channels 3x3 on 14x14: 18 us warm, 38 in the run); the input's keeps its zero border per geometry
         xt_of = SharedZeros(("dw-lanes", g.h, g.w, k, s, g.t, g.l, g.oh, g.ow), (chunks, nin * 16))
