@@ -25,6 +25,18 @@ WEIGHT_BLOCK = 128 * 1024   # floats: the weights one pass over the output strea
 BY_BLOCK_X = 256 * 1024     # floats: an activation matrix this small is re-read from L2 per channel block
 
 
+def walk_by_block(k: int, pixels: int, o: int) -> bool:
+    """Whether `gemm` walks a channel block's tiles in a row (its 8 output rows written as sequential streams,
+    x re-read per block) rather than a tile's channel blocks (x's panel read once, every output row written a
+    tile at a time): for x small enough to re-read from L2, and for layers with at least as many output
+    channels as inputs, whose outputs written across all rows cost more than re-reading x. Serial kernels
+    alone, 1 thread, Intel Xeon, ms tiles / by block (tmp_dev/xp/pw_walk.py, warm; after a 256 MB pass):
+    128->128 on 56x56 1.50 / 1.27 (1.98 / 1.33), 64->256 on 56x56 2.41 / 1.61, 16->96 on 112x112 2.40 / 0.88;
+    fewer outputs than inputs: 256->64 on 56x56 1.22 / 2.20, 96->24 0.28 / 0.34. (AMD EPYC: 128->128 on 56x56
+    1.11 / 1.14.)"""
+    return k * pixels <= BY_BLOCK_X or o >= k
+
+
 # At one thread the serial twins of this module's parallel kernels, as the kernel library (compile-kernels)
 # runs them: Numba's parallel build of the same loop ran slower at one thread (Intel Xeon, ms parallel /
 # twin: 1x1 64->256 on 56x56 1.05 / 0.86, 256->128 1.92 / 1.83, 128->512 on 28x28 0.88 / 0.82, conv_im2col
@@ -857,7 +869,7 @@ class PackedGemm:
         self.epf, self.grid = epilogue_of(act, grid, post)
         self.tiles = tile_count(pixels)
         self.kc = k_block(k, self.rows(), self.tiles)
-        self.by_block = k * pixels <= BY_BLOCK_X
+        self.by_block = walk_by_block(k, pixels, o)
         self.fn = fitted(gemm, self.rows() * pixels * k // 16, threads)
 
     def rows(self) -> int:
