@@ -162,30 +162,3 @@ def test_a_declined_convolution_falls_back_inside_the_fused_step(tmp_path, monke
     s, out, ref = _run(tmp_path, shape)
     assert "ResidualConvolution" in [st.op for st in s.plan.steps]
     _close(out, ref)
-
-
-@pytest.mark.parametrize("c,hw", [(16, (14, 14)), (20, (17, 17)), (24, (9, 13)), (16, (56, 56)), (40, (28, 28))])
-@pytest.mark.parametrize("relu", ["relu", "relu6", ""])
-@pytest.mark.parametrize("threads", [1, 3])
-def test_residual_in_the_gemm_epilogue(tmp_path, monkeypatch, c, hw, relu, threads):
-    """A 1x1 block on float_gemm's tiles adds its residual in the GEMM's epilogue (gemm_residual: tails of 4 and
-    1 pixels past whole tiles, a part-filled channel block at 20): the same values as the convolution then the
-    separate pass (exact), and onnxruntime's within the module's tolerance."""
-    from mnntool.runtime.kernels.micro import float_gemm
-    from mnntool.runtime.kernels.ops import conv
-    if not float_gemm.HAS_AVX512:
-        pytest.skip("the fp32 micro-kernel needs AVX-512")
-    shape = (1, 8, *hw)
-    _block(tmp_path / "m.onnx", 1, c, shape, "conv", relu)
-    api.convert(tmp_path / "m.onnx", tmp_path / "m.mnn")
-    x = np.random.default_rng(1).standard_normal(shape).astype(f32) * 2
-    ref = ort.InferenceSession(str(tmp_path / "m.onnx")).run(None, {"x": x})[0]
-    made = []
-    fused_of = conv._residual_in_epilogue
-    monkeypatch.setattr(conv, "_residual_in_epilogue", lambda *a: made.append(fused_of(*a)) or made[-1])
-    fused = Session(api.load_graph(tmp_path / "m.mnn"), threads=threads).run({"x": x})["y"]
-    assert made and all(k is not None for k in made)
-    monkeypatch.setattr(conv, "_residual_in_epilogue", lambda *a: None)
-    apart = Session(api.load_graph(tmp_path / "m.mnn"), threads=threads).run({"x": x})["y"]
-    np.testing.assert_array_equal(fused, apart)
-    _close(fused, ref)

@@ -18,7 +18,7 @@ from ..compile.jit import njit, prange, types, intrinsic
 
 from .epilogue import NO_POST
 from .activation_ir import Finish
-from .llvm_ir import data_of, declare, vector_ops, first_lanes, host_has, k_loop, pointers, prefetch, splat as splat_
+from .llvm_ir import data_of, declare, vector_ops, first_lanes, host_has, k_loop, prefetch, splat as splat_
 
 OCB = 8          # output channels per tile
 WEIGHT_BLOCK = 128 * 1024   # floats: the weights one pass over the output streams per tile, kept in L2
@@ -80,24 +80,28 @@ def _asm_parser() -> None:
 X_AHEAD = 8
 
 
-def _make_tile(nv: int, ocb: int = OCB, in_register: bool = True, residual: bool = False):
+def _make_tile(nv: int, ocb: int = OCB, in_register: bool = True):
     """The micro-kernel for nv x 16 pixels x ocb channels (ocb <= 8: the first ocb of a packed block of 8).
     `in_register`: each weight broadcast once into a register (inline asm) for its nv FMAs; LLVM otherwise
     folds the broadcast into every FMA ({1to16}): 27 loads a k for 24 FMAs, where Intel's two FMA ports
     want fewer loads than FMAs. Serial kernels alone, Intel Xeon (tmp_dev/xgemm/exp1.py): 1x1 on 7x7 maps
-    x0.84-0.88, on 14x14 to 56x56 x0.95-1.03; AMD EPYC within its noise (x0.89-1.06).
-    `residual`: two more arguments (res, roff): the final epilogue adds res[roff + o*os_ + j] (laid out as
-    out) to bias + sum before the activation bounds (`gemm_residual`)."""
-    def typed(x, xs, w, out, bias, epf, flags, res):
+    x0.84-0.88, on 14x14 to 56x56 x0.95-1.03; AMD EPYC within its noise (x0.89-1.06)."""
+    @intrinsic
+    def tile(typingctx, x, xoff, xs, w, woff, nk, out, ooff, os_, left, rows, bias, epf, flags):
+        """out[o0 + o, p0 + j] for 8 channels x nv*16 pixels. x row k at xoff + k*xs, or at xoff + xs[k]
+        when xs is an array of offsets (a convolution's taps, read where they are); weights at woff
+        as [k][8]; `left` valid pixels and `rows` valid channels (out has no rows past them); bias row
+        at the tile's channel; epf = (act_lo, act_hi, 1/s, s, q_lo, q_hi); flags = (accumulate onto
+        out, final: bias + activation, round to the grid)."""
         from llvmlite import ir
         indirect = isinstance(xs, types.Array)
         sig = types.void(x, types.intp, xs if indirect else types.intp, w, types.intp, types.intp, out, types.intp,
-                         types.intp, types.intp, types.intp, bias, epf, flags, *((res, types.intp) if residual else ()))
+                         types.intp, types.intp, types.intp, bias, epf, flags)
 
         def codegen(context, builder, sig, args):
             if in_register:
                 _asm_parser()
-            xa, xo, xs_, wa, wo, nk_, oa, oo, ostride, left_, rows_, ba, epfa, fla = args[:14]
+            xa, xo, xs_, wa, wo, nk_, oa, oo, ostride, left_, rows_, ba, epfa, fla = args
             i1, i32, i64, f32 = ir.IntType(1), ir.IntType(32), ir.IntType(64), ir.FloatType()
             f16, m16 = ir.VectorType(f32, 16), ir.VectorType(i1, 16)
             a = sig.args
@@ -183,14 +187,8 @@ def _make_tile(nv: int, ocb: int = OCB, in_register: bool = True, residual: bool
             builder.cbranch(final, fin_b, store_b)
             builder.position_at_end(fin_b)
             biases = [splat(builder.load(builder.gep(bp, [const(o)])), f16) for o in range(ocb)]
-            sums = [builder.fadd(result[o * nv + v], biases[o]) for o in range(ocb) for v in range(nv)]
-            if residual:        # + the residual where the tile stores, as the separate pass added it
-                rp = data_of(context, builder, a[14], args[14], args[15])
-                sums = [builder.fadd(sums[o * nv + v], builder.call(mload, [
-                    builder.bitcast(builder.gep(rp, [builder.add(builder.mul(const(o), ostride), const(16 * v))]),
-                                    f16.as_pointer()), ir.Constant(i32, 4), store_mask(o, v), fzero]))
-                        for o in range(ocb) for v in range(nv)]
-            done = Finish(builder, epfa, on_grid).many(sums)
+            done = Finish(builder, epfa, on_grid).many(
+                [builder.fadd(result[o * nv + v], biases[o]) for o in range(ocb) for v in range(nv)])
             finished = builder.block
             builder.branch(store_b)
             builder.position_at_end(store_b)
@@ -204,20 +202,6 @@ def _make_tile(nv: int, ocb: int = OCB, in_register: bool = True, residual: bool
                     builder.call(mstore, [vals[o * nv + v], out_ptr(o, v), ir.Constant(i32, 4), store_mask(o, v)])
             return context.get_dummy_value()
         return sig, codegen
-
-    if residual:
-        @intrinsic
-        def tile(typingctx, x, xoff, xs, w, woff, nk, out, ooff, os_, left, rows, bias, epf, flags, res, roff):
-            return typed(x, xs, w, out, bias, epf, flags, res)
-    else:
-        @intrinsic
-        def tile(typingctx, x, xoff, xs, w, woff, nk, out, ooff, os_, left, rows, bias, epf, flags):
-            """out[o0 + o, p0 + j] for 8 channels x nv*16 pixels. x row k at xoff + k*xs, or at xoff + xs[k]
-            when xs is an array of offsets (a convolution's taps, read where they are); weights at woff
-            as [k][8]; `left` valid pixels and `rows` valid channels (out has no rows past them); bias row
-            at the tile's channel; epf = (act_lo, act_hi, 1/s, s, q_lo, q_hi); flags = (accumulate onto
-            out, final: bias + activation, round to the grid)."""
-            return typed(x, xs, w, out, bias, epf, flags, None)
     return tile
 
 
@@ -237,19 +221,22 @@ TAIL_MAX = 8        # pixels a tail tile takes: a last tile of 1..8 pixels (17x1
 TAIL_FROM = 48
 
 
-def _make_tail(np_: int, blocks: int, residual: bool = False):
+def _make_tail(np_: int, blocks: int):
     """The last 1..8 pixels of a GEMM with the channels in the lanes: `blocks` packed blocks of 8
     channels x np_ pixels in <8 x float> accumulators (16 at most), one broadcast per pixel and one load
     per block a k: np_ / 2 zmm FMAs' work a k per channel block, where the 16-pixel tile spent 8 on them
     (the 1 pixel past 6 x 48 of a 17x17 map cost a third of a full tile at every channel block, 5% of
-    the layer). `residual`: two more arguments (res, roff), added as `_make_tile`'s."""
-    def typed(x, w, out, bias, epf, res):
+    the layer)."""
+    @intrinsic
+    def tail(typingctx, x, xoff, xs, w, woff, wbs, nk, out, ooff, os_, rows, bias, epf, on_grid):
+        """out[ooff + o*os_ + p] for p < np_, o < min(rows, 8*blocks) = finish(bias[o] + sum_k
+        w[woff + (o // 8)*wbs + 8k + o % 8] x[xoff + k*xs + p]), all nk at once."""
         from llvmlite import ir
         sig = types.void(x, types.intp, types.intp, w, types.intp, types.intp, types.intp, out, types.intp,
-                         types.intp, types.intp, bias, epf, types.intp, *((res, types.intp) if residual else ()))
+                         types.intp, types.intp, bias, epf, types.intp)
 
         def codegen(context, builder, sig, args):
-            xa, xo, xs_, wa, wo, wbs_, nk_, oa, oo, ostride, rows_, ba, epfa, grid_ = args[:14]
+            xa, xo, xs_, wa, wo, wbs_, nk_, oa, oo, ostride, rows_, ba, epfa, grid_ = args
             i32, i64, f32 = ir.IntType(32), ir.IntType(64), ir.FloatType()
             f8, f16 = ir.VectorType(f32, 8), ir.VectorType(f32, 16)
             a = sig.args
@@ -278,10 +265,6 @@ def _make_tail(np_: int, blocks: int, residual: bool = False):
             result = k_loop(builder, nk_, init, step)
             finish = Finish(builder, epfa, builder.icmp_signed("!=", grid_, const(0)))
             fzero = ir.Constant(f16, [0.0] * 16)
-            if residual:
-                rp = data_of(context, builder, a[14], args[14], args[15])
-                gather = declare(builder, "llvm.masked.gather.v16f32.v16p0", f16, ir.VectorType(f32.as_pointer(), 16),
-                                 i32, ir.VectorType(ir.IntType(1), 16), f16)
             wide = ir.Constant(ir.VectorType(i32, 16), list(range(16)))
             for h in range(blocks // 2):
                 bv = builder.call(mload, [builder.bitcast(builder.gep(bp, [const(16 * h)]), f16.as_pointer()),
@@ -289,13 +272,6 @@ def _make_tail(np_: int, blocks: int, residual: bool = False):
                                           fzero])
                 sums = [builder.fadd(builder.shuffle_vector(result[2 * h * np_ + p], result[(2 * h + 1) * np_ + p], wide),
                                      bv) for p in range(np_)]
-                if residual:    # lane c is channel 16h + c: its residual gathered from row 16h + c
-                    l16 = ir.VectorType(i64, 16)
-                    rowoff = builder.mul(ir.Constant(l16, [16 * h + c for c in range(16)]), splat_(builder, ostride, l16))
-                    live = first_lanes(builder, builder.sub(rows_, const(16 * h)))
-                    sums = [builder.fadd(sums[p], builder.call(gather, [
-                        pointers(builder, rp, builder.add(rowoff, splat_(builder, const(p), l16))), ir.Constant(i32, 4),
-                        live, fzero])) for p in range(np_)]
                 done = finish.many(sums)
                 for c in range(16):
                     with builder.if_then(builder.icmp_signed("<", const(16 * h + c), rows_)):
@@ -305,26 +281,11 @@ def _make_tail(np_: int, blocks: int, residual: bool = False):
                                           builder.gep(row, [const(p)]), align=4)
             return context.get_dummy_value()
         return sig, codegen
-
-    if residual:
-        @intrinsic
-        def tail(typingctx, x, xoff, xs, w, woff, wbs, nk, out, ooff, os_, rows, bias, epf, on_grid, res, roff):
-            return typed(x, w, out, bias, epf, res)
-    else:
-        @intrinsic
-        def tail(typingctx, x, xoff, xs, w, woff, wbs, nk, out, ooff, os_, rows, bias, epf, on_grid):
-            """out[ooff + o*os_ + p] for p < np_, o < min(rows, 8*blocks) = finish(bias[o] + sum_k
-            w[woff + (o // 8)*wbs + 8k + o % 8] x[xoff + k*xs + p]), all nk at once."""
-            return typed(x, w, out, bias, epf, None)
     return tail
 
 
 _tail1, _tail2, _tail3, _tail4 = (_make_tail(n, 4) for n in range(1, 5))
 _tail5, _tail6, _tail7, _tail8 = (_make_tail(n, 2) for n in range(5, 9))
-# with the residual added in the epilogue (gemm_residual): whole blocks of 8 channels (rows past O masked)
-_rtile1, _rtile2, _rtile3 = (_make_tile(n, residual=True) for n in range(1, 4))
-_rtail1, _rtail2, _rtail3, _rtail4 = (_make_tail(n, 4, True) for n in range(1, 5))
-_rtail5, _rtail6, _rtail7, _rtail8 = (_make_tail(n, 2, True) for n in range(5, 9))
 
 
 @njit(cache=True, inline="always")
@@ -414,51 +375,17 @@ def _spread(j, nmain, items):
 
 
 @njit(cache=True, inline="always")
-def _tile_at(idx, P, nob, by_block):
-    """Item idx of a GEMM's tiles: (first pixel, 16-pixel vectors, first channel)."""
+def _gemm_body(x, xo, xs, P, wp, wo, K, O, nob, bias, epf, out, oo, os_, idx, k0, kn, flags, by_block):
     ntile, full, tail_nv = _tiles(P)
     if by_block:      # a channel block's tiles in a row: its output rows are written as 8 streams
         ob, t = idx // ntile, idx % ntile
     else:             # a tile's channel blocks in a row: its panel stays in L1
         t, ob = idx // nob, idx % nob
-    return t * 48, 3 if t < full else tail_nv, ob * OCB
-
-
-@njit(cache=True, inline="always")
-def _gemm_body(x, xo, xs, P, wp, wo, K, O, nob, bias, epf, out, oo, os_, idx, k0, kn, flags, by_block):
-    p0, nv, o0 = _tile_at(idx, P, nob, by_block)
-    _tile(nv, x, xo + k0 * xs + p0, xs, wp, wo + o0 * K + k0 * OCB, kn, out, oo + o0 * os_ + p0, os_,
+    p0 = t * 48
+    nv = 3 if t < full else tail_nv
+    o0 = ob * OCB
+    _tile(nv, x, xo + k0 * xs + p0, xs, wp, wo + ob * K * OCB + k0 * OCB, kn, out, oo + o0 * os_ + p0, os_,
           P - p0, O - o0, bias[o0:], epf, flags)
-
-
-@njit(cache=True, inline="always")
-def _rtile(nv, x, xo, xs, w, wo, nk, out, oo, os_, left, rows, bias, epf, flags, res, ro):
-    if nv == 3:
-        _rtile3(x, xo, xs, w, wo, nk, out, oo, os_, left, rows, bias, epf, flags, res, ro)
-    elif nv == 2:
-        _rtile2(x, xo, xs, w, wo, nk, out, oo, os_, left, rows, bias, epf, flags, res, ro)
-    else:
-        _rtile1(x, xo, xs, w, wo, nk, out, oo, os_, left, rows, bias, epf, flags, res, ro)
-
-
-@njit(cache=True, inline="always")
-def _rtail(n, x, xo, xs, w, wo, wbs, nk, out, oo, os_, rows, bias, epf, grid, res, ro):
-    if n == 1:
-        _rtail1(x, xo, xs, w, wo, wbs, nk, out, oo, os_, rows, bias, epf, grid, res, ro)
-    elif n == 2:
-        _rtail2(x, xo, xs, w, wo, wbs, nk, out, oo, os_, rows, bias, epf, grid, res, ro)
-    elif n == 3:
-        _rtail3(x, xo, xs, w, wo, wbs, nk, out, oo, os_, rows, bias, epf, grid, res, ro)
-    elif n == 4:
-        _rtail4(x, xo, xs, w, wo, wbs, nk, out, oo, os_, rows, bias, epf, grid, res, ro)
-    elif n == 5:
-        _rtail5(x, xo, xs, w, wo, wbs, nk, out, oo, os_, rows, bias, epf, grid, res, ro)
-    elif n == 6:
-        _rtail6(x, xo, xs, w, wo, wbs, nk, out, oo, os_, rows, bias, epf, grid, res, ro)
-    elif n == 7:
-        _rtail7(x, xo, xs, w, wo, wbs, nk, out, oo, os_, rows, bias, epf, grid, res, ro)
-    else:
-        _rtail8(x, xo, xs, w, wo, wbs, nk, out, oo, os_, rows, bias, epf, grid, res, ro)
 
 
 @njit(parallel=True, cache=True)
@@ -487,37 +414,6 @@ def gemm(x, xs, P, wp, K, kc, O, bias, epf, grid, out, os_, by_block):
                 o0 = (idx - nmain) * tb * OCB
                 _tail(nt, x, main, xs, wp, o0 * K, K * OCB, K, out, o0 * os_ + main, os_, O - o0, bias[o0:], epf,
                       grid)
-
-
-@njit(parallel=True, cache=True)
-def gemm_residual(x, xs, P, wp, K, kc, O, bias, epf, grid, out, os_, by_block, res):
-    """`gemm` whose epilogue adds res (laid out as out: row o at o * os_) to bias + sum before the activation
-    bounds: a residual block's add and the clip after it (plan.fuse_residual_add) in the tiles' own stores,
-    where a second pass read the output and the residual again and wrote the output again (ResNet-50's 16 such
-    passes, 5.5M floats, ~3 ms of its ~85 at one thread on an Intel Xeon: 0.42 ms for 56x56x256 with the
-    data cold, 0.36 warm; tmp_dev/xp/pw_walk.py). The same operations in the same order as the pass: the
-    same values."""
-    nob = (O + OCB - 1) // OCB
-    nt = tail_pixels(P)
-    main = P - nt
-    nmain = _tiles(main)[0] * nob
-    tb = tail_blocks(nt)
-    ng = (nob + tb - 1) // tb if nt else 0
-    for k0 in range(0, K, kc):
-        kn = min(kc, K - k0)
-        last = 1 if k0 + kn >= K else 0
-        flags = (1 if k0 > 0 else 0, last, grid)
-        items = nmain + ng * last     # no conditional inside prange(): Numba then runs the loop serially
-        for j in prange(items):
-            idx = _spread(j, nmain, items)
-            if idx < nmain:
-                p0, nv, o0 = _tile_at(idx, main, nob, by_block)
-                _rtile(nv, x, k0 * xs + p0, xs, wp, o0 * K + k0 * OCB, kn, out, o0 * os_ + p0, os_, main - p0, O - o0,
-                       bias[o0:], epf, flags, res, o0 * os_ + p0)
-            else:
-                o0 = (idx - nmain) * tb * OCB
-                _rtail(nt, x, main, xs, wp, o0 * K, K * OCB, K, out, o0 * os_ + main, os_, O - o0, bias[o0:], epf,
-                       grid, res, o0 * os_ + main)
 
 
 @njit(parallel=True, cache=True)
@@ -978,16 +874,6 @@ class PackedGemm:
 
     def rows(self) -> int:
         return self.nob * OCB
-
-    def with_residual(self, threads: int):
-        """fn(x, xs, out, os_, res): this GEMM with res (laid out as out) added in its epilogue before the
-        activation bounds (`gemm_residual`)."""
-        fn = fitted(gemm_residual, self.rows() * self.pixels * self.k // 16, threads)
-
-        def run(x, xs, out, os_, res):
-            fn(x, xs, self.pixels, self.wp, self.k, self.kc, self.o, self.bias, self.epf, self.grid, out, os_,
-               self.by_block, res)
-        return run
 
     def __call__(self, x: np.ndarray, xs: int, out: np.ndarray, os_: int) -> None:
         """x flat with row k at k * xs; out flat, O rows of stride os_."""

@@ -356,42 +356,6 @@ def affine_pointwise(node, ins, outs, settings):
 PLAN_ONLY["AffinePointwise"] = affine_pointwise
 
 
-def _residual_in_epilogue(node, ins, outs, settings, post) -> Kernel | None:
-    """A float 1x1 convolution on float_gemm's packed tiles (Pointwise's PackedGemm) with no activation of its
-    own and a clip (or nothing) after the add: the residual added in the GEMM's epilogue (gemm_residual), the
-    same operations in the same order as the separate pass; else None (the convolution, then the pass)."""
-    from .conv_strategies import HAS_AVX512, pick
-    from .conv_strategies.dense import Pointwise
-    from ..micro.epilogue import POST_NONE
-    from ..micro.few_pixel_gemm import suits
-    from ..micro.float_gemm import PackedGemm
-    if int(post[0]) not in (POST_NONE, POST_CLIP) or not HAS_AVX512 or node.param.get("quanParameter") is not None:
-        return None
-    part = _part_of(node)
-    g = _geometry(part, ins[0].shape, outs[0].shape)
-    if (part.int8 is not None or part.act or not g.one_by_one or g.sh != 1 or g.sw != 1 or
-            np.dtype(outs[0].dtype) != np.float32 or not isinstance(pick(g), Pointwise) or
-            suits(g.oh * g.ow, g.weight_bytes)):
-        return None
-    weight = _weight_of(node, part.cout)
-    g.check(weight.size, f"{node.op} '{node.name}'")
-    pixels = g.oh * g.ow
-    clip = post if int(post[0]) == POST_CLIP else NO_POST
-    fused = PackedGemm(weight.reshape(g.cout, g.cin), part.bias, 0, NO_GRID, pixels, settings.threads,
-                       clip).with_residual(settings.threads)
-
-    def run(inputs, outputs):
-        x, y = inputs[0], outputs[0]
-        r = np.ascontiguousarray(inputs[1], np.float32).reshape(y.shape)
-        into = y if y.flags.c_contiguous else np.empty(y.shape, np.float32)    # a view into a Concat's buffer
-        for i in range(g.n):
-            fused(np.ascontiguousarray(x[i], np.float32).reshape(-1), pixels, into[i].reshape(-1), pixels,
-                  r[i].reshape(-1))
-        if into is not y:
-            np.copyto(y, into)
-    return writes(run)
-
-
 def residual_convolution(node, ins, outs, settings):
     """plan.fuse_residual_add's node: a float convolution (inputs: x, the residual r) whose output is
     conv(x) + r, then the clip (ReLU, ReLU6) that followed the Add (its POST). The convolution runs on its
@@ -403,8 +367,6 @@ def residual_convolution(node, ins, outs, settings):
     post = node.param.get(POST, NO_POST)
     plain = Node("Convolution", node.inputs[:1], list(node.outputs), node.name,
                  {k: v for k, v in node.param.items() if k != POST}, node.param_type, node.fmt)
-    if (fused := _residual_in_epilogue(plain, ins, outs, settings, post)) is not None:
-        return fused
     try:
         k = convolution(plain, ins[:1], outs, settings)
     except InvalidModel:
