@@ -55,3 +55,34 @@ def test_a_shuffle_read_midway_is_not_fused(tmp_path):
     out = s.run(feeds)
     assert "ChannelShuffle" not in [st.op for st in s.plan.steps]
     np.testing.assert_array_equal(out["y"], ref[0])
+
+
+@pytest.mark.parametrize("k, shape", [(2, (1, 24, 56, 56)), (3, (2, 5, 7, 9))])
+def test_parallel_shuffle_moves_every_value(k, shape):
+    """At more threads, with the work for them, the shuffle is k parallel copies (parallel_steps.shuffle,
+    copy_strided: rows of a plane, k planes apart): exact against the one-thread NumPy copy, a second run
+    into the same buffer; an input that is not C-contiguous takes the NumPy copy."""
+    from unittest import mock
+
+    from mnntool.runtime import host_tuning
+    from mnntool.runtime.kernels.ops import parallel_steps
+    n, c = shape[:2]
+    plane = int(np.prod(shape[2:]))
+    rng = np.random.default_rng(k)
+    xs = [rng.standard_normal(shape).astype(np.float32) for _ in range(k)]
+    want = np.stack(xs, 2).reshape(n, c * k, *shape[2:])
+
+    def numpy_run(i, o):
+        out = o[0].reshape(n, c, k, plane)
+        for a in range(k):
+            np.copyto(out[:, :, a], i[a].reshape(n, c, plane))
+    with mock.patch.object(host_tuning, "parallel_min_work", lambda threads: 1000):
+        run = parallel_steps.shuffle(shape, k, np.float32, 3, numpy_run)
+    assert run is not None
+    for _ in range(2):
+        y = np.full(want.shape, np.nan, np.float32)
+        run(xs, [y])
+        np.testing.assert_array_equal(y, want)
+    y = np.full(want.shape, np.nan, np.float32)
+    run([np.asfortranarray(x) for x in xs], [y])
+    np.testing.assert_array_equal(y, want)

@@ -33,3 +33,26 @@ def test_strided_slice_matches_onnxruntime(tmp_path, starts, ends, axes, steps):
         np.testing.assert_array_equal(sess.run({"x": x})["y"], ref_sess.run(None, {"x": x})[0])
     kinds = {s.op: s.kernel.writes_out for s in sess.plan.steps if s.op in ("StridedSlice", "Slice")}
     assert kinds.get("StridedSlice", True)      # where the converter wrote a StridedSlice, it writes in place
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.int64, np.uint8, np.bool_, np.float16])
+@pytest.mark.parametrize("index", [(slice(None), slice(None), slice(0, 16)), (slice(None, None, -1), slice(1, 5, 2)),
+                                   (slice(2, 3), slice(None), slice(40, 4, -3))])
+def test_one_thread_copy_moves_the_bits(dtype, index):
+    """At one thread a slice that is not a contiguous block copies with copy_strided's serial twin (rows as
+    fixed-length loops, not NumPy's strided copy): every element type's bits, reversed and stepped axes, a
+    second run into the same buffer; an input that is not C-contiguous takes NumPy's copy. Exact."""
+    from mnntool.runtime.kernels.ops import parallel_steps
+    shape = (3, 9, 48)
+    x = (np.random.default_rng(0).standard_normal(shape) * 50).astype(dtype)
+    want = x[index]
+    run = parallel_steps.strided_slice(shape, index, want.shape, np.dtype(dtype), 1)
+    assert run is not None
+    for _ in range(2):
+        out = np.zeros(want.shape, dtype)
+        run([x], [out])
+        assert np.array_equal(out.view(np.uint8), np.ascontiguousarray(want).view(np.uint8))
+    xf = np.asfortranarray(x)
+    out = np.zeros(want.shape, dtype)
+    run([xf], [out])
+    assert np.array_equal(out, want)

@@ -113,9 +113,11 @@ def _make_block(k: int, stride: int):
             last_tile = builder.sub(ow_, const(TILE))
             last_tile = builder.select(builder.icmp_signed(">", last_tile, const(0)), last_tile, const(0))
 
-            def row(dy, _):
-                oy = builder.add(y0_, dy)
+            # rows from y0 on: the scratches addressed from that row (as for the stores below)
+            xtr = builder.gep(xtp, [builder.mul(builder.mul(y0_, const(stride)), pw_)])
+            ytr = builder.gep(ytp, [p0_])
 
+            def row(oy, _):
                 def tile(ti, _):
                     ox0 = builder.mul(ti, const(TILE))
                     ox0 = builder.select(builder.icmp_signed("<", ox0, last_tile), ox0, last_tile)
@@ -124,14 +126,14 @@ def _make_block(k: int, stride: int):
                     accs = [bias] * TILE
                     for r in range(k):
                         # this tap row's input vectors, each shared by the taps of every pixel that reads it
-                        at = builder.gep(xtp, [builder.add(first, builder.mul(const(r), pw_))])
+                        at = builder.gep(xtr, [builder.add(first, builder.mul(const(r), pw_))])
                         xs = [builder.load(builder.gep(at, [const(c)]), align=4)
                               for c in range(stride * (TILE - 1) + k)]
                         for j in range(k):
                             w = wv[k * r + j] if wv else builder.load(builder.gep(wp, [const(k * r + j)]), align=4)
                             for i in range(TILE):
                                 accs[i] = builder.call(fma, [xs[stride * i + j], w, accs[i]])
-                    dst = builder.gep(ytp, [builder.add(builder.mul(oy, ow_), ox0)])
+                    dst = builder.gep(ytr, [builder.add(builder.mul(oy, ow_), ox0)])
                     for i, v in enumerate(finish.many(accs)):
                         builder.store(v, builder.gep(dst, [const(i)]), align=4)
                     return []
@@ -139,18 +141,22 @@ def _make_block(k: int, stride: int):
                 return []
             k_loop(builder, builder.sub(y1_, y0_), [], row)
 
+            # the stored pixels from p0 on: the scratch and the output addressed from there (a loop of the same
+            # shape as one over the whole block: p0 + 16*pb in its body cost ~8% of the kernel)
+            yts, outs, nst = builder.gep(ytp, [p0_]), builder.gep(outp, [p0_]), builder.sub(p1_, p0_)
+
             def store_out(pb, _):
-                at = builder.add(p0_, builder.mul(pb, const(16)))
-                mask = first_lanes(builder, builder.sub(p1_, at))
+                at = builder.mul(pb, const(16))
+                mask = first_lanes(builder, builder.sub(nst, at))
                 none = first_lanes(builder, const(0))
-                cols = [builder.load(builder.gep(ytp, [builder.add(at, const(p))]), align=4) for p in range(16)]
+                cols = [builder.load(builder.gep(yts, [builder.add(at, const(p))]), align=4) for p in range(16)]
                 for c, v in enumerate(transpose16(builder, cols)):
                     keep = builder.select(builder.icmp_signed("<", const(c), nc_), mask, none)
-                    dst = builder.gep(outp, [builder.add(builder.mul(builder.select(
+                    dst = builder.gep(outs, [builder.add(builder.mul(builder.select(
                         builder.icmp_signed("<", const(c), nc_), const(c), const(0)), ohw_), at)])
                     builder.call(mstore, [v, builder.bitcast(dst, vp), align, keep])
                 return []
-            k_loop(builder, builder.sdiv(builder.add(builder.sub(p1_, p0_), const(15)), const(16)), [], store_out)
+            k_loop(builder, builder.sdiv(builder.add(nst, const(15)), const(16)), [], store_out)
             return context.get_dummy_value()
         return sig, codegen
     return block_kernel
@@ -201,18 +207,16 @@ def depthwise_lanes(x, wt, bt, k, s, inpos, pw, epf, grid, xt, yt, out):
     total = nb * oh
     t = inpos[0] // pw if hw > 0 else 0      # the top padding (inpos[0] = t*pw + l, l < pw)
     for ch in prange(chunks):
-        r, hi = ch * total // chunks, (ch + 1) * total // chunks
-        while r < hi:
-            blk = r // oh
-            y0 = r - blk * oh
-            y1 = min(oh, y0 + hi - r)
+        lo, hi = ch * total // chunks, (ch + 1) * total // chunks
+        for blk in range(lo // oh, (hi + oh - 1) // oh):
+            y0, y1 = max(lo - blk * oh, 0), min(hi - blk * oh, oh)
             # the 16-pixel input blocks holding the rows these output rows' windows reach
             iy0, iy1 = max(0, y0 * s - t), min(H, (y1 - 1) * s + k - t)
-            pb0, pb1 = (iy0 * W) // 16, (iy1 * W + 15) // 16 if iy1 > iy0 else (iy0 * W) // 16
+            pb0 = (iy0 * W) // 16
+            pb1 = (iy1 * W + 15) // 16 if iy1 > iy0 else pb0
             c0 = 16 * blk
             _block(k, s, xf, c0 * hw, min(16, C - c0), hw, inpos, xt[ch], wf, blk * k * k * 16, bf, blk * 16,
                    yt[ch], pw, oh, ow, of, c0 * ohw, epf, grid, pb0, pb1, y0, y1)
-            r += y1 - y0
 
 
 def chunks_of(channels: int, oh: int, threads: int) -> int:

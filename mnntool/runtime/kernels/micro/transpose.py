@@ -52,18 +52,27 @@ def _block8x16(typingctx, x, xo, ldx, rows, cols, out, oo, ldo):
     return sig, codegen
 
 
+# input columns a parallel item covers: items of BLOCK rows by this many columns, not whole rows, so a transpose
+# of few row blocks still spreads over the threads (EfficientViT's (8, 48, 196) -> (8, 196, 48): 24 row blocks,
+# 2 on some threads at 16 where 96 items of 64 columns are 6)
+COL_GROUP = 4 * BLOCK
+
+
 @njit(parallel=True, cache=True)
 def transpose_blocks(x, out):
-    """out[b, c, r] = x[b, r, c]: x (B, R, C) and out (B, C, R) C-contiguous. Blocks of BLOCK input rows
-    are the parallel loop; each block's columns BLOCK at a time as two 8 x 16 register transposes, so
-    every output row gets a whole line."""
+    """out[b, c, r] = x[b, r, c]: x (B, R, C) and out (B, C, R) C-contiguous. Items of BLOCK input rows by
+    COL_GROUP columns are the parallel loop (a thread's run of them goes along a row block's columns, then the
+    next block); each item's columns BLOCK at a time as two 8 x 16 register transposes, so every output row
+    gets a whole line."""
     nb, R, C = x.shape
     nrb = (R + BLOCK - 1) // BLOCK
+    ncg = (C + COL_GROUP - 1) // COL_GROUP
     xf, of = x.reshape(-1), out.reshape(-1)
-    for j in prange(nb * nrb):
-        b, r0 = j // nrb, (j % nrb) * BLOCK
+    for j in prange(nb * nrb * ncg):
+        rb = j // ncg
+        b, r0, cg = rb // nrb, (rb % nrb) * BLOCK, (j % ncg) * COL_GROUP
         xb, ob = b * R * C, b * C * R
-        for c0 in range(0, C, BLOCK):
+        for c0 in range(cg, min(C, cg + COL_GROUP), BLOCK):
             cols = min(BLOCK, C - c0)
             for h in range(r0, min(r0 + BLOCK, R), 8):
                 _block8x16(xf, xb + h * C + c0, C, min(8, R - h), cols, of, ob + c0 * R + h, R)
