@@ -524,3 +524,66 @@ def test_shape_inference_at_new_shapes_is_the_definitions(tmp_path):
             u = got[name]
             assert (u.shape, u.dtype, u.grid, u.zero) == (v.shape, v.dtype, v.grid, v.zero), (hw, name)
             assert (u.value is None) == (v.value is None) and (v.value is None or np.array_equal(u.value, v.value))
+
+
+def test_new_plan_moved_to_the_oldest_generation(tmp_path, monkeypatch):
+    """A plan's objects live as long as the plan and go by reference counting: after a build they are in the
+    collector's oldest generation (session._promote), not walked by the young and middle passes; a build that
+    fails moves nothing; with PROMOTE_PLANS off they stay young. Evicted plans leave no cyclic garbage (what
+    promotion would keep until a full pass): gc.collect() finds none after MAX_PLANS + 4 new shapes."""
+    import gc
+
+    from mnntool.errors import MnnToolError
+    from mnntool.runtime import session as session_module
+    from mnntool.runtime.plan import shapes
+    _squeeze_excite(tmp_path / "se.onnx")
+    api.convert(tmp_path / "se.onnx", tmp_path / "se.mnn")
+    s = Session(api.load_graph(tmp_path / "se.mnn"), threads=1)
+
+    def oldest(obj) -> bool:
+        return any(o is obj for o in gc.get_objects(generation=2))
+    rng = np.random.default_rng(10)
+    for k in range(session_module.MAX_PLANS + 4):
+        s.run({"x": rng.standard_normal((1, 3, 20 + k, 24)).astype(np.float32)})
+    gc.collect()
+    plan = s.prepare({"x": (1, 3, 41, 23)})
+    assert oldest(plan) and oldest(plan.steps) and gc.get_count()[0] < 100
+    for k in range(session_module.MAX_PLANS + 4):
+        s.run({"x": rng.standard_normal((1, 3, 50 + k, 24)).astype(np.float32)})
+    assert gc.collect() == 0
+    real = shapes.run
+    made = []
+
+    def failing(p):
+        made.append(object.__new__(type("Marker", (), {})))
+        raise MnnToolError("planning failed on purpose")
+    monkeypatch.setattr(shapes, "run", failing)
+    with pytest.raises(MnnToolError):
+        s.prepare({"x": (1, 3, 13, 24)})
+    assert not oldest(made[0])
+    monkeypatch.setattr(shapes, "run", real)
+    monkeypatch.setattr(session_module, "PROMOTE_PLANS", False)
+    plan = s.prepare({"x": (1, 3, 43, 23)})
+    assert not oldest(plan)
+
+
+def test_fusions_found_by_nodes_decided_by_each_shapes_vals(tmp_path):
+    """What fuse_silu, fuse_activations, fuse_channel_scale and fuse_residual_add find by the nodes alone is kept
+    across shapes (match.by_nodes), what depends on the Vals is decided at each shape: the channel scale goes into
+    the 1x1 convolution only where the map has at least its 16 output channels' worth of pixels (3 x 5 -> 2 x 3
+    after the strided stem: not), in a session alternating small and large shapes; each output equals a fresh
+    session's, bit for bit."""
+    _squeeze_excite(tmp_path / "se.onnx")
+    api.convert(tmp_path / "se.onnx", tmp_path / "se.mnn")
+    s = Session(api.load_graph(tmp_path / "se.mnn"), threads=1)
+    rng = np.random.default_rng(11)
+    for hw in [(40, 56), (3, 5), (57, 33), (4, 4), (3, 5), (64, 64)]:
+        x = rng.standard_normal((1, 3) + hw).astype(np.float32)
+        got = s.run({"x": x})["y"]
+        ops = [st.op for st in s.plan.steps]
+        assert ("ScaledPointwise" in ops) == (hw[0] > 8), (hw, ops)
+        assert any("(+Sigmoid_8)" in st.name for st in s.plan.steps)
+        fresh = Session(api.load_graph(tmp_path / "se.mnn"), threads=1).run({"x": x})["y"]
+        assert np.array_equal(got, fresh), hw
+    assert s._parts.memos["by nodes"].keys() == {"fuse_silu", "fuse_activations", "fuse_channel_scale",
+                                                 "fuse_residual_add"}

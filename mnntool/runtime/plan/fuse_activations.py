@@ -12,7 +12,7 @@ from ...ir.ops import is_view
 from ..kernels.micro.epilogue import (POST, POST_CLIP, POST_GELU, POST_GELU_TANH, POST_HARDSWISH, POST_LEAKY,
                                       POST_SIGMOID, POST_SILU, POST_TANH)
 from .fuse_silu import FUSED_SILU
-from .match import made_node, past_moves, rewriting, rewritten, users_of
+from .match import by_nodes, made_node, past_moves, rewriting, rewritten, users_of
 from .state import Planning
 
 OPTIONAL = True
@@ -38,11 +38,13 @@ def post_of(n: Node) -> tuple | None:
     return None
 
 
-def fuse(p: Planning) -> list[Node]:
-    nodes, vals, stored = p.nodes, p.vals, p.stored
+def _pairs(p: Planning) -> list[tuple]:
+    """(convolution, its output, the views between, the activation's input, the activation, its Post) of every
+    pair the nodes alone allow (match.by_nodes: the Vals are tested at each shape)."""
+    nodes, stored = p.nodes, p.stored
     users = users_of(p)
     outputs = set(p.graph.outputs)
-    fused, drop = {}, set()
+    found = []
     for conv in nodes:
         if conv.op not in ("Convolution", "ConvolutionDepthwise", "Scale") or len(conv.inputs) != 1 or \
                 POST in conv.param or (conv.param.get("quanParameter") or {}).get("scaleIn"):
@@ -56,6 +58,14 @@ def fuse(p: Planning) -> list[Node]:
         if post is None or act.inputs[0] != t or len(act.outputs) != 1 or \
                 (act.outputs[0] in stored and (chain or post[0] != POST_CLIP)):
             continue
+        found.append((conv, y, chain, t, act, post))
+    return found
+
+
+def fuse(p: Planning) -> list[Node]:
+    nodes, vals = p.nodes, p.vals
+    fused, drop = {}, set()
+    for conv, y, chain, t, act, post in by_nodes(p, "fuse_activations", _pairs):
         v, u, w = vals.get(y), vals.get(t), vals.get(act.outputs[0])
         if v is None or u is None or w is None or v.dtype != "float32" or w.dtype != "float32" or u.shape != w.shape:
             continue

@@ -10,7 +10,7 @@ from __future__ import annotations
 import numpy as np
 
 from ...ir.graph import Node
-from .match import made_node, past_moves, rewriting, rewritten, users_of
+from .match import by_nodes, made_node, past_moves, rewriting, rewritten, users_of
 from .state import Planning
 
 OPTIONAL = True
@@ -42,14 +42,16 @@ def _quantized_by(conv: Node, path: list, stored: dict) -> bool:
     return q is not None and all(grid_of(*q.input) == grid and float(q.zero_in) == float(zero) for grid, zero in on)
 
 
-def fuse(p: Planning) -> list[Node]:
-    nodes, vals, stored = p.nodes, p.vals, p.stored
+def _products(p: Planning) -> list[tuple]:
+    """(the multiply, the layout tags after it, their last tensor, the convolution reading it) of every product the
+    nodes alone allow, and (the Scale, None, None, None) for each Scale, in the nodes' order (match.by_nodes: the
+    Vals are tested at each shape)."""
     users = users_of(p)
     outputs = set(p.graph.outputs)
-    fused, drop = {}, set()
-    for m in nodes:
+    found = []
+    for m in p.nodes:
         if m.op == "Scale":
-            _scale_into_int8(m, users, outputs, p, fused, drop)
+            found.append((m, None, None, None))
             continue
         if m.op != "BinaryOp" or m.param.get("opType") != "MUL" or len(m.inputs) != 2 or len(m.outputs) != 1 or \
                 int(m.param.get("activationType", 0) or 0):
@@ -57,7 +59,18 @@ def fuse(p: Planning) -> list[Node]:
         # layout tags between them (NCHW -> NC4HW4): the same array here
         # (a product the file stores on the int8 grid its convolution reads: see _quantized_by)
         chain, y, conv = past_moves(users, m.outputs[0], outputs, {}, lambda op: op == "ConvertTensor")
-        if conv is None or not _quantized_by(conv, [m.outputs[0]] + [n.outputs[0] for n in chain], stored):
+        if conv is None or not _quantized_by(conv, [m.outputs[0]] + [n.outputs[0] for n in chain], p.stored):
+            continue
+        found.append((m, chain, y, conv))
+    return found
+
+
+def fuse(p: Planning) -> list[Node]:
+    nodes, vals, stored = p.nodes, p.vals, p.stored
+    fused, drop = {}, set()
+    for m, chain, y, conv in by_nodes(p, "fuse_channel_scale", _products):
+        if chain is None:
+            _scale_into_int8(m, users_of(p), set(p.graph.outputs), p, fused, drop)
             continue
         a, b = (vals.get(i) for i in m.inputs)
         if a is None or b is None or a.shape is None or b.shape is None or a.dtype != "float32" or b.dtype != "float32":

@@ -15,7 +15,7 @@ from __future__ import annotations
 from ...ir.graph import Node
 from ..kernels.micro.epilogue import POST, POST_CLIP, POST_LEAKY
 from .fuse_activations import post_of
-from .match import made_node, rewriting, rewritten, sole_reader, users_of
+from .match import by_nodes, made_node, rewriting, rewritten, sole_reader, users_of
 from .state import Planning
 
 OPTIONAL = True
@@ -28,12 +28,14 @@ def _float(v) -> bool:
         len(v.shape) == 4 and all(isinstance(d, int) for d in v.shape)
 
 
-def fuse(p: Planning) -> list[Node]:
-    nodes, vals, stored = p.nodes, p.vals, p.stored
+def _adds(p: Planning) -> list[tuple]:
+    """(convolution, its output, the Add, r, the Add's activationType, the clip reading the Add alone and its Post,
+    or None) of every pair the nodes alone allow (match.by_nodes: the Vals are tested at each shape)."""
+    nodes, stored = p.nodes, p.stored
     users = users_of(p)
     outputs = set(p.graph.outputs)
     made_at = {o: k for k, n in enumerate(nodes) for o in n.outputs}
-    fused, drop = {}, set()
+    found = []
     for at, conv in enumerate(nodes):
         if conv.op != "Convolution" or len(conv.inputs) != 1 or len(conv.outputs) != 1 or POST in conv.param or \
                 (conv.param.get("quanParameter") or {}).get("scaleIn") or conv.param.get("symmetricQuan"):
@@ -45,19 +47,31 @@ def fuse(p: Planning) -> list[Node]:
             continue
         r = add.inputs[1] if add.inputs[0] == y else add.inputs[0]
         act_type = int(add.param.get("activationType", 0) or 0)
+        # r ready before the convolution runs (not its own output)
+        if r == y or act_type not in (0, 1) or made_at.get(r, -1) >= at or r in stored:
+            continue
+        clip, out = None, add.outputs[0]
+        after = users.get(out, []) if not act_type else []
+        if len(after) == 1 and out not in outputs and after[0].inputs[:1] == [out] and len(after[0].outputs) == 1 \
+                and (pa := post_of(after[0])) is not None and pa[0] in (POST_CLIP, POST_LEAKY) and \
+                after[0].outputs[0] not in stored:
+            clip = (after[0], pa)
+        found.append((conv, y, add, r, act_type, clip))
+    return found
+
+
+def fuse(p: Planning) -> list[Node]:
+    nodes, vals = p.nodes, p.vals
+    fused, drop = {}, set()
+    for conv, y, add, r, act_type, clip in by_nodes(p, "fuse_residual_add", _adds):
         v, u, z = vals.get(y), vals.get(r), vals.get(add.outputs[0])
-        # r the same shape (no broadcast), and ready before the convolution runs (not its own output)
-        if r == y or act_type not in (0, 1) or not (_float(v) and _float(u) and _float(z)) or \
-                not v.shape == u.shape == z.shape or made_at.get(r, -1) >= at or r in stored:
+        # r the same shape (no broadcast)
+        if not (_float(v) and _float(u) and _float(z)) or not v.shape == u.shape == z.shape:
             continue
         out, post, act = add.outputs[0], (POST_CLIP, 0.0, float("inf")) if act_type else None, None
-        if post is None:        # a ReLU/ReLU6 reading the Add alone: the add's post
-            after = users.get(out, [])
-            if len(after) == 1 and out not in outputs and after[0].inputs[:1] == [out] and \
-                    len(after[0].outputs) == 1 and (pa := post_of(after[0])) is not None and \
-                    pa[0] in (POST_CLIP, POST_LEAKY) \
-                    and _float(vals.get(after[0].outputs[0])) and after[0].outputs[0] not in stored:
-                act, post, out = after[0], pa, after[0].outputs[0]
+        # a ReLU/ReLU6 reading the Add alone: the add's post
+        if post is None and clip is not None and _float(vals.get(clip[0].outputs[0])):
+            act, post, out = clip[0], clip[1], clip[0].outputs[0]
 
         def make():
             param = {k: val for k, val in conv.param.items()}

@@ -92,7 +92,7 @@ def steps_of(p: Planning, node, ins, outs) -> list[Step]:
         raise MnnToolError(f"{node.op} '{node.name}': output shape unknown at prepare time")
     if k.out_grid:
         p.grids[node.outputs[0]] = k.out_grid
-    elif keeps_values(node.op) and ins and ins[0].grid is not None:
+    elif ins and ins[0].grid is not None and keeps_values(node.op):
         # its output holds its input's values, so lies on the input's int8 grid: a GELU reading an int8
         # Linear's output through its reshape runs by table (kernels.ops.mnn_math)
         p.grids[node.outputs[0]] = ins[0].grid

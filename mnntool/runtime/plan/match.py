@@ -4,9 +4,12 @@ constant's value, a tensor's one reader where a fusion may drop the tensor, a wa
 ops, the rewritten node list."""
 from __future__ import annotations
 
+from operator import is_
+
 import numpy as np
 
 from ...ir.graph import Node
+from ..kernels.weight_cache import session_memo
 
 
 def known(v) -> bool:
@@ -58,6 +61,24 @@ def rewriting(fuse):
         if not p.keep_all:
             p.nodes = fuse(p)
     return run
+
+
+def by_nodes(p, tag: str, find) -> list:
+    """find(p): what a fusion stage matches by the nodes alone (their ops, parameters and readers, the stored
+    grids, the graph's outputs), never by a tensor's Val; the session's last answer for `tag` where p.nodes are the
+    same node objects as then (made_node keeps fused nodes' identity across input shapes), so a stage walks the
+    graph once, not at every new shape, and tests only the Vals of what it found. One entry a tag (the nodes
+    held); the answer is shared: never written."""
+    memo = session_memo("by nodes")
+    if memo is None:
+        return find(p)
+    nodes, key = p.nodes, (id(p.stored), id(p.raw), tuple(p.graph.outputs))
+    hit = memo.get(tag)
+    if hit is not None and hit[1] == key and len(hit[0]) == len(nodes) and all(map(is_, hit[0], nodes)):
+        return hit[2]
+    found = find(p)
+    memo[tag] = (list(nodes), key, found, p.stored, p.raw)     # (the objects the key names by id held)
+    return found
 
 
 def made_node(p, key: tuple, sources: tuple, make) -> Node:
