@@ -105,7 +105,11 @@ PROMOTE_PLANS = True
 
 def _promote() -> None:
     """Every object the collector tracks into its oldest generation, unwalked (freeze, then unfreeze: the
-    frozen objects join the oldest generation), the young count reset."""
+    frozen objects join the oldest generation), the young count reset. Not where the process froze objects
+    of its own (a pre-fork server's gc.freeze() keeps them out of every pass for copy-on-write): unfreeze would
+    hand those back to the collector."""
+    if gc.get_freeze_count():
+        return
     gc.freeze()
     gc.unfreeze()
 

@@ -587,3 +587,21 @@ def test_fusions_found_by_nodes_decided_by_each_shapes_vals(tmp_path):
         assert np.array_equal(got, fresh), hw
     assert s._parts.memos["by nodes"].keys() == {"fuse_silu", "fuse_activations", "fuse_channel_scale",
                                                  "fuse_residual_add"}
+
+
+def test_objects_the_process_froze_stay_frozen():
+    """The plans' promotion (session._promote: freeze then unfreeze) is skipped where the process froze objects
+    of its own (gc.freeze before a fork): unfreeze would hand them back to the collector."""
+    import gc
+    from mnntool.runtime import session
+    mine = [[i] for i in range(100)]
+    gc.freeze()
+    try:
+        frozen = gc.get_freeze_count()
+        assert frozen > 0
+        session._promote()
+        assert gc.get_freeze_count() == frozen
+    finally:
+        gc.unfreeze()
+    session._promote()
+    assert gc.get_freeze_count() == 0 and mine
