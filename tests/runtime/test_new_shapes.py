@@ -605,3 +605,34 @@ def test_objects_the_process_froze_stay_frozen():
         gc.unfreeze()
     session._promote()
     assert gc.get_freeze_count() == 0 and mine
+
+
+def test_dense_pick_skips_only_depthwise_strategies():
+    """conv_strategies.pick starts a dense layer's search past depthwise.py's strategies (each suits depthwise
+    layers only): the strategy it picks is the first of the whole list that suits, for dense, grouped and depthwise
+    layers of 1x1-7x7 windows, strides 1 and 2, maps 1x1 to 112x112, with and without AVX-512 and a fused post."""
+    import itertools
+
+    from mnntool.runtime.kernels.ops import conv_strategies as cs
+
+    def first(g, avx512, post):
+        return next((s for s in cs.STRATEGIES if (avx512 or not s.avx512) and not (post and s.no_post)
+                     and not (s.post_only and not post) and s.suits(g)), None)
+    checked = 0
+    for cin, cout, group in [(16, 16, 16), (672, 672, 672), (16, 32, 1), (3, 16, 1), (64, 64, 4), (96, 24, 1)]:
+        for k, s, (h, w) in itertools.product((1, 3, 5, 7), (1, 2), [(1, 1), (7, 7), (14, 14), (56, 56), (112, 112),
+                                                                     (13, 200)]):
+            p = k // 2
+            oh, ow = (h + 2 * p - k) // s + 1, (w + 2 * p - k) // s + 1
+            if oh < 1 or ow < 1:
+                continue
+            g = cs.Geometry(1, cin, h, w, cout, oh, ow, k, k, s, s, 1, 1, p, p, p, p, group)
+            for avx512, post in itertools.product((True, False), (True, False)):
+                want = first(g, avx512, post)
+                try:
+                    got = cs.pick(g, avx512, post)
+                except StopIteration:
+                    got = None
+                assert got is want, (g, avx512, post)
+                checked += 1
+    assert checked > 500

@@ -15,6 +15,8 @@ from .depthwise import (BorderDepthwise3x3, ChannelsLastDepthwise, FlatDepthwise
                         PairedRowsDepthwise, PlaneDepthwise3x3, RowDepthwise3x3, StripDepthwise)
 from .matvec import LanesMatVec
 
+_DEPTHWISE = LanesDepthwise.__module__
+
 __all__ = ["Geometry", "Layer", "Strategy", "trimmed", "with_post", "build", "STRATEGIES", "pick", "HAS_AVX512"]
 
 HAS_AVX512 = host_has("avx512f")
@@ -28,12 +30,23 @@ STRATEGIES: list[Strategy] = [
 ]
 
 
+# The strategies of depthwise.py suit depthwise layers only (each one's suits tests g.depthwise): a dense layer's
+# pick skips them (~7 us a layer, ~0.3 ms at every new input shape of EfficientNet-B0: 47 dense convolutions).
+_FOR_DENSE: list = [None, 0, None]  # [the STRATEGIES list it was made from, its length, those not of depthwise.py]
+
+
+def _for_dense() -> list[Strategy]:
+    if _FOR_DENSE[0] is not STRATEGIES or _FOR_DENSE[1] != len(STRATEGIES):
+        _FOR_DENSE[:] = [STRATEGIES, len(STRATEGIES), [s for s in STRATEGIES if type(s).__module__ != _DEPTHWISE]]
+    return _FOR_DENSE[2]
+
+
 def pick(g: Geometry, avx512: bool = HAS_AVX512, post: bool = False) -> Strategy:
     """The first strategy that suits the layer; with `post` (a fused activation past the ReLU bounds), not
     the ones that run it poorly (Strategy.no_post), without one not those that pay only with one
     (Strategy.post_only)."""
-    return next(s for s in STRATEGIES if (avx512 or not s.avx512) and not (post and s.no_post)
-                and not (s.post_only and not post) and s.suits(g))
+    return next(s for s in (STRATEGIES if g.depthwise else _for_dense()) if (avx512 or not s.avx512) and
+                not (post and s.no_post) and not (s.post_only and not post) and s.suits(g))
 
 
 def build(g: Geometry, layer: Layer, avx512: bool = HAS_AVX512):
