@@ -16,6 +16,8 @@ from __future__ import annotations
 import numpy as np
 from ..compile.jit import njit, prange, types, intrinsic
 
+from .. import aligned_empty, serial, sized
+from ..weight_cache import packed_once, shape_free
 from .epilogue import NO_POST
 from .activation_ir import Finish
 from .llvm_ir import data_of, declare, vector_ops, first_lanes, host_has, k_loop, prefetch, splat as splat_
@@ -25,7 +27,7 @@ WEIGHT_BLOCK = 128 * 1024   # floats: the weights one pass over the output strea
 BY_BLOCK_X = 256 * 1024     # floats: an activation matrix this small is re-read from L2 per channel block
 
 
-def walk_by_block(k: int, pixels: int, o: int) -> bool:
+def walk_by_block(k: int, pixels: int, o: int, threads: int = 1) -> bool:
     """Whether `gemm` walks a channel block's tiles in a row (its 8 output rows written as sequential streams,
     x re-read per block) rather than a tile's channel blocks (x's panel read once, every output row written a
     tile at a time): for x small enough to re-read from L2, and for layers with at least as many output
@@ -33,8 +35,9 @@ def walk_by_block(k: int, pixels: int, o: int) -> bool:
     alone, 1 thread, Intel Xeon, ms tiles / by block (tmp_dev/xp/pw_walk.py, warm; after a 256 MB pass):
     128->128 on 56x56 1.50 / 1.27 (1.98 / 1.33), 64->256 on 56x56 2.41 / 1.61, 16->96 on 112x112 2.40 / 0.88;
     fewer outputs than inputs: 256->64 on 56x56 1.22 / 2.20, 96->24 0.28 / 0.34. (AMD EPYC: 128->128 on 56x56
-    1.11 / 1.14.)"""
-    return k * pixels <= BY_BLOCK_X or o >= k
+    1.11 / 1.14.) The second case at one thread only, where it was measured: at more, the threads take channel
+    blocks and each would stream all of a large x."""
+    return k * pixels <= BY_BLOCK_X or (o >= k and threads <= 1)
 
 
 # At one thread the serial twins of this module's parallel kernels, as the kernel library (compile-kernels)
@@ -48,7 +51,6 @@ SERIAL_AT_ONE = True
 
 def fitted(fn, work: int, threads: int):
     """`sized(fn, work, threads)`, the serial twin at one thread when SERIAL_AT_ONE."""
-    from .. import serial, sized
     return sized(serial(fn) if threads <= 1 and SERIAL_AT_ONE else fn, work, threads)
 
 
@@ -819,7 +821,6 @@ def pack_stacked(u: np.ndarray, block: int = OCB) -> np.ndarray:
     """(P, O, K) -> flat [P][O/block][K][block] float32 (P matrices packed one after the other, the
     layout of Winograd's positions, which winograd.transform_packed writes directly), rows past O zero:
     one strided copy into a cache-line aligned buffer, not a zero-padded copy and another."""
-    from .. import aligned_empty
     p, o, k = u.shape
     nb, whole = -(-o // block), o // block
     out = aligned_empty(p * nb * k * block)
@@ -854,6 +855,14 @@ def tile_count(pixels: int) -> int:
     return _tiles.py_func(pixels)[0]      # the Python function: a call through Numba's dispatcher cost ~10 us
 
 
+def _shape_free_parts(weight: np.ndarray, bias: np.ndarray, act: int, grid, post) -> tuple:
+    """PackedGemm's weights packed (packed_once), its bias padded to whole channel blocks, its epilogue."""
+    o = weight.shape[0]
+    padded = np.zeros(-(-o // OCB) * OCB, np.float32)
+    padded[:o] = bias
+    return (packed_once(pack_weights, weight), padded) + epilogue_of(act, grid, post)
+
+
 class PackedGemm:
     """A convolution's weights packed for `gemm` (bias padded to whole tiles), its epilogue, and the
     walk that suits its pixel count, all decided at prepare."""
@@ -862,14 +871,12 @@ class PackedGemm:
                  post=NO_POST):
         o, k = weight.shape
         self.o, self.k, self.nob, self.pixels = o, k, -(-o // OCB), pixels
-        from ..weight_cache import packed_once
-        self.wp = packed_once(pack_weights, weight)
-        self.bias = np.zeros(self.nob * OCB, np.float32)
-        self.bias[:o] = bias
-        self.epf, self.grid = epilogue_of(act, grid, post)
+        # what the input shape does not change, kept per layer while the session plans (weight_cache.shape_free)
+        self.wp, self.bias, self.epf, self.grid = shape_free(
+            "PackedGemm", weight, (bias, grid, post), (act,), lambda: _shape_free_parts(weight, bias, act, grid, post))
         self.tiles = tile_count(pixels)
         self.kc = k_block(k, self.rows(), self.tiles)
-        self.by_block = walk_by_block(k, pixels, o)
+        self.by_block = walk_by_block(k, pixels, o, threads)
         self.fn = fitted(gemm, self.rows() * pixels * k // 16, threads)
 
     def rows(self) -> int:
