@@ -156,3 +156,26 @@ def _packed_in_session(pack, w: np.ndarray, root, args):
         return pack(w, *args)
     key = ("packed", id(root), w.__array_interface__["data"][0], w.shape, w.strides, w.dtype.str, pack, args)
     return parts.get(key, (root,), lambda: pack(w, *args))
+
+
+def shape_free(tag: str, weight: np.ndarray, objects: tuple, values: tuple, make):
+    """make(), or the value it gave while this session plans for the same `tag`, the same (identical) `weight`
+    array and `objects`, and equal `values` (ints, strings: never floats, where 0.0 == -0.0 would pass for
+    another value). For what a kernel factory computes from a layer's weights and parameters alone (a GEMM's
+    padded bias and epilogue, a depthwise layer's bias in lanes): planned again at each new input shape, they
+    cost ~10 us a layer. Only where the weights live across plans (a file's, or a node part's: packed_once's
+    rule); weights of a plan's own (trimmed for its shape) compute every time. The entry holds the objects it is
+    keyed by, so an id names the same object while it lives. The value is shared by the plans of a session:
+    read-only to the kernels, as packed weights are."""
+    parts = getattr(_ACTIVE, "parts", None)
+    if parts is None:
+        return make()
+    key = (tag, id(weight), values) + tuple(map(id, objects))
+    hit = parts.entries.get(key)
+    if hit is not None:
+        hit[2] = parts.plan
+        return hit[0]
+    root = _root(weight)
+    if isinstance(root, np.ndarray) and id(root) not in parts.kept:
+        return make()
+    return parts.get(key, (weight,) + tuple(objects), make)
