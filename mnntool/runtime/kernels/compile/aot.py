@@ -82,7 +82,17 @@ def type_key(args: tuple) -> str:
     """The argument types as the library names them (Numba's typeof, in short): arrays "f4:3C" (dtype,
     dims, layout, "r" read-only), "i" int, "d" float, "b" bool, "sf4" a NumPy scalar, "(...)" a tuple.
     "?" marks a type the library never holds (an unaligned array, say)."""
-    return ",".join(map(_token, args))
+    out = []
+    for a in args:      # arrays and ints inline (~90 kernels bind at each new input shape's first run)
+        t = type(a)
+        if t is np.ndarray:
+            token = _ARRAYS.get((a.dtype, a.ndim, a.flags.num))
+            out.append(_token(a) if token is None else token)
+        elif t is int and -(1 << 63) <= a < (1 << 63):
+            out.append("i")
+        else:
+            out.append(_token(a))
+    return ",".join(out)
 
 
 def split_key(key: str) -> list[str]:

@@ -14,6 +14,8 @@ import importlib
 import os
 import types as pytypes
 
+from . import aot      # (no Numba: Bound.bind's type keys and lookups, at every kernel's first call)
+
 
 class LazyModule:
     """A module imported at its first attribute read (`types`, `numba` in the kernel modules)."""
@@ -161,17 +163,26 @@ class Bound:
     def bind(self, args: tuple, compiled: bool = False):
         """The code for `args`' types (for `compiled`, Numba's compiled entry rather than its dispatcher
         when the library lacks it); a different key than the first call's is a TypeError."""
-        from . import aot
         key = aot.type_key(args)
         if self.fn is not None:
             if key != self.key:
                 raise TypeError(f"kernel {self.kernel.name} bound to ({self.key}) called with ({key})")
             return self.fn
-        fn = aot.lookup(self.kernel, key)
+        memo = (self.kernel, key, compiled, aot.library())
+        fn = _BOUND.get(memo)
         if fn is None:
-            fn = compiled_entry(self.kernel.dispatcher(), args) if compiled else self.kernel.dispatcher()
+            fn = aot.lookup(self.kernel, key)
+            if fn is None:
+                fn = compiled_entry(self.kernel.dispatcher(), args) if compiled else self.kernel.dispatcher()
+            if "?" not in key:      # ("?": types the key does not tell apart)
+                _BOUND[memo] = fn
         self.fn, self.key = fn, key
         return fn
+
+
+# (kernel, type key, compiled, library) -> the code Bound.bind found: every plan of a new input shape binds its kernels again
+# at their first call (~90 a shape of EfficientNet-B0), mostly to the same code; one entry per kernel signature
+_BOUND: dict = {}
 
 
 def compiled_entry(dispatcher, args: tuple):

@@ -14,7 +14,10 @@ from __future__ import annotations
 import numpy as np
 from ..compile.jit import njit, prange, types, intrinsic
 
+from .. import sized
+from ..weight_cache import packed_once, shape_free
 from .epilogue import NO_POST
+from .float_gemm import epilogue_of, pack_weights
 from .activation_ir import Finish
 from .llvm_ir import columns_to_rows, data_of, declare, host_has, k_loop, prefetch, splat as splat_
 
@@ -165,7 +168,6 @@ def ocgemm(x, xs, xstride, P, wp, wstride, K, O, bias, epf, grid, out, os_, ostr
 
 def pack32(w: np.ndarray) -> np.ndarray:
     """(O, K) -> flat [O/32][K][32] float32, the rows past O zero."""
-    from .float_gemm import pack_weights
     return pack_weights(w, OCB)
 
 
@@ -179,20 +181,25 @@ def suits(pixels: int, weight_bytes: int) -> bool:
     return pixels % 16 != 0 or (pixels == 16 and weight_bytes > 512 * 1024)
 
 
+def _shape_free_parts(weight: np.ndarray, bias: np.ndarray, act: int, grid, post) -> tuple:
+    """OcGemm's weights packed (packed_once), its bias padded to whole channel blocks, its epilogue."""
+    o, k = weight.shape
+    wp = packed_once(pack32, weight)
+    padded = np.zeros(wp.size // k, np.float32)
+    padded[:o] = bias
+    return (wp, padded) + epilogue_of(act, grid, post)
+
+
 class OcGemm:
     """A convolution's weights packed for `few_pixel_gemm`, with its epilogue; called like float_gemm.PackedGemm."""
 
     def __init__(self, weight: np.ndarray, bias: np.ndarray, act: int, grid, pixels: int, threads: int,
                  post=NO_POST):
-        from .. import sized
-        from .float_gemm import epilogue_of
         o, k = weight.shape
         self.o, self.k, self.pixels = o, k, pixels
-        from ..weight_cache import packed_once
-        self.wp = packed_once(pack32, weight)      # shared by the plans of every input shape
-        self.bias = np.zeros(self.wp.size // k, np.float32)
-        self.bias[:o] = bias
-        self.epf, self.grid = epilogue_of(act, grid, post)
+        # shared by the plans of every input shape (weight_cache.shape_free)
+        self.wp, self.bias, self.epf, self.grid = shape_free(
+            "OcGemm", weight, (bias, grid, post), (act,), lambda: _shape_free_parts(weight, bias, act, grid, post))
         self.fn = sized(ocgemm, o * k * pixels // 16, threads)
 
     def __call__(self, x: np.ndarray, xs: int, out: np.ndarray, os_: int) -> None:

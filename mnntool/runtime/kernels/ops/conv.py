@@ -11,9 +11,12 @@ from ....errors import InvalidModel, MnnToolError
 from .. import PLAN_ONLY, Kernel, Scratch, kernel, sized, writes
 from ..micro.conv_loops import col2im
 from .conv_strategies import Geometry, Layer, build, trimmed
-from ..micro.epilogue import NO_GRID, NO_POST, POST, POST_CLIP, activation, apply_act, grid_of, to_grid
+from ..micro.epilogue import NO_GRID, NO_POST, POST, POST_CLIP, POST_LEAKY, activation, apply_act, grid_of, to_grid
+from ..micro.float_gemm import OCB, PackedGemm
+from ..micro.residual import add_clamped, add_leaky, bounds_of
 from .int8_tables import codes_of, looked_up, values_of
 from ..weight_cache import node_part
+from ....ir.graph import Node
 from ....ir.ops.nn import pads_of, same_pads
 
 
@@ -48,12 +51,12 @@ def _weight_of(node, cout: int) -> np.ndarray:
 
 def _geometry(part: _Part, in_shape, out_shape) -> Geometry:
     """Geometry.of from the part's window: arithmetic only."""
-    n, cin, h, w = (int(d) for d in in_shape)
-    _, cout, oh, ow = (int(d) for d in out_shape)
+    n, cin, h, w = map(int, in_shape)
+    _, cout, oh, ow = map(int, out_shape)
     kh, kw, sh, sw, dh, dw, group, mode, (t, l, b, r) = part.window
     if mode == "SAME":      # from the output size shape inference gave
         (t, b), (l, r) = same_pads(h, oh, kh, sh, dh), same_pads(w, ow, kw, sw, dw)
-    return Geometry(n, cin, h, w, cout, oh, ow, kh, kw, sh, sw, dh, dw, t, l, b, r, group)
+    return Geometry.made((n, cin, h, w, cout, oh, ow, kh, kw, sh, sw, dh, dw, t, l, b, r, group))
 
 
 def _tap_live(i: int, k: int, d: int, s: int, pad: int, size: int, out: int) -> bool:
@@ -65,6 +68,8 @@ def _tap_live(i: int, k: int, d: int, s: int, pad: int, size: int, out: int) -> 
 
 def _untrimmed(g: Geometry) -> bool:
     """True where `trimmed` keeps every tap (its first and last taps read the input somewhere), in O(1)."""
+    if g.kh == g.kw == 1 and not (g.t or g.l):      # a 1x1 window's one tap reads pixel (0, 0): check held h, w >= 1
+        return True
     return (_tap_live(g.kh - 1, g.kh, g.dh, g.sh, g.t, g.h, g.oh) and
             (g.t // g.dh == 0 or _tap_live(0, g.kh, g.dh, g.sh, g.t, g.h, g.oh)) and
             _tap_live(g.kw - 1, g.kw, g.dw, g.sw, g.l, g.w, g.ow) and
@@ -322,14 +327,14 @@ def scale_packed(base, s, out):
 def scaled_pointwise(node, ins, outs, settings):
     """fusion.fuse_channel_scale's node: a 1x1 convolution of x * s, s one scale per input channel, as
     the convolution with its packed weights scaled by s on each run ([O/8][C][8]: a broadcast multiply)."""
-    from ..micro.float_gemm import OCB, PackedGemm
     part = _part_of(node)
     if part.int8 is not None:       # int8: x * s quantized in the convolution's packing pass
         return convolution(node, ins, outs, settings, scaled=True)
     cout = part.cout
     _, cin, h, w = ins[0].shape
-    pg = PackedGemm(_weight_of(node, cout).reshape(cout, cin), part.bias, part.act, NO_GRID, h * w,
-                    settings.threads, node.param.get(POST, NO_POST))
+    weight = _weight_of(node, cout)     # (cout, cin) already: the node part itself, which PackedGemm's parts key on
+    pg = PackedGemm(weight if weight.shape == (cout, cin) else weight.reshape(cout, cin), part.bias, part.act, NO_GRID,
+                    h * w, settings.threads, node.param.get(POST, NO_POST))
     base = pg.wp.reshape(pg.nob, cin, OCB)      # the packed weights, shared with other plans (weight_cache)
     # the scaled copy, rewritten on each run: a buffer of the thread's (a copy per plan was ~1 MB and ~30 us of
     # planning at each new input shape of EfficientNet-B0)
@@ -361,9 +366,6 @@ def residual_convolution(node, ins, outs, settings):
     conv(x) + r, then the clip (ReLU, ReLU6) that followed the Add (its POST). The convolution runs on its
     strategy without that post (its own ReLU, if any, stays before the add, as in the graph), then one
     pass adds r and clips in place: the Add's step and its output tensor are gone."""
-    from ....ir.graph import Node
-    from ..micro.epilogue import POST_LEAKY
-    from ..micro.residual import add_clamped, add_leaky, bounds_of
     post = node.param.get(POST, NO_POST)
     plain = Node("Convolution", node.inputs[:1], list(node.outputs), node.name,
                  {k: v for k, v in node.param.items() if k != POST}, node.param_type, node.fmt)

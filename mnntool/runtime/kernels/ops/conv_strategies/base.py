@@ -2,7 +2,7 @@
 the Strategy unit, and the small helpers their kernels share."""
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, fields, replace
 from typing import NamedTuple
 
 import numpy as np
@@ -11,6 +11,7 @@ from .....errors import InvalidModel
 from .....ir.ops.nn import pads_of, same_pads
 from ... import Kernel, Scratch, SharedZeros, sized, writes
 from ...micro.epilogue import NO_GRID, NO_POST, to_grid
+from ...micro.float_gemm import crop_rows, fitted, phase_split
 
 COLS = "conv_cols"      # the work buffer (kernels.scratch) im2col matrices, strided picks and wide outputs share
 
@@ -51,10 +52,28 @@ class Geometry:
             t = l = b = r = 0
         else:
             t, l, b, r = pads_of(c)
-        return cls(n, cin, h, w, cout, oh, ow, kh, kw, sh, sw, dh, dw, t, l, b, r, c.get("group", 1) or 1)
+        return cls.made((n, cin, h, w, cout, oh, ow, kh, kw, sh, sw, dh, dw, t, l, b, r, c.get("group", 1) or 1))
+
+    @classmethod
+    def made(cls, values: tuple) -> Geometry:
+        """Geometry(*values), every field given, without the frozen dataclass's __init__ (a setattr a field:
+        ~2 us, made for every convolution at each new input shape); equal to it (the test compares)."""
+        g = object.__new__(cls)
+        g.__dict__.update(zip(_FIELDS, values))
+        return g
 
     def check(self, weight_size: int, where: str) -> None:
         """What MNN's resize checks, before any kernel indexes memory with these numbers."""
+        d = self.__dict__       # every field good (the usual case, at each new input shape): one expression
+        kh, kw, sh, sw, dh, dw, group = d["kh"], d["kw"], d["sh"], d["sw"], d["dh"], d["dw"], d["group"]
+        cin, cout = d["cin"], d["cout"]
+        if (kh > 0 and kw > 0 and sh > 0 and sw > 0 and dh > 0 and dw > 0 and group > 0
+                and d["t"] >= 0 and d["l"] >= 0 and d["b"] >= 0 and d["r"] >= 0
+                and not cin % group and not cout % group and weight_size == cout * (cin // group) * kh * kw
+                and d["n"] > 0 and cin > 0 and d["h"] > 0 and d["w"] > 0 and cout > 0 and d["oh"] > 0 and d["ow"] > 0
+                and (d["oh"] - 1) * sh + (kh - 1) * dh + 1 <= d["h"] + d["t"] + d["b"]
+                and (d["ow"] - 1) * sw + (kw - 1) * dw + 1 <= d["w"] + d["l"] + d["r"]):
+            return
         bad = None
         if min(self.kh, self.kw, self.sh, self.sw, self.dh, self.dw, self.group) < 1:
             bad = f"kernel {self.kh}x{self.kw}, stride {self.sh}x{self.sw}, dilation {self.dh}x{self.dw}, group {self.group}"
@@ -115,6 +134,9 @@ class Geometry:
     @property
     def weight_bytes(self) -> int:
         return self.cout * (self.cin // self.group) * self.kh * self.kw * 4
+
+
+_FIELDS = tuple(f.name for f in fields(Geometry))
 
 
 def _live_taps(k: int, d: int, s: int, pad: int, size: int, out: int) -> tuple[int, int]:
@@ -204,7 +226,6 @@ def phase_splitter(g: Geometry, threads: int, spare_row: bool = False):
     """fn(x) -> x's phase planes (float_gemm.phase_split: big enough for every tap of every output pixel,
     their zero border the padding), in a buffer the layers of the geometry share; with `spare_row`, one
     zero row past each plane, for kernels whose thrown-away columns of the last rows read into it."""
-    from ...micro.float_gemm import fitted, phase_split
     hq, wq = g.phase_planes
     phases_of = SharedZeros((g.h, g.w, g.t, g.l, g.sh, g.sw), (g.cin * g.sh * g.sw, hq + spare_row, wq))
     split = fitted(phase_split, g.cin * g.h * g.w, threads)
@@ -220,7 +241,6 @@ def on_wide_rows(g: Geometry, threads: int, fill):
     """A kernel for the kernels that read the phase planes (with their spare row) on the planes' width:
     fill(phases, wide) writes every column of the wide output (cout, oh, wq), the thrown-away ones too,
     which is then cropped to the output's width (float_gemm.crop_rows)."""
-    from ...micro.float_gemm import crop_rows, fitted
     split = phase_splitter(g, threads, spare_row=True)
     if g.phase_planes[1] == g.ow:       # no thrown-away columns (a kh x 1 window): written in place
         return per_image(g, lambda x, y: fill(split(x), y))

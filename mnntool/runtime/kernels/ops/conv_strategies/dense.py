@@ -6,8 +6,13 @@ from __future__ import annotations
 import numpy as np
 
 from ... import Scratch, direct, sized, writes
-from ...micro.conv_loops import bias_act, im2col
+from ...micro import float_gemm, few_pixel_gemm
+from ...micro.conv_loops import bias_act, im2col, patches
 from ...micro.epilogue import apply_act
+from ...micro.float_gemm import (OCB, PackedGemm, conv_grouped, conv_im2col, conv_rows, epilogue_of, fitted,
+                                 tail_pixels, tap_offsets)
+from ...micro.few_pixel_gemm import OcGemm
+from ...weight_cache import packed_once, shape_free
 from .base import (COLS, Geometry, Layer, Strategy, on_wide_rows, padder, per_image, phase_splitter,
                    regrid_of)
 
@@ -157,17 +162,14 @@ TAILED_TILES = True
 
 def _tailed(pixels: int) -> bool:
     """float_gemm runs this many pixels as whole 48-pixel tiles and a tail (7x7 maps)."""
-    from ...micro.float_gemm import tail_pixels
     return TAILED_TILES and 48 < pixels <= 64 and tail_pixels.py_func(pixels) > 0
 
 
 def _one_gemm(g: Geometry, layer: Layer, pixels: int):
     """The layer's weights packed for one GEMM over `pixels` columns: channels-in-lanes (few_pixel_gemm) where the
     pixel count suits it, else float_gemm's packed tiles."""
-    from ...micro.float_gemm import PackedGemm
-    from ...micro.few_pixel_gemm import OcGemm, suits
-    return (OcGemm if suits(pixels, g.weight_bytes) else PackedGemm)(layer.weight, layer.bias, layer.act, layer.grid,
-                                                                     pixels, layer.threads, layer.post)
+    gemm = OcGemm if few_pixel_gemm.suits(pixels, g.weight_bytes) else PackedGemm
+    return gemm(layer.weight, layer.bias, layer.act, layer.grid, pixels, layer.threads, layer.post)
 
 
 class Pointwise(Strategy):
@@ -203,7 +205,6 @@ class Patchify(Strategy):
                 not g.padded)
 
     def build(self, g, layer):
-        from ...micro.conv_loops import patches
         pixels = g.oh * g.ow
         packed = _one_gemm(g, layer, pixels)
         cols_of = Scratch(COLS, (g.cin, g.kh, g.kw, g.oh, g.ow))
@@ -221,15 +222,13 @@ class Im2colChannelsInLanes(Strategy):
     name, avx512, fuses_post = "im2col-oc", True, True
 
     def suits(self, g):
-        from ...micro.few_pixel_gemm import suits
-        if g.group != 1 or not suits(g.oh * g.ow, g.weight_bytes):
+        if g.group != 1 or not few_pixel_gemm.suits(g.oh * g.ow, g.weight_bytes):
             return False
         # 7x7 maps go to conv_im2col (TAILED_TILES) unless the in-place taps would take them (not measured
         # against this: they stay)
         return not _tailed(g.oh * g.ow) or WideTapsInPlace().suits(g)
 
     def build(self, g, layer):
-        from ...micro.few_pixel_gemm import OcGemm
         cols_of = Scratch(COLS, (g.cin * g.kh * g.kw, g.oh * g.ow))
         unfold = sized(im2col, g.cin * g.kh * g.kw * g.oh * g.ow, layer.threads)
         gemm = OcGemm(layer.weight, layer.bias, layer.act, layer.grid, g.oh * g.ow, layer.threads, layer.post)
@@ -244,14 +243,12 @@ class Im2colChannelsInLanes(Strategy):
 
 def _phases(g: Geometry, layer: Layer):
     """The packed weights and the input's phase planes (base.phase_splitter) that implicit im2col reads."""
-    from ...micro.float_gemm import PackedGemm
     packed = PackedGemm(layer.weight, layer.bias, layer.act, layer.grid, g.oh * g.ow, layer.threads, layer.post)
     hq, wq = g.phase_planes
     return packed, hq, wq, phase_splitter(g, layer.threads)
 
 
 def _packed_fits_l2(g: Geometry) -> bool:
-    from ...micro.float_gemm import OCB
     return g.group == 1 and -(-g.cout // OCB) * OCB * g.cin * g.kh * g.kw * 4 <= L2_BYTES
 
 
@@ -266,7 +263,6 @@ class TapsInPlace(Strategy):
         return _packed_fits_l2(g) and g.ow >= TAPS_IN_PLACE_MIN_WIDTH and (g.ow % 16 == 0 or g.ow % 16 > 8)
 
     def build(self, g, layer):
-        from ...micro.float_gemm import conv_rows, fitted, tap_offsets
         packed, hq, wq, split = _phases(g, layer)
         koff = tap_offsets(g.cin, g.kh, g.kw, g.sh, g.sw, g.dh, g.dw, hq, wq)
         rows = fitted(conv_rows, packed.rows() * g.oh * g.ow * g.cin * g.kh * g.kw // 16, layer.threads)
@@ -327,7 +323,6 @@ class ImplicitIm2col(Strategy):
         return g.group == 1
 
     def build(self, g, layer):
-        from ...micro.float_gemm import conv_im2col, fitted, tap_offsets
         packed, hq, wq, split_phases = _phases(g, layer)
         koff = tap_offsets(g.cin, g.kh, g.kw, g.sh, g.sw, g.dh, g.dw, hq, wq)
         # output-channel blocks split across threads when the pixel tiles alone leave threads idle
@@ -344,9 +339,17 @@ class ImplicitIm2col(Strategy):
 def _pack_groups(weight: np.ndarray, group: int) -> np.ndarray:
     """Each group's rows packed for float_gemm (pack_weights), one group after the other: read-only, shared
     by the plans of every input shape (weight_cache)."""
-    from ...micro import float_gemm
     og = weight.shape[0] // group
     return np.concatenate([float_gemm.pack_weights(weight[k * og:(k + 1) * og]) for k in range(group)])
+
+
+def _grouped_parts(group: int, layer: Layer) -> tuple:
+    """GroupedTapsInPlace's packed weights, each group's bias padded to whole channel blocks, its epilogue."""
+    og = layer.weight.shape[0] // group
+    bias = np.zeros((group, -(-og // OCB) * OCB), np.float32)
+    bias[:, :og] = layer.bias.reshape(group, og)
+    return (packed_once(_pack_groups, layer.weight, group), bias.reshape(-1)) + epilogue_of(layer.act, layer.grid,
+                                                                                            layer.post)
 
 
 class GroupedTapsInPlace(Strategy):
@@ -359,15 +362,10 @@ class GroupedTapsInPlace(Strategy):
         return g.group > 1 and not g.depthwise
 
     def build(self, g, layer):      # also WideTapsInPlace's, at one group
-        from ...weight_cache import packed_once
-        from ...micro.float_gemm import OCB, conv_grouped, epilogue_of, fitted, tap_offsets
         cg, og = g.cin // g.group, g.cout // g.group
-        nob = -(-og // OCB)
-        wp = packed_once(_pack_groups, layer.weight, g.group)
-        bias = np.zeros((g.group, nob * OCB), np.float32)
-        bias[:, :og] = layer.bias.reshape(g.group, og)
-        bias = bias.reshape(-1)
-        epf, on_grid = epilogue_of(layer.act, layer.grid, layer.post)
+        # what the input shape does not change, kept per layer while the session plans (weight_cache.shape_free)
+        wp, bias, epf, on_grid = shape_free("grouped", layer.weight, (layer.bias, layer.grid, layer.post),
+                                            (layer.act, g.group), lambda: _grouped_parts(g.group, layer))
         hq, wq = g.phase_planes
         koff = tap_offsets(cg, g.kh, g.kw, g.sh, g.sw, g.dh, g.dw, hq + 1, wq)     # planes with the spare row
         k = cg * g.kh * g.kw

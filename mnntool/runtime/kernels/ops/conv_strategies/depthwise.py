@@ -4,8 +4,11 @@ from __future__ import annotations
 
 import numpy as np
 
-from ... import sized, writes
+from ... import Scratch, SharedZeros, sized, writes
+from ...micro import depthwise3x3 as dw3x3, depthwise_lanes, depthwise_pairs, depthwise_strips
 from ...micro.conv_loops import depthwise, depthwise3x3, depthwise3x3_s1, depthwise_hwc
+from ...micro.float_gemm import epilogue_of
+from ...weight_cache import packed_once, shape_free
 from .base import Geometry, Layer, Strategy, padder, per_image, regrid_of
 
 # Maps up to this wide run the depthwise as one flat pass per channel: a 7-wide row strip leaves
@@ -43,23 +46,22 @@ class LanesDepthwise(Strategy):
     name, avx512, fuses_post = "dw-lanes", True, True
 
     def suits(self, g):
-        if not g.depthwise:     # (before the import: every dense convolution asks first)
+        if not g.depthwise:
             return False
-        from ...micro import depthwise_lanes
         return (g.depthwise and g.kh == g.kw and g.kh in depthwise_lanes.SIZES and g.sh == g.sw
                 and g.sh in depthwise_lanes.STRIDES and g.dh == g.dw == 1
                 and g.ow <= (LANES_MAX_WIDTH_3X3 if g.kh == 3 else LANES_MAX_WIDTH)
                 and g.cin >= LANES_MIN_CHANNELS)
 
     def build(self, g, layer):
-        from ...micro import depthwise_lanes as L
-        from ...micro.float_gemm import epilogue_of
+        L = depthwise_lanes
         k, s = g.kh, g.sh
-        epf, on_grid = epilogue_of(layer.act, layer.grid, layer.post)
-        from ...weight_cache import packed_once
-        # packed once per weights (not again for each new input shape's plan)
-        wl, bt = packed_once(L.lanes_weights, dw_weights(g, layer).reshape(g.cout, k * k), k), L.lanes_bias(layer.bias)
-        from ... import Scratch, SharedZeros
+        # packed once per weights, the bias in lanes and the epilogue kept per layer (not again for each new
+        # input shape's plan: weight_cache.shape_free)
+        wl, bt, epf, on_grid = shape_free(
+            "dw-lanes", layer.weight, (layer.bias, layer.grid, layer.post), (layer.act, k, g.cout),
+            lambda: (packed_once(L.lanes_weights, dw_weights(g, layer).reshape(g.cout, k * k), k),
+                     L.lanes_bias(layer.bias)) + epilogue_of(layer.act, layer.grid, layer.post))
         inpos, pw, nin, nout = L.tables(g.h, g.w, k, s, g.t, g.l, g.oh, g.ow)
         chunks = L.chunks_of(g.cin, g.oh, layer.threads)
         # the scratch of the thread, not the layer's: one per layer was cold at every run (ese_vovnet19b_dw's
@@ -77,18 +79,15 @@ class FlatDepthwise(Strategy):
     name, avx512, fuses_post = "dw-flat", True, True
 
     def suits(self, g):
-        if not g.depthwise:     # (before the import: every dense convolution asks first)
+        if not g.depthwise:
             return False
-        from ...micro import depthwise3x3
-        return (g.depthwise and g.kh == g.kw and g.kh in depthwise3x3.FLAT_SIZES and g.sh == g.sw == 1
+        return (g.depthwise and g.kh == g.kw and g.kh in dw3x3.FLAT_SIZES and g.sh == g.sw == 1
                 and g.dh == g.dw == 1 and (g.oh, g.ow) == (g.h, g.w) and g.ow <= FLAT_DW_MAX_WIDTH)
 
     def build(self, g, layer):
-        from ...micro import depthwise3x3
-        from ...micro.float_gemm import epilogue_of
-        wk, (epf, on_grid) = dw_weights(g, layer).reshape(-1), epilogue_of(layer.act, layer.grid, layer.post)
-        masks, offs = depthwise3x3.flat_masks(g.h, g.w, g.t, g.l, g.kh)
-        flat = sized(depthwise3x3.depthwise_flat, g.out_size * g.kh * g.kw, layer.threads)
+        wk, (epf, on_grid) = dw_weights(g, layer).reshape(-1), _epilogue(layer)
+        masks, offs = dw3x3.flat_masks(g.h, g.w, g.t, g.l, g.kh)
+        flat = sized(dw3x3.depthwise_flat, g.out_size * g.kh * g.kw, layer.threads)
         return per_image(g, lambda x, y: flat(x, wk, layer.bias, g.kh, masks, offs, epf, on_grid, y))
 
 
@@ -99,16 +98,13 @@ class PairedRowsDepthwise(Strategy):
     name, avx512, fuses_post = "dw-pairs", True, True
 
     def suits(self, g):
-        if not g.depthwise:     # (before the import: every dense convolution asks first)
+        if not g.depthwise:
             return False
-        from ...micro import depthwise_pairs
         return (g.depthwise and g.kh == g.kw and g.kh in depthwise_pairs.SIZES and g.sh == g.sw == 2
                 and g.dh == g.dw == 1 and g.ow <= depthwise_pairs.MAX_WIDTH)
 
     def build(self, g, layer):
-        from ...micro import depthwise_pairs
-        from ...micro.float_gemm import epilogue_of
-        wk, (epf, on_grid) = dw_weights(g, layer).reshape(-1), epilogue_of(layer.act, layer.grid, layer.post)
+        wk, (epf, on_grid) = dw_weights(g, layer).reshape(-1), _epilogue(layer)
         pairs = sized(depthwise_pairs.depthwise_pairs, g.out_size * g.kh * g.kw, layer.threads)
         zrow = np.zeros(g.w, np.float32)
         idx = depthwise_pairs.pick_index(g.ow, 2)
@@ -124,16 +120,13 @@ class RowDepthwise3x3(Strategy):
     name, avx512, fuses_post, no_post = "dw3-rows", True, True, True
 
     def suits(self, g):
-        if not g.depthwise:     # (before the import: every dense convolution asks first)
+        if not g.depthwise:
             return False
-        from ...micro import depthwise3x3
-        return g.depthwise and g.k3 and g.sh in (1, 2) and g.w >= depthwise3x3.ROWS_FROM_WIDTH
+        return g.depthwise and g.k3 and g.sh in (1, 2) and g.w >= dw3x3.ROWS_FROM_WIDTH
 
     def build(self, g, layer):
-        from ...micro import depthwise3x3
-        from ...micro.float_gemm import epilogue_of
-        w9, (epf, on_grid) = dw_weights(g, layer).reshape(-1), epilogue_of(layer.act, layer.grid, layer.post)
-        rows = sized(depthwise3x3.depthwise3x3, g.out_size * 9, layer.threads)
+        w9, (epf, on_grid) = dw_weights(g, layer).reshape(-1), _epilogue(layer)
+        rows = sized(dw3x3.depthwise3x3, g.out_size * 9, layer.threads)
         return per_image(g, lambda x, y: rows(x, w9, layer.bias, g.sh, g.t, g.l, epf, on_grid, y))
 
 
@@ -144,18 +137,15 @@ class StripDepthwise(Strategy):
     name, avx512, fuses_post = "dw-strips", True, True
 
     def suits(self, g):
-        if not g.depthwise:     # (before the import: every dense convolution asks first)
+        if not g.depthwise:
             return False
-        from ...micro import depthwise_strips
         if g.depthwise and (g.kh, g.kw) in depthwise_strips.BANDS:
             return g.sh == g.sw == 1 and g.dh == g.dw == 1
         return (g.depthwise and g.kh == g.kw and g.kh in depthwise_strips.SIZES and g.sh == g.sw and g.dh == g.dw
                 and (g.sh == 1 or (g.sh == 2 and g.dh == 1)))
 
     def build(self, g, layer):
-        from ...micro import depthwise_strips
-        from ...micro.float_gemm import epilogue_of
-        wk, (epf, on_grid) = dw_weights(g, layer).reshape(-1), epilogue_of(layer.act, layer.grid, layer.post)
+        wk, (epf, on_grid) = dw_weights(g, layer).reshape(-1), _epilogue(layer)
         strips, zrow = sized(depthwise_strips.depthwise_strips, g.out_size * g.kh * g.kw, layer.threads), np.zeros(g.w, np.float32)
         return per_image(g, lambda x, y: strips(x, wk, layer.bias, g.kh, g.kw, g.sh, g.dh, g.t, g.l, epf, on_grid, zrow,
                                                  STRIP_ROWS, y))
@@ -222,6 +212,12 @@ class GenericDepthwise(Strategy):
                 depthwise(pad(x[i]), wd, layer.bias, g.sh, g.sw, g.dh, g.dw, y[i], layer.act)
             regrid(y)
         return writes(run)
+
+
+def _epilogue(layer: Layer) -> tuple:
+    """float_gemm.epilogue_of for the layer, kept per layer while the session plans (weight_cache.shape_free)."""
+    return shape_free("epilogue", layer.weight, (layer.grid, layer.post), (layer.act,),
+                      lambda: epilogue_of(layer.act, layer.grid, layer.post))
 
 
 def dw_weights(g: Geometry, layer: Layer) -> np.ndarray:
