@@ -600,7 +600,8 @@ def test_objects_the_process_froze_stay_frozen():
         frozen = gc.get_freeze_count()
         assert frozen > 0
         session._promote()
-        assert gc.get_freeze_count() == frozen
+        # still frozen (unfreeze would leave 0; a few frozen temporaries may die meanwhile)
+        assert gc.get_freeze_count() > frozen // 2
     finally:
         gc.unfreeze()
     session._promote()

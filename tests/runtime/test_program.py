@@ -3,6 +3,7 @@ broadcast, a fused ReLU, a Slice's pieces as ranges, programs split at five outs
 op that is not theirs, and every tensor readable with keep_all. Reference: numpy in float64;
 tolerance 1e-6 absolute on values of order 1."""
 import numpy as np
+import pytest
 
 from mnntool.ir.graph import Graph, Node, TensorInfo
 from mnntool.runtime.session import Session
@@ -135,3 +136,26 @@ def test_strided_views_load_by_rows():
     assert step == 48 and flat[0] == 16 and flat.size == (4 * 49 - 1) * 48 + 16 and flat.flags.c_contiguous
     assert row_span(base[:, :, ::2, :16], 4 * 25, 16) is None and row_span(base.astype(np.float64), 4 * 49, 48) is None
     assert row_span(base, 4 * 49, 48)[1] == 48
+
+
+@pytest.mark.parametrize("between", ["Identity", "Dropout"])
+def test_a_program_reads_its_own_output_through_a_planned_name(tmp_path, between):
+    """Relu -> Identity -> Relu (the ONNX frontend's graph, before the passes that drop the Identity): the Identity is planned as another name of the first Relu's slot (no step), and
+    the two Relus run as one Program, which must read the first's result from its arena rather than load that
+    slot (still empty) as an input. Against onnxruntime, exact (max(0, x) twice)."""
+    import onnx
+    import onnxruntime as ort
+    from onnx import TensorProto as TP, helper as oh
+    from mnntool.frontends.onnx import load_onnx
+    nodes = [oh.make_node("Relu", ["x"], ["a"]), oh.make_node(between, ["a"], ["b"]), oh.make_node("Relu", ["b"], ["c"]),
+             oh.make_node("Identity", ["c"], ["y"])]
+    g = oh.make_graph(nodes, "g", [oh.make_tensor_value_info("x", TP.FLOAT, [1, 1, 6, 6])],
+                      [oh.make_tensor_value_info("y", TP.FLOAT, None)])
+    m = oh.make_model(g, opset_imports=[oh.make_opsetid("", 17)])
+    m.ir_version = 8
+    onnx.save(m, str(tmp_path / "m.onnx"))
+    x = np.random.default_rng(0).standard_normal((1, 1, 6, 6)).astype(np.float32)
+    s = Session(load_onnx(tmp_path / "m.onnx", {}))     # the frontend's graph, the Identity kept (no passes)
+    got = s.run({"x": x})["y"]
+    assert "Program" in [st.op for st in s.plan.steps]
+    np.testing.assert_array_equal(got, ort.InferenceSession(str(tmp_path / "m.onnx")).run(None, {"x": x})[0])
