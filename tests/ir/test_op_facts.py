@@ -77,11 +77,11 @@ def test_the_facts_the_passes_used_to_spell_out():
     assert ops_where(grows) == {"Fill", "Tile", "BroadcastTo", "Range", "OneHot", "EyeLike", "Interp", "Padding"}
     assert ops_where(rows_at_run_time) == {"DetectionOutput"}
     assert ops_where(int8_in_float) == {"BinaryOp", "UnaryOp"}      # int8_store's MNN_FLOAT_ARITHMETIC
-    # ptq's GRID_SPREADING (less the MNN ops the IR has no definition of: CropAndResize, Raster, Crop,
-    # Unpack), and every op that only moves values
+    # ptq's GRID_SPREADING (less the MNN ops the IR has no definition of: CropAndResize, Raster, Crop),
+    # and every op that only moves values
     assert ops_where(spreads_grid) == {"Pooling", "ReLU", "ReLU6", "Interp", "ROIPooling", "Concat", "Slice",
-                                       "StridedSlice", "Padding", "DepthToSpace", "SpaceToDepth", "Pack", "Tile",
-                                       "BroadcastTo"} | ops_where(keeps_values)
+                                       "StridedSlice", "Padding", "DepthToSpace", "SpaceToDepth", "Pack", "Unpack",
+                                       "Tile", "BroadcastTo"} | ops_where(keeps_values)
     assert not is_view("FusedAttention") and layout_of("FusedAttention") == "NCHW"    # no definition
 
 

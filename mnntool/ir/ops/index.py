@@ -261,6 +261,25 @@ class Pack:
         return np.stack([np.broadcast_to(x, shape) for x in xs], axis=params(node)["axis"])
 
 
+@define("Unpack", param="Axis", inputs=("x",), kind="movement", spreads_grid=True)
+class Unpack:
+    """Pack's inverse (MNN's Unpack, TF's Unstack): one output per index along `axis`, that axis dropped. MNN's
+    converter writes it (a grouped convolution's pieces, a FastViT's attention split), so files it made
+    carry it."""
+    def infer(node, ins):
+        shape = list(ins[0].shape)
+        del shape[params(node)["axis"] % len(shape)]
+        return [Val(tuple(shape), ins[0].dtype) for _ in node.outputs]
+
+    def compute(node, xs):
+        x = np.asarray(xs[0])
+        axis = params(node)["axis"] % x.ndim
+        if x.shape[axis] != len(node.outputs):
+            from ...errors import InvalidModel
+            raise InvalidModel(f"Unpack '{node.name}': {len(node.outputs)} outputs for an axis of {x.shape[axis]}")
+        return [np.take(x, k, axis=axis) for k in range(x.shape[axis])]
+
+
 @define("ZerosLike", inputs=("x",), kind="generator")
 class ZerosLike:
     infer = same
