@@ -13,15 +13,6 @@ from mnntool.runtime.kernels.micro.epilogue import NO_GRID
 pytestmark = pytest.mark.skipif(not fg.HAS_AVX512, reason="the fp32 micro-kernel needs AVX-512")
 
 
-@pytest.fixture
-def three_threads():
-    import numba
-    before = numba.get_num_threads()
-    numba.set_num_threads(min(3, numba.config.NUMBA_NUM_THREADS))
-    yield
-    numba.set_num_threads(before)
-
-
 def _close(ref, got):
     assert np.abs(got - ref).max() <= 2e-5 * np.abs(ref).max()
 

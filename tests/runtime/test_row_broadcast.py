@@ -40,12 +40,10 @@ def test_last_axis_broadcast_matches_onnxruntime(tmp_path, op, shape):
 
 
 @pytest.mark.parametrize("kind", [0, 1, 2, 3])
-def test_rows_of_a_strided_view_in_place(kind):
+def test_rows_of_a_strided_view_in_place(kind, three_threads):
     """by_row_value and clip_rows read x through parallel_rows.row_span: a split's view of the last axis
     (rows of 16 floats 48 apart, EfficientViT's attention output) in place, no copy. Bit for bit NumPy's
     broadcast ufunc (and np.maximum / np.clip), the parallel kernel at 3 threads and its serial twin alike."""
-    import numba
-
     from mnntool.runtime.kernels.micro.parallel_rows import row_span
     from mnntool.runtime.kernels.ops.elementwise import by_row_value, clip_rows
     rng = np.random.default_rng(kind)
@@ -57,16 +55,11 @@ def test_rows_of_a_strided_view_in_place(kind):
     assert step == 48 and np.shares_memory(flat, qkv)
     ufunc = [np.add, np.subtract, np.multiply, np.divide][kind]
     want = np.maximum(ufunc(x, s), 0).reshape(rows, 16)
-    before = numba.get_num_threads()
-    numba.set_num_threads(min(3, numba.config.NUMBA_NUM_THREADS))
-    try:
-        for fn in (by_row_value.dispatcher(), by_row_value.serial().dispatcher()):
-            got = np.full((rows, 16), np.nan, np.float32)
-            fn(flat, step, s.reshape(rows), kind, True, got)
-            assert np.array_equal(got.view(np.uint32), want.view(np.uint32))
-        for fn in (clip_rows.dispatcher(), clip_rows.serial().dispatcher()):
-            got = np.full((rows, 16), np.nan, np.float32)
-            fn(flat, step, np.float32(-0.5), np.float32(0.75), got)
-            assert np.array_equal(got, np.clip(x, -0.5, 0.75).reshape(rows, 16))
-    finally:
-        numba.set_num_threads(before)
+    for fn in (by_row_value.dispatcher(), by_row_value.serial().dispatcher()):
+        got = np.full((rows, 16), np.nan, np.float32)
+        fn(flat, step, s.reshape(rows), kind, True, got)
+        assert np.array_equal(got.view(np.uint32), want.view(np.uint32))
+    for fn in (clip_rows.dispatcher(), clip_rows.serial().dispatcher()):
+        got = np.full((rows, 16), np.nan, np.float32)
+        fn(flat, step, np.float32(-0.5), np.float32(0.75), got)
+        assert np.array_equal(got, np.clip(x, -0.5, 0.75).reshape(rows, 16))

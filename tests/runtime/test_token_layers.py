@@ -83,22 +83,15 @@ def test_block_transpose_on_threads(tmp_path):
 
 
 @pytest.mark.parametrize("shape", [(8, 48, 196), (3, 37, 150), (1, 8, 65), (2, 130, 8)])
-def test_block_transpose_items_of_row_blocks_and_column_groups(shape):
+def test_block_transpose_items_of_row_blocks_and_column_groups(shape, three_threads):
     """transpose_blocks' parallel items are BLOCK rows by COL_GROUP columns (few row blocks still spread over
     the threads): every element moved once, at 3 threads and in the serial twin, exact against NumPy."""
-    import numba
-
     from mnntool.runtime.kernels.micro.transpose import transpose_blocks
     x = np.random.default_rng(sum(shape)).standard_normal(shape).astype(np.float32)
-    before = numba.get_num_threads()
-    numba.set_num_threads(min(3, numba.config.NUMBA_NUM_THREADS))
-    try:
-        for fn in (transpose_blocks.dispatcher(), transpose_blocks.serial().dispatcher()):
-            out = np.full((shape[0], shape[2], shape[1]), np.nan, np.float32)
-            fn(x, out)
-            np.testing.assert_array_equal(out, x.transpose(0, 2, 1))
-    finally:
-        numba.set_num_threads(before)
+    for fn in (transpose_blocks.dispatcher(), transpose_blocks.serial().dispatcher()):
+        out = np.full((shape[0], shape[2], shape[1]), np.nan, np.float32)
+        fn(x, out)
+        np.testing.assert_array_equal(out, x.transpose(0, 2, 1))
 
 
 def test_batched_transpose_shapes():

@@ -117,31 +117,30 @@ def permute(shape, perm, dtype, threads: int, serial=None):
     k = _copy_kernel(out_shape, [st[a] for a in perm], pr.c_strides(out_shape), dtype.itemsize, threads)
     if k is None:
         return None
-    fn, one, shape4, ss, ds, work = k
-    sg, dg = pr.geometry(0, ss), pr.geometry(0, ds)
+    run, serial_run = _copy_runs(k, 0, dtype, threads, lambda i, o: np.copyto(o[0], i[0].transpose(perm)))
+    return _chosen(run, serial or serial_run, k[-1], threads)
+
+
+def _copy_runs(k, offset: int, dtype, threads: int, numpy_run):
+    """(parallel run or None, serial run) for a `_copy_kernel` result k whose source starts `offset` bytes into
+    x: each run(i, o) copies with copy_strided where x and y are C-contiguous of `dtype`, else numpy_run."""
+    fn, one, shape4, ss, ds, _ = k
+    sg, dg = pr.geometry(offset, ss), pr.geometry(0, ds)
     kind = pr.COPY_TYPES[dtype.itemsize]
     src, dst = _Flat(kind), _Flat(kind)
-
-    def numpy_run(i, o):
-        np.copyto(o[0], i[0].transpose(perm))
 
     def usable(x, y):
         return x.dtype == dtype and y.dtype == dtype and x.flags.c_contiguous and y.flags.c_contiguous
 
-    def run(i, o):
-        x, y = i[0], o[0]
-        if not usable(x, y):
-            numpy_run(i, o)
-            return
-        fn(src(x), sg, dst(y), dg, shape4, threads)
-
-    def serial_run(i, o):
-        x, y = i[0], o[0]
-        if not usable(x, y):
-            numpy_run(i, o)
-            return
-        one(src(x), sg, dst(y), dg, shape4, 1)
-    return _chosen(run, serial or serial_run, work, threads)
+    def copying(code, count):
+        def run(i, o):
+            x, y = i[0], o[0]
+            if not usable(x, y):
+                numpy_run(i, o)
+                return
+            code(src(x), sg, dst(y), dg, shape4, count)
+        return run
+    return (copying(fn, threads) if fn is not None else None), copying(one, 1)
 
 
 def strided_slice(shape, index, out_shape, dtype, threads: int):
@@ -161,33 +160,8 @@ def strided_slice(shape, index, out_shape, dtype, threads: int):
     k = _copy_kernel(view.shape, view.strides, pr.c_strides(out_shape), dtype.itemsize, threads, one_thread=True)
     if k is None:
         return None
-    fn, one, shape4, ss, ds, work = k
-    sg, dg = pr.geometry(offset, ss), pr.geometry(0, ds)
-    kind = pr.COPY_TYPES[dtype.itemsize]
-    src, dst = _Flat(kind), _Flat(kind)
-
-    def numpy_run(i, o):
-        np.copyto(o[0], i[0][index])
-
-    def usable(x, y):
-        return x.dtype == dtype and y.dtype == dtype and x.flags.c_contiguous and y.flags.c_contiguous
-
-    def serial_run(i, o):
-        x, y = i[0], o[0]
-        if not usable(x, y):
-            numpy_run(i, o)
-            return
-        one(src(x), sg, dst(y), dg, shape4, 1)
-    if fn is None:
-        return serial_run
-
-    def run(i, o):
-        x, y = i[0], o[0]
-        if not usable(x, y):
-            numpy_run(i, o)
-            return
-        fn(src(x), sg, dst(y), dg, shape4, threads)
-    return _chosen(run, serial_run, work, threads)
+    run, serial_run = _copy_runs(k, offset, dtype, threads, lambda i, o: np.copyto(o[0], i[0][index]))
+    return serial_run if run is None else _chosen(run, serial_run, k[-1], threads)
 
 
 def concat(in_shapes, axis: int, out_shape, dtype, threads: int):
